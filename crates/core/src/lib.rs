@@ -1,0 +1,22 @@
+//! The core of oncegate: normalized events, namespaced keys, the record state machine, the store
+//! and queue traits every backend implements, and the pure protocol-layer guards.
+//!
+//! Nothing in this crate does I/O; backends live in sibling crates.
+
+pub mod clock;
+pub mod event;
+pub mod key;
+pub mod record;
+pub mod replay;
+pub mod seqwindow;
+pub mod store;
+pub mod transition;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use event::Event;
+pub use key::{KeyHash, key_for};
+pub use record::{
+    Admission, Claim, DeadLetter, Delivery, FenceCheck, FencingToken, Lease, QueueId, Record,
+    RecordState, StoreStats, WatermarkOutcome,
+};
+pub use store::{DedupStore, EventQueue, Store, StoreError, WatermarkStore};

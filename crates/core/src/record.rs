@@ -1,0 +1,213 @@
+//! The records of the state machine and the answers the store gives.
+
+use std::fmt;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use crate::event::Event;
+use crate::key::KeyHash;
+
+/// A fencing token: grows with every lease grant and never repeats for one store, across
+/// restarts (the high bits are a run number the store bumps on every open).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct FencingToken(pub u64);
+
+impl FencingToken {
+    /// Bits of the token given to the per-run counter.
+    pub const COUNTER_BITS: u32 = 32;
+
+    /// The token for grant number `counter` in run `run`.
+    pub fn compose(run: u64, counter: u64) -> Self {
+        Self((run << Self::COUNTER_BITS) | (counter & ((1 << Self::COUNTER_BITS) - 1)))
+    }
+
+    /// The run this token was granted in.
+    pub fn run(self) -> u64 {
+        self.0 >> Self::COUNTER_BITS
+    }
+}
+
+impl fmt::Display for FencingToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// Where a key stands in `Pending → Processing → Completed`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RecordState {
+    /// Admitted (seen) and waiting for a worker, or released by one.
+    Pending,
+    /// Claimed by the holder of `token` until `lease_until_ms`.
+    Processing {
+        /// The holder's fencing token.
+        token: FencingToken,
+        /// When the lease runs out and another worker may claim.
+        lease_until_ms: u64,
+    },
+    /// Done; `outcome` is what the handler stored for repeats to read.
+    Completed {
+        /// The stored result, if the handler gave one.
+        outcome: Option<Bytes>,
+    },
+}
+
+/// One key's record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    /// The state.
+    pub state: RecordState,
+    /// When the record's retention ends (a live lease keeps it beyond that).
+    pub expires_at_ms: u64,
+}
+
+impl Record {
+    /// Whether the record still counts at `now_ms`: within retention, or under a live lease.
+    pub fn is_live(&self, now_ms: u64) -> bool {
+        now_ms < self.expires_at_ms
+            || matches!(self.state, RecordState::Processing { lease_until_ms, .. } if now_ms < lease_until_ms)
+    }
+
+    /// The time after which the record can be forgotten.
+    pub fn forget_after_ms(&self) -> u64 {
+        match self.state {
+            RecordState::Processing { lease_until_ms, .. } => {
+                self.expires_at_ms.max(lease_until_ms)
+            }
+            _ => self.expires_at_ms,
+        }
+    }
+}
+
+/// A granted lease: present it to renew, complete or release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    /// The key the lease is on.
+    pub key: KeyHash,
+    /// The fencing token of this grant.
+    pub token: FencingToken,
+    /// When the lease runs out unless renewed.
+    pub until_ms: u64,
+}
+
+/// The answer to `claim`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// The caller holds the key now.
+    Acquired(Lease),
+    /// Someone else holds it until `until_ms`.
+    InFlight {
+        /// When that lease runs out.
+        until_ms: u64,
+    },
+    /// The key is done; here is its stored outcome.
+    Done {
+        /// What the first run stored.
+        outcome: Option<Bytes>,
+    },
+}
+
+/// The answer to `renew`, `complete` and `release`: a compare-and-set on the fencing token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FenceCheck {
+    /// The token was current; the change was made.
+    Accepted,
+    /// The token is not the record's current one (the lease was re-granted, completed or
+    /// expired and forgotten); nothing changed.
+    Rejected,
+}
+
+/// Where an admitted event sits in the queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct QueueId {
+    /// The partition.
+    pub partition: u16,
+    /// The position inside the partition, increasing.
+    pub seq: u64,
+}
+
+impl fmt::Display for QueueId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}-{}", self.partition, self.seq)
+    }
+}
+
+/// The answer to `admit`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// New: every key was marked seen and the event was queued at `id`.
+    Admitted {
+        /// The queue position.
+        id: QueueId,
+    },
+    /// Key number `key_index` of the call was seen within retention; nothing changed.
+    Duplicate {
+        /// Which of the given keys was already seen.
+        key_index: usize,
+    },
+}
+
+/// An event handed out of the queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivery {
+    /// Its queue position; ack, retry or dead-letter by it.
+    pub id: QueueId,
+    /// The key to claim before handling it (the first dedup key given to `admit`).
+    pub key: KeyHash,
+    /// The event.
+    pub event: Event,
+    /// How many times it was handed out before this one.
+    pub attempt: u32,
+}
+
+/// An event that will not be retried, with the reason.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeadLetter {
+    /// Its former queue position.
+    pub id: QueueId,
+    /// Its claim key.
+    pub key: KeyHash,
+    /// The event.
+    pub event: Event,
+    /// Attempts made.
+    pub attempts: u32,
+    /// Why it was given up.
+    pub reason: String,
+    /// When, unix ms.
+    pub at_ms: u64,
+}
+
+/// The answer to a watermark advance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WatermarkOutcome {
+    /// The value is not older than the mark; the mark is now the larger of the two.
+    Accepted {
+        /// The mark before, if there was one.
+        previous: Option<u64>,
+    },
+    /// The value is older than the mark; nothing changed.
+    Stale {
+        /// The current mark.
+        current: u64,
+    },
+}
+
+/// Counts for operators.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoreStats {
+    /// Live records in `Pending`.
+    pub pending: u64,
+    /// Live records in `Processing`.
+    pub processing: u64,
+    /// Live records in `Completed`.
+    pub completed: u64,
+    /// Events in the queue, including handed-out ones not yet acked.
+    pub queued: u64,
+    /// Events handed out and not yet acked.
+    pub in_flight: u64,
+    /// Dead letters kept.
+    pub dead_letters: u64,
+    /// Records dropped before their retention ended because a size bound was reached.
+    pub evicted_early: u64,
+}

@@ -1,0 +1,144 @@
+//! The store contract: one trait per capability, every backend implements all of them.
+
+use std::future::Future;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::event::Event;
+use crate::key::KeyHash;
+use crate::record::{
+    Admission, Claim, DeadLetter, Delivery, FenceCheck, Lease, QueueId, Record, StoreStats,
+    WatermarkOutcome,
+};
+
+/// Why a store could not answer. Every variant means "nothing was changed".
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The store cannot be reached or written right now; the caller should retry later (an
+    /// ingress answers 503 so that the platform retries).
+    #[error("store unavailable: {0}; retry later, nothing was recorded")]
+    Unavailable(String),
+    /// A size bound is reached and nothing can be evicted (every record is being processed).
+    #[error(
+        "store full: {limit} records, all of them in processing; raise max_records or add workers"
+    )]
+    Full {
+        /// The configured bound.
+        limit: u64,
+    },
+    /// The call's arguments cannot be honoured.
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    /// Stored data could not be read back; the file or server holds something this version did
+    /// not write.
+    #[error("store data is corrupt: {0}")]
+    Corrupt(String),
+}
+
+/// Dedup and lease state: the part of the store that makes effects happen once.
+pub trait DedupStore: Send + Sync + 'static {
+    /// One atomic step: if any of `keys` was seen within its retention, answer `Duplicate` and
+    /// change nothing; otherwise mark every key seen for `retention` and queue `event`.
+    /// The first key is the one the dispatcher claims. `keys` must not be empty.
+    fn admit(
+        &self,
+        event: Event,
+        keys: &[KeyHash],
+        retention: Duration,
+    ) -> impl Future<Output = Result<Admission, StoreError>> + Send;
+
+    /// Takes the key for `lease`, unless someone holds it or it is done.
+    fn claim(
+        &self,
+        key: &KeyHash,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
+
+    /// Extends the holder's lease to now + `extend`.
+    fn renew(
+        &self,
+        lease: &Lease,
+        extend: Duration,
+    ) -> impl Future<Output = Result<FenceCheck, StoreError>> + Send;
+
+    /// Marks the key done with `outcome`, kept for `retention`.
+    fn complete(
+        &self,
+        lease: &Lease,
+        retention: Duration,
+        outcome: Option<Bytes>,
+    ) -> impl Future<Output = Result<FenceCheck, StoreError>> + Send;
+
+    /// Gives the key back (`Processing → Pending`) so that a later claim can take it.
+    fn release(&self, lease: &Lease) -> impl Future<Output = Result<FenceCheck, StoreError>> + Send;
+
+    /// One key's live record, for operators.
+    fn record(
+        &self,
+        key: &KeyHash,
+    ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;
+
+    /// Counts by state, for operators and metrics.
+    fn stats(&self) -> impl Future<Output = Result<StoreStats, StoreError>> + Send;
+}
+
+/// The durable queue of admitted events, split into partitions by order key.
+pub trait EventQueue: Send + Sync + 'static {
+    /// How many partitions the queue has.
+    fn partitions(&self) -> u16;
+
+    /// Hands out up to `max` ready events of `partition` in queue order. An event is held back
+    /// while an earlier event with the same order key is handed out or waiting for a retry, so
+    /// per-key order holds however many workers pull.
+    fn pull(
+        &self,
+        partition: u16,
+        max: usize,
+    ) -> impl Future<Output = Result<Vec<Delivery>, StoreError>> + Send;
+
+    /// Removes a handled event. `false`: no such event was handed out.
+    fn ack(&self, id: QueueId) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Puts a handed-out event back, not to be handed out before `not_before_ms`.
+    fn retry(
+        &self,
+        id: QueueId,
+        not_before_ms: u64,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Moves a handed-out event to the dead letters with `reason`.
+    fn dead_letter(
+        &self,
+        id: QueueId,
+        reason: &str,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// The oldest `limit` dead letters.
+    fn dead_letters(
+        &self,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<DeadLetter>, StoreError>> + Send;
+}
+
+/// Per-order-key watermarks that only move upwards.
+pub trait WatermarkStore: Send + Sync + 'static {
+    /// Accepts `value` if it is not older than the scope's mark (and raises the mark), else
+    /// answers `Stale`. The mark is kept for `retention` after its last change.
+    fn advance_watermark(
+        &self,
+        scope: &KeyHash,
+        value: u64,
+        retention: Duration,
+    ) -> impl Future<Output = Result<WatermarkOutcome, StoreError>> + Send;
+}
+
+/// A complete backend.
+pub trait Store: DedupStore + EventQueue + WatermarkStore {}
+
+impl<T: DedupStore + EventQueue + WatermarkStore> Store for T {}
+
+/// Milliseconds of a duration, saturating.
+pub fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
