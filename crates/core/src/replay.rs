@@ -139,10 +139,17 @@ mod tests {
     fn a_nonce_is_refused_for_as_long_as_its_timestamp_could_pass() {
         let mut guard = ReplayGuard::new(300, 100);
         let t0 = 10_000;
-        assert_eq!(guard.check_and_remember(t0, "abc", t0), ReplayVerdict::Fresh);
+        assert_eq!(
+            guard.check_and_remember(t0, "abc", t0),
+            ReplayVerdict::Fresh
+        );
         // Replays at every second while the timestamp still passes the skew check.
         for now in t0..=t0 + 300 {
-            assert_eq!(guard.check(t0, "abc", now), ReplayVerdict::Replayed, "at {now}");
+            assert_eq!(
+                guard.check(t0, "abc", now),
+                ReplayVerdict::Replayed,
+                "at {now}"
+            );
         }
         assert_eq!(
             guard.check(t0, "abc", t0 + 301),
@@ -150,9 +157,16 @@ mod tests {
         );
         // A timestamp from the future seen at t0 passes until t0 + 600.
         let mut guard = ReplayGuard::new(300, 100);
-        assert_eq!(guard.check_and_remember(t0 + 300, "f", t0), ReplayVerdict::Fresh);
+        assert_eq!(
+            guard.check_and_remember(t0 + 300, "f", t0),
+            ReplayVerdict::Fresh
+        );
         for now in t0..=t0 + 600 {
-            assert_eq!(guard.check(t0 + 300, "f", now), ReplayVerdict::Replayed, "at {now}");
+            assert_eq!(
+                guard.check(t0 + 300, "f", now),
+                ReplayVerdict::Replayed,
+                "at {now}"
+            );
         }
     }
 

@@ -71,7 +71,8 @@ pub trait DedupStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<FenceCheck, StoreError>> + Send;
 
     /// Gives the key back (`Processing → Pending`) so that a later claim can take it.
-    fn release(&self, lease: &Lease) -> impl Future<Output = Result<FenceCheck, StoreError>> + Send;
+    fn release(&self, lease: &Lease)
+    -> impl Future<Output = Result<FenceCheck, StoreError>> + Send;
 
     /// One key's live record, for operators.
     fn record(

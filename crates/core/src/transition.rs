@@ -70,12 +70,15 @@ pub fn claim(
     }
 }
 
-/// Whether `lease` is the holder of `record`: the compare in every compare-and-set.
+/// Whether `lease` is the holder of `record` at `now_ms`: the compare in every compare-and-set.
 ///
-/// A matching token is accepted even after `until_ms` passed: no other holder can exist while
-/// the token is still the record's, so the store, not the holder's clock, decides.
-pub fn holds(record: Option<&Record>, lease: &Lease) -> bool {
-    matches!(record, Some(Record { state: RecordState::Processing { token, .. }, .. }) if *token == lease.token)
+/// A matching token is accepted even after `until_ms` passed, as long as the record is live: no
+/// other holder can exist while the token is still the record's, so the store, not the holder's
+/// clock, decides. A record that is no longer live may be forgotten at any moment, so its token
+/// counts for nothing, in every backend alike.
+pub fn holds(record: Option<&Record>, lease: &Lease, now_ms: u64) -> bool {
+    matches!(record, Some(current @ Record { state: RecordState::Processing { token, .. }, .. })
+        if *token == lease.token && current.is_live(now_ms))
 }
 
 /// `renew`: extend the holder's lease to `now + extend`.
@@ -86,7 +89,7 @@ pub fn renew(
     extend_ms: u64,
 ) -> (FenceCheck, Option<Record>) {
     match record {
-        Some(current) if holds(record, lease) => (
+        Some(current) if holds(record, lease, now_ms) => (
             FenceCheck::Accepted,
             Some(Record {
                 state: RecordState::Processing {
@@ -108,7 +111,7 @@ pub fn complete(
     retention_ms: u64,
     outcome: Option<Bytes>,
 ) -> (FenceCheck, Option<Record>) {
-    if !holds(record, lease) {
+    if !holds(record, lease, now_ms) {
         return (FenceCheck::Rejected, None);
     }
     (
@@ -121,9 +124,13 @@ pub fn complete(
 }
 
 /// `release`: the holder gives the key back to `Pending` (a failed attempt, to be retried).
-pub fn release(record: Option<&Record>, lease: &Lease) -> (FenceCheck, Option<Record>) {
+pub fn release(
+    record: Option<&Record>,
+    lease: &Lease,
+    now_ms: u64,
+) -> (FenceCheck, Option<Record>) {
     match record {
-        Some(current) if holds(record, lease) => (
+        Some(current) if holds(record, lease, now_ms) => (
             FenceCheck::Accepted,
             Some(Record {
                 state: RecordState::Pending,
@@ -166,15 +173,12 @@ mod tests {
         // Lease ran out; a second worker takes over.
         let (second, rec) = claim(rec.as_ref(), KEY, 11, 10, FencingToken(2));
         let second = lease_of(&second);
-        assert_eq!(
-            renew(rec.as_ref(), &first, 12, 10).0,
-            FenceCheck::Rejected
-        );
+        assert_eq!(renew(rec.as_ref(), &first, 12, 10).0, FenceCheck::Rejected);
         assert_eq!(
             complete(rec.as_ref(), &first, 12, 100, None).0,
             FenceCheck::Rejected
         );
-        assert_eq!(release(rec.as_ref(), &first).0, FenceCheck::Rejected);
+        assert_eq!(release(rec.as_ref(), &first, 12).0, FenceCheck::Rejected);
         assert_eq!(
             complete(rec.as_ref(), &second, 12, 100, None).0,
             FenceCheck::Accepted
@@ -212,7 +216,10 @@ mod tests {
     fn watermark_only_moves_up() {
         assert_eq!(
             watermark(None, 5),
-            (crate::WatermarkOutcome::Accepted { previous: None }, Some(5))
+            (
+                crate::WatermarkOutcome::Accepted { previous: None },
+                Some(5)
+            )
         );
         assert_eq!(
             watermark(Some(5), 5),

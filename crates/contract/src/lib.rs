@@ -1,0 +1,94 @@
+//! The store contract: one suite of tests, written once, run against every backend.
+//!
+//! A backend joins with one line in its tests:
+//!
+//! ```ignore
+//! oncegate_contract::contract_suite!(|clock| MyStore::with_clock(clock));
+//! ```
+//!
+//! The factory gets a [`ManualClock`] and must build a fresh, empty store on it.
+
+pub mod cases;
+pub mod model;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use oncegate_core::{Event, KeyHash, ManualClock, key_for};
+
+/// Where every contract clock starts: a whole second, so second-granular backends are exact.
+pub const START_MS: u64 = 1_700_000_000_000;
+
+/// Runs a future to completion on a fresh single-threaded runtime.
+pub fn block_on<F: Future>(future: F) -> F::Output {
+    match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime.block_on(future),
+        Err(error) => panic!("cannot start a tokio runtime for the contract suite: {error}"),
+    }
+}
+
+/// A fresh manual clock at [`START_MS`].
+pub fn clock() -> ManualClock {
+    ManualClock::new(START_MS)
+}
+
+/// A test event with id `id` in chat `chat`.
+pub fn event(id: &str, chat: Option<&str>) -> Event {
+    Event {
+        source: Arc::from("feishu"),
+        app: Arc::from("cli_contract"),
+        tenant: Some(Arc::from("tenant")),
+        event_id: id.to_owned(),
+        event_type: Arc::from("im.message.receive_v1"),
+        created_at_ms: START_MS,
+        order_key: chat.map(str::to_owned),
+        payload: Bytes::from(format!("{{\"id\":\"{id}\"}}")),
+    }
+}
+
+/// The event-id key of a test event.
+pub fn key(id: &str) -> KeyHash {
+    key_for("feishu", "cli_contract", "event_id", id)
+}
+
+/// Generates one `#[test]` per contract case for the store built by `$make` (a closure from
+/// `ManualClock` to the store).
+#[macro_export]
+macro_rules! contract_suite {
+    ($make:expr) => {
+        $crate::contract_suite!(@cases $make;
+            admit_marks_and_queues_once,
+            admit_with_several_keys_is_all_or_nothing,
+            admit_needs_a_key,
+            admitted_keys_expire_after_retention,
+            claim_walks_the_state_machine,
+            claim_of_an_unknown_key_is_a_business_key,
+            stale_holder_cannot_touch_the_new_holders_record,
+            renew_extends_only_the_current_lease,
+            tokens_increase_with_every_grant,
+            completed_records_expire_after_retention,
+            queue_hands_out_in_order_per_key,
+            queue_retry_waits_and_counts_attempts,
+            queue_dead_letters_keep_the_reason,
+            queue_unknown_ids_are_refused,
+            watermarks_only_move_up_and_expire,
+            lookups_and_stats_for_operators,
+            racing_admits_admit_once,
+            racing_claims_grant_one_live_lease,
+            racing_pullers_never_share_an_event,
+            random_operations_match_the_model,
+        );
+    };
+    (@cases $make:expr; $($name:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                $crate::cases::$name($make);
+            }
+        )*
+    };
+}

@@ -1,0 +1,108 @@
+//! Memory-specific promises: the size bound, early-eviction counting, and expiry that frees.
+
+use std::time::Duration;
+
+use oncegate_contract::{START_MS, block_on, event, key};
+use oncegate_core::{Admission, Claim, DedupStore, ManualClock, StoreError};
+use oncegate_memory::{MemoryConfig, MemoryStore};
+
+fn small(clock: ManualClock, max_records: u64) -> MemoryStore<ManualClock> {
+    MemoryStore::with_clock(
+        MemoryConfig {
+            shards: 1,
+            max_records,
+            partitions: 1,
+        },
+        clock,
+    )
+}
+
+#[test]
+fn the_bound_holds_and_every_early_eviction_is_counted() {
+    let store = small(ManualClock::new(START_MS), 100);
+    block_on(async {
+        for i in 0..250 {
+            let id = format!("e{i}");
+            let admission = store
+                .admit(event(&id, None), &[key(&id)], Duration::from_secs(3600))
+                .await
+                .expect("admit");
+            assert!(matches!(admission, Admission::Admitted { .. }));
+            assert!(store.held_records() <= 100);
+        }
+        let stats = store.stats().await.expect("stats");
+        assert_eq!(stats.evicted_early, 150);
+        assert_eq!(stats.pending, 100);
+        // The oldest went first: the newest are still known.
+        assert!(store.record(&key("e249")).await.expect("record").is_some());
+        assert!(store.record(&key("e0")).await.expect("record").is_none());
+    });
+}
+
+#[test]
+fn records_under_a_live_lease_are_never_evicted() {
+    let store = small(ManualClock::new(START_MS), 10);
+    block_on(async {
+        let mut leases = Vec::new();
+        for i in 0..10 {
+            let id = format!("held{i}");
+            store
+                .admit(event(&id, None), &[key(&id)], Duration::from_secs(60))
+                .await
+                .expect("admit");
+            match store
+                .claim(&key(&id), Duration::from_secs(600))
+                .await
+                .expect("claim")
+            {
+                Claim::Acquired(lease) => leases.push(lease),
+                other => panic!("{other:?}"),
+            }
+        }
+        // Full of live leases: admission says so rather than dropping a lease.
+        let refused = store
+            .admit(event("new", None), &[key("new")], Duration::from_secs(60))
+            .await;
+        assert!(
+            matches!(refused, Err(StoreError::Full { limit: 10 })),
+            "{refused:?}"
+        );
+        for lease in &leases {
+            assert!(store.record(&lease.key).await.expect("record").is_some());
+        }
+        assert_eq!(store.stats().await.expect("stats").evicted_early, 0);
+    });
+}
+
+#[test]
+fn expiry_frees_records_without_a_full_scan() {
+    let clock = ManualClock::new(START_MS);
+    let store = small(clock.clone(), 1_000_000);
+    block_on(async {
+        for i in 0..5_000 {
+            let id = format!("x{i}");
+            store
+                .admit(event(&id, None), &[key(&id)], Duration::from_secs(30))
+                .await
+                .expect("admit");
+        }
+        for i in 0..50 {
+            let id = format!("long{i}");
+            store
+                .admit(event(&id, None), &[key(&id)], Duration::from_secs(3600))
+                .await
+                .expect("admit");
+        }
+        assert_eq!(store.held_records(), 5_050);
+        clock.advance_ms(90_000);
+        store.sweep_all();
+        assert_eq!(store.held_records(), 50);
+        // Operations sweep too, bit by bit.
+        clock.advance_ms(3_600_000 * 3);
+        for _ in 0..4 {
+            let _ = store.record(&key("long0")).await.expect("record");
+        }
+        assert_eq!(store.held_records(), 0);
+        assert_eq!(store.stats().await.expect("stats").evicted_early, 0);
+    });
+}
