@@ -1,0 +1,600 @@
+//! The default backend: one redb file holding seen-marks, leases, the queue, watermarks and dead
+//! letters.
+//!
+//! Every change goes through one writer thread that applies all waiting requests in one write
+//! transaction and commits once (group commit): a burst of 64 concurrent admits costs one fsync,
+//! not 64. A seen-mark and its queue entry are written in the same transaction, so after a crash
+//! at any point an admitted event is both marked and queued, or neither. Expired records are found
+//! through an expiry index keyed by deadline, never by a scan.
+
+mod codec;
+mod writer;
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, MutexGuard, mpsc};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use bytes::Bytes;
+use oncegate_core::store::millis;
+use oncegate_core::{
+    Admission, Claim, Clock, DeadLetter, DedupStore, Delivery, Event, EventQueue, FenceCheck,
+    FencingToken, KeyHash, Lease, QueueId, Record, RecordState, StoreError, StoreStats,
+    SystemClock, WatermarkOutcome, WatermarkStore,
+};
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
+use tokio::sync::oneshot;
+
+use codec::decode;
+use writer::{Command, Writer};
+
+/// Seen-marks and leases: key → encoded [`Record`].
+pub(crate) const RECORDS: TableDefinition<&[u8; 16], &[u8]> = TableDefinition::new("records");
+/// The expiry index: (forget-after ms, key) → ().
+pub(crate) const EXPIRY: TableDefinition<(u64, &[u8; 16]), ()> = TableDefinition::new("expiry");
+/// The queue: (partition, seq) → encoded [`codec::Queued`].
+pub(crate) const QUEUE: TableDefinition<(u16, u64), &[u8]> = TableDefinition::new("queue");
+/// Dead letters: number → encoded [`DeadLetter`].
+pub(crate) const DEAD: TableDefinition<u64, &[u8]> = TableDefinition::new("dead_letters");
+/// Watermarks: scope → (mark, forget-after ms).
+pub(crate) const MARKS: TableDefinition<&[u8; 16], (u64, u64)> = TableDefinition::new("watermarks");
+/// Counters and settings: name → value.
+pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+
+/// How an embedded store is opened.
+#[derive(Debug, Clone)]
+pub struct EmbeddedConfig {
+    /// The database file; its folder is created if missing.
+    pub path: PathBuf,
+    /// Queue partitions. Fixed when the file is created.
+    pub partitions: u16,
+    /// The most requests applied in one write transaction. 1 turns group commit off.
+    pub max_batch: usize,
+}
+
+impl EmbeddedConfig {
+    /// Defaults for a file at `path`.
+    pub fn at(path: impl Into<PathBuf>) -> Self {
+        Self {
+            path: path.into(),
+            partitions: 16,
+            max_batch: 1024,
+        }
+    }
+}
+
+/// Why a store could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The folder or file could not be created or read.
+    #[error("cannot use {path}: {source}")]
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// Another process has the file open for writing.
+    #[error(
+        "{path} is open in another oncegate process; stop it, or give this one another store path"
+    )]
+    Locked {
+        /// The path.
+        path: PathBuf,
+    },
+    /// The database refused to open.
+    #[error("cannot open {path}: {message}")]
+    Database {
+        /// The path.
+        path: PathBuf,
+        /// What redb said.
+        message: String,
+    },
+    /// The file was created with another partition count.
+    #[error(
+        "{path} was created with {stored} partitions but {configured} are configured; set partitions = {stored}"
+    )]
+    Partitions {
+        /// The path.
+        path: PathBuf,
+        /// In the file.
+        stored: u16,
+        /// In the configuration.
+        configured: u16,
+    },
+}
+
+/// State shared by the store handle and the writer thread.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) db: Database,
+    /// Queue entries handed out and not yet acked, retried or dead-lettered. Lives only in
+    /// memory: after a restart every unacked entry is handed out again.
+    pub(crate) in_flight: Mutex<HashSet<QueueId>>,
+    pub(crate) next_token: AtomicU64,
+    pub(crate) partitions: u16,
+}
+
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+pub(crate) fn unavailable(error: impl std::fmt::Display) -> StoreError {
+    StoreError::Unavailable(format!("embedded store: {error}"))
+}
+
+/// The embedded store.
+#[derive(Debug)]
+pub struct EmbeddedStore<C: Clock = SystemClock> {
+    shared: Arc<Shared>,
+    clock: C,
+    commands: Option<mpsc::Sender<Command>>,
+    writer: Option<JoinHandle<()>>,
+    _temp: Option<tempfile::TempDir>,
+}
+
+impl EmbeddedStore<SystemClock> {
+    /// Opens (or creates) the store described by `config` on the system clock.
+    pub fn open(config: EmbeddedConfig) -> Result<Self, OpenError> {
+        Self::open_with_clock(config, SystemClock)
+    }
+}
+
+impl<C: Clock + Clone> EmbeddedStore<C> {
+    /// Opens (or creates) the store on `clock`.
+    pub fn open_with_clock(config: EmbeddedConfig, clock: C) -> Result<Self, OpenError> {
+        Self::open_inner(config, clock, None)
+    }
+
+    /// A store in a fresh temporary folder, deleted when the store is dropped.
+    pub fn open_temporary(clock: C) -> Result<Self, OpenError> {
+        let dir = tempfile::tempdir().map_err(|source| OpenError::Io {
+            path: std::env::temp_dir(),
+            source,
+        })?;
+        let config = EmbeddedConfig::at(dir.path().join("oncegate.redb"));
+        Self::open_inner(config, clock, Some(dir))
+    }
+
+    fn open_inner(
+        config: EmbeddedConfig,
+        clock: C,
+        temp: Option<tempfile::TempDir>,
+    ) -> Result<Self, OpenError> {
+        let path = config.path.clone();
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(|source| OpenError::Io {
+                path: parent.to_path_buf(),
+                source,
+            })?;
+        }
+        let db = redb::Builder::new()
+            .set_concurrency_mode(redb::ConcurrencyMode::SingleWriter)
+            .create(&path)
+            .map_err(|error| match error {
+                redb::DatabaseError::DatabaseAlreadyOpen => {
+                    OpenError::Locked { path: path.clone() }
+                }
+                other => OpenError::Database {
+                    path: path.clone(),
+                    message: other.to_string(),
+                },
+            })?;
+        let database_error = |error: redb::Error| OpenError::Database {
+            path: path.clone(),
+            message: error.to_string(),
+        };
+        let (run, partitions) = (|| -> Result<(u64, u16), redb::Error> {
+            let txn = db.begin_write()?;
+            let run;
+            let partitions;
+            {
+                let mut meta = txn.open_table(META)?;
+                run = meta.get("run")?.map_or(0, |v| v.value()) + 1;
+                meta.insert("run", run)?;
+                let stored = meta.get("partitions")?.map(|v| v.value());
+                partitions = match stored {
+                    Some(stored) => stored as u16,
+                    None => {
+                        meta.insert("partitions", u64::from(config.partitions.max(1)))?;
+                        config.partitions.max(1)
+                    }
+                };
+                // Create every table so that readers never meet a missing one.
+                txn.open_table(RECORDS)?;
+                txn.open_table(EXPIRY)?;
+                txn.open_table(QUEUE)?;
+                txn.open_table(DEAD)?;
+                txn.open_table(MARKS)?;
+            }
+            txn.commit()?;
+            Ok((run, partitions))
+        })()
+        .map_err(database_error)?;
+        if partitions != config.partitions.max(1) {
+            return Err(OpenError::Partitions {
+                path,
+                stored: partitions,
+                configured: config.partitions,
+            });
+        }
+        let shared = Arc::new(Shared {
+            db,
+            in_flight: Mutex::new(HashSet::new()),
+            next_token: AtomicU64::new(FencingToken::compose(run, 1).0),
+            partitions,
+        });
+        let (commands, receiver) = mpsc::channel();
+        let writer = Writer::new(
+            shared.clone(),
+            receiver,
+            config.max_batch.max(1),
+            clock.clone(),
+        );
+        let writer = std::thread::Builder::new()
+            .name("oncegate-embedded-writer".into())
+            .spawn(move || writer.run())
+            .map_err(|source| OpenError::Io {
+                path: path.clone(),
+                source,
+            })?;
+        Ok(Self {
+            shared,
+            clock,
+            commands: Some(commands),
+            writer: Some(writer),
+            _temp: temp,
+        })
+    }
+
+    async fn send<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> Command,
+    ) -> Result<T, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        self.commands
+            .as_ref()
+            .ok_or_else(|| unavailable("the store is closing"))?
+            .send(make(reply))
+            .map_err(|_| unavailable("the writer thread has stopped"))?;
+        answer
+            .await
+            .map_err(|_| unavailable("the writer thread dropped the request"))?
+    }
+
+    /// The path of the database file.
+    pub fn path(&self) -> Option<PathBuf> {
+        self._temp
+            .as_ref()
+            .map(|dir| dir.path().join("oncegate.redb"))
+    }
+
+    fn read<T>(
+        &self,
+        f: impl FnOnce(&redb::ReadTransaction) -> Result<T, redb::Error>,
+    ) -> Result<T, StoreError> {
+        let txn = self.shared.db.begin_read().map_err(unavailable)?;
+        f(&txn).map_err(unavailable)
+    }
+}
+
+impl<C: Clock> Drop for EmbeddedStore<C> {
+    fn drop(&mut self) {
+        // Closing the channel lets the writer finish what it holds and stop.
+        self.commands.take();
+        if let Some(writer) = self.writer.take() {
+            let _ = writer.join();
+        }
+    }
+}
+
+impl<C: Clock + Clone> DedupStore for EmbeddedStore<C> {
+    async fn admit(
+        &self,
+        event: Event,
+        keys: &[KeyHash],
+        retention: Duration,
+    ) -> Result<Admission, StoreError> {
+        if keys.is_empty() {
+            return Err(StoreError::Invalid(
+                "admit needs at least one dedup key".into(),
+            ));
+        }
+        let keys = keys.to_vec();
+        self.send(|reply| Command::Admit {
+            event,
+            keys,
+            retention_ms: millis(retention),
+            reply,
+        })
+        .await
+    }
+
+    async fn claim(&self, key: &KeyHash, lease: Duration) -> Result<Claim, StoreError> {
+        self.send(|reply| Command::Claim {
+            key: *key,
+            lease_ms: millis(lease),
+            reply,
+        })
+        .await
+    }
+
+    async fn renew(&self, lease: &Lease, extend: Duration) -> Result<FenceCheck, StoreError> {
+        self.send(|reply| Command::Renew {
+            lease: *lease,
+            extend_ms: millis(extend),
+            reply,
+        })
+        .await
+    }
+
+    async fn complete(
+        &self,
+        lease: &Lease,
+        retention: Duration,
+        outcome: Option<Bytes>,
+    ) -> Result<FenceCheck, StoreError> {
+        self.send(|reply| Command::Complete {
+            lease: *lease,
+            retention_ms: millis(retention),
+            outcome,
+            reply,
+        })
+        .await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<FenceCheck, StoreError> {
+        self.send(|reply| Command::Release {
+            lease: *lease,
+            reply,
+        })
+        .await
+    }
+
+    async fn record(&self, key: &KeyHash) -> Result<Option<Record>, StoreError> {
+        let now_ms = self.clock.now_ms();
+        let stored = self.read(|txn| {
+            let records = txn.open_table(RECORDS)?;
+            Ok(records.get(&key.0)?.map(|v| v.value().to_vec()))
+        })?;
+        match stored {
+            Some(bytes) => Ok(Some(decode::<Record>(&bytes)?).filter(|r| r.is_live(now_ms))),
+            None => Ok(None),
+        }
+    }
+
+    async fn stats(&self) -> Result<StoreStats, StoreError> {
+        let now_ms = self.clock.now_ms();
+        let in_flight = lock(&self.shared.in_flight).len() as u64;
+        let mut stats = StoreStats {
+            in_flight,
+            ..StoreStats::default()
+        };
+        let raw = self.read(|txn| {
+            let records = txn.open_table(RECORDS)?;
+            let mut raw = Vec::new();
+            for entry in records.iter()? {
+                raw.push(entry?.1.value().to_vec());
+            }
+            stats.queued = txn.open_table(QUEUE)?.len()?;
+            stats.dead_letters = txn.open_table(DEAD)?.len()?;
+            Ok(raw)
+        })?;
+        for bytes in raw {
+            let record: Record = decode(&bytes)?;
+            if record.is_live(now_ms) {
+                match record.state {
+                    RecordState::Pending => stats.pending += 1,
+                    RecordState::Processing { .. } => stats.processing += 1,
+                    RecordState::Completed { .. } => stats.completed += 1,
+                }
+            }
+        }
+        Ok(stats)
+    }
+}
+
+impl<C: Clock + Clone> EventQueue for EmbeddedStore<C> {
+    fn partitions(&self) -> u16 {
+        self.shared.partitions
+    }
+
+    async fn pull(&self, partition: u16, max: usize) -> Result<Vec<Delivery>, StoreError> {
+        if partition >= self.shared.partitions {
+            return Err(StoreError::Invalid(format!("no partition {partition}")));
+        }
+        let now_ms = self.clock.now_ms();
+        // Held across the read so that two pullers never hand out the same entry.
+        let mut in_flight = lock(&self.shared.in_flight);
+        let mut blocked = HashSet::new();
+        let mut out = Vec::new();
+        let txn = self.shared.db.begin_read().map_err(unavailable)?;
+        let queue = txn.open_table(QUEUE).map_err(unavailable)?;
+        for entry in queue
+            .range((partition, 0u64)..=(partition, u64::MAX))
+            .map_err(unavailable)?
+        {
+            if out.len() >= max {
+                break;
+            }
+            let (position, value) = entry.map_err(unavailable)?;
+            let (_, seq) = position.value();
+            let queued: codec::Queued = decode(value.value())?;
+            let id = QueueId { partition, seq };
+            // Only the first waiting event of an order key may go out.
+            if !blocked.insert(queued.order_hash) {
+                continue;
+            }
+            if in_flight.contains(&id) || queued.not_before_ms > now_ms {
+                continue;
+            }
+            in_flight.insert(id);
+            out.push(Delivery {
+                id,
+                key: queued.key,
+                event: queued.event,
+                attempt: queued.attempt,
+            });
+        }
+        Ok(out)
+    }
+
+    async fn ack(&self, id: QueueId) -> Result<bool, StoreError> {
+        if !lock(&self.shared.in_flight).contains(&id) {
+            return Ok(false);
+        }
+        self.send(|reply| Command::Ack { id, reply }).await
+    }
+
+    async fn retry(&self, id: QueueId, not_before_ms: u64) -> Result<bool, StoreError> {
+        if !lock(&self.shared.in_flight).contains(&id) {
+            return Ok(false);
+        }
+        self.send(|reply| Command::Retry {
+            id,
+            not_before_ms,
+            reply,
+        })
+        .await
+    }
+
+    async fn dead_letter(&self, id: QueueId, reason: &str) -> Result<bool, StoreError> {
+        if !lock(&self.shared.in_flight).contains(&id) {
+            return Ok(false);
+        }
+        let reason = reason.to_owned();
+        self.send(|reply| Command::DeadLetter { id, reason, reply })
+            .await
+    }
+
+    async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
+        let raw = self.read(|txn| {
+            let dead = txn.open_table(DEAD)?;
+            let mut raw = Vec::new();
+            for entry in dead.iter()?.take(limit) {
+                raw.push(entry?.1.value().to_vec());
+            }
+            Ok(raw)
+        })?;
+        raw.iter().map(|bytes| decode(bytes)).collect()
+    }
+}
+
+impl<C: Clock + Clone> WatermarkStore for EmbeddedStore<C> {
+    async fn advance_watermark(
+        &self,
+        scope: &KeyHash,
+        value: u64,
+        retention: Duration,
+    ) -> Result<WatermarkOutcome, StoreError> {
+        self.send(|reply| Command::Watermark {
+            scope: *scope,
+            value,
+            retention_ms: millis(retention),
+            reply,
+        })
+        .await
+    }
+}
+
+/// Read-only access to a store file, for `oncegate inspect` while a gateway runs.
+pub struct StoreReader {
+    db: redb::ReadOnlyDatabase,
+}
+
+impl StoreReader {
+    /// Opens `path` for reading.
+    pub fn open(path: &Path) -> Result<Self, OpenError> {
+        if !path.exists() {
+            return Err(OpenError::Io {
+                path: path.to_path_buf(),
+                source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such store file"),
+            });
+        }
+        let db = redb::Builder::new()
+            .set_concurrency_mode(redb::ConcurrencyMode::SingleWriter)
+            .open_read_only(path)
+            .map_err(|error| OpenError::Database {
+                path: path.to_path_buf(),
+                message: error.to_string(),
+            })?;
+        Ok(Self { db })
+    }
+
+    /// One key's stored record, live or not yet swept.
+    pub fn record(&self, key: &KeyHash) -> Result<Option<Record>, StoreError> {
+        let txn = self.db.begin_read().map_err(unavailable)?;
+        let records = txn.open_table(RECORDS).map_err(unavailable)?;
+        let stored = records.get(&key.0).map_err(unavailable)?;
+        stored.map(|v| decode(v.value())).transpose()
+    }
+
+    /// Up to `limit` records in key order.
+    pub fn records(&self, limit: usize) -> Result<Vec<(KeyHash, Record)>, StoreError> {
+        let txn = self.db.begin_read().map_err(unavailable)?;
+        let records = txn.open_table(RECORDS).map_err(unavailable)?;
+        let mut out = Vec::new();
+        for entry in records.iter().map_err(unavailable)?.take(limit) {
+            let (key, value) = entry.map_err(unavailable)?;
+            out.push((KeyHash(*key.value()), decode(value.value())?));
+        }
+        Ok(out)
+    }
+
+    /// Queued events (up to `limit`), oldest first per partition.
+    pub fn queued(&self, limit: usize) -> Result<Vec<(QueueId, Event, u32)>, StoreError> {
+        let txn = self.db.begin_read().map_err(unavailable)?;
+        let queue = txn.open_table(QUEUE).map_err(unavailable)?;
+        let mut out = Vec::new();
+        for entry in queue.iter().map_err(unavailable)?.take(limit) {
+            let (position, value) = entry.map_err(unavailable)?;
+            let (partition, seq) = position.value();
+            let queued: codec::Queued = decode(value.value())?;
+            out.push((QueueId { partition, seq }, queued.event, queued.attempt));
+        }
+        Ok(out)
+    }
+
+    /// Dead letters (up to `limit`), oldest first.
+    pub fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
+        let txn = self.db.begin_read().map_err(unavailable)?;
+        let dead = txn.open_table(DEAD).map_err(unavailable)?;
+        let mut out = Vec::new();
+        for entry in dead.iter().map_err(unavailable)?.take(limit) {
+            out.push(decode(entry.map_err(unavailable)?.1.value())?);
+        }
+        Ok(out)
+    }
+
+    /// Counts by state at `now_ms`; in-flight is unknown from outside the gateway and left 0.
+    pub fn stats(&self, now_ms: u64) -> Result<StoreStats, StoreError> {
+        let txn = self.db.begin_read().map_err(unavailable)?;
+        let mut stats = StoreStats::default();
+        let records = txn.open_table(RECORDS).map_err(unavailable)?;
+        for entry in records.iter().map_err(unavailable)? {
+            let record: Record = decode(entry.map_err(unavailable)?.1.value())?;
+            if record.is_live(now_ms) {
+                match record.state {
+                    RecordState::Pending => stats.pending += 1,
+                    RecordState::Processing { .. } => stats.processing += 1,
+                    RecordState::Completed { .. } => stats.completed += 1,
+                }
+            }
+        }
+        stats.queued = txn
+            .open_table(QUEUE)
+            .map_err(unavailable)?
+            .len()
+            .map_err(unavailable)?;
+        stats.dead_letters = txn
+            .open_table(DEAD)
+            .map_err(unavailable)?
+            .len()
+            .map_err(unavailable)?;
+        Ok(stats)
+    }
+}

@@ -1,0 +1,538 @@
+//! The writer thread: applies waiting requests in one write transaction, commits once, then
+//! answers them all.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::Receiver;
+
+use bytes::Bytes;
+use oncegate_core::{
+    Admission, Claim, Clock, DeadLetter, Event, FenceCheck, FencingToken, KeyHash, Lease, QueueId,
+    Record, StoreError, WatermarkOutcome, transition,
+};
+use redb::{ReadableTable, Table, WriteTransaction};
+use tokio::sync::oneshot;
+
+use crate::codec::{Queued, decode, encode};
+use crate::{DEAD, EXPIRY, MARKS, META, QUEUE, RECORDS, Shared, lock, unavailable};
+
+type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
+
+/// Expired keys removed per batch, so that a backlog of expiries never delays a commit much.
+const SWEEP_BUDGET: usize = 512;
+
+/// One request to the writer.
+pub(crate) enum Command {
+    Admit {
+        event: Event,
+        keys: Vec<KeyHash>,
+        retention_ms: u64,
+        reply: Reply<Admission>,
+    },
+    Claim {
+        key: KeyHash,
+        lease_ms: u64,
+        reply: Reply<Claim>,
+    },
+    Renew {
+        lease: Lease,
+        extend_ms: u64,
+        reply: Reply<FenceCheck>,
+    },
+    Complete {
+        lease: Lease,
+        retention_ms: u64,
+        outcome: Option<Bytes>,
+        reply: Reply<FenceCheck>,
+    },
+    Release {
+        lease: Lease,
+        reply: Reply<FenceCheck>,
+    },
+    Ack {
+        id: QueueId,
+        reply: Reply<bool>,
+    },
+    Retry {
+        id: QueueId,
+        not_before_ms: u64,
+        reply: Reply<bool>,
+    },
+    DeadLetter {
+        id: QueueId,
+        reason: String,
+        reply: Reply<bool>,
+    },
+    Watermark {
+        scope: KeyHash,
+        value: u64,
+        retention_ms: u64,
+        reply: Reply<WatermarkOutcome>,
+    },
+}
+
+/// What to do once the batch's commit has succeeded or failed.
+type Finish = Box<dyn FnOnce(&Shared, Option<&StoreError>) + Send>;
+
+fn answer<T: Send + 'static>(reply: Reply<T>, result: Result<T, StoreError>) -> Finish {
+    Box::new(move |_, failed| {
+        let _ = reply.send(match failed {
+            Some(error) => Err(unavailable(error)),
+            None => result,
+        });
+    })
+}
+
+/// A queue change: answer after commit, and only then let the entry be handed out again.
+fn answer_queue(reply: Reply<bool>, id: QueueId, result: Result<bool, StoreError>) -> Finish {
+    Box::new(move |shared, failed| {
+        let _ = reply.send(match failed {
+            Some(error) => Err(unavailable(error)),
+            None => {
+                if matches!(result, Ok(true)) {
+                    lock(&shared.in_flight).remove(&id);
+                }
+                result
+            }
+        });
+    })
+}
+
+struct Tables<'t> {
+    records: Table<'t, &'static [u8; 16], &'static [u8]>,
+    expiry: Table<'t, (u64, &'static [u8; 16]), ()>,
+    queue: Table<'t, (u16, u64), &'static [u8]>,
+    dead: Table<'t, u64, &'static [u8]>,
+    marks: Table<'t, &'static [u8; 16], (u64, u64)>,
+}
+
+pub(crate) struct Writer<C> {
+    shared: Arc<Shared>,
+    receiver: Receiver<Command>,
+    max_batch: usize,
+    clock: C,
+}
+
+impl<C: Clock> Writer<C> {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        receiver: Receiver<Command>,
+        max_batch: usize,
+        clock: C,
+    ) -> Self {
+        Self {
+            shared,
+            receiver,
+            max_batch,
+            clock,
+        }
+    }
+
+    pub(crate) fn run(self) {
+        while let Ok(first) = self.receiver.recv() {
+            let mut batch = Vec::with_capacity(64);
+            batch.push(first);
+            while batch.len() < self.max_batch {
+                match self.receiver.try_recv() {
+                    Ok(command) => batch.push(command),
+                    Err(_) => break,
+                }
+            }
+            self.apply(batch);
+        }
+    }
+
+    fn apply(&self, batch: Vec<Command>) {
+        let mut finishes: Vec<Finish> = Vec::with_capacity(batch.len());
+        let outcome = self.apply_in_transaction(batch, &mut finishes);
+        let failed = outcome.err();
+        for finish in finishes {
+            finish(&self.shared, failed.as_ref());
+        }
+    }
+
+    fn apply_in_transaction(
+        &self,
+        batch: Vec<Command>,
+        finishes: &mut Vec<Finish>,
+    ) -> Result<(), StoreError> {
+        let txn = self.shared.db.begin_write().map_err(unavailable)?;
+        let now_ms = self.clock.now_ms();
+        let applied = self.apply_commands(&txn, batch, now_ms, finishes);
+        match applied {
+            Ok(()) => txn.commit().map_err(unavailable),
+            Err(error) => {
+                let _ = txn.abort();
+                Err(error)
+            }
+        }
+    }
+
+    fn apply_commands(
+        &self,
+        txn: &WriteTransaction,
+        batch: Vec<Command>,
+        now_ms: u64,
+        finishes: &mut Vec<Finish>,
+    ) -> Result<(), StoreError> {
+        let mut meta = txn.open_table(META).map_err(unavailable)?;
+        let mut next_seq = meta
+            .get("seq")
+            .map_err(unavailable)?
+            .map_or(0, |v| v.value());
+        let mut next_dead = meta
+            .get("dead_seq")
+            .map_err(unavailable)?
+            .map_or(0, |v| v.value());
+        let (seq_before, dead_before) = (next_seq, next_dead);
+        let mut tables = Tables {
+            records: txn.open_table(RECORDS).map_err(unavailable)?,
+            expiry: txn.open_table(EXPIRY).map_err(unavailable)?,
+            queue: txn.open_table(QUEUE).map_err(unavailable)?,
+            dead: txn.open_table(DEAD).map_err(unavailable)?,
+            marks: txn.open_table(MARKS).map_err(unavailable)?,
+        };
+        for command in batch {
+            let finish = match command {
+                Command::Admit {
+                    event,
+                    keys,
+                    retention_ms,
+                    reply,
+                } => {
+                    let result = self.admit(
+                        &mut tables,
+                        event,
+                        &keys,
+                        retention_ms,
+                        now_ms,
+                        &mut next_seq,
+                    )?;
+                    answer(reply, result)
+                }
+                Command::Claim {
+                    key,
+                    lease_ms,
+                    reply,
+                } => {
+                    let token =
+                        FencingToken(self.shared.next_token.fetch_add(1, Ordering::Relaxed));
+                    let result = with_record(&mut tables, &key, |record| {
+                        transition::claim(record, key, now_ms, lease_ms, token)
+                    })?;
+                    answer(reply, result)
+                }
+                Command::Renew {
+                    lease,
+                    extend_ms,
+                    reply,
+                } => {
+                    let result = with_record(&mut tables, &lease.key, |record| {
+                        transition::renew(record, &lease, now_ms, extend_ms)
+                    })?;
+                    answer(reply, result)
+                }
+                Command::Complete {
+                    lease,
+                    retention_ms,
+                    outcome,
+                    reply,
+                } => {
+                    let result = with_record(&mut tables, &lease.key, |record| {
+                        transition::complete(record, &lease, now_ms, retention_ms, outcome)
+                    })?;
+                    answer(reply, result)
+                }
+                Command::Release { lease, reply } => {
+                    let result = with_record(&mut tables, &lease.key, |record| {
+                        transition::release(record, &lease, now_ms)
+                    })?;
+                    answer(reply, result)
+                }
+                Command::Ack { id, reply } => {
+                    let removed = tables
+                        .queue
+                        .remove((id.partition, id.seq))
+                        .map_err(unavailable)?
+                        .is_some();
+                    answer_queue(reply, id, Ok(removed))
+                }
+                Command::Retry {
+                    id,
+                    not_before_ms,
+                    reply,
+                } => {
+                    let result = retry(&mut tables, id, not_before_ms)?;
+                    answer_queue(reply, id, result)
+                }
+                Command::DeadLetter { id, reason, reply } => {
+                    let result = dead_letter(&mut tables, id, reason, now_ms, &mut next_dead)?;
+                    answer_queue(reply, id, result)
+                }
+                Command::Watermark {
+                    scope,
+                    value,
+                    retention_ms,
+                    reply,
+                } => {
+                    let result = watermark(&mut tables, &scope, value, retention_ms, now_ms)?;
+                    answer(reply, result)
+                }
+            };
+            finishes.push(finish);
+        }
+        sweep(&mut tables, now_ms)?;
+        if next_seq != seq_before {
+            meta.insert("seq", next_seq).map_err(unavailable)?;
+        }
+        if next_dead != dead_before {
+            meta.insert("dead_seq", next_dead).map_err(unavailable)?;
+        }
+        Ok(())
+    }
+
+    /// Returns `Err` only for storage failures (which abort the batch); a logical refusal is
+    /// the inner result.
+    #[allow(clippy::type_complexity)]
+    fn admit(
+        &self,
+        tables: &mut Tables<'_>,
+        event: Event,
+        keys: &[KeyHash],
+        retention_ms: u64,
+        now_ms: u64,
+        next_seq: &mut u64,
+    ) -> Result<Result<Admission, StoreError>, StoreError> {
+        let mut stored = Vec::with_capacity(keys.len());
+        for (key_index, key) in keys.iter().enumerate() {
+            let record = match load(&tables.records, key)? {
+                Ok(record) => record,
+                Err(corrupt) => return Ok(Err(corrupt)),
+            };
+            if transition::is_seen(record.as_ref(), now_ms) {
+                return Ok(Ok(Admission::Duplicate { key_index }));
+            }
+            stored.push(record);
+        }
+        let fresh = transition::admitted(now_ms, retention_ms);
+        for (key, before) in keys.iter().zip(&stored) {
+            put(tables, key, before.as_ref(), &fresh)?;
+        }
+        let order_hash = event.order_hash();
+        let partition = oncegate_core::event::partition_of(order_hash, self.shared.partitions);
+        let seq = *next_seq;
+        *next_seq += 1;
+        let queued = Queued {
+            key: keys[0],
+            order_hash,
+            attempt: 0,
+            not_before_ms: 0,
+            event,
+        };
+        let bytes = match encode(&queued) {
+            Ok(bytes) => bytes,
+            Err(error) => return Ok(Err(error)),
+        };
+        tables
+            .queue
+            .insert((partition, seq), bytes.as_slice())
+            .map_err(unavailable)?;
+        Ok(Ok(Admission::Admitted {
+            id: QueueId { partition, seq },
+        }))
+    }
+}
+
+/// Reads a stored record; the outer error is a storage failure, the inner one a corrupt value.
+fn load(
+    records: &Table<'_, &'static [u8; 16], &'static [u8]>,
+    key: &KeyHash,
+) -> Result<Result<Option<Record>, StoreError>, StoreError> {
+    let stored = records.get(&key.0).map_err(unavailable)?;
+    Ok(stored
+        .map(|value| decode::<Record>(value.value()))
+        .transpose())
+}
+
+/// Writes a record and keeps its single expiry-index entry in step.
+fn put(
+    tables: &mut Tables<'_>,
+    key: &KeyHash,
+    before: Option<&Record>,
+    record: &Record,
+) -> Result<(), StoreError> {
+    let deadline = record.forget_after_ms();
+    let previous = before.map(Record::forget_after_ms);
+    if previous != Some(deadline) {
+        if let Some(previous) = previous {
+            tables
+                .expiry
+                .remove((previous, &key.0))
+                .map_err(unavailable)?;
+        }
+        tables
+            .expiry
+            .insert((deadline, &key.0), ())
+            .map_err(unavailable)?;
+    }
+    let bytes = encode(record)?;
+    tables
+        .records
+        .insert(&key.0, bytes.as_slice())
+        .map_err(unavailable)?;
+    Ok(())
+}
+
+fn with_record<T>(
+    tables: &mut Tables<'_>,
+    key: &KeyHash,
+    step: impl FnOnce(Option<&Record>) -> (T, Option<Record>),
+) -> Result<Result<T, StoreError>, StoreError> {
+    let record = match load(&tables.records, key)? {
+        Ok(record) => record,
+        Err(corrupt) => return Ok(Err(corrupt)),
+    };
+    let (result, next) = step(record.as_ref());
+    if let Some(next) = next {
+        put(tables, key, record.as_ref(), &next)?;
+    }
+    Ok(Ok(result))
+}
+
+fn retry(
+    tables: &mut Tables<'_>,
+    id: QueueId,
+    not_before_ms: u64,
+) -> Result<Result<bool, StoreError>, StoreError> {
+    let Some(bytes) = tables
+        .queue
+        .get((id.partition, id.seq))
+        .map_err(unavailable)?
+        .map(|v| v.value().to_vec())
+    else {
+        return Ok(Ok(false));
+    };
+    let mut queued: Queued = match decode(&bytes) {
+        Ok(queued) => queued,
+        Err(corrupt) => return Ok(Err(corrupt)),
+    };
+    queued.attempt += 1;
+    queued.not_before_ms = not_before_ms;
+    let bytes = encode(&queued)?;
+    tables
+        .queue
+        .insert((id.partition, id.seq), bytes.as_slice())
+        .map_err(unavailable)?;
+    Ok(Ok(true))
+}
+
+fn dead_letter(
+    tables: &mut Tables<'_>,
+    id: QueueId,
+    reason: String,
+    now_ms: u64,
+    next_dead: &mut u64,
+) -> Result<Result<bool, StoreError>, StoreError> {
+    let Some(bytes) = tables
+        .queue
+        .remove((id.partition, id.seq))
+        .map_err(unavailable)?
+        .map(|v| v.value().to_vec())
+    else {
+        return Ok(Ok(false));
+    };
+    let queued: Queued = match decode(&bytes) {
+        Ok(queued) => queued,
+        Err(corrupt) => return Ok(Err(corrupt)),
+    };
+    let letter = DeadLetter {
+        id,
+        key: queued.key,
+        event: queued.event,
+        attempts: queued.attempt + 1,
+        reason,
+        at_ms: now_ms,
+    };
+    let bytes = encode(&letter)?;
+    tables
+        .dead
+        .insert(*next_dead, bytes.as_slice())
+        .map_err(unavailable)?;
+    *next_dead += 1;
+    Ok(Ok(true))
+}
+
+fn watermark(
+    tables: &mut Tables<'_>,
+    scope: &KeyHash,
+    value: u64,
+    retention_ms: u64,
+    now_ms: u64,
+) -> Result<Result<WatermarkOutcome, StoreError>, StoreError> {
+    let stored = tables
+        .marks
+        .get(&scope.0)
+        .map_err(unavailable)?
+        .map(|v| v.value());
+    let current = stored
+        .filter(|(_, forget)| *forget > now_ms)
+        .map(|(mark, _)| mark);
+    let (outcome, next) = transition::watermark(current, value);
+    if let Some(mark) = next {
+        let deadline = now_ms.saturating_add(retention_ms);
+        if let Some((_, previous)) = stored {
+            tables
+                .expiry
+                .remove((previous, &scope.0))
+                .map_err(unavailable)?;
+        }
+        tables
+            .expiry
+            .insert((deadline, &scope.0), ())
+            .map_err(unavailable)?;
+        tables
+            .marks
+            .insert(&scope.0, (mark, deadline))
+            .map_err(unavailable)?;
+    }
+    Ok(Ok(outcome))
+}
+
+/// Forgets records and marks whose deadline has passed, oldest first, within the budget.
+fn sweep(tables: &mut Tables<'_>, now_ms: u64) -> Result<(), StoreError> {
+    let mut due = Vec::new();
+    for entry in tables
+        .expiry
+        .range((0u64, &[0u8; 16])..=(now_ms, &[0xffu8; 16]))
+        .map_err(unavailable)?
+        .take(SWEEP_BUDGET)
+    {
+        let (position, _) = entry.map_err(unavailable)?;
+        let (deadline, key) = position.value();
+        due.push((deadline, *key));
+    }
+    for (deadline, key) in due {
+        tables
+            .expiry
+            .remove((deadline, &key))
+            .map_err(unavailable)?;
+        let record = tables
+            .records
+            .get(&key)
+            .map_err(unavailable)?
+            .map(|v| decode::<Record>(v.value()));
+        // A record that does not decode is dropped with its index entry: it can never be used.
+        if record.is_some_and(|r| r.map_or(true, |r| r.forget_after_ms() <= now_ms)) {
+            tables.records.remove(&key).map_err(unavailable)?;
+        }
+        let mark = tables
+            .marks
+            .get(&key)
+            .map_err(unavailable)?
+            .map(|v| v.value());
+        if mark.is_some_and(|(_, forget)| forget <= now_ms) {
+            tables.marks.remove(&key).map_err(unavailable)?;
+        }
+    }
+    Ok(())
+}
