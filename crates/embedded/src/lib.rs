@@ -518,9 +518,18 @@ impl StoreReader {
         let db = redb::Builder::new()
             .set_concurrency_mode(redb::ConcurrencyMode::SingleWriter)
             .open_read_only(path)
-            .map_err(|error| OpenError::Database {
-                path: path.to_path_buf(),
-                message: error.to_string(),
+            .map_err(|error| match error {
+                redb::DatabaseError::RepairAborted => OpenError::Database {
+                    path: path.to_path_buf(),
+                    message: "the store was not closed cleanly and needs a repair, which a \
+                              read-only reader cannot do; start the gateway on it once (it \
+                              repairs on open) and read again"
+                        .into(),
+                },
+                other => OpenError::Database {
+                    path: path.to_path_buf(),
+                    message: other.to_string(),
+                },
             })?;
         Ok(Self { db })
     }

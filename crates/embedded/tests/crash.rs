@@ -1,0 +1,158 @@
+//! kill -9 at any point: after reopening, every admitted event is queued or done, no key is
+//! half-recorded, and nothing admitted before a crash is admitted again after it.
+
+use std::collections::{HashMap, HashSet};
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use oncegate_core::{RecordState, key_for};
+use oncegate_embedded::{EmbeddedConfig, EmbeddedStore, StoreReader};
+
+const RUNS: u64 = 30;
+const PER_RUN: u64 = 4000;
+
+#[test]
+fn kill_nine_loses_nothing_and_admits_nothing_twice() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("crash.redb");
+    let mut admitted_in: HashMap<u64, u64> = HashMap::new();
+    let mut acked: HashSet<u64> = HashSet::new();
+    let mut kills_mid_run = 0;
+    for run in 0..RUNS {
+        // Each run re-sends the second half of the previous run's ids, as a platform retries.
+        let first = run * PER_RUN / 2;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_oncegate-crash-child"))
+            .arg(&path)
+            .arg(first.to_string())
+            .arg(PER_RUN.to_string())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the child");
+        // A different moment in each run, from early in start-up to mid-flight.
+        let delay = 10 + (run * 37) % 250;
+        std::thread::sleep(Duration::from_millis(delay));
+        child.kill().expect("kill -9");
+        let mut output = String::new();
+        child
+            .stdout
+            .take()
+            .expect("stdout")
+            .read_to_string(&mut output)
+            .expect("read");
+        child.wait().expect("reap");
+        if !output.contains("FINISHED") {
+            kills_mid_run += 1;
+        }
+        for line in output.lines() {
+            let mut parts = line.split(' ');
+            let (Some(kind), Some(id)) = (
+                parts.next(),
+                parts.next().and_then(|i| i.parse::<u64>().ok()),
+            ) else {
+                continue;
+            };
+            match kind {
+                "A" => {
+                    if let Some(before) = admitted_in.insert(id, run) {
+                        panic!("event {id} admitted in run {before} and again in run {run}");
+                    }
+                }
+                "K" => {
+                    acked.insert(id);
+                }
+                _ => {}
+            }
+        }
+        // Restart as a gateway would: reopening repairs what the kill left.
+        drop(EmbeddedStore::open(EmbeddedConfig::at(&path)).expect("reopen after kill -9"));
+        check(&path, &admitted_in, &acked, run);
+    }
+    eprintln!(
+        "{RUNS} kills ({kills_mid_run} during admission): {} events admitted, {} acked, every invariant held",
+        admitted_in.len(),
+        acked.len()
+    );
+    assert!(
+        kills_mid_run >= RUNS / 2,
+        "the kills should mostly land mid-run ({kills_mid_run})"
+    );
+    assert!(
+        admitted_in.len() as u64 > PER_RUN,
+        "the children should get real work done"
+    );
+}
+
+fn check(path: &std::path::Path, admitted_in: &HashMap<u64, u64>, acked: &HashSet<u64>, run: u64) {
+    let reader = StoreReader::open(path).expect("open the store after the kill");
+    let queued: HashMap<String, ()> = reader
+        .queued(usize::MAX)
+        .expect("queue")
+        .into_iter()
+        .map(|(_, event, _)| (event.event_id, ()))
+        .collect();
+    let max_id = (run + 2) * PER_RUN;
+    for id in 0..max_id {
+        let by_event = reader
+            .record(&key_for(
+                "feishu",
+                "cli_crash",
+                "event_id",
+                &format!("e{id}"),
+            ))
+            .expect("record");
+        let by_message = reader
+            .record(&key_for(
+                "feishu",
+                "cli_crash",
+                "message_id",
+                &format!("m{id}"),
+            ))
+            .expect("record");
+        let in_queue = queued.contains_key(&format!("e{id}"));
+        // Both keys of an event were written in one transaction, or neither.
+        assert_eq!(
+            by_event.is_some(),
+            by_message.is_some(),
+            "run {run}: event {id} half-recorded"
+        );
+        if in_queue {
+            assert!(
+                by_event.is_some(),
+                "run {run}: event {id} queued without a seen-mark"
+            );
+        }
+        if let Some(record) = &by_event {
+            let done = matches!(record.state, RecordState::Completed { .. });
+            assert!(
+                in_queue || done,
+                "run {run}: event {id} marked seen but neither queued nor done: {record:?}"
+            );
+        }
+        if admitted_in.contains_key(&id) {
+            assert!(
+                by_event.is_some(),
+                "run {run}: admitted event {id} lost its seen-mark"
+            );
+            assert!(
+                in_queue
+                    || matches!(
+                        by_event.as_ref().map(|r| &r.state),
+                        Some(RecordState::Completed { .. })
+                    ),
+                "run {run}: admitted event {id} lost"
+            );
+        }
+        if acked.contains(&id) {
+            assert!(!in_queue, "run {run}: acked event {id} came back");
+            assert!(
+                matches!(
+                    by_event.as_ref().map(|r| &r.state),
+                    Some(RecordState::Completed { .. })
+                ),
+                "run {run}: acked event {id} is not done"
+            );
+        }
+    }
+}
