@@ -10,7 +10,6 @@
 mod codec;
 mod writer;
 
-use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard, mpsc};
@@ -18,6 +17,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use bytes::Bytes;
+use oncegate_core::queue_index::PartitionIndex;
 use oncegate_core::store::millis;
 use oncegate_core::{
     Admission, Claim, Clock, DeadLetter, DedupStore, Delivery, Event, EventQueue, FenceCheck,
@@ -110,9 +110,9 @@ pub enum OpenError {
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub(crate) db: Database,
-    /// Queue entries handed out and not yet acked, retried or dead-lettered. Lives only in
-    /// memory: after a restart every unacked entry is handed out again.
-    pub(crate) in_flight: Mutex<HashSet<QueueId>>,
+    /// The hand-out order of each partition, rebuilt from the queue table on open. What was
+    /// handed out lives only here: after a restart every unacked entry goes out again.
+    pub(crate) order: Box<[Mutex<PartitionIndex>]>,
     pub(crate) next_token: AtomicU64,
     pub(crate) partitions: u16,
 }
@@ -222,9 +222,13 @@ impl<C: Clock + Clone> EmbeddedStore<C> {
                 configured: config.partitions,
             });
         }
+        let order = load_order(&db, partitions).map_err(|error| OpenError::Database {
+            path: path.clone(),
+            message: error.to_string(),
+        })?;
         let shared = Arc::new(Shared {
             db,
-            in_flight: Mutex::new(HashSet::new()),
+            order,
             next_token: AtomicU64::new(FencingToken::compose(run, 1).0),
             partitions,
         });
@@ -271,6 +275,15 @@ impl<C: Clock + Clone> EmbeddedStore<C> {
         self._temp
             .as_ref()
             .map(|dir| dir.path().join("oncegate.redb"))
+    }
+
+    fn order(&self, partition: u16) -> Option<MutexGuard<'_, PartitionIndex>> {
+        self.shared.order.get(usize::from(partition)).map(lock)
+    }
+
+    fn is_in_flight(&self, id: QueueId) -> bool {
+        self.order(id.partition)
+            .is_some_and(|order| order.is_in_flight(id.seq))
     }
 
     fn read<T>(
@@ -369,7 +382,12 @@ impl<C: Clock + Clone> DedupStore for EmbeddedStore<C> {
 
     async fn stats(&self) -> Result<StoreStats, StoreError> {
         let now_ms = self.clock.now_ms();
-        let in_flight = lock(&self.shared.in_flight).len() as u64;
+        let in_flight = self
+            .shared
+            .order
+            .iter()
+            .map(|order| lock(order).in_flight() as u64)
+            .sum();
         let mut stats = StoreStats {
             in_flight,
             ..StoreStats::default()
@@ -408,33 +426,28 @@ impl<C: Clock + Clone> EventQueue for EmbeddedStore<C> {
             return Err(StoreError::Invalid(format!("no partition {partition}")));
         }
         let now_ms = self.clock.now_ms();
-        // Held across the read so that two pullers never hand out the same entry.
-        let mut in_flight = lock(&self.shared.in_flight);
-        let mut blocked = HashSet::new();
-        let mut out = Vec::new();
-        let txn = self.shared.db.begin_read().map_err(unavailable)?;
-        let queue = txn.open_table(QUEUE).map_err(unavailable)?;
-        for entry in queue
-            .range((partition, 0u64)..=(partition, u64::MAX))
-            .map_err(unavailable)?
-        {
-            if out.len() >= max {
-                break;
+        let ready = match self.order(partition) {
+            Some(mut order) => order.take_ready(now_ms, max),
+            None => Vec::new(),
+        };
+        if ready.is_empty() {
+            return Ok(Vec::new());
+        }
+        let stored = self.read(|txn| {
+            let queue = txn.open_table(QUEUE)?;
+            let mut stored = Vec::with_capacity(ready.len());
+            for seq in &ready {
+                if let Some(value) = queue.get((partition, *seq))? {
+                    stored.push((*seq, value.value().to_vec()));
+                }
             }
-            let (position, value) = entry.map_err(unavailable)?;
-            let (_, seq) = position.value();
-            let queued: codec::Queued = decode(value.value())?;
-            let id = QueueId { partition, seq };
-            // Only the first waiting event of an order key may go out.
-            if !blocked.insert(queued.order_hash) {
-                continue;
-            }
-            if in_flight.contains(&id) || queued.not_before_ms > now_ms {
-                continue;
-            }
-            in_flight.insert(id);
+            Ok(stored)
+        })?;
+        let mut out = Vec::with_capacity(stored.len());
+        for (seq, bytes) in stored {
+            let queued: codec::Queued = decode(&bytes)?;
             out.push(Delivery {
-                id,
+                id: QueueId { partition, seq },
                 key: queued.key,
                 event: queued.event,
                 attempt: queued.attempt,
@@ -444,14 +457,14 @@ impl<C: Clock + Clone> EventQueue for EmbeddedStore<C> {
     }
 
     async fn ack(&self, id: QueueId) -> Result<bool, StoreError> {
-        if !lock(&self.shared.in_flight).contains(&id) {
+        if !self.is_in_flight(id) {
             return Ok(false);
         }
         self.send(|reply| Command::Ack { id, reply }).await
     }
 
     async fn retry(&self, id: QueueId, not_before_ms: u64) -> Result<bool, StoreError> {
-        if !lock(&self.shared.in_flight).contains(&id) {
+        if !self.is_in_flight(id) {
             return Ok(false);
         }
         self.send(|reply| Command::Retry {
@@ -463,7 +476,7 @@ impl<C: Clock + Clone> EventQueue for EmbeddedStore<C> {
     }
 
     async fn dead_letter(&self, id: QueueId, reason: &str) -> Result<bool, StoreError> {
-        if !lock(&self.shared.in_flight).contains(&id) {
+        if !self.is_in_flight(id) {
             return Ok(false);
         }
         let reason = reason.to_owned();
@@ -499,6 +512,22 @@ impl<C: Clock + Clone> WatermarkStore for EmbeddedStore<C> {
         })
         .await
     }
+}
+
+/// Rebuilds every partition's hand-out order from the queue table.
+fn load_order(db: &Database, partitions: u16) -> Result<Box<[Mutex<PartitionIndex>]>, StoreError> {
+    let mut order: Vec<PartitionIndex> = (0..partitions).map(|_| PartitionIndex::new()).collect();
+    let txn = db.begin_read().map_err(unavailable)?;
+    let queue = txn.open_table(QUEUE).map_err(unavailable)?;
+    for entry in queue.iter().map_err(unavailable)? {
+        let (position, value) = entry.map_err(unavailable)?;
+        let (partition, seq) = position.value();
+        let queued: codec::Queued = decode(value.value())?;
+        if let Some(index) = order.get_mut(usize::from(partition)) {
+            index.push(seq, queued.order_hash, queued.not_before_ms);
+        }
+    }
+    Ok(order.into_iter().map(Mutex::new).collect())
 }
 
 /// Read-only access to a store file, for `oncegate inspect` while a gateway runs.

@@ -83,14 +83,53 @@ fn answer<T: Send + 'static>(reply: Reply<T>, result: Result<T, StoreError>) -> 
     })
 }
 
-/// A queue change: answer after commit, and only then let the entry be handed out again.
-fn answer_queue(reply: Reply<bool>, id: QueueId, result: Result<bool, StoreError>) -> Finish {
+/// An admit: once committed, the event joins its partition's hand-out order.
+fn answer_admit(
+    reply: Reply<Admission>,
+    result: Result<Admission, StoreError>,
+    order_hash: u64,
+) -> Finish {
     Box::new(move |shared, failed| {
         let _ = reply.send(match failed {
             Some(error) => Err(unavailable(error)),
             None => {
-                if matches!(result, Ok(true)) {
-                    lock(&shared.in_flight).remove(&id);
+                if let Ok(Admission::Admitted { id }) = result {
+                    if let Some(order) = shared.order.get(usize::from(id.partition)) {
+                        lock(order).push(id.seq, order_hash, 0);
+                    }
+                }
+                result
+            }
+        });
+    })
+}
+
+/// What a committed queue change does to the hand-out order.
+#[derive(Clone, Copy)]
+enum Then {
+    Remove,
+    Retry { not_before_ms: u64 },
+}
+
+/// A queue change: answer after commit, and only then change the hand-out order.
+fn answer_queue(
+    reply: Reply<bool>,
+    id: QueueId,
+    then: Then,
+    result: Result<bool, StoreError>,
+) -> Finish {
+    Box::new(move |shared, failed| {
+        let _ = reply.send(match failed {
+            Some(error) => Err(unavailable(error)),
+            None => {
+                if let (Ok(true), Some(order)) =
+                    (&result, shared.order.get(usize::from(id.partition)))
+                {
+                    let mut order = lock(order);
+                    match then {
+                        Then::Remove => order.remove(id.seq),
+                        Then::Retry { not_before_ms } => order.retry(id.seq, not_before_ms),
+                    };
                 }
                 result
             }
@@ -200,6 +239,7 @@ impl<C: Clock> Writer<C> {
                     retention_ms,
                     reply,
                 } => {
+                    let order_hash = event.order_hash();
                     let result = self.admit(
                         &mut tables,
                         event,
@@ -208,7 +248,7 @@ impl<C: Clock> Writer<C> {
                         now_ms,
                         &mut next_seq,
                     )?;
-                    answer(reply, result)
+                    answer_admit(reply, result, order_hash)
                 }
                 Command::Claim {
                     key,
@@ -255,7 +295,7 @@ impl<C: Clock> Writer<C> {
                         .remove((id.partition, id.seq))
                         .map_err(unavailable)?
                         .is_some();
-                    answer_queue(reply, id, Ok(removed))
+                    answer_queue(reply, id, Then::Remove, Ok(removed))
                 }
                 Command::Retry {
                     id,
@@ -263,11 +303,11 @@ impl<C: Clock> Writer<C> {
                     reply,
                 } => {
                     let result = retry(&mut tables, id, not_before_ms)?;
-                    answer_queue(reply, id, result)
+                    answer_queue(reply, id, Then::Retry { not_before_ms }, result)
                 }
                 Command::DeadLetter { id, reason, reply } => {
                     let result = dead_letter(&mut tables, id, reason, now_ms, &mut next_dead)?;
-                    answer_queue(reply, id, result)
+                    answer_queue(reply, id, Then::Remove, result)
                 }
                 Command::Watermark {
                     scope,

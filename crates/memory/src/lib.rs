@@ -10,13 +10,14 @@
 mod expiry;
 
 use std::collections::hash_map::Entry;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::Bytes;
+use oncegate_core::queue_index::PartitionIndex;
 use oncegate_core::store::millis;
 use oncegate_core::{
     Admission, Claim, Clock, DeadLetter, DedupStore, Delivery, Event, EventQueue, FenceCheck,
@@ -302,16 +303,14 @@ impl Shard {
 struct Queued {
     key: KeyHash,
     event: Event,
-    order_hash: u64,
     attempt: u32,
-    not_before_ms: u64,
-    in_flight: bool,
 }
 
 #[derive(Debug, Default)]
 struct Partition {
     head_seq: u64,
     entries: VecDeque<Option<Queued>>,
+    order: PartitionIndex,
 }
 
 impl Partition {
@@ -322,12 +321,11 @@ impl Partition {
 
     /// Takes a handed-out entry out of the queue.
     fn take_in_flight(&mut self, seq: u64) -> Option<Queued> {
-        let index = usize::try_from(seq.checked_sub(self.head_seq)?).ok()?;
-        let slot = self.entries.get_mut(index)?;
-        if !slot.as_ref().is_some_and(|entry| entry.in_flight) {
+        if !self.order.remove(seq) {
             return None;
         }
-        let taken = slot.take();
+        let index = usize::try_from(seq.checked_sub(self.head_seq)?).ok()?;
+        let taken = self.entries.get_mut(index)?.take();
         while matches!(self.entries.front(), Some(None)) {
             self.entries.pop_front();
             self.head_seq += 1;
@@ -470,11 +468,9 @@ impl<C: Clock> MemoryStore<C> {
         queue.entries.push_back(Some(Queued {
             key: keys[0],
             event,
-            order_hash,
             attempt: 0,
-            not_before_ms: 0,
-            in_flight: false,
         }));
+        queue.order.push(seq, order_hash, 0);
         Ok(Admission::Admitted {
             id: QueueId { partition, seq },
         })
@@ -590,10 +586,8 @@ impl<C: Clock> DedupStore for MemoryStore<C> {
         }
         for partition in self.partitions.iter() {
             let partition = lock(partition);
-            for entry in partition.entries.iter().flatten() {
-                stats.queued += 1;
-                stats.in_flight += u64::from(entry.in_flight);
-            }
+            stats.queued += partition.order.len() as u64;
+            stats.in_flight += partition.order.in_flight() as u64;
         }
         stats.dead_letters = lock(&self.dead_letters).len() as u64;
         Ok(stats)
@@ -612,31 +606,17 @@ impl<C: Clock> EventQueue for MemoryStore<C> {
             .ok_or_else(|| StoreError::Invalid(format!("no partition {partition}")))?;
         let now_ms = self.clock.now_ms();
         let mut queue = lock(queue);
-        let head = queue.head_seq;
-        let mut blocked = HashSet::new();
-        let mut out = Vec::new();
-        for (offset, entry) in queue.entries.iter_mut().enumerate() {
-            if out.len() >= max {
-                break;
+        let ready = queue.order.take_ready(now_ms, max);
+        let mut out = Vec::with_capacity(ready.len());
+        for seq in ready {
+            if let Some(entry) = queue.get_mut(seq) {
+                out.push(Delivery {
+                    id: QueueId { partition, seq },
+                    key: entry.key,
+                    event: entry.event.clone(),
+                    attempt: entry.attempt,
+                });
             }
-            let Some(entry) = entry else { continue };
-            // Only the first waiting event of an order key may go out.
-            if !blocked.insert(entry.order_hash) {
-                continue;
-            }
-            if entry.in_flight || entry.not_before_ms > now_ms {
-                continue;
-            }
-            entry.in_flight = true;
-            out.push(Delivery {
-                id: QueueId {
-                    partition,
-                    seq: head + offset as u64,
-                },
-                key: entry.key,
-                event: entry.event.clone(),
-                attempt: entry.attempt,
-            });
         }
         Ok(out)
     }
@@ -653,15 +633,13 @@ impl<C: Clock> EventQueue for MemoryStore<C> {
             return Ok(false);
         };
         let mut queue = lock(queue);
-        match queue.get_mut(id.seq) {
-            Some(entry) if entry.in_flight => {
-                entry.in_flight = false;
-                entry.attempt += 1;
-                entry.not_before_ms = not_before_ms;
-                Ok(true)
-            }
-            _ => Ok(false),
+        if !queue.order.retry(id.seq, not_before_ms) {
+            return Ok(false);
         }
+        if let Some(entry) = queue.get_mut(id.seq) {
+            entry.attempt += 1;
+        }
+        Ok(true)
     }
 
     async fn dead_letter(&self, id: QueueId, reason: &str) -> Result<bool, StoreError> {

@@ -98,26 +98,28 @@ fn main() {
                         };
                         for delivery in batch {
                             idle = false;
-                            let lease =
-                                match store.claim(&delivery.key, Duration::from_secs(60)).await {
-                                    Ok(Claim::Acquired(lease)) => lease,
-                                    // Done before the crash: only the ack was lost.
-                                    Ok(Claim::Done { .. }) => {
-                                        if let Ok(true) = store.ack(delivery.id).await {
-                                            say(format!("K {}", &delivery.event.event_id[1..]));
-                                        }
-                                        continue;
+                            let lease = match store
+                                .claim(&delivery.key, Duration::from_millis(300))
+                                .await
+                            {
+                                Ok(Claim::Acquired(lease)) => lease,
+                                // Done before the crash: only the ack was lost.
+                                Ok(Claim::Done { .. }) => {
+                                    if let Ok(true) = store.ack(delivery.id).await {
+                                        say(format!("K {}", &delivery.event.event_id[1..]));
                                     }
-                                    // A killed run's lease: wait for it to run out.
-                                    Ok(Claim::InFlight { until_ms }) => {
-                                        let _ = store.retry(delivery.id, until_ms).await;
-                                        continue;
-                                    }
-                                    Err(_) => {
-                                        let _ = store.retry(delivery.id, 0).await;
-                                        continue;
-                                    }
-                                };
+                                    continue;
+                                }
+                                // A killed run's lease: wait for it to run out.
+                                Ok(Claim::InFlight { until_ms }) => {
+                                    let _ = store.retry(delivery.id, until_ms).await;
+                                    continue;
+                                }
+                                Err(_) => {
+                                    let _ = store.retry(delivery.id, 0).await;
+                                    continue;
+                                }
+                            };
                             if let Ok(FenceCheck::Accepted) = store
                                 .complete(&lease, Duration::from_secs(86_400), None)
                                 .await

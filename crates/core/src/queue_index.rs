@@ -1,0 +1,156 @@
+//! The order of one queue partition: a FIFO chain per order key, and the chains' heads sorted
+//! by queue position. Handing out, acking and retrying cost O(log n) however long the chains
+//! are, and only a chain's head can ever be handed out, so per-key order holds by construction.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+
+#[derive(Debug, Default)]
+struct Chain {
+    seqs: VecDeque<u64>,
+    /// The head may not go out before this time (a retry's backoff).
+    not_before_ms: u64,
+    /// The head is handed out.
+    in_flight: bool,
+}
+
+/// The hand-out order of one partition.
+#[derive(Debug, Default)]
+pub struct PartitionIndex {
+    chains: HashMap<u64, Chain>,
+    /// (head seq, order hash) of every chain whose head is not handed out.
+    waiting: BTreeSet<(u64, u64)>,
+    /// seq → order hash of handed-out heads.
+    in_flight: HashMap<u64, u64>,
+}
+
+impl PartitionIndex {
+    /// An empty index.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends `seq` (larger than every seq pushed before) to the chain of `order_hash`.
+    pub fn push(&mut self, seq: u64, order_hash: u64, not_before_ms: u64) {
+        let chain = self.chains.entry(order_hash).or_default();
+        if chain.seqs.is_empty() {
+            chain.not_before_ms = not_before_ms;
+            self.waiting.insert((seq, order_hash));
+        }
+        chain.seqs.push_back(seq);
+    }
+
+    /// Marks up to `max` heads that may go out at `now_ms` as handed out, in queue order.
+    pub fn take_ready(&mut self, now_ms: u64, max: usize) -> Vec<u64> {
+        let mut out = Vec::new();
+        for &(seq, order) in &self.waiting {
+            if out.len() >= max {
+                break;
+            }
+            if self
+                .chains
+                .get(&order)
+                .is_some_and(|chain| chain.not_before_ms <= now_ms)
+            {
+                out.push((seq, order));
+            }
+        }
+        for &(seq, order) in &out {
+            self.waiting.remove(&(seq, order));
+            self.in_flight.insert(seq, order);
+            if let Some(chain) = self.chains.get_mut(&order) {
+                chain.in_flight = true;
+            }
+        }
+        out.into_iter().map(|(seq, _)| seq).collect()
+    }
+
+    /// Whether `seq` is handed out.
+    pub fn is_in_flight(&self, seq: u64) -> bool {
+        self.in_flight.contains_key(&seq)
+    }
+
+    /// Puts a handed-out head back, to go out again at `not_before_ms`.
+    pub fn retry(&mut self, seq: u64, not_before_ms: u64) -> bool {
+        let Some(order) = self.in_flight.remove(&seq) else {
+            return false;
+        };
+        if let Some(chain) = self.chains.get_mut(&order) {
+            chain.in_flight = false;
+            chain.not_before_ms = not_before_ms;
+        }
+        self.waiting.insert((seq, order));
+        true
+    }
+
+    /// Removes a handed-out head (acked or dead-lettered); the next of its chain may go out.
+    pub fn remove(&mut self, seq: u64) -> bool {
+        let Some(order) = self.in_flight.remove(&seq) else {
+            return false;
+        };
+        if let Some(chain) = self.chains.get_mut(&order) {
+            chain.seqs.pop_front();
+            chain.in_flight = false;
+            chain.not_before_ms = 0;
+            match chain.seqs.front() {
+                Some(&next) => {
+                    self.waiting.insert((next, order));
+                }
+                None => {
+                    self.chains.remove(&order);
+                }
+            }
+        }
+        true
+    }
+
+    /// Forgets what was handed out, as a restart does: every head waits again.
+    pub fn reset_in_flight(&mut self) {
+        for (seq, order) in self.in_flight.drain() {
+            if let Some(chain) = self.chains.get_mut(&order) {
+                chain.in_flight = false;
+            }
+            self.waiting.insert((seq, order));
+        }
+    }
+
+    /// Events in the partition, handed out or not.
+    pub fn len(&self) -> usize {
+        self.chains.values().map(|chain| chain.seqs.len()).sum()
+    }
+
+    /// Whether the partition is empty.
+    pub fn is_empty(&self) -> bool {
+        self.chains.is_empty()
+    }
+
+    /// Handed-out events.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heads_go_out_in_queue_order_and_chains_wait() {
+        let mut index = PartitionIndex::new();
+        for (seq, order) in [(0, 1), (1, 2), (2, 1), (3, 3), (4, 2)] {
+            index.push(seq, order, 0);
+        }
+        assert_eq!(index.take_ready(0, 10), vec![0, 1, 3]);
+        assert_eq!(index.take_ready(0, 10), Vec::<u64>::new());
+        assert!(index.remove(1));
+        assert!(!index.remove(1));
+        assert_eq!(index.take_ready(0, 10), vec![4]);
+        assert!(index.retry(0, 50));
+        assert_eq!(index.take_ready(49, 10), Vec::<u64>::new());
+        assert_eq!(index.take_ready(50, 10), vec![0]);
+        assert!(index.remove(0));
+        assert_eq!(index.take_ready(50, 10), vec![2]);
+        assert_eq!(index.len(), 3);
+        index.reset_in_flight();
+        assert_eq!(index.take_ready(50, 1), vec![2]);
+    }
+}
