@@ -1,0 +1,380 @@
+//! The configuration: one TOML file, every value overridable from `ONCEGATE_*` environment
+//! variables, and a validation that names every invalid or contradictory setting.
+
+mod duration;
+mod validate;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+pub use validate::{Problem, Severity, validate};
+
+/// How long Feishu keeps re-delivering an event it got no answer for: retries after 15 s, 5 min,
+/// 1 h and 6 h, spread over about 7.3 hours. Dedup retention must outlast it.
+pub const PLATFORM_RETRY_SPAN: Duration = Duration::from_secs(7 * 3600 + 18 * 60);
+
+/// The whole configuration.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Where records and the queue live.
+    pub store: StoreConfig,
+    /// Event-id and business-key dedup.
+    pub dedup: DedupConfig,
+    /// Processing leases.
+    pub lease: LeaseConfig,
+    /// Webhook timestamp and nonce checks.
+    pub replay: ReplayConfig,
+    /// The platforms' apps this gateway receives events for.
+    #[serde(rename = "source")]
+    pub sources: Vec<SourceConfig>,
+}
+
+/// The store backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// One redb file on this machine (the default).
+    #[default]
+    Embedded,
+    /// In process memory; forgets everything on restart.
+    Memory,
+    /// A shared Redis, for several gateway instances.
+    Redis,
+}
+
+/// `[store]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    /// The backend.
+    pub backend: Backend,
+    /// The embedded store's file.
+    pub path: Option<PathBuf>,
+    /// Redis URL, for `backend = "redis"`.
+    pub url: Option<String>,
+    /// Queue partitions.
+    pub partitions: u16,
+    /// The memory backend's bound on records.
+    pub max_records: Option<u64>,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            backend: Backend::Embedded,
+            path: None,
+            url: None,
+            partitions: 16,
+            max_records: None,
+        }
+    }
+}
+
+impl StoreConfig {
+    /// The embedded store's file: the configured one, or `./data/oncegate.redb`.
+    pub fn embedded_path(&self) -> PathBuf {
+        self.path
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("data/oncegate.redb"))
+    }
+}
+
+/// `[dedup]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DedupConfig {
+    /// How long a seen event id is remembered.
+    #[serde(with = "duration")]
+    pub retention: Duration,
+    /// Dedup on the platform's event id.
+    pub event_id: bool,
+    /// Also dedup messages on their message id (Feishu can resend one with a new event id).
+    pub message_id: bool,
+    /// Let handlers claim business keys.
+    pub business_keys: bool,
+}
+
+impl Default for DedupConfig {
+    fn default() -> Self {
+        Self {
+            retention: Duration::from_secs(24 * 3600),
+            event_id: true,
+            message_id: true,
+            business_keys: true,
+        }
+    }
+}
+
+/// `[lease]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LeaseConfig {
+    /// How long a claim holds without renewal.
+    #[serde(with = "duration")]
+    pub duration: Duration,
+    /// How often a running handler's lease is renewed.
+    #[serde(with = "duration")]
+    pub renew_every: Duration,
+}
+
+impl Default for LeaseConfig {
+    fn default() -> Self {
+        Self {
+            duration: Duration::from_secs(300),
+            renew_every: Duration::from_secs(60),
+        }
+    }
+}
+
+/// `[replay]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReplayConfig {
+    /// Check request timestamps and nonces.
+    pub enabled: bool,
+    /// The largest accepted distance between a request's timestamp and now.
+    #[serde(with = "duration")]
+    pub max_skew: Duration,
+    /// Nonces remembered at most, per half of the window.
+    pub max_nonces: usize,
+}
+
+impl Default for ReplayConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            max_skew: Duration::from_secs(300),
+            max_nonces: 100_000,
+        }
+    }
+}
+
+/// The platform of a source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Platform {
+    /// Feishu (China).
+    Feishu,
+    /// Lark (international Feishu).
+    Lark,
+    /// WeCom (企业微信).
+    Wecom,
+    /// WeChat official accounts.
+    Wechat,
+}
+
+/// A secret: inline, from an environment variable, or from a file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Secret {
+    /// Written in the file (fine for tests, not for production).
+    Inline(String),
+    /// Read from an environment variable.
+    Env {
+        /// The variable.
+        env: String,
+    },
+    /// Read from a file (trailing newline removed).
+    File {
+        /// The file.
+        file: PathBuf,
+    },
+}
+
+impl Secret {
+    /// The secret's value.
+    pub fn resolve(&self) -> Result<String, String> {
+        match self {
+            Secret::Inline(value) => Ok(value.clone()),
+            Secret::Env { env } => std::env::var(env)
+                .map_err(|_| format!("environment variable {env} is not set")),
+            Secret::File { file } => std::fs::read_to_string(file)
+                .map(|text| text.trim_end_matches(['\n', '\r']).to_owned())
+                .map_err(|error| format!("cannot read {}: {error}", file.display())),
+        }
+    }
+}
+
+/// `[[source]]`: one app on one platform.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceConfig {
+    /// The name, used in the route `/webhook/<name>` and in metrics.
+    pub name: String,
+    /// The platform.
+    pub platform: Platform,
+    /// The app id (Feishu app id, WeCom corp id, WeChat app id).
+    pub app_id: String,
+    /// Feishu encrypt key / WeCom EncodingAESKey.
+    pub encrypt_key: Option<Secret>,
+    /// Feishu verification token / WeCom token.
+    pub verification_token: Option<Secret>,
+}
+
+/// Why a configuration could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML or does not fit the schema.
+    #[error("{path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, with the line.
+        message: String,
+    },
+    /// An environment override does not fit.
+    #[error("environment variable {name}: {message}")]
+    Env {
+        /// The variable.
+        name: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// Reads `path` (or only defaults, if `None`) and applies `ONCEGATE_*` variables from `env`.
+///
+/// `ONCEGATE_STORE__PATH=/var/lib/oncegate.redb` sets `store.path`: sections and keys are
+/// separated by a double underscore. Values are read as TOML where they parse (numbers, booleans)
+/// and as strings otherwise.
+pub fn load(
+    path: Option<&Path>,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> Result<Config, LoadError> {
+    let origin = path.map_or_else(|| PathBuf::from("<defaults>"), Path::to_path_buf);
+    let text = match path {
+        Some(path) => std::fs::read_to_string(path).map_err(|source| LoadError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?,
+        None => String::new(),
+    };
+    let mut table: toml::Table = toml::from_str(&text).map_err(|error| LoadError::Parse {
+        path: origin.clone(),
+        message: error.to_string(),
+    })?;
+    let overrides: BTreeMap<String, String> = env
+        .into_iter()
+        .filter(|(name, _)| name.starts_with("ONCEGATE_") && name != "ONCEGATE_CONFIG")
+        .collect();
+    for (name, value) in overrides {
+        apply_override(&mut table, &name, &value)?;
+    }
+    Config::deserialize(toml::Value::Table(table)).map_err(|error| LoadError::Parse {
+        path: origin,
+        message: error.to_string(),
+    })
+}
+
+fn apply_override(table: &mut toml::Table, name: &str, value: &str) -> Result<(), LoadError> {
+    let env_error = |message: String| LoadError::Env {
+        name: name.to_owned(),
+        message,
+    };
+    let path: Vec<String> = name["ONCEGATE_".len()..]
+        .split("__")
+        .map(str::to_ascii_lowercase)
+        .collect();
+    if path.iter().any(String::is_empty) {
+        return Err(env_error(
+            "expected ONCEGATE_<SECTION>__<KEY>, e.g. ONCEGATE_STORE__PATH".into(),
+        ));
+    }
+    let parsed = format!("v = {value}")
+        .parse::<toml::Table>()
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(value.to_owned()));
+    let (last, sections) = path
+        .split_last()
+        .ok_or_else(|| env_error("names no setting".into()))?;
+    let mut current = table;
+    for section in sections {
+        let entry = current
+            .entry(section.clone())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        current = entry
+            .as_table_mut()
+            .ok_or_else(|| env_error(format!("{section} is not a section")))?;
+    }
+    current.insert(last.clone(), parsed);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, LoadError> {
+        let dir = std::env::temp_dir().join(format!("oncegate-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let file = dir.join(format!("{}.toml", text.len()));
+        std::fs::write(&file, text).expect("write");
+        load(Some(&file), Vec::new())
+    }
+
+    #[test]
+    fn defaults_are_the_embedded_store_and_a_day_of_retention() {
+        let config = load(None, Vec::new()).expect("defaults");
+        assert_eq!(config.store.backend, Backend::Embedded);
+        assert_eq!(config.store.embedded_path(), PathBuf::from("data/oncegate.redb"));
+        assert_eq!(config.dedup.retention, Duration::from_secs(86_400));
+    }
+
+    #[test]
+    fn environment_overrides_the_file() {
+        let config = load(
+            None,
+            vec![
+                ("ONCEGATE_STORE__PATH".into(), "/tmp/x.redb".into()),
+                ("ONCEGATE_STORE__PARTITIONS".into(), "4".into()),
+                ("ONCEGATE_DEDUP__RETENTION".into(), "36h".into()),
+                ("ONCEGATE_REPLAY__ENABLED".into(), "false".into()),
+                ("UNRELATED".into(), "1".into()),
+            ],
+        )
+        .expect("load");
+        assert_eq!(config.store.path, Some(PathBuf::from("/tmp/x.redb")));
+        assert_eq!(config.store.partitions, 4);
+        assert_eq!(config.dedup.retention, Duration::from_secs(36 * 3600));
+        assert!(!config.replay.enabled);
+    }
+
+    #[test]
+    fn misspelt_settings_are_named() {
+        let error = parse("[dedup]\nretension = \"24h\"\n").expect_err("unknown key");
+        let message = error.to_string();
+        assert!(message.contains("retension"), "{message}");
+        let error = parse("[dedup]\nretention = \"a day\"\n").expect_err("bad duration");
+        assert!(error.to_string().contains("a day"), "{error}");
+        let error = load(None, vec![("ONCEGATE_STORE__PARTITIONS".into(), "many".into())])
+            .expect_err("bad env");
+        assert!(error.to_string().contains("partitions"), "{error}");
+    }
+
+    #[test]
+    fn secrets_come_from_files_and_environment() {
+        let dir = std::env::temp_dir();
+        let file = dir.join(format!("oncegate-secret-{}", std::process::id()));
+        std::fs::write(&file, "s3cret\n").expect("write");
+        assert_eq!(Secret::File { file: file.clone() }.resolve(), Ok("s3cret".into()));
+        assert!(
+            Secret::Env { env: "ONCEGATE_TEST_SURELY_UNSET".into() }
+                .resolve()
+                .expect_err("unset")
+                .contains("ONCEGATE_TEST_SURELY_UNSET")
+        );
+    }
+}

@@ -1,0 +1,366 @@
+//! Checks that every setting makes sense on its own and with the others.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::time::Duration;
+
+use crate::{Backend, Config, PLATFORM_RETRY_SPAN, Platform};
+
+/// How bad a problem is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Severity {
+    /// Works, but probably not as meant.
+    Warning,
+    /// The gateway refuses to start.
+    Error,
+}
+
+/// One problem with one setting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// How bad.
+    pub severity: Severity,
+    /// The setting, e.g. `dedup.retention`.
+    pub setting: String,
+    /// What is wrong and what to do.
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let label = match self.severity {
+            Severity::Error => "error",
+            Severity::Warning => "warning",
+        };
+        write!(f, "{label}: {}: {}", self.setting, self.message)
+    }
+}
+
+fn human(duration: Duration) -> String {
+    humantime::format_duration(duration).to_string()
+}
+
+/// Every problem of `config`, errors first.
+pub fn validate(config: &Config) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    let mut report = |severity: Severity, setting: &str, message: String| {
+        problems.push(Problem {
+            severity,
+            setting: setting.to_owned(),
+            message,
+        });
+    };
+
+    if config.dedup.retention < PLATFORM_RETRY_SPAN {
+        report(Severity::Error, 
+            "dedup.retention",
+            format!(
+                "{} is shorter than the platform's retry span (Feishu re-delivers for about {}: \
+                 after 15 s, 5 min, 1 h and 6 h); a late retry would be taken for a new event. \
+                 Use at least {}; 24h is the default",
+                human(config.dedup.retention),
+                human(PLATFORM_RETRY_SPAN),
+                human(PLATFORM_RETRY_SPAN)
+            ),
+        );
+    }
+    if !config.dedup.event_id && !config.dedup.business_keys && !config.replay.enabled {
+        report(Severity::Error, 
+            "dedup",
+            "every dedup layer is switched off (dedup.event_id, dedup.business_keys and \
+             replay.enabled are all false): every platform retry would run again. Turn on at \
+             least dedup.event_id"
+                .into(),
+        );
+    } else if !config.dedup.event_id {
+        report(Severity::Error, 
+            "dedup.event_id",
+            "event-id dedup is off: platform retries and resent frames run again. It is the \
+             layer everything else relies on; turn it on"
+                .into(),
+        );
+    }
+    if config.dedup.message_id && !config.dedup.event_id {
+        report(Severity::Error, 
+            "dedup.message_id",
+            "message-id dedup is an addition to event-id dedup, which is off".into(),
+        );
+    }
+    if config.lease.duration.is_zero() {
+        report(Severity::Error, 
+            "lease.duration",
+            "a zero lease lets every worker claim every event at once; use e.g. \"5m\"".into(),
+        );
+    }
+    if config.lease.renew_every.is_zero() {
+        report(Severity::Error, 
+            "lease.renew_every",
+            "must be more than zero; use about a fifth of lease.duration".into(),
+        );
+    } else if config.lease.renew_every >= config.lease.duration {
+        report(Severity::Error, 
+            "lease.renew_every",
+            format!(
+                "{} is not shorter than lease.duration ({}): a lease would run out before its \
+                 renewal and a second worker could take a running event. Use about a fifth of \
+                 the lease",
+                human(config.lease.renew_every),
+                human(config.lease.duration)
+            ),
+        );
+    }
+    if config.lease.duration > config.dedup.retention {
+        report(Severity::Error, 
+            "lease.duration",
+            format!(
+                "{} is longer than dedup.retention ({}); a record must outlive its lease",
+                human(config.lease.duration),
+                human(config.dedup.retention)
+            ),
+        );
+    }
+    if config.replay.enabled {
+        if config.replay.max_skew.is_zero() {
+            report(Severity::Error, 
+                "replay.max_skew",
+                "a zero skew refuses every request; use e.g. \"5m\"".into(),
+            );
+        } else if config.replay.max_skew > Duration::from_secs(3600) {
+            report(Severity::Error, 
+                "replay.max_skew",
+                format!(
+                    "{} lets a captured request be replayed for that long; use at most 1h \
+                     (5m is usual)",
+                    human(config.replay.max_skew)
+                ),
+            );
+        }
+        if config.replay.max_nonces == 0 {
+            report(Severity::Error, 
+                "replay.max_nonces",
+                "zero nonces refuses every request; use e.g. 100000".into(),
+            );
+        }
+    }
+    if config.store.partitions == 0 || config.store.partitions > 4096 {
+        report(Severity::Error, 
+            "store.partitions",
+            format!(
+                "{} partitions; use between 1 and 4096 (16 is the default)",
+                config.store.partitions
+            ),
+        );
+    }
+    match config.store.backend {
+        Backend::Memory => {
+            if config.store.path.is_some() {
+                report(Severity::Error, 
+                    "store.path",
+                    "set, but backend = \"memory\" keeps nothing on disk; remove the path or \
+                     use backend = \"embedded\""
+                        .into(),
+                );
+            }
+            if config.store.url.is_some() {
+                report(Severity::Error, 
+                    "store.url",
+                    "set, but backend = \"memory\" uses no server".into(),
+                );
+            }
+            if config.store.max_records == Some(0) {
+                report(Severity::Error, 
+                    "store.max_records",
+                    "zero records can hold nothing; leave it out for the default".into(),
+                );
+            }
+        }
+        Backend::Embedded => {
+            if config.store.url.is_some() {
+                report(Severity::Error, 
+                    "store.url",
+                    "set, but backend = \"embedded\" uses a file, not a server; set backend = \
+                     \"redis\" or remove the url"
+                        .into(),
+                );
+            }
+            if config.store.max_records.is_some() {
+                report(Severity::Error, 
+                    "store.max_records",
+                    "applies to the memory backend only; the embedded store is bounded by \
+                     dedup.retention"
+                        .into(),
+                );
+            }
+        }
+        Backend::Redis => match &config.store.url {
+            None => report(Severity::Error, 
+                "store.url",
+                "backend = \"redis\" needs a url, e.g. \"redis://127.0.0.1:6379\"".into(),
+            ),
+            Some(url) if !(url.starts_with("redis://") || url.starts_with("rediss://")) => report(Severity::Error, 
+                "store.url",
+                format!("{url:?} is not a redis:// or rediss:// URL"),
+            ),
+            Some(_) => {
+                if config.store.path.is_some() {
+                    report(Severity::Error, 
+                        "store.path",
+                        "set, but backend = \"redis\" keeps its records in Redis".into(),
+                    );
+                }
+            }
+        },
+    }
+    let mut names = HashSet::new();
+    let mut apps = HashSet::new();
+    for (i, source) in config.sources.iter().enumerate() {
+        let at = |field: &str| format!("source[{i}].{field}");
+        if source.name.is_empty()
+            || !source
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            report(Severity::Error, 
+                &at("name"),
+                format!(
+                    "{:?}: use letters, digits, '-' and '_' only (it becomes the URL path)",
+                    source.name
+                ),
+            );
+        }
+        if !names.insert(source.name.clone()) {
+            report(Severity::Error, 
+                &at("name"),
+                format!("{:?} is used by two sources; names must differ", source.name),
+            );
+        }
+        if source.app_id.trim().is_empty() {
+            report(Severity::Error, &at("app_id"), "empty; every source names its app".into());
+        }
+        if !apps.insert((source.platform, source.app_id.clone())) {
+            report(Severity::Error, 
+                &at("app_id"),
+                format!(
+                    "{:?} appears twice for one platform: both sources would share one app's \
+                     events",
+                    source.app_id
+                ),
+            );
+        }
+        for (field, secret) in [
+            ("encrypt_key", &source.encrypt_key),
+            ("verification_token", &source.verification_token),
+        ] {
+            if let Some(Err(message)) = secret.as_ref().map(crate::Secret::resolve) {
+                report(Severity::Error, &at(field), message);
+            }
+        }
+        let secured = source.encrypt_key.is_some() || source.verification_token.is_some();
+        if !secured {
+            report(
+                match source.platform {
+                    // WeCom and WeChat cannot work without their token.
+                    Platform::Wecom | Platform::Wechat => Severity::Error,
+                    Platform::Feishu | Platform::Lark => Severity::Warning,
+                },
+                &format!("source[{i}]"),
+                "neither encrypt_key nor verification_token is set: anyone who knows the URL \
+                 can send events. Set at least one"
+                    .into(),
+            );
+        }
+    }
+    problems.sort_by(|a, b| b.severity.cmp(&a.severity));
+    problems
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Secret, SourceConfig};
+
+    fn errors(config: &Config) -> Vec<String> {
+        validate(config)
+            .into_iter()
+            .filter(|p| p.severity == Severity::Error)
+            .map(|p| p.setting)
+            .collect()
+    }
+
+    #[test]
+    fn the_defaults_are_valid() {
+        assert_eq!(validate(&Config::default()), Vec::new());
+    }
+
+    #[test]
+    fn retention_shorter_than_the_retry_span_is_refused() {
+        let mut config = Config::default();
+        config.dedup.retention = Duration::from_secs(6 * 3600);
+        let problems = validate(&config);
+        assert_eq!(problems.len(), 1);
+        assert_eq!(problems[0].setting, "dedup.retention");
+        assert!(problems[0].message.contains("7h 18m"), "{}", problems[0]);
+        config.dedup.retention = PLATFORM_RETRY_SPAN;
+        assert_eq!(errors(&config), Vec::<String>::new());
+    }
+
+    #[test]
+    fn all_layers_off_is_refused() {
+        let mut config = Config::default();
+        config.dedup.event_id = false;
+        config.dedup.message_id = false;
+        config.dedup.business_keys = false;
+        config.replay.enabled = false;
+        assert_eq!(errors(&config), vec!["dedup".to_owned()]);
+    }
+
+    #[test]
+    fn contradictions_are_each_named() {
+        let mut config = Config::default();
+        config.lease.renew_every = Duration::from_secs(600);
+        config.store.backend = Backend::Memory;
+        config.store.path = Some("x.redb".into());
+        config.store.partitions = 0;
+        config.replay.max_skew = Duration::from_secs(86_400);
+        let mut found = errors(&config);
+        found.sort();
+        assert_eq!(
+            found,
+            vec![
+                "lease.renew_every",
+                "replay.max_skew",
+                "store.partitions",
+                "store.path"
+            ]
+        );
+        let mut config = Config::default();
+        config.store.backend = Backend::Redis;
+        assert_eq!(errors(&config), vec!["store.url"]);
+        config.store.url = Some("http://x".into());
+        assert_eq!(errors(&config), vec!["store.url"]);
+        config.store.url = Some("redis://127.0.0.1:6379".into());
+        assert_eq!(errors(&config), Vec::<String>::new());
+    }
+
+    #[test]
+    fn sources_are_checked() {
+        let source = |name: &str, app: &str| SourceConfig {
+            name: name.into(),
+            platform: Platform::Feishu,
+            app_id: app.into(),
+            encrypt_key: Some(Secret::Inline("k".into())),
+            verification_token: Some(Secret::Env {
+                env: "ONCEGATE_TEST_UNSET_TOKEN".into(),
+            }),
+        };
+        let mut config = Config::default();
+        config.sources = vec![source("a", "cli_1"), source("a", "cli_1"), source("b c", "")];
+        let found = errors(&config);
+        assert!(found.contains(&"source[1].name".to_owned()), "{found:?}");
+        assert!(found.contains(&"source[1].app_id".to_owned()), "{found:?}");
+        assert!(found.contains(&"source[2].name".to_owned()), "{found:?}");
+        assert!(found.contains(&"source[2].app_id".to_owned()), "{found:?}");
+        assert!(found.contains(&"source[0].verification_token".to_owned()), "{found:?}");
+    }
+}
