@@ -8,7 +8,9 @@ pub(crate) fn serialize<S: Serializer>(value: &Duration, serializer: S) -> Resul
     serializer.serialize_str(&humantime::format_duration(*value).to_string())
 }
 
-pub(crate) fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
+pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Duration, D::Error> {
     let text = String::deserialize(deserializer)?;
     humantime::parse_duration(&text).map_err(|error| {
         serde::de::Error::custom(format!(

@@ -190,8 +190,9 @@ impl Secret {
     pub fn resolve(&self) -> Result<String, String> {
         match self {
             Secret::Inline(value) => Ok(value.clone()),
-            Secret::Env { env } => std::env::var(env)
-                .map_err(|_| format!("environment variable {env} is not set")),
+            Secret::Env { env } => {
+                std::env::var(env).map_err(|_| format!("environment variable {env} is not set"))
+            }
             Secret::File { file } => std::fs::read_to_string(file)
                 .map(|text| text.trim_end_matches(['\n', '\r']).to_owned())
                 .map_err(|error| format!("cannot read {}: {error}", file.display())),
@@ -329,7 +330,10 @@ mod tests {
     fn defaults_are_the_embedded_store_and_a_day_of_retention() {
         let config = load(None, Vec::new()).expect("defaults");
         assert_eq!(config.store.backend, Backend::Embedded);
-        assert_eq!(config.store.embedded_path(), PathBuf::from("data/oncegate.redb"));
+        assert_eq!(
+            config.store.embedded_path(),
+            PathBuf::from("data/oncegate.redb")
+        );
         assert_eq!(config.dedup.retention, Duration::from_secs(86_400));
     }
 
@@ -359,8 +363,11 @@ mod tests {
         assert!(message.contains("retension"), "{message}");
         let error = parse("[dedup]\nretention = \"a day\"\n").expect_err("bad duration");
         assert!(error.to_string().contains("a day"), "{error}");
-        let error = load(None, vec![("ONCEGATE_STORE__PARTITIONS".into(), "many".into())])
-            .expect_err("bad env");
+        let error = load(
+            None,
+            vec![("ONCEGATE_STORE__PARTITIONS".into(), "many".into())],
+        )
+        .expect_err("bad env");
         assert!(error.to_string().contains("partitions"), "{error}");
     }
 
@@ -369,12 +376,17 @@ mod tests {
         let dir = std::env::temp_dir();
         let file = dir.join(format!("oncegate-secret-{}", std::process::id()));
         std::fs::write(&file, "s3cret\n").expect("write");
-        assert_eq!(Secret::File { file: file.clone() }.resolve(), Ok("s3cret".into()));
+        assert_eq!(
+            Secret::File { file: file.clone() }.resolve(),
+            Ok("s3cret".into())
+        );
         assert!(
-            Secret::Env { env: "ONCEGATE_TEST_SURELY_UNSET".into() }
-                .resolve()
-                .expect_err("unset")
-                .contains("ONCEGATE_TEST_SURELY_UNSET")
+            Secret::Env {
+                env: "ONCEGATE_TEST_SURELY_UNSET".into()
+            }
+            .resolve()
+            .expect_err("unset")
+            .contains("ONCEGATE_TEST_SURELY_UNSET")
         );
     }
 }

@@ -52,7 +52,8 @@ pub fn validate(config: &Config) -> Vec<Problem> {
     };
 
     if config.dedup.retention < PLATFORM_RETRY_SPAN {
-        report(Severity::Error, 
+        report(
+            Severity::Error,
             "dedup.retention",
             format!(
                 "{} is shorter than the platform's retry span (Feishu re-delivers for about {}: \
@@ -65,7 +66,8 @@ pub fn validate(config: &Config) -> Vec<Problem> {
         );
     }
     if !config.dedup.event_id && !config.dedup.business_keys && !config.replay.enabled {
-        report(Severity::Error, 
+        report(
+            Severity::Error,
             "dedup",
             "every dedup layer is switched off (dedup.event_id, dedup.business_keys and \
              replay.enabled are all false): every platform retry would run again. Turn on at \
@@ -73,7 +75,8 @@ pub fn validate(config: &Config) -> Vec<Problem> {
                 .into(),
         );
     } else if !config.dedup.event_id {
-        report(Severity::Error, 
+        report(
+            Severity::Error,
             "dedup.event_id",
             "event-id dedup is off: platform retries and resent frames run again. It is the \
              layer everything else relies on; turn it on"
@@ -81,24 +84,28 @@ pub fn validate(config: &Config) -> Vec<Problem> {
         );
     }
     if config.dedup.message_id && !config.dedup.event_id {
-        report(Severity::Error, 
+        report(
+            Severity::Error,
             "dedup.message_id",
             "message-id dedup is an addition to event-id dedup, which is off".into(),
         );
     }
     if config.lease.duration.is_zero() {
-        report(Severity::Error, 
+        report(
+            Severity::Error,
             "lease.duration",
             "a zero lease lets every worker claim every event at once; use e.g. \"5m\"".into(),
         );
     }
     if config.lease.renew_every.is_zero() {
-        report(Severity::Error, 
+        report(
+            Severity::Error,
             "lease.renew_every",
             "must be more than zero; use about a fifth of lease.duration".into(),
         );
     } else if config.lease.renew_every >= config.lease.duration {
-        report(Severity::Error, 
+        report(
+            Severity::Error,
             "lease.renew_every",
             format!(
                 "{} is not shorter than lease.duration ({}): a lease would run out before its \
@@ -110,7 +117,8 @@ pub fn validate(config: &Config) -> Vec<Problem> {
         );
     }
     if config.lease.duration > config.dedup.retention {
-        report(Severity::Error, 
+        report(
+            Severity::Error,
             "lease.duration",
             format!(
                 "{} is longer than dedup.retention ({}); a record must outlive its lease",
@@ -121,12 +129,14 @@ pub fn validate(config: &Config) -> Vec<Problem> {
     }
     if config.replay.enabled {
         if config.replay.max_skew.is_zero() {
-            report(Severity::Error, 
+            report(
+                Severity::Error,
                 "replay.max_skew",
                 "a zero skew refuses every request; use e.g. \"5m\"".into(),
             );
         } else if config.replay.max_skew > Duration::from_secs(3600) {
-            report(Severity::Error, 
+            report(
+                Severity::Error,
                 "replay.max_skew",
                 format!(
                     "{} lets a captured request be replayed for that long; use at most 1h \
@@ -136,14 +146,16 @@ pub fn validate(config: &Config) -> Vec<Problem> {
             );
         }
         if config.replay.max_nonces == 0 {
-            report(Severity::Error, 
+            report(
+                Severity::Error,
                 "replay.max_nonces",
                 "zero nonces refuses every request; use e.g. 100000".into(),
             );
         }
     }
     if config.store.partitions == 0 || config.store.partitions > 4096 {
-        report(Severity::Error, 
+        report(
+            Severity::Error,
             "store.partitions",
             format!(
                 "{} partitions; use between 1 and 4096 (16 is the default)",
@@ -154,7 +166,8 @@ pub fn validate(config: &Config) -> Vec<Problem> {
     match config.store.backend {
         Backend::Memory => {
             if config.store.path.is_some() {
-                report(Severity::Error, 
+                report(
+                    Severity::Error,
                     "store.path",
                     "set, but backend = \"memory\" keeps nothing on disk; remove the path or \
                      use backend = \"embedded\""
@@ -162,13 +175,15 @@ pub fn validate(config: &Config) -> Vec<Problem> {
                 );
             }
             if config.store.url.is_some() {
-                report(Severity::Error, 
+                report(
+                    Severity::Error,
                     "store.url",
                     "set, but backend = \"memory\" uses no server".into(),
                 );
             }
             if config.store.max_records == Some(0) {
-                report(Severity::Error, 
+                report(
+                    Severity::Error,
                     "store.max_records",
                     "zero records can hold nothing; leave it out for the default".into(),
                 );
@@ -176,7 +191,8 @@ pub fn validate(config: &Config) -> Vec<Problem> {
         }
         Backend::Embedded => {
             if config.store.url.is_some() {
-                report(Severity::Error, 
+                report(
+                    Severity::Error,
                     "store.url",
                     "set, but backend = \"embedded\" uses a file, not a server; set backend = \
                      \"redis\" or remove the url"
@@ -184,7 +200,8 @@ pub fn validate(config: &Config) -> Vec<Problem> {
                 );
             }
             if config.store.max_records.is_some() {
-                report(Severity::Error, 
+                report(
+                    Severity::Error,
                     "store.max_records",
                     "applies to the memory backend only; the embedded store is bounded by \
                      dedup.retention"
@@ -193,17 +210,20 @@ pub fn validate(config: &Config) -> Vec<Problem> {
             }
         }
         Backend::Redis => match &config.store.url {
-            None => report(Severity::Error, 
+            None => report(
+                Severity::Error,
                 "store.url",
                 "backend = \"redis\" needs a url, e.g. \"redis://127.0.0.1:6379\"".into(),
             ),
-            Some(url) if !(url.starts_with("redis://") || url.starts_with("rediss://")) => report(Severity::Error, 
+            Some(url) if !(url.starts_with("redis://") || url.starts_with("rediss://")) => report(
+                Severity::Error,
                 "store.url",
                 format!("{url:?} is not a redis:// or rediss:// URL"),
             ),
             Some(_) => {
                 if config.store.path.is_some() {
-                    report(Severity::Error, 
+                    report(
+                        Severity::Error,
                         "store.path",
                         "set, but backend = \"redis\" keeps its records in Redis".into(),
                     );
@@ -221,7 +241,8 @@ pub fn validate(config: &Config) -> Vec<Problem> {
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
         {
-            report(Severity::Error, 
+            report(
+                Severity::Error,
                 &at("name"),
                 format!(
                     "{:?}: use letters, digits, '-' and '_' only (it becomes the URL path)",
@@ -230,16 +251,25 @@ pub fn validate(config: &Config) -> Vec<Problem> {
             );
         }
         if !names.insert(source.name.clone()) {
-            report(Severity::Error, 
+            report(
+                Severity::Error,
                 &at("name"),
-                format!("{:?} is used by two sources; names must differ", source.name),
+                format!(
+                    "{:?} is used by two sources; names must differ",
+                    source.name
+                ),
             );
         }
         if source.app_id.trim().is_empty() {
-            report(Severity::Error, &at("app_id"), "empty; every source names its app".into());
+            report(
+                Severity::Error,
+                &at("app_id"),
+                "empty; every source names its app".into(),
+            );
         }
         if !apps.insert((source.platform, source.app_id.clone())) {
-            report(Severity::Error, 
+            report(
+                Severity::Error,
                 &at("app_id"),
                 format!(
                     "{:?} appears twice for one platform: both sources would share one app's \
@@ -355,12 +385,19 @@ mod tests {
             }),
         };
         let mut config = Config::default();
-        config.sources = vec![source("a", "cli_1"), source("a", "cli_1"), source("b c", "")];
+        config.sources = vec![
+            source("a", "cli_1"),
+            source("a", "cli_1"),
+            source("b c", ""),
+        ];
         let found = errors(&config);
         assert!(found.contains(&"source[1].name".to_owned()), "{found:?}");
         assert!(found.contains(&"source[1].app_id".to_owned()), "{found:?}");
         assert!(found.contains(&"source[2].name".to_owned()), "{found:?}");
         assert!(found.contains(&"source[2].app_id".to_owned()), "{found:?}");
-        assert!(found.contains(&"source[0].verification_token".to_owned()), "{found:?}");
+        assert!(
+            found.contains(&"source[0].verification_token".to_owned()),
+            "{found:?}"
+        );
     }
 }

@@ -1,0 +1,238 @@
+//! The `oncegate` command.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use clap::{Args, Parser, Subcommand};
+use oncegate_config::{Config, Severity};
+use oncegate_core::{Clock, KeyHash, Record, RecordState, SystemClock, key_for};
+use oncegate_embedded::StoreReader;
+
+/// oncegate: chat-platform events that take effect exactly once.
+#[derive(Debug, Parser)]
+#[command(name = "oncegate", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Check a configuration file (with ONCEGATE_* overrides applied) and name every problem.
+    CheckConfig {
+        /// The TOML file.
+        file: PathBuf,
+    },
+    /// Read an embedded store's records, queue and dead letters (works while a gateway runs).
+    Inspect(InspectArgs),
+}
+
+#[derive(Debug, Args)]
+struct InspectArgs {
+    /// Take the store path from this configuration.
+    #[arg(long, env = "ONCEGATE_CONFIG")]
+    config: Option<PathBuf>,
+    /// The store file (overrides the configuration).
+    #[arg(long)]
+    store: Option<PathBuf>,
+    #[command(subcommand)]
+    what: InspectWhat,
+}
+
+#[derive(Debug, Subcommand)]
+enum InspectWhat {
+    /// Counts by state.
+    Stats,
+    /// One key's record, by its hex hash or by source, app, kind and id.
+    Record {
+        /// The 32-character key hash.
+        #[arg(long, conflicts_with_all = ["source", "app", "id"])]
+        key: Option<String>,
+        /// The platform, e.g. feishu.
+        #[arg(long)]
+        source: Option<String>,
+        /// The app id.
+        #[arg(long)]
+        app: Option<String>,
+        /// The kind of id: event_id, message_id, or a business-key kind.
+        #[arg(long, default_value = "event_id")]
+        kind: String,
+        /// The id.
+        #[arg(long)]
+        id: Option<String>,
+    },
+    /// Records, up to a limit.
+    Records {
+        /// How many.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
+    /// Queued events, oldest first per partition.
+    Queue {
+        /// How many.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
+    /// Dead letters, oldest first.
+    DeadLetters {
+        /// How many.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::CheckConfig { file } => check_config(&file),
+        Command::Inspect(args) => inspect(args).map(|()| true),
+    };
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn load(file: Option<&Path>) -> anyhow::Result<Config> {
+    Ok(oncegate_config::load(file, std::env::vars())?)
+}
+
+/// Prints every problem; `Ok(false)` when any is an error.
+fn check_config(file: &Path) -> anyhow::Result<bool> {
+    let config = load(Some(file))?;
+    let problems = oncegate_config::validate(&config);
+    for problem in &problems {
+        println!("{problem}");
+    }
+    let errors = problems
+        .iter()
+        .filter(|p| p.severity == Severity::Error)
+        .count();
+    let warnings = problems.len() - errors;
+    if errors == 0 {
+        println!(
+            "{}: ok ({} source{}, {:?} store, {} warning{})",
+            file.display(),
+            config.sources.len(),
+            if config.sources.len() == 1 { "" } else { "s" },
+            config.store.backend,
+            warnings,
+            if warnings == 1 { "" } else { "s" }
+        );
+        Ok(true)
+    } else {
+        println!(
+            "{}: {errors} error{}, {warnings} warning{}",
+            file.display(),
+            if errors == 1 { "" } else { "s" },
+            if warnings == 1 { "" } else { "s" }
+        );
+        Ok(false)
+    }
+}
+
+fn inspect(args: InspectArgs) -> anyhow::Result<()> {
+    let path = match (&args.store, &args.config) {
+        (Some(path), _) => path.clone(),
+        (None, config) => load(config.as_deref())?.store.embedded_path(),
+    };
+    let reader = StoreReader::open(&path)?;
+    let now_ms = SystemClock.now_ms();
+    match args.what {
+        InspectWhat::Stats => {
+            let stats = reader.stats(now_ms)?;
+            println!("store        {}", path.display());
+            println!("pending      {}", stats.pending);
+            println!("processing   {}", stats.processing);
+            println!("completed    {}", stats.completed);
+            println!("queued       {}", stats.queued);
+            println!("dead letters {}", stats.dead_letters);
+        }
+        InspectWhat::Record {
+            key,
+            source,
+            app,
+            kind,
+            id,
+        } => {
+            let key = match (key, source, app, id) {
+                (Some(hex), ..) => KeyHash::from_hex(&hex).with_context(|| {
+                    format!("{hex:?} is not a key hash: expected 32 hex characters")
+                })?,
+                (None, Some(source), Some(app), Some(id)) => key_for(&source, &app, &kind, &id),
+                _ => bail!("name the record with --key HEX, or with --source, --app and --id"),
+            };
+            match reader.record(&key)? {
+                Some(record) => println!("{key}  {}", describe(&record, now_ms)),
+                None => println!("{key}  not seen (or forgotten after its retention)"),
+            }
+        }
+        InspectWhat::Records { limit } => {
+            for (key, record) in reader.records(limit)? {
+                println!("{key}  {}", describe(&record, now_ms));
+            }
+        }
+        InspectWhat::Queue { limit } => {
+            for (id, event, attempt) in reader.queued(limit)? {
+                println!(
+                    "{id}  {}/{}  {}  {}  chat={}  attempt={attempt}",
+                    event.source,
+                    event.app,
+                    event.event_type,
+                    event.event_id,
+                    event.order_key.as_deref().unwrap_or("-")
+                );
+            }
+        }
+        InspectWhat::DeadLetters { limit } => {
+            for letter in reader.dead_letters(limit)? {
+                println!(
+                    "{}  {}  {}  attempts={}  reason: {}",
+                    letter.id,
+                    letter.event.event_type,
+                    letter.event.event_id,
+                    letter.attempts,
+                    letter.reason
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+fn describe(record: &Record, now_ms: u64) -> String {
+    let left = |at: u64| {
+        let secs = at.saturating_sub(now_ms) / 1000;
+        format!("{}h{:02}m{:02}s", secs / 3600, secs / 60 % 60, secs % 60)
+    };
+    let state = match &record.state {
+        RecordState::Pending => "pending".to_owned(),
+        RecordState::Processing {
+            token,
+            lease_until_ms,
+        } => format!(
+            "processing (token {token}, lease {} left)",
+            left(*lease_until_ms)
+        ),
+        RecordState::Completed { outcome } => format!(
+            "completed ({})",
+            outcome
+                .as_ref()
+                .map_or("no outcome".to_owned(), |o| format!(
+                    "{} byte outcome",
+                    o.len()
+                ))
+        ),
+    };
+    let live = if record.is_live(now_ms) {
+        ""
+    } else {
+        ", expired"
+    };
+    format!("{state}, kept {} more{live}", left(record.expires_at_ms))
+}
