@@ -7,7 +7,7 @@
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
-use xxhash_rust::xxh3::Xxh3Default;
+use xxhash_rust::xxh3::{Xxh3Default, xxh3_128};
 
 /// The identity of one dedup key, watermark scope or business key: a 128-bit hash.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -16,6 +16,21 @@ pub struct KeyHash(pub [u8; 16]);
 impl KeyHash {
     /// Hashes the parts of a key; each part is length-prefixed so that part boundaries count.
     pub fn of(parts: &[&str]) -> Self {
+        // Typical keys fit on the stack and hash in one pass; the streaming hasher gives the
+        // same digest for longer ones.
+        const STACK: usize = 256;
+        let encoded: usize = parts.iter().map(|p| 8 + p.len()).sum();
+        if encoded <= STACK {
+            let mut buffer = [0u8; STACK];
+            let mut at = 0;
+            for part in parts {
+                buffer[at..at + 8].copy_from_slice(&(part.len() as u64).to_le_bytes());
+                at += 8;
+                buffer[at..at + part.len()].copy_from_slice(part.as_bytes());
+                at += part.len();
+            }
+            return Self(xxh3_128(&buffer[..at]).to_le_bytes());
+        }
         let mut hasher = Xxh3Default::new();
         for part in parts {
             hasher.update(&(part.len() as u64).to_le_bytes());
@@ -88,6 +103,23 @@ mod tests {
     fn part_boundaries_are_part_of_the_key() {
         assert_ne!(KeyHash::of(&["ab", "c"]), KeyHash::of(&["a", "bc"]));
         assert_ne!(KeyHash::of(&["abc"]), KeyHash::of(&["abc", ""]));
+    }
+
+    #[test]
+    fn long_keys_hash_as_short_ones_do() {
+        let long = "x".repeat(300);
+        let mut hasher = Xxh3Default::new();
+        for part in ["feishu", long.as_str()] {
+            hasher.update(&(part.len() as u64).to_le_bytes());
+            hasher.update(part.as_bytes());
+        }
+        assert_eq!(KeyHash::of(&["feishu", &long]).0, hasher.digest128().to_le_bytes());
+        let mut hasher = Xxh3Default::new();
+        for part in ["a", "b"] {
+            hasher.update(&(part.len() as u64).to_le_bytes());
+            hasher.update(part.as_bytes());
+        }
+        assert_eq!(KeyHash::of(&["a", "b"]).0, hasher.digest128().to_le_bytes());
     }
 
     #[test]

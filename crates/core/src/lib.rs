@@ -6,6 +6,7 @@
 pub mod clock;
 pub mod event;
 pub mod key;
+pub mod passthrough;
 pub mod queue_index;
 pub mod record;
 pub mod replay;

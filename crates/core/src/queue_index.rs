@@ -4,6 +4,8 @@
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 
+use crate::passthrough::BuildPassThrough;
+
 #[derive(Debug, Default)]
 struct Chain {
     seqs: VecDeque<u64>,
@@ -16,11 +18,11 @@ struct Chain {
 /// The hand-out order of one partition.
 #[derive(Debug, Default)]
 pub struct PartitionIndex {
-    chains: HashMap<u64, Chain>,
+    chains: HashMap<u64, Chain, BuildPassThrough>,
     /// (head seq, order hash) of every chain whose head is not handed out.
     waiting: BTreeSet<(u64, u64)>,
     /// seq → order hash of handed-out heads.
-    in_flight: HashMap<u64, u64>,
+    in_flight: HashMap<u64, u64, BuildPassThrough>,
 }
 
 impl PartitionIndex {

@@ -9,14 +9,14 @@
 
 mod expiry;
 
-use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::Bytes;
+use hashbrown::HashTable;
+use oncegate_core::passthrough::BuildPassThrough;
 use oncegate_core::queue_index::PartitionIndex;
 use oncegate_core::store::millis;
 use oncegate_core::{
@@ -49,8 +49,8 @@ impl Default for MemoryConfig {
 }
 
 /// A key as stored: the 128-bit hash as four 32-bit words, so that a table entry with its
-/// 32-bit slot packs into 20 bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// 32-bit word packs into 20 bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct Compact([u32; 4]);
 
 impl Compact {
@@ -59,36 +59,25 @@ impl Compact {
             |i: usize| u32::from_le_bytes([key.0[i], key.0[i + 1], key.0[i + 2], key.0[i + 3]]);
         Self([word(0), word(4), word(8), word(12)])
     }
-}
 
-impl Hash for Compact {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        // The key is already a uniform hash: its low bits are the table hash.
-        state.write_u64(u64::from(self.0[0]) | (u64::from(self.0[1]) << 32));
+    /// The low 64 bits: already uniform, they are the table hash and the expiry index's handle.
+    fn low(self) -> u64 {
+        u64::from(self.0[0]) | (u64::from(self.0[1]) << 32)
     }
 }
 
-/// A hasher that passes an already uniform 64-bit value through.
-#[derive(Default)]
-struct PassThrough(u64);
-
-impl Hasher for PassThrough {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for byte in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(*byte);
-        }
-    }
-    fn write_u64(&mut self, value: u64) {
-        self.0 = value;
-    }
+/// One record's entry in its shard's table.
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    key: Compact,
+    /// The state in the top two bits, the expiry second (from the store's epoch) below.
+    word: u32,
 }
 
-type Table<V> = HashMap<Compact, V, BuildHasherDefault<PassThrough>>;
+/// Side tables only hold keys in their state; the key is already a hash, so it is not hashed
+/// again.
+type Side<V> = HashMap<Compact, V, BuildPassThrough>;
 
-/// The state in the top two bits of a slot, the expiry second (from the store's epoch) below.
 const STATE_SHIFT: u32 = 30;
 const SECS_MASK: u32 = (1 << STATE_SHIFT) - 1;
 const PENDING: u32 = 0;
@@ -107,13 +96,21 @@ struct LeaseSlot {
     until_ms: u64,
 }
 
+#[derive(Debug, Clone, Copy)]
+struct Mark {
+    scope: Compact,
+    value: u64,
+    deadline_secs: u32,
+}
+
 #[derive(Debug)]
 struct Shard {
-    slots: Table<u32>,
-    leases: Table<LeaseSlot>,
-    outcomes: Table<Bytes>,
-    watermarks: Table<(u64, u32)>,
-    expiry: ExpiryIndex<Compact>,
+    slots: HashTable<Slot>,
+    leases: Side<LeaseSlot>,
+    outcomes: Side<Bytes>,
+    watermarks: HashTable<Mark>,
+    /// Deadlines by the low 64 bits of the key: 8 bytes a record.
+    expiry: ExpiryIndex<u64>,
     next_sweep_secs: u32,
 }
 
@@ -138,19 +135,25 @@ impl Epoch {
 impl Shard {
     fn new() -> Self {
         Self {
-            slots: Table::default(),
-            leases: Table::default(),
-            outcomes: Table::default(),
-            watermarks: Table::default(),
+            slots: HashTable::new(),
+            leases: Side::default(),
+            outcomes: Side::default(),
+            watermarks: HashTable::new(),
             expiry: ExpiryIndex::new(),
             next_sweep_secs: 0,
         }
     }
 
+    fn word(&self, key: Compact) -> Option<u32> {
+        self.slots
+            .find(key.low(), |slot| slot.key == key)
+            .map(|slot| slot.word)
+    }
+
     fn load(&self, key: Compact, epoch: Epoch) -> Option<Record> {
-        let slot = *self.slots.get(&key)?;
-        let expires_at_ms = epoch.ms(slot & SECS_MASK);
-        let state = match slot >> STATE_SHIFT {
+        let word = self.word(key)?;
+        let expires_at_ms = epoch.ms(word & SECS_MASK);
+        let state = match word >> STATE_SHIFT {
             PENDING => RecordState::Pending,
             PROCESSING => {
                 let lease = self.leases.get(&key)?;
@@ -170,17 +173,32 @@ impl Shard {
         })
     }
 
-    fn forget_secs(&self, key: Compact, epoch: Epoch) -> Option<u32> {
-        let slot = *self.slots.get(&key)?;
-        let lease = self
-            .leases
-            .get(&key)
-            .map_or(0, |lease| epoch.secs_ceil(lease.until_ms));
-        Some((slot & SECS_MASK).max(lease))
+    fn forget_secs(&self, key: Compact, word: u32, epoch: Epoch) -> u32 {
+        let lease = if word >> STATE_SHIFT == PROCESSING {
+            self.leases
+                .get(&key)
+                .map_or(0, |lease| epoch.secs_ceil(lease.until_ms))
+        } else {
+            0
+        };
+        (word & SECS_MASK).max(lease)
+    }
+
+    /// Admits a key that has no entry at all: the common case, one probe and one insert.
+    fn insert_new(&mut self, key: Compact, expires_secs: u32, now_secs: u32) {
+        self.slots.insert_unique(
+            key.low(),
+            Slot {
+                key,
+                word: (PENDING << STATE_SHIFT) | expires_secs,
+            },
+            |slot| slot.key.low(),
+        );
+        self.expiry.push(key.low(), now_secs, expires_secs);
     }
 
     fn write(&mut self, key: Compact, record: Record, epoch: Epoch, now_secs: u32) {
-        let before = self.forget_secs(key, epoch);
+        let before = self.word(key).map(|word| self.forget_secs(key, word, epoch));
         let secs = epoch.secs_ceil(record.expires_at_ms);
         let state = match record.state {
             RecordState::Pending => {
@@ -215,18 +233,37 @@ impl Shard {
                 COMPLETED_WITH_OUTCOME
             }
         };
-        self.slots.insert(key, (state << STATE_SHIFT) | secs);
-        let after = self.forget_secs(key, epoch);
-        if let Some(deadline) = after.filter(|after| Some(*after) != before) {
-            self.expiry.push(key, now_secs, deadline);
+        let word = (state << STATE_SHIFT) | secs;
+        match self.slots.find_mut(key.low(), |slot| slot.key == key) {
+            Some(slot) => slot.word = word,
+            None => {
+                self.slots
+                    .insert_unique(key.low(), Slot { key, word }, |slot| slot.key.low());
+            }
+        }
+        let after = self.forget_secs(key, word, epoch);
+        if before != Some(after) {
+            self.expiry.push(key.low(), now_secs, after);
         }
     }
 
     fn remove(&mut self, key: Compact) {
-        if self.slots.remove(&key).is_some() {
+        if let Ok(entry) = self.slots.find_entry(key.low(), |slot| slot.key == key) {
+            entry.remove();
             self.leases.remove(&key);
             self.outcomes.remove(&key);
         }
+    }
+
+    /// The full keys of records whose low 64 bits are `low` (almost always one).
+    fn keys_with_low(&self, low: u64, into: &mut Vec<Compact>) {
+        into.clear();
+        into.extend(
+            self.slots
+                .iter_hash(low)
+                .filter(|slot| slot.key.low() == low)
+                .map(|slot| slot.key),
+        );
     }
 
     /// Forgets what has expired, within the sweep budget.
@@ -235,20 +272,24 @@ impl Shard {
         if now_secs < self.next_sweep_secs {
             return;
         }
-        let mut expired = Vec::new();
-        let more = self.expiry.drain_passed(now_secs, SWEEP_BUDGET, |key| {
-            expired.push(key);
-        });
-        for key in expired {
-            if let Some(record) = self.load(key, epoch) {
-                if record.forget_after_ms() <= now_ms {
-                    self.remove(key);
+        let mut due = Vec::new();
+        let more = self
+            .expiry
+            .drain_passed(now_secs, SWEEP_BUDGET, |low| due.push(low));
+        let mut keys = Vec::new();
+        for low in due {
+            self.keys_with_low(low, &mut keys);
+            for key in &keys {
+                if let Some(record) = self.load(*key, epoch) {
+                    if record.forget_after_ms() <= now_ms {
+                        self.remove(*key);
+                    }
                 }
             }
-            if let Entry::Occupied(mark) = self.watermarks.entry(key) {
-                if epoch.ms(mark.get().1) <= now_ms {
-                    mark.remove();
-                }
+            while let Ok(mark) = self.watermarks.find_entry(low, |mark| {
+                mark.scope.low() == low && epoch.ms(mark.deadline_secs) <= now_ms
+            }) {
+                mark.remove();
             }
         }
         self.next_sweep_secs = if more { now_secs } else { now_secs + 1 };
@@ -265,30 +306,35 @@ impl Shard {
         let now_secs = epoch.secs_floor(now_ms);
         let mut protected = Vec::new();
         let mut evicted = 0;
+        let mut keys = Vec::new();
         for _ in 0..EVICTION_TRIES {
             if self.slots.len() < limit {
                 break;
             }
-            let Some(key) = self.expiry.pop_oldest() else {
+            let Some(low) = self.expiry.pop_oldest() else {
                 break;
             };
-            match self.load(key, epoch) {
-                Some(Record {
-                    state: RecordState::Processing { lease_until_ms, .. },
-                    ..
-                }) if lease_until_ms > now_ms => protected.push(key),
-                Some(record) => {
-                    if record.is_live(now_ms) {
-                        evicted += 1;
+            self.keys_with_low(low, &mut keys);
+            for key in &keys {
+                match self.load(*key, epoch) {
+                    Some(Record {
+                        state: RecordState::Processing { lease_until_ms, .. },
+                        ..
+                    }) if lease_until_ms > now_ms => protected.push(*key),
+                    Some(record) => {
+                        if record.is_live(now_ms) {
+                            evicted += 1;
+                        }
+                        self.remove(*key);
                     }
-                    self.remove(key);
+                    None => {}
                 }
-                None => {}
             }
         }
         for key in protected {
-            if let Some(deadline) = self.forget_secs(key, epoch) {
-                self.expiry.push(key, now_secs, deadline);
+            if let Some(word) = self.word(key) {
+                let deadline = self.forget_secs(key, word, epoch);
+                self.expiry.push(key.low(), now_secs, deadline);
             }
         }
         if self.slots.len() < limit {
@@ -446,18 +492,22 @@ impl<C: Clock> MemoryStore<C> {
         }
         let record = transition::admitted(now_ms, retention_ms);
         let now_secs = self.epoch.secs_floor(now_ms);
+        let expires_secs = self.epoch.secs_ceil(record.expires_at_ms);
         for key in keys {
             let shard = &mut guards[shard_of(guards, key)].1;
             let compact = Compact::of(key);
-            if !shard.slots.contains_key(&compact) {
-                let evicted = shard
-                    .make_room(self.per_shard_limit, self.epoch, now_ms)
-                    .map_err(|()| StoreError::Full {
-                        limit: (self.per_shard_limit * self.shards.len()) as u64,
-                    })?;
-                self.evicted_early.fetch_add(evicted, Ordering::Relaxed);
+            if shard.word(compact).is_some() {
+                // A forgotten-but-not-swept record: rewrite it in place.
+                shard.write(compact, record.clone(), self.epoch, now_secs);
+                continue;
             }
-            shard.write(compact, record.clone(), self.epoch, now_secs);
+            let evicted = shard
+                .make_room(self.per_shard_limit, self.epoch, now_ms)
+                .map_err(|()| StoreError::Full {
+                    limit: (self.per_shard_limit * self.shards.len()) as u64,
+                })?;
+            self.evicted_early.fetch_add(evicted, Ordering::Relaxed);
+            shard.insert_new(compact, expires_secs, now_secs);
         }
         // Queued while the shard locks are held: no one sees the key seen before the event
         // is in the queue.
@@ -573,8 +623,8 @@ impl<C: Clock> DedupStore for MemoryStore<C> {
         };
         for shard in self.shards.iter() {
             let shard = lock(shard);
-            for key in shard.slots.keys() {
-                match shard.load(*key, self.epoch) {
+            for slot in shard.slots.iter() {
+                match shard.load(slot.key, self.epoch) {
                     Some(record) if record.is_live(now_ms) => match record.state {
                         RecordState::Pending => stats.pending += 1,
                         RecordState::Processing { .. } => stats.processing += 1,
@@ -679,32 +729,49 @@ impl<C: Clock> WatermarkStore for MemoryStore<C> {
         let now_ms = self.clock.now_ms();
         let mut shard = self.shard(scope, now_ms);
         let compact = Compact::of(scope);
-        let current = shard
+        let epoch = self.epoch;
+        let stored = shard
             .watermarks
-            .get(&compact)
-            .filter(|(_, secs)| self.epoch.ms(*secs) > now_ms)
-            .map(|(mark, _)| *mark);
+            .find(compact.low(), |mark| mark.scope == compact)
+            .copied();
+        let current = stored
+            .filter(|mark| epoch.ms(mark.deadline_secs) > now_ms)
+            .map(|mark| mark.value);
         let (outcome, next) = transition::watermark(current, value);
-        if let Some(mark) = next {
+        if let Some(value) = next {
             let retention_ms = millis(retention);
-            let needed = self.epoch.secs_ceil(now_ms.saturating_add(retention_ms));
-            let kept = shard.watermarks.get(&compact).map_or(0, |(_, secs)| *secs);
+            let needed = epoch.secs_ceil(now_ms.saturating_add(retention_ms));
+            let kept = stored.map_or(0, |mark| mark.deadline_secs);
             // A busy chat advances its mark on every event: extend the deadline with 1/8 of
             // slack so that the expiry index gets one entry per eighth of the retention, not one
             // per event.
-            let deadline = if kept >= needed {
+            let deadline_secs = if kept >= needed {
                 kept
             } else {
                 let slack = retention_ms / 8;
-                let deadline = self
-                    .epoch
-                    .secs_ceil(now_ms.saturating_add(retention_ms).saturating_add(slack));
+                let deadline =
+                    epoch.secs_ceil(now_ms.saturating_add(retention_ms).saturating_add(slack));
                 shard
                     .expiry
-                    .push(compact, self.epoch.secs_floor(now_ms), deadline);
+                    .push(compact.low(), epoch.secs_floor(now_ms), deadline);
                 deadline
             };
-            shard.watermarks.insert(compact, (mark, deadline));
+            let mark = Mark {
+                scope: compact,
+                value,
+                deadline_secs,
+            };
+            match shard
+                .watermarks
+                .find_mut(compact.low(), |mark| mark.scope == compact)
+            {
+                Some(stored) => *stored = mark,
+                None => {
+                    shard
+                        .watermarks
+                        .insert_unique(compact.low(), mark, |mark| mark.scope.low());
+                }
+            }
         }
         Ok(outcome)
     }

@@ -1,0 +1,469 @@
+//! `oncegate-bench`: oncegate's stores side by side with a baseline of the seed design, in one
+//! run, printed as a table.
+//!
+//! Run with `cargo run --release -p oncegate-bench`.
+
+mod baseline;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use bytes::Bytes;
+use clap::Parser;
+use oncegate_core::{
+    Admission, Claim, Clock, DedupStore, Event, SystemClock, key_for,
+};
+use oncegate_embedded::{EmbeddedConfig, EmbeddedStore};
+use oncegate_memory::{MemoryConfig, MemoryStore};
+
+use baseline::SeedDeduplicator;
+
+/// Benchmarks of oncegate's stores against the seed design.
+#[derive(Debug, Parser)]
+struct Args {
+    /// Operations per thread for the memory throughput runs.
+    #[arg(long, default_value_t = 2_000_000)]
+    ops: u64,
+    /// Keys for the memory-per-key measurement.
+    #[arg(long, default_value_t = 1_000_000)]
+    keys: u64,
+    /// Seconds per embedded run.
+    #[arg(long, default_value_t = 3)]
+    seconds: u64,
+    /// Concurrent callers for the embedded runs.
+    #[arg(long, default_value_t = 64)]
+    callers: usize,
+    /// Folder for the embedded store files (on disk, not tmpfs, for honest fsyncs).
+    #[arg(long, default_value = "target/bench-data")]
+    dir: PathBuf,
+    /// Only these parts: admit, claim, memory, embedded.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Run only one side of the throughput comparisons (for profiling): ours or baseline.
+    #[arg(long)]
+    side: Option<String>,
+    /// Internal: measure memory per key in a fresh process.
+    #[arg(long, hide = true)]
+    child: Option<String>,
+}
+
+const THREADS: u64 = 2;
+const DAY: Duration = Duration::from_secs(86_400);
+
+/// Polls a future that completes without waiting (the memory store's) to its end.
+fn ready<F: Future>(future: F) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    let mut context = Context::from_waker(Waker::noop());
+    loop {
+        if let Poll::Ready(output) = future.as_mut().poll(&mut context) {
+            return output;
+        }
+    }
+}
+
+/// The event ids of one thread: every other operation is a new id, the rest repeat an earlier
+/// id of the same thread picked at random, so half the keys are duplicates.
+struct Workload {
+    state: u64,
+    base: u64,
+}
+
+impl Workload {
+    fn new(thread: u64) -> Self {
+        Self {
+            state: 0x9E37_79B9_7F4A_7C15 ^ (thread + 1),
+            base: thread << 40,
+        }
+    }
+    fn id(&mut self, op: u64) -> u64 {
+        if op % 2 == 0 {
+            return self.base + op / 2;
+        }
+        // xorshift64
+        self.state ^= self.state << 13;
+        self.state ^= self.state >> 7;
+        self.state ^= self.state << 17;
+        self.base + self.state % (op / 2 + 1)
+    }
+}
+
+struct Strings {
+    source: Arc<str>,
+    app: Arc<str>,
+    kind: Arc<str>,
+}
+
+impl Strings {
+    /// Per thread, as a decoder interns them per connection.
+    fn new() -> Self {
+        Self {
+            source: Arc::from("feishu"),
+            app: Arc::from("cli_bench"),
+            kind: Arc::from("im.message.receive_v1"),
+        }
+    }
+    fn event(&self, id: u64) -> Event {
+        Event {
+            source: self.source.clone(),
+            app: self.app.clone(),
+            tenant: None,
+            event_id: format!("ev_{id:016x}"),
+            event_type: self.kind.clone(),
+            created_at_ms: id,
+            order_key: Some(format!("oc_{:08x}", id % 4096)),
+            payload: Bytes::from_static(b"{\"text\":\"hello\"}"),
+        }
+    }
+}
+
+fn run_threads(f: impl Fn(u64) -> u64 + Sync) -> (u64, Duration) {
+    let start = Instant::now();
+    let done: u64 = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..THREADS)
+            .map(|thread| {
+                let f = &f;
+                scope.spawn(move || f(thread))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or(0))
+            .sum()
+    });
+    (done, start.elapsed())
+}
+
+/// Runs the seed's cleanup timer while `f` runs (every second: the seed's 5 minutes, scaled to
+/// a benchmark's length so that it runs at all).
+fn with_seed_cleanup<T>(seed: &SeedDeduplicator, f: impl FnOnce() -> T) -> T {
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_secs(1));
+                seed.cleanup(SystemClock.now_ms(), DAY.as_millis() as u64);
+            }
+        });
+        let out = f();
+        stop.store(true, Ordering::Relaxed);
+        out
+    })
+}
+
+/// The events each thread will admit, made before the clock starts so that both sides are
+/// timed on the store alone.
+fn workload_events(ops: u64) -> Vec<Vec<Event>> {
+    (0..THREADS)
+        .map(|thread| {
+            let strings = Strings::new();
+            let mut work = Workload::new(thread);
+            (0..ops).map(|op| strings.event(work.id(op))).collect()
+        })
+        .collect()
+}
+
+fn admit_ours(ops: u64) -> f64 {
+    let store = MemoryStore::with_clock(MemoryConfig::default(), SystemClock);
+    let events = std::sync::Mutex::new(workload_events(ops));
+    let take = |thread: u64| {
+        std::mem::take(&mut events.lock().unwrap_or_else(|p| p.into_inner())[thread as usize])
+    };
+    let (admitted, elapsed) = run_threads(|thread| {
+        let mine = take(thread);
+        let mut admitted = 0;
+        for event in mine {
+            let key = key_for(&event.source, &event.app, "event_id", &event.event_id);
+            if let Ok(Admission::Admitted { .. }) = ready(store.admit(event, &[key], DAY)) {
+                admitted += 1;
+            }
+        }
+        admitted
+    });
+    check_half(admitted, ops);
+    (ops * THREADS) as f64 / elapsed.as_secs_f64()
+}
+
+fn admit_seed(ops: u64) -> f64 {
+    let seed = SeedDeduplicator::default();
+    let events = std::sync::Mutex::new(workload_events(ops));
+    let take = |thread: u64| {
+        std::mem::take(&mut events.lock().unwrap_or_else(|p| p.into_inner())[thread as usize])
+    };
+    let (admitted, elapsed) = with_seed_cleanup(&seed, || {
+        run_threads(|thread| {
+            let mine = take(thread);
+            let mut admitted = 0;
+            for event in mine {
+                if seed.admit(event, SystemClock.now_ms()) {
+                    admitted += 1;
+                }
+            }
+            admitted
+        })
+    });
+    check_half(admitted, ops);
+    (ops * THREADS) as f64 / elapsed.as_secs_f64()
+}
+
+fn claim_ours(ops: u64) -> f64 {
+    let store = MemoryStore::with_clock(MemoryConfig::default(), SystemClock);
+    let (completed, elapsed) = run_threads(|thread| {
+        let mut work = Workload::new(thread);
+        let mut completed = 0;
+        let mut id_text = String::new();
+        for op in 0..ops {
+            use std::fmt::Write;
+            id_text.clear();
+            let _ = write!(id_text, "ev_{:016x}", work.id(op));
+            let key = key_for("feishu", "cli_bench", "event_id", &id_text);
+            if let Ok(Claim::Acquired(lease)) = ready(store.claim(&key, Duration::from_secs(300))) {
+                if ready(store.complete(&lease, DAY, None)).is_ok() {
+                    completed += 1;
+                }
+            }
+        }
+        completed
+    });
+    check_half(completed, ops);
+    (ops * THREADS) as f64 / elapsed.as_secs_f64()
+}
+
+fn claim_seed(ops: u64) -> f64 {
+    let seed = SeedDeduplicator::default();
+    let (completed, elapsed) = with_seed_cleanup(&seed, || {
+        run_threads(|thread| {
+            let mut work = Workload::new(thread);
+            let mut completed = 0;
+            let mut id_text = String::new();
+            for op in 0..ops {
+                use std::fmt::Write;
+                id_text.clear();
+                let _ = write!(id_text, "ev_{:016x}", work.id(op));
+                let now = SystemClock.now_ms();
+                if seed.try_mark_processing(&id_text, now, 300_000) {
+                    seed.mark_completed(&id_text, now);
+                    completed += 1;
+                }
+            }
+            completed
+        })
+    });
+    check_half(completed, ops);
+    (ops * THREADS) as f64 / elapsed.as_secs_f64()
+}
+
+fn check_half(done: u64, ops: u64) {
+    let expected = ops / 2 * THREADS;
+    if done != expected {
+        eprintln!("warning: {done} of {} operations took effect, expected {expected}", ops * THREADS);
+    }
+}
+
+fn rss_bytes() -> anyhow::Result<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").context("read /proc/self/statm")?;
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .context("parse /proc/self/statm")?;
+    Ok(pages * 4096)
+}
+
+/// In a fresh process: tracked keys after claim → complete of `keys` distinct ids, as RSS growth
+/// per key.
+fn child_memory(which: &str, keys: u64) -> anyhow::Result<()> {
+    let mut id_text = String::new();
+    let mut write_id = |i: u64| {
+        use std::fmt::Write;
+        id_text.clear();
+        let _ = write!(id_text, "ev_{i:016x}");
+        id_text.clone()
+    };
+    let before;
+    let after;
+    match which {
+        "ours" => {
+            let store = MemoryStore::with_clock(
+                MemoryConfig {
+                    max_records: keys * 2,
+                    ..MemoryConfig::default()
+                },
+                SystemClock,
+            );
+            before = rss_bytes()?;
+            for i in 0..keys {
+                let key = key_for("feishu", "cli_bench", "event_id", &write_id(i));
+                if let Ok(Claim::Acquired(lease)) = ready(store.claim(&key, Duration::from_secs(300))) {
+                    let _ = ready(store.complete(&lease, DAY, None));
+                }
+            }
+            after = rss_bytes()?;
+            if store.held_records() as u64 != keys {
+                bail!("expected {keys} records, hold {}", store.held_records());
+            }
+        }
+        "seed" => {
+            let seed = SeedDeduplicator::default();
+            before = rss_bytes()?;
+            let now = SystemClock.now_ms();
+            for i in 0..keys {
+                let id = write_id(i);
+                if seed.try_mark_processing(&id, now, 300_000) {
+                    seed.mark_completed(&id, now);
+                }
+            }
+            after = rss_bytes()?;
+            std::hint::black_box(&seed);
+        }
+        other => bail!("unknown child {other}"),
+    }
+    println!("{}", after.saturating_sub(before) as f64 / keys as f64);
+    Ok(())
+}
+
+fn memory_per_key(which: &str, keys: u64) -> anyhow::Result<f64> {
+    let exe = std::env::current_exe()?;
+    let output = std::process::Command::new(exe)
+        .args(["--child", which, "--keys", &keys.to_string()])
+        .output()?;
+    if !output.status.success() {
+        bail!("child {which} failed: {}", String::from_utf8_lossy(&output.stderr));
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).trim().parse()?)
+}
+
+fn embedded_admits(dir: &std::path::Path, max_batch: usize, callers: usize, seconds: u64) -> anyhow::Result<f64> {
+    let path = dir.join(format!("bench-{max_batch}.redb"));
+    let _ = std::fs::remove_file(&path);
+    let store = Arc::new(EmbeddedStore::open(EmbeddedConfig {
+        max_batch,
+        ..EmbeddedConfig::at(&path)
+    })?);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(THREADS as usize)
+        .enable_all()
+        .build()?;
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let start = Instant::now();
+    let admitted: u64 = runtime.block_on(async {
+        let mut tasks = Vec::new();
+        for caller in 0..callers as u64 {
+            let store = store.clone();
+            tasks.push(tokio::spawn(async move {
+                let strings = Strings::new();
+                let mut work = Workload::new(caller);
+                let mut admitted = 0u64;
+                let mut op = 0;
+                while Instant::now() < deadline {
+                    let event = strings.event(work.id(op));
+                    op += 1;
+                    let key = key_for(&strings.source, &strings.app, "event_id", &event.event_id);
+                    if let Ok(Admission::Admitted { .. }) = store.admit(event, &[key], DAY).await {
+                        admitted += 1;
+                    }
+                }
+                admitted
+            }));
+        }
+        let mut total = 0;
+        for task in tasks {
+            total += task.await.unwrap_or(0);
+        }
+        total
+    });
+    let elapsed = start.elapsed();
+    drop(store);
+    let _ = std::fs::remove_file(&path);
+    Ok(admitted as f64 / elapsed.as_secs_f64())
+}
+
+fn row(name: &str, ours: f64, base: f64, unit: &str, target: &str) {
+    let ratio = if unit == "B/key" { base / ours } else { ours / base };
+    println!(
+        "{name:<38} {:>14} {:>14} {:>8.1}x  {target}",
+        format!("{} {unit}", human(ours)),
+        format!("{} {unit}", human(base)),
+        ratio
+    );
+}
+
+fn human(value: f64) -> String {
+    if value >= 1e6 {
+        format!("{:.2}M", value / 1e6)
+    } else if value >= 1e4 {
+        format!("{:.1}k", value / 1e3)
+    } else {
+        format!("{value:.1}")
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    if let Some(which) = &args.child {
+        return child_memory(which, args.keys);
+    }
+    let wants = |part: &str| args.only.is_empty() || args.only.iter().any(|p| p == part);
+    println!(
+        "oncegate-bench: {THREADS} threads, 50% duplicate keys, {} ops per thread; {} cores here",
+        args.ops,
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    println!(
+        "{:<38} {:>14} {:>14} {:>9}  target",
+        "measure", "oncegate", "baseline", "ratio"
+    );
+    if wants("admit") {
+        // Interleaved and best of three, so that neither side gets the warmer machine.
+        let (mut ours, mut base) = (0f64, 0f64);
+        for _ in 0..3 {
+            if args.side.as_deref() != Some("ours") {
+                base = base.max(admit_seed(args.ops));
+            }
+            if args.side.as_deref() != Some("baseline") {
+                ours = ours.max(admit_ours(args.ops));
+            }
+        }
+        row("memory admit", ours, base, "/s", ">= 5x baseline and >= 5M/s");
+    }
+    if wants("claim") {
+        let (mut ours, mut base) = (0f64, 0f64);
+        for _ in 0..3 {
+            if args.side.as_deref() != Some("ours") {
+                base = base.max(claim_seed(args.ops));
+            }
+            if args.side.as_deref() != Some("baseline") {
+                ours = ours.max(claim_ours(args.ops));
+            }
+        }
+        row("memory claim+complete", ours, base, "/s", ">= 5x baseline");
+    }
+    if wants("memory") {
+        let ours = memory_per_key("ours", args.keys)?;
+        let base = memory_per_key("seed", args.keys)?;
+        row(
+            &format!("memory per tracked key @{} keys", human(args.keys as f64)),
+            ours,
+            base,
+            "B/key",
+            "<= 64 B/key",
+        );
+    }
+    if wants("embedded") {
+        std::fs::create_dir_all(&args.dir)?;
+        let grouped = embedded_admits(&args.dir, 1024, args.callers, args.seconds)?;
+        let single = embedded_admits(&args.dir, 1, args.callers, args.seconds)?;
+        row(
+            &format!("embedded durable admits, {} callers", args.callers),
+            grouped,
+            single,
+            "/s",
+            ">= 10x (group commit vs 1 txn/event) and >= 20k/s",
+        );
+    }
+    Ok(())
+}
