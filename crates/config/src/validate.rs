@@ -301,7 +301,7 @@ pub fn validate(config: &Config) -> Vec<Problem> {
             );
         }
     }
-    problems.sort_by(|a, b| b.severity.cmp(&a.severity));
+    problems.sort_by_key(|p| std::cmp::Reverse(p.severity));
     problems
 }
 
@@ -384,12 +384,14 @@ mod tests {
                 env: "ONCEGATE_TEST_UNSET_TOKEN".into(),
             }),
         };
-        let mut config = Config::default();
-        config.sources = vec![
-            source("a", "cli_1"),
-            source("a", "cli_1"),
-            source("b c", ""),
-        ];
+        let config = Config {
+            sources: vec![
+                source("a", "cli_1"),
+                source("a", "cli_1"),
+                source("b c", ""),
+            ],
+            ..Config::default()
+        };
         let found = errors(&config);
         assert!(found.contains(&"source[1].name".to_owned()), "{found:?}");
         assert!(found.contains(&"source[1].app_id".to_owned()), "{found:?}");

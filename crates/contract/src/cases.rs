@@ -856,7 +856,7 @@ pub fn racing_claims_grant_one_live_lease<S: Store>(make: impl Fn(ManualClock) -
             1,
             "round {round}: one takeover, got {leases:?}"
         );
-        let mut all = vec![first, leases[0]];
+        let mut all = [first, leases[0]];
         all.reverse();
         let results = race(&store, 2, |store, i| {
             block_on(store.complete(&all[i], DAY, None)).expect("complete")

@@ -2,7 +2,7 @@
 //!
 //! A backend joins with one line in its tests:
 //!
-//! ```ignore
+//! ```text
 //! oncegate_contract::contract_suite!(|clock| MyStore::with_clock(clock));
 //! ```
 //!

@@ -231,13 +231,11 @@ pub fn check<S: Store>(store: &S, clock: &ManualClock, ops: &[Op]) {
                         .await
                         .expect("renew");
                     assert_eq!(got == FenceCheck::Accepted, holds, "step {step}: {op:?}");
-                    if holds {
-                        if let Some(entry) = model.entries.get_mut(&k) {
-                            entry.state = State::Processing {
-                                holder: index,
-                                until: now + ms(*extend),
-                            };
-                        }
+                    if holds && let Some(entry) = model.entries.get_mut(&k) {
+                        entry.state = State::Processing {
+                            holder: index,
+                            until: now + ms(*extend),
+                        };
                     }
                 }
                 Op::Complete {
@@ -270,10 +268,8 @@ pub fn check<S: Store>(store: &S, clock: &ManualClock, ops: &[Op]) {
                     let holds = holds(&model, k, index, now);
                     let got = store.release(&lease).await.expect("release");
                     assert_eq!(got == FenceCheck::Accepted, holds, "step {step}: {op:?}");
-                    if holds {
-                        if let Some(entry) = model.entries.get_mut(&k) {
-                            entry.state = State::Pending;
-                        }
+                    if holds && let Some(entry) = model.entries.get_mut(&k) {
+                        entry.state = State::Pending;
                     }
                 }
                 Op::Advance { secs } => clock.advance_ms(ms(*secs)),

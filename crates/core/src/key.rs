@@ -113,7 +113,10 @@ mod tests {
             hasher.update(&(part.len() as u64).to_le_bytes());
             hasher.update(part.as_bytes());
         }
-        assert_eq!(KeyHash::of(&["feishu", &long]).0, hasher.digest128().to_le_bytes());
+        assert_eq!(
+            KeyHash::of(&["feishu", &long]).0,
+            hasher.digest128().to_le_bytes()
+        );
         let mut hasher = Xxh3Default::new();
         for part in ["a", "b"] {
             hasher.update(&(part.len() as u64).to_le_bytes());

@@ -18,6 +18,10 @@ use crate::{DEAD, EXPIRY, MARKS, META, QUEUE, RECORDS, Shared, lock, unavailable
 
 type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
 
+/// The longest a batch waits for more requests, and the batch size from which it does.
+const GATHER_WAIT: std::time::Duration = std::time::Duration::from_micros(200);
+const GATHER_FROM: usize = 8;
+
 /// Expired keys removed per batch, so that a backlog of expiries never delays a commit much.
 const SWEEP_BUDGET: usize = 512;
 
@@ -93,10 +97,10 @@ fn answer_admit(
         let _ = reply.send(match failed {
             Some(error) => Err(unavailable(error)),
             None => {
-                if let Ok(Admission::Admitted { id }) = result {
-                    if let Some(order) = shared.order.get(usize::from(id.partition)) {
-                        lock(order).push(id.seq, order_hash, 0);
-                    }
+                if let Ok(Admission::Admitted { id }) = result
+                    && let Some(order) = shared.order.get(usize::from(id.partition))
+                {
+                    lock(order).push(id.seq, order_hash, 0);
                 }
                 result
             }
@@ -140,7 +144,7 @@ fn answer_queue(
 struct Tables<'t> {
     records: Table<'t, &'static [u8; 16], &'static [u8]>,
     expiry: Table<'t, (u64, &'static [u8; 16]), ()>,
-    queue: Table<'t, (u16, u64), &'static [u8]>,
+    queue: Table<'t, u64, &'static [u8]>,
     dead: Table<'t, u64, &'static [u8]>,
     marks: Table<'t, &'static [u8; 16], (u64, u64)>,
 }
@@ -168,16 +172,34 @@ impl<C: Clock> Writer<C> {
     }
 
     pub(crate) fn run(self) {
+        let mut last_batch = 1;
         while let Ok(first) = self.receiver.recv() {
-            let mut batch = Vec::with_capacity(64);
+            let mut batch = Vec::with_capacity(last_batch.max(16));
             batch.push(first);
-            while batch.len() < self.max_batch {
-                match self.receiver.try_recv() {
-                    Ok(command) => batch.push(command),
-                    Err(_) => break,
-                }
-            }
+            self.gather(&mut batch, last_batch);
+            last_batch = batch.len();
             self.apply(batch);
+        }
+    }
+
+    /// Takes what is waiting. Under load (the last batch was large) the callers answered by the
+    /// last commit are still sending their next requests: wait a moment for them, so that one
+    /// fsync serves them all instead of half of them.
+    fn gather(&self, batch: &mut Vec<Command>, last_batch: usize) {
+        let deadline = std::time::Instant::now() + GATHER_WAIT;
+        let want = if last_batch >= GATHER_FROM {
+            last_batch
+        } else {
+            1
+        };
+        while batch.len() < self.max_batch {
+            match self.receiver.try_recv() {
+                Ok(command) => batch.push(command),
+                Err(_) if batch.len() < want && std::time::Instant::now() < deadline => {
+                    std::thread::yield_now();
+                }
+                Err(_) => break,
+            }
         }
     }
 
@@ -197,9 +219,22 @@ impl<C: Clock> Writer<C> {
     ) -> Result<(), StoreError> {
         let txn = self.shared.db.begin_write().map_err(unavailable)?;
         let now_ms = self.clock.now_ms();
+        let requests = batch.len() as u64;
         let applied = self.apply_commands(&txn, batch, now_ms, finishes);
         match applied {
-            Ok(()) => txn.commit().map_err(unavailable),
+            Ok(()) => {
+                let started = std::time::Instant::now();
+                txn.commit().map_err(unavailable)?;
+                let shared = &self.shared;
+                shared.commits.fetch_add(1, Ordering::Relaxed);
+                shared
+                    .committed_requests
+                    .fetch_add(requests, Ordering::Relaxed);
+                shared
+                    .commit_nanos
+                    .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                Ok(())
+            }
             Err(error) => {
                 let _ = txn.abort();
                 Err(error)
@@ -255,10 +290,11 @@ impl<C: Clock> Writer<C> {
                     lease_ms,
                     reply,
                 } => {
-                    let token =
-                        FencingToken(self.shared.next_token.fetch_add(1, Ordering::Relaxed));
+                    let next_token = &self.shared.next_token;
                     let result = with_record(&mut tables, &key, |record| {
-                        transition::claim(record, key, now_ms, lease_ms, token)
+                        transition::claim(record, key, now_ms, lease_ms, || {
+                            FencingToken(next_token.fetch_add(1, Ordering::Relaxed))
+                        })
                     })?;
                     answer(reply, result)
                 }
@@ -290,11 +326,7 @@ impl<C: Clock> Writer<C> {
                     answer(reply, result)
                 }
                 Command::Ack { id, reply } => {
-                    let removed = tables
-                        .queue
-                        .remove((id.partition, id.seq))
-                        .map_err(unavailable)?
-                        .is_some();
+                    let removed = tables.queue.remove(id.seq).map_err(unavailable)?.is_some();
                     answer_queue(reply, id, Then::Remove, Ok(removed))
                 }
                 Command::Retry {
@@ -375,7 +407,7 @@ impl<C: Clock> Writer<C> {
         };
         tables
             .queue
-            .insert((partition, seq), bytes.as_slice())
+            .insert(seq, bytes.as_slice())
             .map_err(unavailable)?;
         Ok(Ok(Admission::Admitted {
             id: QueueId { partition, seq },
@@ -446,7 +478,7 @@ fn retry(
 ) -> Result<Result<bool, StoreError>, StoreError> {
     let Some(bytes) = tables
         .queue
-        .get((id.partition, id.seq))
+        .get(id.seq)
         .map_err(unavailable)?
         .map(|v| v.value().to_vec())
     else {
@@ -461,7 +493,7 @@ fn retry(
     let bytes = encode(&queued)?;
     tables
         .queue
-        .insert((id.partition, id.seq), bytes.as_slice())
+        .insert(id.seq, bytes.as_slice())
         .map_err(unavailable)?;
     Ok(Ok(true))
 }
@@ -475,7 +507,7 @@ fn dead_letter(
 ) -> Result<Result<bool, StoreError>, StoreError> {
     let Some(bytes) = tables
         .queue
-        .remove((id.partition, id.seq))
+        .remove(id.seq)
         .map_err(unavailable)?
         .map(|v| v.value().to_vec())
     else {

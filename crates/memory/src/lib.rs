@@ -50,8 +50,14 @@ impl Default for MemoryConfig {
 
 /// A key as stored: the 128-bit hash as four 32-bit words, so that a table entry with its
 /// 32-bit word packs into 20 bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Compact([u32; 4]);
+
+impl std::hash::Hash for Compact {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(self.low());
+    }
+}
 
 impl Compact {
     fn of(key: &KeyHash) -> Self {
@@ -114,6 +120,18 @@ struct Shard {
     next_sweep_secs: u32,
 }
 
+/// When a record may be forgotten: its retention, or a live lease beyond it.
+fn forget_secs(leases: &Side<LeaseSlot>, key: Compact, word: u32, epoch: Epoch) -> u32 {
+    let lease = if word >> STATE_SHIFT == PROCESSING {
+        leases
+            .get(&key)
+            .map_or(0, |lease| epoch.secs_ceil(lease.until_ms))
+    } else {
+        0
+    };
+    (word & SECS_MASK).max(lease)
+}
+
 /// Converts between unix milliseconds and the store's 30-bit expiry seconds.
 #[derive(Debug, Clone, Copy)]
 struct Epoch(u64);
@@ -174,14 +192,7 @@ impl Shard {
     }
 
     fn forget_secs(&self, key: Compact, word: u32, epoch: Epoch) -> u32 {
-        let lease = if word >> STATE_SHIFT == PROCESSING {
-            self.leases
-                .get(&key)
-                .map_or(0, |lease| epoch.secs_ceil(lease.until_ms))
-        } else {
-            0
-        };
-        (word & SECS_MASK).max(lease)
+        forget_secs(&self.leases, key, word, epoch)
     }
 
     /// Admits a key that has no entry at all: the common case, one probe and one insert.
@@ -198,20 +209,30 @@ impl Shard {
     }
 
     fn write(&mut self, key: Compact, record: Record, epoch: Epoch, now_secs: u32) {
-        let before = self.word(key).map(|word| self.forget_secs(key, word, epoch));
+        let Shard {
+            slots,
+            leases,
+            outcomes,
+            expiry,
+            ..
+        } = self;
+        let slot = slots.find_mut(key.low(), |slot| slot.key == key);
+        let before = slot
+            .as_ref()
+            .map(|slot| forget_secs(leases, key, slot.word, epoch));
         let secs = epoch.secs_ceil(record.expires_at_ms);
         let state = match record.state {
             RecordState::Pending => {
-                self.leases.remove(&key);
-                self.outcomes.remove(&key);
+                leases.remove(&key);
+                outcomes.remove(&key);
                 PENDING
             }
             RecordState::Processing {
                 token,
                 lease_until_ms,
             } => {
-                self.outcomes.remove(&key);
-                self.leases.insert(
+                outcomes.remove(&key);
+                leases.insert(
                     key,
                     LeaseSlot {
                         token,
@@ -221,29 +242,28 @@ impl Shard {
                 PROCESSING
             }
             RecordState::Completed { outcome: None } => {
-                self.leases.remove(&key);
-                self.outcomes.remove(&key);
+                leases.remove(&key);
+                outcomes.remove(&key);
                 COMPLETED
             }
             RecordState::Completed {
                 outcome: Some(outcome),
             } => {
-                self.leases.remove(&key);
-                self.outcomes.insert(key, outcome);
+                leases.remove(&key);
+                outcomes.insert(key, outcome);
                 COMPLETED_WITH_OUTCOME
             }
         };
         let word = (state << STATE_SHIFT) | secs;
-        match self.slots.find_mut(key.low(), |slot| slot.key == key) {
+        match slot {
             Some(slot) => slot.word = word,
             None => {
-                self.slots
-                    .insert_unique(key.low(), Slot { key, word }, |slot| slot.key.low());
+                slots.insert_unique(key.low(), Slot { key, word }, |slot| slot.key.low());
             }
         }
-        let after = self.forget_secs(key, word, epoch);
+        let after = forget_secs(leases, key, word, epoch);
         if before != Some(after) {
-            self.expiry.push(key.low(), now_secs, after);
+            expiry.push(key.low(), now_secs, after);
         }
     }
 
@@ -280,10 +300,10 @@ impl Shard {
         for low in due {
             self.keys_with_low(low, &mut keys);
             for key in &keys {
-                if let Some(record) = self.load(*key, epoch) {
-                    if record.forget_after_ms() <= now_ms {
-                        self.remove(*key);
-                    }
+                if let Some(record) = self.load(*key, epoch)
+                    && record.forget_after_ms() <= now_ms
+                {
+                    self.remove(*key);
                 }
             }
             while let Ok(mark) = self.watermarks.find_entry(low, |mark| {
@@ -486,7 +506,11 @@ impl<C: Clock> MemoryStore<C> {
         };
         for (key_index, key) in keys.iter().enumerate() {
             let shard = &guards[shard_of(guards, key)].1;
-            if transition::is_seen(shard.load(Compact::of(key), self.epoch).as_ref(), now_ms) {
+            let compact = Compact::of(key);
+            // Most keys are new: one probe that misses, and no record is built.
+            if shard.word(compact).is_some()
+                && transition::is_seen(shard.load(compact, self.epoch).as_ref(), now_ms)
+            {
                 return Ok(Admission::Duplicate { key_index });
             }
         }
@@ -580,7 +604,7 @@ impl<C: Clock> DedupStore for MemoryStore<C> {
     async fn claim(&self, key: &KeyHash, lease: Duration) -> Result<Claim, StoreError> {
         let lease_ms = millis(lease);
         Ok(self.with_record(key, |record, now_ms| {
-            transition::claim(record, *key, now_ms, lease_ms, self.token())
+            transition::claim(record, *key, now_ms, lease_ms, || self.token())
         }))
     }
 

@@ -123,10 +123,9 @@ fn main() {
                             if let Ok(FenceCheck::Accepted) = store
                                 .complete(&lease, Duration::from_secs(86_400), None)
                                 .await
+                                && let Ok(true) = store.ack(delivery.id).await
                             {
-                                if let Ok(true) = store.ack(delivery.id).await {
-                                    say(format!("K {}", &delivery.event.event_id[1..]));
-                                }
+                                say(format!("K {}", &delivery.event.event_id[1..]));
                             }
                         }
                     }
