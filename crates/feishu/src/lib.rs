@@ -1,0 +1,160 @@
+//! Feishu/Lark HTTP callbacks: signature and token checks, AES-256-CBC decryption, the schema 2.0
+//! and v1 envelopes, card callbacks, and the dedup and order keys of each event.
+//!
+//! This crate knows no store: it turns verified bytes into [`oncegate_core::Event`]s and keys.
+
+mod crypto;
+mod envelope;
+
+use std::sync::Arc;
+
+pub use crypto::{decrypt, encrypt, legacy_card_signature, signature};
+pub use envelope::{Inbound, Verified};
+
+/// The request headers Feishu signs with.
+pub const HEADER_TIMESTAMP: &str = "x-lark-request-timestamp";
+/// The nonce header.
+pub const HEADER_NONCE: &str = "x-lark-request-nonce";
+/// The signature header.
+pub const HEADER_SIGNATURE: &str = "x-lark-signature";
+
+/// Why a callback was refused. Each maps to one HTTP status and says what was wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FeishuError {
+    /// The signature header does not match the body.
+    #[error(
+        "signature mismatch: X-Lark-Signature is not SHA-256(timestamp + nonce + encrypt key + body); check the encrypt key"
+    )]
+    BadSignature,
+    /// A header needed for the signature is missing.
+    #[error("missing header {0}: an app with an encrypt key must sign every callback")]
+    MissingHeader(&'static str),
+    /// The verification token in the body is not the configured one.
+    #[error("verification token mismatch; check verification_token for this source")]
+    BadToken,
+    /// The body is encrypted but no encrypt key is configured.
+    #[error("the body is encrypted but this source has no encrypt_key configured")]
+    NoKey,
+    /// The body is not JSON.
+    #[error("body is not JSON: {0}")]
+    NotJson(String),
+    /// The ciphertext does not decrypt.
+    #[error("cannot decrypt: {0}")]
+    BadCiphertext(String),
+    /// The JSON is neither a challenge, a schema 2.0 nor a v1 envelope.
+    #[error("unknown envelope: {0}")]
+    UnknownEnvelope(String),
+    /// The event is for another app.
+    #[error("event is for app {got}, but this source is configured for {expected}")]
+    WrongApp {
+        /// The configured app.
+        expected: String,
+        /// The event's app.
+        got: String,
+    },
+}
+
+impl FeishuError {
+    /// The HTTP status to answer with: 401 for authentication failures, 400 for bad bodies.
+    pub fn status(&self) -> u16 {
+        match self {
+            FeishuError::BadSignature | FeishuError::MissingHeader(_) | FeishuError::BadToken => {
+                401
+            }
+            _ => 400,
+        }
+    }
+
+    /// A short label for metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            FeishuError::BadSignature => "bad_signature",
+            FeishuError::MissingHeader(_) => "missing_header",
+            FeishuError::BadToken => "bad_token",
+            FeishuError::NoKey => "no_key",
+            FeishuError::NotJson(_) => "not_json",
+            FeishuError::BadCiphertext(_) => "bad_ciphertext",
+            FeishuError::UnknownEnvelope(_) => "unknown_envelope",
+            FeishuError::WrongApp { .. } => "wrong_app",
+        }
+    }
+}
+
+/// The signature headers of one request, as received.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SignedHeaders<'a> {
+    /// `X-Lark-Request-Timestamp`.
+    pub timestamp: Option<&'a str>,
+    /// `X-Lark-Request-Nonce`.
+    pub nonce: Option<&'a str>,
+    /// `X-Lark-Signature`.
+    pub signature: Option<&'a str>,
+}
+
+/// One configured Feishu or Lark app.
+#[derive(Debug, Clone)]
+pub struct FeishuApp {
+    source: Arc<str>,
+    app_id: Arc<str>,
+    encrypt_key: Option<String>,
+    aes_key: Option<[u8; 32]>,
+    verification_token: Option<String>,
+}
+
+impl FeishuApp {
+    /// An app; `lark` selects the international platform's source name.
+    pub fn new(
+        lark: bool,
+        app_id: &str,
+        encrypt_key: Option<String>,
+        verification_token: Option<String>,
+    ) -> Self {
+        Self {
+            source: Arc::from(if lark { "lark" } else { "feishu" }),
+            app_id: Arc::from(app_id),
+            aes_key: encrypt_key.as_deref().map(crypto::aes_key),
+            encrypt_key: encrypt_key.filter(|k| !k.is_empty()),
+            verification_token: verification_token.filter(|t| !t.is_empty()),
+        }
+    }
+
+    /// The source name, `feishu` or `lark`.
+    pub fn source(&self) -> &Arc<str> {
+        &self.source
+    }
+
+    /// The app id.
+    pub fn app_id(&self) -> &Arc<str> {
+        &self.app_id
+    }
+
+    /// Verifies and decodes one callback body.
+    pub fn open(&self, headers: SignedHeaders<'_>, body: &[u8]) -> Result<Inbound, FeishuError> {
+        envelope::open(self, headers, body)
+    }
+
+    /// Signs and encrypts `plaintext` as Feishu would send it (for `simulate` and tests):
+    /// the body and its signature headers for `timestamp` and `nonce`.
+    pub fn seal(
+        &self,
+        plaintext: &[u8],
+        timestamp: &str,
+        nonce: &str,
+        iv: [u8; 16],
+    ) -> (Vec<u8>, Option<String>) {
+        let body = match &self.encrypt_key {
+            Some(key) => {
+                let sealed = encrypt(key, plaintext, iv);
+                serde_json::json!({ "encrypt": sealed })
+                    .to_string()
+                    .into_bytes()
+            }
+            None => plaintext.to_vec(),
+        };
+        let sig = self
+            .encrypt_key
+            .as_ref()
+            .map(|key| signature(timestamp, nonce, key, &body));
+        (body, sig)
+    }
+}
