@@ -1,5 +1,8 @@
 //! The `oncegate` command.
 
+mod serve;
+mod simulate;
+
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -19,6 +22,15 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the gateway: receive callbacks, admit them once, hand them to the routes' sinks.
+    Serve {
+        /// The configuration (without one: defaults, embedded store in ./data, no sources).
+        #[arg(long, env = "ONCEGATE_CONFIG")]
+        config: Option<PathBuf>,
+    },
+    /// Send signed, encrypted Feishu events (with retries and replays) to a running gateway and
+    /// summarize what was admitted, dropped and delivered.
+    Simulate(simulate::SimulateArgs),
     /// Check a configuration file (with ONCEGATE_* overrides applied) and name every problem.
     CheckConfig {
         /// The TOML file.
@@ -84,9 +96,22 @@ enum InspectWhat {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("ONCEGATE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let result = match cli.command {
         Command::CheckConfig { file } => check_config(&file),
         Command::Inspect(args) => inspect(args).map(|()| true),
+        Command::Serve { config } => runtime()
+            .and_then(|rt| rt.block_on(serve::serve(config.as_deref())))
+            .map(|()| true),
+        Command::Simulate(args) => runtime()
+            .and_then(|rt| rt.block_on(simulate::simulate(args)))
+            .map(|()| true),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,
@@ -96,6 +121,12 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?)
 }
 
 fn load(file: Option<&Path>) -> anyhow::Result<Config> {

@@ -31,6 +31,129 @@ pub struct Config {
     /// The platforms' apps this gateway receives events for.
     #[serde(rename = "source")]
     pub sources: Vec<SourceConfig>,
+    /// The HTTP listeners.
+    pub server: ServerConfig,
+    /// How admitted events are handed to routes.
+    pub dispatcher: DispatcherConfig,
+    /// Where events go, by event type.
+    #[serde(rename = "route")]
+    pub routes: Vec<RouteConfig>,
+}
+
+/// `[server]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Where platforms send callbacks (`/webhook/<source>`).
+    pub listen: String,
+    /// Health, readiness, metrics and the admin API.
+    pub admin_listen: String,
+    /// Required as `Authorization: Bearer <token>` on `/admin/*`, if set.
+    pub admin_token: Option<Secret>,
+    /// The largest accepted callback body, in bytes.
+    pub body_limit: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:8080".into(),
+            admin_listen: "127.0.0.1:9090".into(),
+            admin_token: None,
+            body_limit: 1024 * 1024,
+        }
+    }
+}
+
+/// `[dispatcher]`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DispatcherConfig {
+    /// Handlers running at once, over all partitions.
+    pub concurrency: usize,
+    /// Attempts before an event goes to the dead letters.
+    pub max_attempts: u32,
+    /// The first retry's delay; it doubles per attempt, with jitter.
+    #[serde(with = "duration")]
+    pub backoff_base: Duration,
+    /// The longest retry delay.
+    #[serde(with = "duration")]
+    pub backoff_max: Duration,
+    /// On shutdown, how long running handlers may finish before their leases are released.
+    #[serde(with = "duration")]
+    pub shutdown_grace: Duration,
+}
+
+impl Default for DispatcherConfig {
+    fn default() -> Self {
+        Self {
+            concurrency: 64,
+            max_attempts: 8,
+            backoff_base: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(300),
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Where a route's events go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SinkKind {
+    /// POST to `url`, signed the Standard Webhooks way.
+    Http,
+    /// JSON lines on standard output.
+    Stdout,
+    /// JSON lines appended to `path`.
+    File,
+}
+
+/// `[[route]]`: events whose type matches go to one sink.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    /// Event types: exact (`im.message.receive_v1`), a prefix (`im.message.*`) or `*`.
+    pub events: Vec<String>,
+    /// The sink.
+    pub sink: SinkKind,
+    /// The HTTP sink's URL.
+    pub url: Option<String>,
+    /// The HTTP sink's Standard Webhooks secret (`whsec_` + base64).
+    pub secret: Option<Secret>,
+    /// The file sink's path.
+    pub path: Option<PathBuf>,
+    /// The HTTP sink's timeout per attempt.
+    #[serde(with = "duration", default = "default_sink_timeout")]
+    pub timeout: Duration,
+    /// Drop an event older than one already applied for its chat.
+    #[serde(default)]
+    pub watermark: bool,
+}
+
+fn default_sink_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+
+impl RouteConfig {
+    /// Whether `event_type` is one of this route's.
+    pub fn matches(&self, event_type: &str) -> bool {
+        self.events
+            .iter()
+            .any(|pattern| match pattern.strip_suffix('*') {
+                Some(prefix) => event_type.starts_with(prefix),
+                None => pattern == event_type,
+            })
+    }
+}
+
+impl Config {
+    /// The first route for `event_type`, if any.
+    pub fn route_for(&self, event_type: &str) -> Option<(usize, &RouteConfig)> {
+        self.routes
+            .iter()
+            .enumerate()
+            .find(|(_, route)| route.matches(event_type))
+    }
 }
 
 /// The store backend.
@@ -268,7 +391,7 @@ pub fn load(
     })?;
     let overrides: BTreeMap<String, String> = env
         .into_iter()
-        .filter(|(name, _)| name.starts_with("ONCEGATE_") && name != "ONCEGATE_CONFIG")
+        .filter(|(name, _)| name.starts_with("ONCEGATE_") && name.contains("__"))
         .collect();
     for (name, value) in overrides {
         apply_override(&mut table, &name, &value)?;

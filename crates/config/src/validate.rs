@@ -301,6 +301,147 @@ pub fn validate(config: &Config) -> Vec<Problem> {
             );
         }
     }
+    for (what, address) in [
+        ("server.listen", &config.server.listen),
+        ("server.admin_listen", &config.server.admin_listen),
+    ] {
+        if address.parse::<std::net::SocketAddr>().is_err() {
+            report(
+                Severity::Error,
+                what,
+                format!("{address:?} is not an address and port, e.g. \"127.0.0.1:8080\""),
+            );
+        }
+    }
+    if config.server.listen == config.server.admin_listen && !config.server.listen.ends_with(":0") {
+        report(
+            Severity::Error,
+            "server.admin_listen",
+            "the same address as server.listen; the admin API needs its own listener".into(),
+        );
+    }
+    if config.server.body_limit < 1024 {
+        report(
+            Severity::Error,
+            "server.body_limit",
+            format!(
+                "{} bytes cannot hold a callback; use at least 65536",
+                config.server.body_limit
+            ),
+        );
+    }
+    if let Some(Err(message)) = config
+        .server
+        .admin_token
+        .as_ref()
+        .map(crate::Secret::resolve)
+    {
+        report(Severity::Error, "server.admin_token", message);
+    }
+    if config.dispatcher.concurrency == 0 {
+        report(
+            Severity::Error,
+            "dispatcher.concurrency",
+            "zero handlers can run nothing; use e.g. 64".into(),
+        );
+    }
+    if config.dispatcher.max_attempts == 0 {
+        report(
+            Severity::Error,
+            "dispatcher.max_attempts",
+            "must be at least 1".into(),
+        );
+    }
+    if config.dispatcher.backoff_base > config.dispatcher.backoff_max {
+        report(
+            Severity::Error,
+            "dispatcher.backoff_base",
+            format!(
+                "{} is longer than dispatcher.backoff_max ({})",
+                human(config.dispatcher.backoff_base),
+                human(config.dispatcher.backoff_max)
+            ),
+        );
+    }
+    if !config.sources.is_empty() && config.routes.is_empty() {
+        report(
+            Severity::Warning,
+            "route",
+            "no [[route]]: events are admitted and acknowledged but go nowhere".into(),
+        );
+    }
+    for (i, route) in config.routes.iter().enumerate() {
+        let at = |field: &str| format!("route[{i}].{field}");
+        if route.events.is_empty() || route.events.iter().any(|e| e.trim().is_empty()) {
+            report(
+                Severity::Error,
+                &at("events"),
+                "name at least one event type (exact, a prefix ending in *, or *)".into(),
+            );
+        }
+        match route.sink {
+            crate::SinkKind::Http => match &route.url {
+                Some(url) if url.starts_with("http://") || url.starts_with("https://") => {}
+                Some(url) => report(
+                    Severity::Error,
+                    &at("url"),
+                    format!("{url:?} is not an http:// or https:// URL"),
+                ),
+                None => report(
+                    Severity::Error,
+                    &at("url"),
+                    "sink = \"http\" needs a url".into(),
+                ),
+            },
+            crate::SinkKind::File => {
+                if route.path.is_none() {
+                    report(
+                        Severity::Error,
+                        &at("path"),
+                        "sink = \"file\" needs a path".into(),
+                    );
+                }
+            }
+            crate::SinkKind::Stdout => {}
+        }
+        if route.sink != crate::SinkKind::Http && (route.url.is_some() || route.secret.is_some()) {
+            report(
+                Severity::Error,
+                &at("url"),
+                "url and secret belong to sink = \"http\"".into(),
+            );
+        }
+        if let Some(secret) = &route.secret {
+            match secret.resolve() {
+                Err(message) => report(Severity::Error, &at("secret"), message),
+                Ok(value) if !value.starts_with("whsec_") => report(
+                    Severity::Error,
+                    &at("secret"),
+                    "a Standard Webhooks secret is \"whsec_\" followed by base64".into(),
+                ),
+                Ok(_) => {}
+            }
+        }
+        if route.timeout.is_zero() {
+            report(
+                Severity::Error,
+                &at("timeout"),
+                "a zero timeout fails every delivery".into(),
+            );
+        }
+        let cards = route
+            .events
+            .iter()
+            .any(|e| e == "card.action.trigger" || e == "url.preview.get");
+        if cards && route.sink != crate::SinkKind::Http {
+            report(
+                Severity::Error,
+                &at("sink"),
+                "card callbacks are answered with the sink's reply, so they need sink = \"http\""
+                    .into(),
+            );
+        }
+    }
     problems.sort_by_key(|p| std::cmp::Reverse(p.severity));
     problems
 }

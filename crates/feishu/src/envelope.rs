@@ -143,10 +143,10 @@ fn decode(
             .or_else(|| str_at(event, &["chat_id"]))
             .or_else(|| str_at(event, &["open_chat_id"]));
         let mut keys = vec![key_for(&app.source, &app.app_id, "event_id", event_id)];
-        if event_type == "im.message.receive_v1" {
-            if let Some(message_id) = str_at(event, &["message", "message_id"]) {
-                keys.push(key_for(&app.source, &app.app_id, "message_id", message_id));
-            }
+        if let Some(message_id) = str_at(event, &["message", "message_id"])
+            .filter(|_| event_type == "im.message.receive_v1")
+        {
+            keys.push(key_for(&app.source, &app.app_id, "message_id", message_id));
         }
         let verified = Verified {
             event: Event {

@@ -1,0 +1,112 @@
+//! `oncegate serve`: the gateway.
+
+use std::path::Path;
+
+use anyhow::{Context, bail};
+use oncegate_config::{Backend, Config, Severity};
+use oncegate_core::Store;
+use oncegate_embedded::{EmbeddedConfig, EmbeddedStore};
+use oncegate_gateway::Gateway;
+use oncegate_memory::{MemoryConfig, MemoryStore};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// Loads and checks the configuration, opens the store, and runs until SIGINT or SIGTERM.
+pub(crate) async fn serve(config_path: Option<&Path>) -> anyhow::Result<()> {
+    let config = crate::load(config_path)?;
+    let problems = oncegate_config::validate(&config);
+    for problem in &problems {
+        match problem.severity {
+            Severity::Error => tracing::error!("{problem}"),
+            Severity::Warning => tracing::warn!("{problem}"),
+        }
+    }
+    if problems.iter().any(|p| p.severity == Severity::Error) {
+        bail!(
+            "the configuration has errors (listed above); `oncegate check-config` shows them too"
+        );
+    }
+    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .context("install the metrics recorder")?;
+    let render = move || metrics.render();
+    match config.store.backend {
+        Backend::Embedded => {
+            let path = config.store.embedded_path();
+            let store = EmbeddedStore::open(EmbeddedConfig {
+                partitions: config.store.partitions,
+                ..EmbeddedConfig::at(&path)
+            })?;
+            tracing::info!(path = %path.display(), "embedded store open");
+            run(&config, store, render).await
+        }
+        Backend::Memory => {
+            let store = MemoryStore::with_clock(
+                MemoryConfig {
+                    partitions: config.store.partitions,
+                    max_records: config.store.max_records.unwrap_or(10_000_000),
+                    ..MemoryConfig::default()
+                },
+                oncegate_core::SystemClock,
+            );
+            tracing::warn!("memory store: everything is forgotten when the gateway stops");
+            run(&config, store, render).await
+        }
+        Backend::Redis => bail!("backend = \"redis\" is not in this version yet; use \"embedded\""),
+    }
+}
+
+async fn run<S: Store>(
+    config: &Config,
+    store: S,
+    render: impl Fn() -> String + Send + Sync + 'static,
+) -> anyhow::Result<()> {
+    let gateway = Gateway::from_config(config, store).await?.metrics(render)?;
+    let listener = TcpListener::bind(&config.server.listen)
+        .await
+        .with_context(|| format!("listen on {} (server.listen)", config.server.listen))?;
+    let admin = TcpListener::bind(&config.server.admin_listen)
+        .await
+        .with_context(|| {
+            format!(
+                "listen on {} (server.admin_listen)",
+                config.server.admin_listen
+            )
+        })?;
+    // The first line on stdout: scripts and tests read the bound addresses from it.
+    println!(
+        "oncegate listening on http://{} (webhooks at /webhook/<source>), admin on http://{}",
+        listener.local_addr()?,
+        admin.local_addr()?
+    );
+    let shutdown = CancellationToken::new();
+    tokio::spawn(on_signal(shutdown.clone()));
+    let dispatcher = {
+        let (gateway, shutdown) = (gateway.clone(), shutdown.clone());
+        tokio::spawn(async move { gateway.dispatch(shutdown).await })
+    };
+    gateway.serve(listener, admin, shutdown.clone()).await?;
+    shutdown.cancel();
+    dispatcher
+        .await
+        .context("the dispatcher stopped abnormally")?;
+    tracing::info!(stats = ?gateway.stats(), "stopped");
+    Ok(())
+}
+
+async fn on_signal(shutdown: CancellationToken) {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate => {}
+    }
+    tracing::info!("shutting down: no new work, running handlers may finish");
+    shutdown.cancel();
+}

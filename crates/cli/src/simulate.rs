@@ -1,0 +1,335 @@
+//! `oncegate simulate`: signed, encrypted Feishu traffic with duplicates and replays, against a
+//! running gateway; the demo and the load generator.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, bail};
+use clap::Args;
+use oncegate_feishu::FeishuApp;
+use tokio::sync::Mutex;
+
+/// Options of `oncegate simulate`.
+#[derive(Debug, Args)]
+pub(crate) struct SimulateArgs {
+    /// The gateway's configuration (for the source's app id and secrets, and the addresses).
+    #[arg(
+        long,
+        env = "ONCEGATE_CONFIG",
+        default_value = "examples/oncegate.toml"
+    )]
+    config: std::path::PathBuf,
+    /// Which source to send as (default: the first).
+    #[arg(long)]
+    source: Option<String>,
+    /// The gateway's base URL (default: from server.listen).
+    #[arg(long)]
+    url: Option<String>,
+    /// The admin base URL, to read delivered counts (default: from server.admin_listen).
+    #[arg(long)]
+    admin: Option<String>,
+    /// Distinct events to send.
+    #[arg(long, default_value_t = 10_000)]
+    events: usize,
+    /// Share of extra sends that repeat an earlier event with a fresh signature (platform retries).
+    #[arg(long, default_value_t = 0.2)]
+    duplicates: f64,
+    /// Share of extra sends that replay an earlier request byte for byte (same nonce).
+    #[arg(long, default_value_t = 0.02)]
+    replays: f64,
+    /// Requests in flight at once.
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+    /// Chats the events are spread over.
+    #[arg(long, default_value_t = 100)]
+    chats: usize,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+#[derive(Clone)]
+struct Request {
+    body: Vec<u8>,
+    timestamp: String,
+    nonce: String,
+    signature: Option<String>,
+}
+
+enum Send {
+    New(usize),
+    Retry(usize),
+    Replay(usize),
+}
+
+#[derive(Default)]
+struct Tally {
+    admitted: usize,
+    duplicates: usize,
+    replays_rejected: usize,
+    other: std::collections::BTreeMap<u16, usize>,
+    failed: usize,
+    latencies_us: Vec<u64>,
+}
+
+fn unix_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn message(app_id: &str, token: Option<&str>, run: u64, i: usize, chats: usize) -> Vec<u8> {
+    let now_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    serde_json::json!({
+        "schema": "2.0",
+        "header": {
+            "event_id": format!("sim{run}-{i}"),
+            "token": token.unwrap_or(""),
+            "create_time": (now_ms + i as u64).to_string(),
+            "event_type": "im.message.receive_v1",
+            "tenant_key": "simulated",
+            "app_id": app_id,
+        },
+        "event": {
+            "sender": {"sender_id": {"open_id": format!("ou_{}", i % 997)}},
+            "message": {
+                "message_id": format!("om_sim{run}-{i}"),
+                "chat_id": format!("oc_sim{}", i % chats.max(1)),
+                "message_type": "text",
+                "content": format!("{{\"text\":\"simulated message {i}\"}}"),
+            }
+        }
+    })
+    .to_string()
+    .into_bytes()
+}
+
+fn seal(app: &FeishuApp, plain: &[u8]) -> Request {
+    let timestamp = unix_secs().to_string();
+    let nonce = format!("{:016x}", fastrand::u64(..));
+    let mut iv = [0u8; 16];
+    fastrand::fill(&mut iv);
+    let (body, signature) = app.seal(plain, &timestamp, &nonce, iv);
+    Request {
+        body,
+        timestamp,
+        nonce,
+        signature,
+    }
+}
+
+pub(crate) async fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let config = crate::load(Some(&args.config))?;
+    let source = match &args.source {
+        Some(name) => config.sources.iter().find(|s| &s.name == name),
+        None => config.sources.first(),
+    }
+    .with_context(|| format!("no such source in {}", args.config.display()))?;
+    let secret = |s: &Option<oncegate_config::Secret>| -> anyhow::Result<Option<String>> {
+        s.as_ref()
+            .map(|s| s.resolve().map_err(anyhow::Error::msg))
+            .transpose()
+    };
+    let token = secret(&source.verification_token)?;
+    let app = FeishuApp::new(
+        matches!(source.platform, oncegate_config::Platform::Lark),
+        &source.app_id,
+        secret(&source.encrypt_key)?,
+        token.clone(),
+    );
+    let base = args
+        .url
+        .clone()
+        .unwrap_or_else(|| format!("http://{}", config.server.listen));
+    let admin = args
+        .admin
+        .clone()
+        .unwrap_or_else(|| format!("http://{}", config.server.admin_listen));
+    let url = format!("{base}/webhook/{}", source.name);
+    let admin_token = secret(&config.server.admin_token)?;
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(args.concurrency)
+        .timeout(Duration::from_secs(30))
+        .build()?;
+
+    // The plan: every event once, plus retries and replays of earlier ones, shuffled a little.
+    let run = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let mut plan = Vec::with_capacity(args.events * 2);
+    for i in 0..args.events {
+        plan.push(Send::New(i));
+        if i > 0 && fastrand::f64() < args.duplicates {
+            plan.push(Send::Retry(fastrand::usize(..i)));
+        }
+        if i > 0 && fastrand::f64() < args.replays {
+            plan.push(Send::Replay(fastrand::usize(..i)));
+        }
+    }
+    let total = plan.len();
+    let plan = Arc::new(plan);
+    let sent: Arc<Vec<Mutex<Option<Request>>>> =
+        Arc::new((0..args.events).map(|_| Mutex::new(None)).collect());
+    let before = delivered(&client, &admin, admin_token.as_deref()).await;
+    let progress = if args.quiet {
+        indicatif::ProgressBar::hidden()
+    } else {
+        indicatif::ProgressBar::new(total as u64)
+    };
+    progress.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:40} {pos}/{len} requests  {per_sec}  eta {eta}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let next = Arc::new(AtomicUsize::new(0));
+    let tally = Arc::new(Mutex::new(Tally::default()));
+    let started = Instant::now();
+    let mut workers = Vec::new();
+    for _ in 0..args.concurrency.max(1) {
+        let (plan, sent, next, tally, client, url, app, token, progress) = (
+            plan.clone(),
+            sent.clone(),
+            next.clone(),
+            tally.clone(),
+            client.clone(),
+            url.clone(),
+            app.clone(),
+            token.clone(),
+            progress.clone(),
+        );
+        let chats = args.chats;
+        workers.push(tokio::spawn(async move {
+            loop {
+                let index = next.fetch_add(1, Ordering::Relaxed);
+                let Some(step) = plan.get(index) else { break };
+                let request = match *step {
+                    Send::New(i) => {
+                        let request = seal(
+                            &app,
+                            &message(app.app_id(), token.as_deref(), run, i, chats),
+                        );
+                        *sent[i].lock().await = Some(request.clone());
+                        request
+                    }
+                    Send::Retry(i) => match sent[i].lock().await.as_ref() {
+                        // A platform retry: the same event, signed again.
+                        Some(_) => seal(
+                            &app,
+                            &message(app.app_id(), token.as_deref(), run, i, chats),
+                        ),
+                        None => continue,
+                    },
+                    Send::Replay(i) => match sent[i].lock().await.clone() {
+                        Some(request) => request,
+                        None => continue,
+                    },
+                };
+                let mut builder = client
+                    .post(&url)
+                    .header("content-type", "application/json")
+                    .header(oncegate_feishu::HEADER_TIMESTAMP, &request.timestamp)
+                    .header(oncegate_feishu::HEADER_NONCE, &request.nonce);
+                if let Some(signature) = &request.signature {
+                    builder = builder.header(oncegate_feishu::HEADER_SIGNATURE, signature);
+                }
+                let at = Instant::now();
+                let outcome = builder.body(request.body).send().await;
+                let micros = at.elapsed().as_micros() as u64;
+                let mut tally = tally.lock().await;
+                tally.latencies_us.push(micros);
+                match outcome {
+                    Ok(response) => {
+                        let status = response.status().as_u16();
+                        let text = response.text().await.unwrap_or_default();
+                        match status {
+                            200 if text.contains("\"duplicate\"") => tally.duplicates += 1,
+                            200 => tally.admitted += 1,
+                            409 => tally.replays_rejected += 1,
+                            other => *tally.other.entry(other).or_default() += 1,
+                        }
+                    }
+                    Err(_) => tally.failed += 1,
+                }
+                progress.inc(1);
+            }
+        }));
+    }
+    for worker in workers {
+        worker.await?;
+    }
+    let elapsed = started.elapsed();
+    progress.finish_and_clear();
+    let mut tally = Arc::try_unwrap(tally)
+        .map_err(|_| anyhow::anyhow!("workers still running"))?
+        .into_inner();
+    if tally.latencies_us.is_empty() {
+        bail!("nothing was sent");
+    }
+    tally.latencies_us.sort_unstable();
+    let pct = |p: f64| {
+        tally.latencies_us[((tally.latencies_us.len() - 1) as f64 * p) as usize] as f64 / 1000.0
+    };
+    // Deliveries trail admission: wait until they catch up or stop moving.
+    let mut delivered_now = delivered(&client, &admin, admin_token.as_deref()).await;
+    let target = before.map(|b| b + tally.admitted as u64);
+    let mut still = Instant::now();
+    while let (Some(now), Some(target)) = (delivered_now, target) {
+        if now >= target || still.elapsed() > Duration::from_secs(10) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let again = delivered(&client, &admin, admin_token.as_deref()).await;
+        if again != delivered_now {
+            still = Instant::now();
+        }
+        delivered_now = again;
+    }
+    let sent_count = tally.latencies_us.len();
+    println!(
+        "sent               {sent_count} requests ({} events, {} retries, {} replays planned)",
+        args.events,
+        plan.iter().filter(|s| matches!(s, Send::Retry(_))).count(),
+        plan.iter().filter(|s| matches!(s, Send::Replay(_))).count()
+    );
+    println!("admitted           {}", tally.admitted);
+    println!("duplicates dropped {}", tally.duplicates);
+    println!("replays rejected   {}", tally.replays_rejected);
+    for (status, count) in &tally.other {
+        println!("answered {status}       {count}");
+    }
+    if tally.failed > 0 {
+        println!("failed to send     {}", tally.failed);
+    }
+    match (before, delivered_now) {
+        (Some(before), Some(now)) => println!("delivered          {}", now - before),
+        _ => println!("delivered          unknown (admin API at {admin} not reachable)"),
+    }
+    println!(
+        "throughput         {:.0} requests/s over {:.2} s, {} in flight",
+        sent_count as f64 / elapsed.as_secs_f64(),
+        elapsed.as_secs_f64(),
+        args.concurrency
+    );
+    println!(
+        "latency            p50 {:.2} ms  p90 {:.2} ms  p99 {:.2} ms  max {:.2} ms",
+        pct(0.5),
+        pct(0.9),
+        pct(0.99),
+        pct(1.0)
+    );
+    Ok(())
+}
+
+async fn delivered(client: &reqwest::Client, admin: &str, token: Option<&str>) -> Option<u64> {
+    let mut request = client.get(format!("{admin}/admin/stats"));
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    let stats: serde_json::Value = request.send().await.ok()?.json().await.ok()?;
+    stats["gateway"]["delivered"].as_u64()
+}

@@ -1,0 +1,141 @@
+//! The admin listener: health, readiness, metrics, counters, records and dead letters.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use oncegate_core::{KeyHash, RecordState, Store};
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::Shared;
+
+pub(crate) fn router<S: Store>(shared: Arc<Shared<S>>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz::<S>))
+        .route("/metrics", get(metrics::<S>))
+        .route("/admin/stats", get(stats::<S>))
+        .route("/admin/record", get(record::<S>))
+        .route("/admin/dead-letters", get(dead_letters::<S>))
+        .with_state(shared)
+}
+
+#[allow(clippy::result_large_err)]
+fn authorized<S>(shared: &Shared<S>, headers: &HeaderMap) -> Result<(), Response> {
+    let Some(token) = &shared.admin_token else {
+        return Ok(());
+    };
+    let given = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if given == Some(token.as_str()) {
+        Ok(())
+    } else {
+        Err((
+            StatusCode::UNAUTHORIZED,
+            axum::Json(json!({"error": "send Authorization: Bearer <server.admin_token>"})),
+        )
+            .into_response())
+    }
+}
+
+async fn readyz<S: Store>(State(shared): State<Arc<Shared<S>>>) -> Response {
+    match shared.store.stats().await {
+        Ok(_) if shared.ready.load(std::sync::atomic::Ordering::Relaxed) => {
+            (StatusCode::OK, "ready").into_response()
+        }
+        Ok(_) => (StatusCode::SERVICE_UNAVAILABLE, "shutting down").into_response(),
+        Err(error) => (StatusCode::SERVICE_UNAVAILABLE, format!("store: {error}")).into_response(),
+    }
+}
+
+async fn metrics<S: Store>(State(shared): State<Arc<Shared<S>>>) -> Response {
+    match &shared.metrics_render {
+        Some(render) => render().into_response(),
+        None => (StatusCode::NOT_FOUND, "no metrics recorder installed").into_response(),
+    }
+}
+
+async fn stats<S: Store>(State(shared): State<Arc<Shared<S>>>, headers: HeaderMap) -> Response {
+    if let Err(denied) = authorized(&shared, &headers) {
+        return denied;
+    }
+    let store = shared.store.stats().await.ok();
+    axum::Json(json!({ "gateway": shared.stats.snapshot(), "store": store })).into_response()
+}
+
+#[derive(Debug, Deserialize)]
+struct RecordQuery {
+    key: String,
+}
+
+async fn record<S: Store>(
+    State(shared): State<Arc<Shared<S>>>,
+    headers: HeaderMap,
+    Query(query): Query<RecordQuery>,
+) -> Response {
+    if let Err(denied) = authorized(&shared, &headers) {
+        return denied;
+    }
+    let Some(key) = KeyHash::from_hex(&query.key) else {
+        return (
+            StatusCode::BAD_REQUEST,
+            axum::Json(json!({"error": "key must be 32 hex characters"})),
+        )
+            .into_response();
+    };
+    match shared.store.record(&key).await {
+        Ok(Some(record)) => {
+            let state = match record.state {
+                RecordState::Pending => json!({"state": "pending"}),
+                RecordState::Processing {
+                    token,
+                    lease_until_ms,
+                } => {
+                    json!({"state": "processing", "token": token.0, "lease_until_ms": lease_until_ms})
+                }
+                RecordState::Completed { outcome } => {
+                    json!({"state": "completed", "outcome_bytes": outcome.map(|o| o.len())})
+                }
+            };
+            axum::Json(
+                json!({"key": query.key, "record": state, "expires_at_ms": record.expires_at_ms}),
+            )
+            .into_response()
+        }
+        Ok(None) => (
+            StatusCode::NOT_FOUND,
+            axum::Json(json!({"error": "not seen"})),
+        )
+            .into_response(),
+        Err(error) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({"error": error.to_string()})),
+        )
+            .into_response(),
+    }
+}
+
+async fn dead_letters<S: Store>(
+    State(shared): State<Arc<Shared<S>>>,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(denied) = authorized(&shared, &headers) {
+        return denied;
+    }
+    match shared.store.dead_letters(100).await {
+        Ok(letters) => axum::Json(
+            letters
+                .iter()
+                .map(|l| json!({"id": l.id.to_string(), "event_id": l.event.event_id, "event_type": &*l.event.event_type, "attempts": l.attempts, "reason": l.reason, "at_ms": l.at_ms}))
+                .collect::<Vec<_>>(),
+        )
+        .into_response(),
+        Err(error) => (StatusCode::SERVICE_UNAVAILABLE, axum::Json(json!({"error": error.to_string()}))).into_response(),
+    }
+}

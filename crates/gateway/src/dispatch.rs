@@ -1,0 +1,291 @@
+//! The dispatcher: pulls each partition, claims, runs the route's sink while renewing the lease,
+//! then completes and acks, or releases and retries with backoff, or dead-letters.
+//!
+//! Per-chat order comes from the queue: it hands out only the first waiting event of each order
+//! key, so everything pulled at once belongs to different chats and can run concurrently.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use oncegate_core::{
+    Claim, Delivery, FenceCheck, KeyHash, Lease, QueueId, Store, WatermarkOutcome, key_for,
+};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::Shared;
+use crate::sink::{Outgoing, SinkError};
+
+/// How long an idle partition waits before looking again (retries become due without a wake).
+const IDLE_POLL: Duration = Duration::from_millis(100);
+/// How long to back off when the store cannot answer.
+const STORE_BACKOFF: Duration = Duration::from_millis(500);
+
+type Held = Arc<Mutex<HashMap<QueueId, Lease>>>;
+
+pub(crate) async fn run<S: Store>(shared: Arc<Shared<S>>, shutdown: CancellationToken) {
+    let permits = Arc::new(Semaphore::new(shared.timing.dispatcher.concurrency.max(1)));
+    let held: Held = Arc::default();
+    let mut partitions = JoinSet::new();
+    for partition in 0..shared.store.partitions() {
+        partitions.spawn(partition_loop(
+            shared.clone(),
+            partition,
+            permits.clone(),
+            held.clone(),
+            shutdown.clone(),
+        ));
+    }
+    while partitions.join_next().await.is_some() {}
+    // Leases of handlers that did not finish within the grace: give them back so that another
+    // worker (or this one after a restart) can take them at once.
+    let left: Vec<(QueueId, Lease)> = lock(&held).drain().collect();
+    for (id, lease) in left {
+        let _ = shared.store.release(&lease).await;
+        let _ = shared.store.retry(id, 0).await;
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+async fn partition_loop<S: Store>(
+    shared: Arc<Shared<S>>,
+    partition: u16,
+    permits: Arc<Semaphore>,
+    held: Held,
+    shutdown: CancellationToken,
+) {
+    let mut running = JoinSet::new();
+    loop {
+        if shutdown.is_cancelled() {
+            break;
+        }
+        let free = permits.available_permits().clamp(1, 64);
+        let pulled = match shared.store.pull(partition, free).await {
+            Ok(pulled) => pulled,
+            Err(error) => {
+                tracing::warn!(%error, partition, "pull failed; backing off");
+                tokio::select! {
+                    _ = tokio::time::sleep(STORE_BACKOFF) => {}
+                    _ = shutdown.cancelled() => break,
+                }
+                continue;
+            }
+        };
+        if pulled.is_empty() {
+            let wake = shared.wake.get(usize::from(partition));
+            tokio::select! {
+                _ = async { if let Some(wake) = wake { wake.notified().await } else { std::future::pending().await } } => {}
+                _ = tokio::time::sleep(IDLE_POLL) => {}
+                _ = shutdown.cancelled() => break,
+                Some(_) = running.join_next(), if !running.is_empty() => {}
+            }
+            continue;
+        }
+        for delivery in pulled {
+            let permit = tokio::select! {
+                permit = permits.clone().acquire_owned() => permit,
+                _ = shutdown.cancelled() => {
+                    // Not started: hand it back untouched.
+                    let _ = shared.store.retry(delivery.id, 0).await;
+                    continue;
+                }
+            };
+            let Ok(permit) = permit else { break };
+            let (shared, held) = (shared.clone(), held.clone());
+            running.spawn(async move {
+                handle(&shared, delivery, &held).await;
+                shared.wake(partition);
+                drop(permit);
+            });
+        }
+        while running.try_join_next().is_some() {}
+    }
+    // Let running handlers finish within the grace; what is left is released by `run`.
+    let grace = shared.timing.dispatcher.shutdown_grace;
+    let _ = tokio::time::timeout(grace, async {
+        while running.join_next().await.is_some() {}
+    })
+    .await;
+    running.abort_all();
+    while running.join_next().await.is_some() {}
+}
+
+fn backoff(base: Duration, max: Duration, attempt: u32) -> Duration {
+    let exp = base.saturating_mul(1u32 << attempt.min(20));
+    let capped = exp.min(max);
+    // Jitter in [half, full] so that retries of many events spread out.
+    let half = capped / 2;
+    half + Duration::from_nanos(fastrand::u64(
+        0..=u64::try_from(half.as_nanos()).unwrap_or(u64::MAX),
+    ))
+}
+
+async fn handle<S: Store>(shared: &Shared<S>, delivery: Delivery, held: &Held) {
+    let stats = &shared.stats;
+    let store = &shared.store;
+    let timing = &shared.timing;
+    let lease = match store.claim(&delivery.key, timing.lease).await {
+        Ok(Claim::Acquired(lease)) => lease,
+        Ok(Claim::Done { .. }) => {
+            // Completed before a crash that came before the ack.
+            stats.bump(&stats.already_done, "oncegate_already_done_total");
+            let _ = store.ack(delivery.id).await;
+            return;
+        }
+        Ok(Claim::InFlight { until_ms }) => {
+            let _ = store.retry(delivery.id, until_ms).await;
+            return;
+        }
+        Err(error) => {
+            tracing::warn!(%error, "claim failed; retrying later");
+            let _ = store.retry(delivery.id, shared.now_ms() + 1000).await;
+            return;
+        }
+    };
+    let event = &delivery.event;
+    let Some(route) = shared.route_for(&event.event_type) else {
+        stats.bump(&stats.unrouted, "oncegate_unrouted_total");
+        finish(shared, &delivery, &lease, None).await;
+        return;
+    };
+    if route.watermark
+        && let Some(order) = &event.order_key
+    {
+        let scope: KeyHash = key_for(&event.source, &event.app, "watermark", order);
+        match store
+            .advance_watermark(&scope, event.created_at_ms, timing.retention)
+            .await
+        {
+            Ok(WatermarkOutcome::Stale { current }) => {
+                tracing::info!(event_id = %event.event_id, current, created = event.created_at_ms, "stale event dropped");
+                stats.bump(&stats.stale_dropped, "oncegate_stale_dropped_total");
+                finish(shared, &delivery, &lease, None).await;
+                return;
+            }
+            Ok(WatermarkOutcome::Accepted { .. }) => {}
+            Err(error) => {
+                let _ = store.release(&lease).await;
+                let _ = store.retry(delivery.id, shared.now_ms() + 1000).await;
+                tracing::warn!(%error, "watermark failed; retrying later");
+                return;
+            }
+        }
+    }
+    lock(held).insert(delivery.id, lease);
+    let id = format!("msg_{}", delivery.key);
+    let outgoing = Outgoing {
+        id: &id,
+        event,
+        attempt: delivery.attempt,
+    };
+    let result = {
+        let deliver = route.sink.deliver(outgoing);
+        tokio::pin!(deliver);
+        let mut renew = tokio::time::interval(timing.renew_every);
+        renew.tick().await;
+        loop {
+            tokio::select! {
+                result = &mut deliver => break result,
+                _ = renew.tick() => {
+                    if let Ok(FenceCheck::Rejected) = store.renew(&lease, timing.lease).await {
+                        stats.bump(&stats.fenced, "oncegate_fenced_total");
+                    }
+                }
+            }
+        }
+    };
+    lock(held).remove(&delivery.id);
+    match result {
+        Ok(outcome) => {
+            stats.bump(&stats.delivered, "oncegate_delivered_total");
+            finish(shared, &delivery, &lease, outcome).await;
+        }
+        Err(SinkError::Transient(reason))
+            if delivery.attempt + 1 < timing.dispatcher.max_attempts =>
+        {
+            let _ = store.release(&lease).await;
+            let delay = backoff(
+                timing.dispatcher.backoff_base,
+                timing.dispatcher.backoff_max,
+                delivery.attempt,
+            );
+            let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+            tracing::info!(event_id = %event.event_id, attempt = delivery.attempt, %reason, ?delay, "delivery failed; retrying");
+            stats.bump(&stats.retries, "oncegate_retries_total");
+            let _ = store
+                .retry(delivery.id, shared.now_ms().saturating_add(delay_ms))
+                .await;
+        }
+        Err(error) => {
+            let _ = store.release(&lease).await;
+            let reason = match error {
+                SinkError::Transient(reason) => {
+                    format!("gave up after {} attempts: {reason}", delivery.attempt + 1)
+                }
+                SinkError::Permanent(reason) => reason,
+            };
+            tracing::warn!(event_id = %event.event_id, %reason, "dead-lettered");
+            stats.bump(&stats.dead_letters, "oncegate_dead_letters_total");
+            let _ = store.dead_letter(delivery.id, &reason).await;
+        }
+    }
+}
+
+/// Complete (the holder's compare-and-set) and ack.
+async fn finish<S: Store>(
+    shared: &Shared<S>,
+    delivery: &Delivery,
+    lease: &Lease,
+    outcome: Option<bytes::Bytes>,
+) {
+    let stats = &shared.stats;
+    match shared
+        .store
+        .complete(lease, shared.timing.retention, outcome)
+        .await
+    {
+        Ok(FenceCheck::Accepted) => {}
+        Ok(FenceCheck::Rejected) => {
+            stats.bump(&stats.fenced, "oncegate_fenced_total");
+            tracing::warn!(event_id = %delivery.event.event_id, "completion refused: the lease was taken over");
+        }
+        Err(error) => {
+            // Not recorded: after a retry the claim sees Pending again and runs it once more,
+            // with the same idempotency key.
+            tracing::warn!(%error, "complete failed; the event will run again");
+            let _ = shared
+                .store
+                .retry(delivery.id, shared.now_ms() + 1000)
+                .await;
+            return;
+        }
+    }
+    let _ = shared.store.ack(delivery.id).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_with_jitter_and_caps() {
+        let base = Duration::from_secs(1);
+        let max = Duration::from_secs(60);
+        for attempt in 0..10 {
+            let full = (base * 2u32.pow(attempt)).min(max);
+            let delay = backoff(base, max, attempt);
+            assert!(
+                delay >= full / 2 && delay <= full,
+                "attempt {attempt}: {delay:?}"
+            );
+        }
+        assert!(backoff(base, max, 40) <= max);
+    }
+}

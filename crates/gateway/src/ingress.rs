@@ -1,0 +1,261 @@
+//! `POST /webhook/<source>`: guard, decode, admit, answer.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use oncegate_core::replay::ReplayVerdict;
+use oncegate_core::{Admission, Claim, FenceCheck, Store};
+use oncegate_feishu::{Inbound, SignedHeaders, Verified};
+use serde_json::json;
+
+use crate::sink::Outgoing;
+use crate::{Shared, Source};
+
+/// Feishu waits 3 s for a card answer; leave room for the way back.
+const CARD_DEADLINE: Duration = Duration::from_millis(2_500);
+
+pub(crate) fn router<S: Store>(shared: Arc<Shared<S>>) -> Router {
+    Router::new()
+        .route("/webhook/{source}", post(webhook::<S>))
+        .with_state(shared)
+}
+
+fn answer(status: StatusCode, body: serde_json::Value) -> Response {
+    (status, axum::Json(body)).into_response()
+}
+
+fn refuse(status: StatusCode, message: impl Into<String>) -> Response {
+    answer(status, json!({ "error": message.into() }))
+}
+
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+async fn webhook<S: Store>(
+    State(shared): State<Arc<Shared<S>>>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let stats = &shared.stats;
+    stats.bump(&stats.requests, "oncegate_requests_total");
+    let Some(source) = shared.sources.get(&name) else {
+        stats.bump(&stats.bad_requests, "oncegate_bad_requests_total");
+        let mut names: Vec<&str> = shared.sources.keys().map(String::as_str).collect();
+        names.sort_unstable();
+        return refuse(
+            StatusCode::NOT_FOUND,
+            format!("no source named {name:?}; configured: {}", names.join(", ")),
+        );
+    };
+    let body: Bytes = match axum::body::to_bytes(body, shared.body_limit).await {
+        Ok(body) => body,
+        Err(_) => {
+            stats.bump(&stats.bad_requests, "oncegate_bad_requests_total");
+            return refuse(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "body larger than {} bytes (server.body_limit)",
+                    shared.body_limit
+                ),
+            );
+        }
+    };
+    let signed = SignedHeaders {
+        timestamp: header(&headers, oncegate_feishu::HEADER_TIMESTAMP),
+        nonce: header(&headers, oncegate_feishu::HEADER_NONCE),
+        signature: header(&headers, oncegate_feishu::HEADER_SIGNATURE),
+    };
+    let inbound = match source.app.open(signed, &body) {
+        Ok(inbound) => inbound,
+        Err(error) => {
+            stats.bump(&stats.bad_requests, "oncegate_bad_requests_total");
+            metrics::counter!("oncegate_refused_total", "reason" => error.label()).increment(1);
+            let status = StatusCode::from_u16(error.status()).unwrap_or(StatusCode::BAD_REQUEST);
+            return refuse(status, error.to_string());
+        }
+    };
+    if let Inbound::Challenge { challenge } = inbound {
+        stats.bump(&stats.challenges, "oncegate_challenges_total");
+        return answer(StatusCode::OK, json!({ "challenge": challenge }));
+    }
+    // The replay guard runs after the signature: unauthenticated requests never take nonce
+    // memory. A nonce is remembered only once its event is admitted (or known), so a nonce can
+    // never make the gateway drop an event it has not admitted.
+    let now_secs = shared.now_ms() / 1000;
+    let nonce = match check_replay(source, &signed, now_secs) {
+        Ok(nonce) => nonce,
+        Err(response) => {
+            let counter = match response.status() {
+                StatusCode::CONFLICT => &stats.replays_rejected,
+                StatusCode::UNAUTHORIZED => &stats.stale_timestamps,
+                StatusCode::SERVICE_UNAVAILABLE => &stats.store_unavailable,
+                _ => &stats.bad_requests,
+            };
+            stats.bump(counter, "oncegate_guard_refused_total");
+            return response;
+        }
+    };
+    let response = match inbound {
+        Inbound::Event(verified) => admit(&shared, verified).await,
+        Inbound::Card(verified) => card(&shared, verified).await,
+        Inbound::Challenge { .. } => refuse(StatusCode::INTERNAL_SERVER_ERROR, "unreachable"),
+    };
+    if response.status().is_success()
+        && let (Some(nonce), Some(guard)) = (nonce, &source.replay)
+    {
+        lock(guard).remember(nonce, now_secs);
+    }
+    response
+}
+
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Checks timestamp and nonce; returns the nonce to remember after admission.
+#[allow(clippy::result_large_err)]
+fn check_replay<'a>(
+    source: &Source,
+    signed: &SignedHeaders<'a>,
+    now_secs: u64,
+) -> Result<Option<&'a str>, Response> {
+    let Some(guard) = &source.replay else {
+        return Ok(None);
+    };
+    let (Some(timestamp), Some(nonce)) = (signed.timestamp, signed.nonce) else {
+        return Ok(None);
+    };
+    let Ok(timestamp) = timestamp.trim().parse::<u64>() else {
+        return Err(refuse(
+            StatusCode::BAD_REQUEST,
+            format!("X-Lark-Request-Timestamp {timestamp:?} is not unix seconds"),
+        ));
+    };
+    match lock(guard).check(timestamp, nonce, now_secs) {
+        ReplayVerdict::Fresh => Ok(Some(nonce)),
+        ReplayVerdict::Stale { skew_secs } => Err(refuse(
+            StatusCode::UNAUTHORIZED,
+            format!(
+                "request timestamp is {skew_secs} s from now, outside the allowed skew (replay.max_skew)"
+            ),
+        )),
+        ReplayVerdict::Replayed => Err(refuse(
+            StatusCode::CONFLICT,
+            "replayed request: this nonce was already handled within the replay window",
+        )),
+        ReplayVerdict::Saturated => Err(refuse(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too many recent nonces to check (replay.max_nonces); retry later",
+        )),
+    }
+}
+
+async fn admit<S: Store>(shared: &Shared<S>, verified: Verified) -> Response {
+    let stats = &shared.stats;
+    let partition = verified.event.partition(shared.store.partitions());
+    match shared
+        .store
+        .admit(verified.event, &verified.keys, shared.timing.retention)
+        .await
+    {
+        Ok(Admission::Admitted { .. }) => {
+            stats.bump(&stats.admitted, "oncegate_admitted_total");
+            shared.wake(partition);
+            answer(StatusCode::OK, json!({ "msg": "success" }))
+        }
+        Ok(Admission::Duplicate { .. }) => {
+            stats.bump(&stats.duplicates, "oncegate_duplicates_total");
+            answer(
+                StatusCode::OK,
+                json!({ "msg": "success", "duplicate": true }),
+            )
+        }
+        Err(error) => {
+            stats.bump(&stats.store_unavailable, "oncegate_store_unavailable_total");
+            tracing::warn!(%error, "admit failed; answering 503 so that the platform retries");
+            refuse(StatusCode::SERVICE_UNAVAILABLE, error.to_string())
+        }
+    }
+}
+
+/// Card callbacks are synchronous and never re-delivered: claim the event id, ask the route's
+/// sink, store its answer, and return it. A repeated click with the same event id gets the
+/// stored answer, not a second call.
+async fn card<S: Store>(shared: &Shared<S>, verified: Verified) -> Response {
+    let stats = &shared.stats;
+    stats.bump(&stats.cards, "oncegate_cards_total");
+    let Some(route) = shared.route_for(&verified.event.event_type) else {
+        stats.bump(&stats.unrouted, "oncegate_unrouted_total");
+        return answer(StatusCode::OK, json!({}));
+    };
+    let key = verified.keys[0];
+    let claim = match shared.store.claim(&key, CARD_DEADLINE * 2).await {
+        Ok(claim) => claim,
+        Err(error) => return refuse(StatusCode::SERVICE_UNAVAILABLE, error.to_string()),
+    };
+    let lease = match claim {
+        Claim::Acquired(lease) => lease,
+        Claim::Done { outcome } => return stored_answer(outcome),
+        Claim::InFlight { .. } => {
+            return refuse(
+                StatusCode::CONFLICT,
+                "this card action is being answered already",
+            );
+        }
+    };
+    let id = format!("msg_{key}");
+    let outgoing = Outgoing {
+        id: &id,
+        event: &verified.event,
+        attempt: 0,
+    };
+    let result = tokio::time::timeout(CARD_DEADLINE, route.sink.deliver(outgoing)).await;
+    match result {
+        Ok(Ok(outcome)) => {
+            let outcome = outcome.unwrap_or_else(|| Bytes::from_static(b"{}"));
+            if let Ok(FenceCheck::Rejected) = shared
+                .store
+                .complete(&lease, shared.timing.retention, Some(outcome.clone()))
+                .await
+            {
+                stats.bump(&stats.fenced, "oncegate_fenced_total");
+            }
+            stats.bump(&stats.delivered, "oncegate_delivered_total");
+            stored_answer(Some(outcome))
+        }
+        Ok(Err(error)) => {
+            let _ = shared.store.release(&lease).await;
+            refuse(
+                StatusCode::BAD_GATEWAY,
+                format!("card handler failed: {error}"),
+            )
+        }
+        Err(_) => {
+            let _ = shared.store.release(&lease).await;
+            refuse(
+                StatusCode::GATEWAY_TIMEOUT,
+                "card handler did not answer within 2.5 s",
+            )
+        }
+    }
+}
+
+fn stored_answer(outcome: Option<Bytes>) -> Response {
+    let body = outcome.unwrap_or_else(|| Bytes::from_static(b"{}"));
+    (
+        StatusCode::OK,
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        body,
+    )
+        .into_response()
+}

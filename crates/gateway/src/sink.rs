@@ -1,0 +1,308 @@
+//! Where handled events go: an HTTP endpoint (Standard Webhooks), JSON lines, or Rust code.
+
+use std::future::Future;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use bytes::Bytes;
+use hmac::{Hmac, Mac};
+use oncegate_core::Event;
+use sha2::Sha256;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::Mutex;
+
+/// Why a delivery failed, and so what happens next.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SinkError {
+    /// Worth retrying later (timeouts, 408, 429, 5xx, refused connections).
+    #[error("transient: {0}")]
+    Transient(String),
+    /// Will never succeed (other 4xx, a handler's verdict): dead-letter it.
+    #[error("permanent: {0}")]
+    Permanent(String),
+}
+
+/// One delivery as a sink sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Outgoing<'a> {
+    /// Stable across attempts and restarts: the `Idempotency-Key` and `webhook-id`.
+    pub id: &'a str,
+    /// The event.
+    pub event: &'a Event,
+    /// Attempts before this one.
+    pub attempt: u32,
+}
+
+/// The boxed future a sink returns.
+pub type Delivered<'a> =
+    Pin<Box<dyn Future<Output = Result<Option<Bytes>, SinkError>> + Send + 'a>>;
+
+/// A destination for events. `Ok(Some(bytes))` is an answer stored for repeats (card replies).
+pub trait Sink: Send + Sync + 'static {
+    /// Delivers one event.
+    fn deliver<'a>(&'a self, outgoing: Outgoing<'a>) -> Delivered<'a>;
+}
+
+/// Rust code that handles events, for teams that embed oncegate as a library.
+pub trait Handler: Send + Sync + 'static {
+    /// Handles one event. Return `Transient` to be retried, `Permanent` to dead-letter it.
+    fn handle(
+        &self,
+        event: &Event,
+        idempotency_key: &str,
+        attempt: u32,
+    ) -> impl Future<Output = Result<Option<Bytes>, SinkError>> + Send;
+}
+
+/// A [`Handler`] as a [`Sink`].
+#[derive(Debug)]
+pub struct HandlerSink<H>(pub H);
+
+impl<H: Handler> Sink for HandlerSink<H> {
+    fn deliver<'a>(&'a self, outgoing: Outgoing<'a>) -> Delivered<'a> {
+        Box::pin(self.0.handle(outgoing.event, outgoing.id, outgoing.attempt))
+    }
+}
+
+/// The JSON document every sink emits: the event with its oncegate identity.
+pub fn envelope(outgoing: &Outgoing<'_>) -> Vec<u8> {
+    let event = outgoing.event;
+    let payload: serde_json::Value = serde_json::from_slice(&event.payload).unwrap_or_else(|_| {
+        serde_json::Value::String(String::from_utf8_lossy(&event.payload).into_owned())
+    });
+    let doc = serde_json::json!({
+        "id": outgoing.id,
+        "source": &*event.source,
+        "app": &*event.app,
+        "tenant": event.tenant.as_deref(),
+        "event_id": event.event_id,
+        "event_type": &*event.event_type,
+        "created_at_ms": event.created_at_ms,
+        "order_key": event.order_key,
+        "attempt": outgoing.attempt,
+        "payload": payload,
+    });
+    serde_json::to_vec(&doc).unwrap_or_default()
+}
+
+/// POSTs the envelope with Standard Webhooks headers and an `Idempotency-Key`.
+#[derive(Debug)]
+pub struct HttpSink {
+    client: reqwest::Client,
+    url: String,
+    secret: Option<Vec<u8>>,
+    timeout: Duration,
+}
+
+/// Why an HTTP sink could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum SinkSetupError {
+    /// The secret is not `whsec_` + base64.
+    #[error("the webhook secret must be \"whsec_\" followed by base64")]
+    Secret,
+    /// The HTTP client failed to start.
+    #[error("cannot start the HTTP client: {0}")]
+    Client(String),
+    /// The output file cannot be opened.
+    #[error("cannot open {path}: {source}")]
+    File {
+        /// The path.
+        path: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+}
+
+impl HttpSink {
+    /// A sink posting to `url`, signing with `secret` (`whsec_...`) if given.
+    pub fn new(url: &str, secret: Option<&str>, timeout: Duration) -> Result<Self, SinkSetupError> {
+        // reqwest is built without a default crypto provider: use ring (pure Rust and asm, no
+        // C toolchain needed). Installing twice is harmless.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let secret = match secret {
+            Some(secret) => Some(
+                secret
+                    .strip_prefix("whsec_")
+                    .and_then(|b64| STANDARD.decode(b64).ok())
+                    .ok_or(SinkSetupError::Secret)?,
+            ),
+            None => None,
+        };
+        let client = reqwest::Client::builder()
+            .timeout(timeout)
+            .pool_max_idle_per_host(64)
+            .build()
+            .map_err(|error| SinkSetupError::Client(error.to_string()))?;
+        Ok(Self {
+            client,
+            url: url.to_owned(),
+            secret,
+            timeout,
+        })
+    }
+
+    /// `v1,<base64(HMAC-SHA256(key, "{id}.{timestamp}.{body}"))>`.
+    pub fn sign(key: &[u8], id: &str, timestamp: u64, body: &[u8]) -> String {
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(key).unwrap_or_else(|_| {
+            // HMAC takes keys of any length; this cannot happen.
+            <Hmac<Sha256> as Mac>::new_from_slice(&[0]).expect("one-byte HMAC key")
+        });
+        mac.update(id.as_bytes());
+        mac.update(b".");
+        mac.update(timestamp.to_string().as_bytes());
+        mac.update(b".");
+        mac.update(body);
+        format!("v1,{}", STANDARD.encode(mac.finalize().into_bytes()))
+    }
+}
+
+/// How an HTTP status is treated.
+pub fn classify(status: u16) -> Result<(), SinkError> {
+    match status {
+        200..=299 => Ok(()),
+        408 | 429 | 500..=599 => Err(SinkError::Transient(format!(
+            "downstream answered {status}"
+        ))),
+        other => Err(SinkError::Permanent(format!("downstream answered {other}"))),
+    }
+}
+
+impl Sink for HttpSink {
+    fn deliver<'a>(&'a self, outgoing: Outgoing<'a>) -> Delivered<'a> {
+        Box::pin(async move {
+            let body = envelope(&outgoing);
+            let timestamp = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            let mut request = self
+                .client
+                .post(&self.url)
+                .header("content-type", "application/json")
+                .header("idempotency-key", outgoing.id)
+                .header("webhook-id", outgoing.id)
+                .header("webhook-timestamp", timestamp.to_string());
+            if let Some(key) = &self.secret {
+                request = request.header(
+                    "webhook-signature",
+                    Self::sign(key, outgoing.id, timestamp, &body),
+                );
+            }
+            let response = request.body(body).send().await.map_err(|error| {
+                if error.is_timeout() {
+                    SinkError::Transient(format!("no answer within {:?}", self.timeout))
+                } else {
+                    SinkError::Transient(format!("cannot reach {}: {error}", self.url))
+                }
+            })?;
+            let status = response.status().as_u16();
+            classify(status)?;
+            let answer = response
+                .bytes()
+                .await
+                .map_err(|error| SinkError::Transient(format!("reading the answer: {error}")))?;
+            Ok((!answer.is_empty()).then_some(answer))
+        })
+    }
+}
+
+/// Writes one JSON line per event to standard output or a file.
+#[derive(Debug)]
+pub struct LinesSink {
+    out: Mutex<Output>,
+}
+
+#[derive(Debug)]
+enum Output {
+    Stdout(tokio::io::Stdout),
+    File(tokio::fs::File),
+}
+
+impl LinesSink {
+    /// Lines on standard output.
+    pub fn stdout() -> Self {
+        Self {
+            out: Mutex::new(Output::Stdout(tokio::io::stdout())),
+        }
+    }
+
+    /// Lines appended to `path`.
+    pub async fn file(path: &Path) -> Result<Self, SinkSetupError> {
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            tokio::fs::create_dir_all(parent)
+                .await
+                .map_err(|source| SinkSetupError::File {
+                    path: parent.display().to_string(),
+                    source,
+                })?;
+        }
+        let file = tokio::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .await
+            .map_err(|source| SinkSetupError::File {
+                path: path.display().to_string(),
+                source,
+            })?;
+        Ok(Self {
+            out: Mutex::new(Output::File(file)),
+        })
+    }
+}
+
+impl Sink for LinesSink {
+    fn deliver<'a>(&'a self, outgoing: Outgoing<'a>) -> Delivered<'a> {
+        Box::pin(async move {
+            let mut line = envelope(&outgoing);
+            line.push(b'\n');
+            let mut out = self.out.lock().await;
+            let written = match &mut *out {
+                Output::Stdout(stdout) => match stdout.write_all(&line).await {
+                    Ok(()) => stdout.flush().await,
+                    Err(error) => Err(error),
+                },
+                Output::File(file) => match file.write_all(&line).await {
+                    Ok(()) => file.flush().await,
+                    Err(error) => Err(error),
+                },
+            };
+            written.map_err(|error| SinkError::Transient(format!("cannot write: {error}")))?;
+            Ok(None)
+        })
+    }
+}
+
+/// A shared sink.
+pub type SharedSink = Arc<dyn Sink>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The example of the Standard Webhooks specification.
+    #[test]
+    fn standard_webhooks_reference_signature() {
+        let key = STANDARD
+            .decode("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
+            .expect("base64");
+        let body = br#"{"test": 2432232314}"#;
+        assert_eq!(
+            HttpSink::sign(&key, "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, body),
+            "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+        );
+    }
+
+    #[test]
+    fn statuses_are_classified() {
+        assert_eq!(classify(204), Ok(()));
+        assert!(matches!(classify(429), Err(SinkError::Transient(_))));
+        assert!(matches!(classify(503), Err(SinkError::Transient(_))));
+        assert!(matches!(classify(408), Err(SinkError::Transient(_))));
+        assert!(matches!(classify(422), Err(SinkError::Permanent(_))));
+        assert!(matches!(classify(301), Err(SinkError::Permanent(_))));
+    }
+}

@@ -1,0 +1,55 @@
+//! Counters of every layer, kept as atomics for the admin API and mirrored to `metrics`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::Serialize;
+
+macro_rules! counters {
+    ($($name:ident: $doc:literal),* $(,)?) => {
+        /// What the gateway has done since it started.
+        #[derive(Debug, Default)]
+        pub struct Stats {
+            $(#[doc = $doc] pub $name: AtomicU64,)*
+        }
+
+        /// A copy of [`Stats`] at one moment.
+        #[derive(Debug, Clone, Copy, Default, Serialize, serde::Deserialize, PartialEq, Eq)]
+        pub struct StatsSnapshot {
+            $(#[doc = $doc] pub $name: u64,)*
+        }
+
+        impl Stats {
+            /// Reads every counter.
+            pub fn snapshot(&self) -> StatsSnapshot {
+                StatsSnapshot { $($name: self.$name.load(Ordering::Relaxed),)* }
+            }
+        }
+    };
+}
+
+counters! {
+    requests: "Callback requests received.",
+    admitted: "Events admitted (new).",
+    duplicates: "Events answered as duplicates.",
+    challenges: "URL verification challenges answered.",
+    replays_rejected: "Requests refused for a replayed nonce.",
+    stale_timestamps: "Requests refused for a timestamp outside the allowed skew.",
+    bad_requests: "Requests refused for bad input (signature, token, body, envelope, size).",
+    store_unavailable: "Requests answered 503 because the store could not admit.",
+    delivered: "Events handed to a sink successfully.",
+    retries: "Delivery attempts that failed transiently and were scheduled again.",
+    dead_letters: "Events given up after a permanent failure or too many attempts.",
+    stale_dropped: "Events dropped by a route's watermark as older than one already applied.",
+    unrouted: "Events no route matched (acknowledged and dropped).",
+    already_done: "Queue entries whose key was already completed (a crash between complete and ack).",
+    fenced: "Completions or renewals refused because the lease was taken over.",
+    cards: "Card callbacks answered.",
+}
+
+impl Stats {
+    /// Adds one to a counter and to its metric.
+    pub fn bump(&self, counter: &AtomicU64, metric: &'static str) {
+        counter.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(metric).increment(1);
+    }
+}
