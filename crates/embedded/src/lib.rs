@@ -115,6 +115,8 @@ pub(crate) struct Shared {
     /// handed out lives only here: after a restart every unacked entry goes out again.
     pub(crate) order: Box<[Mutex<PartitionIndex>]>,
     pub(crate) next_token: AtomicU64,
+    /// This open's run number: the high bits of every token it grants.
+    pub(crate) run: u64,
     pub(crate) partitions: u16,
     /// Write transactions committed, and requests applied in them: their ratio is the mean
     /// group-commit batch.
@@ -237,6 +239,7 @@ impl<C: Clock + Clone> EmbeddedStore<C> {
             db,
             order,
             next_token: AtomicU64::new(FencingToken::compose(run, 1).0),
+            run,
             partitions,
             commits: AtomicU64::new(0),
             committed_requests: AtomicU64::new(0),

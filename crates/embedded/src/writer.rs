@@ -8,7 +8,7 @@ use std::sync::mpsc::Receiver;
 use bytes::Bytes;
 use oncegate_core::{
     Admission, Claim, Clock, DeadLetter, Event, FenceCheck, FencingToken, KeyHash, Lease, QueueId,
-    Record, StoreError, WatermarkOutcome, transition,
+    Record, RecordState, StoreError, WatermarkOutcome, transition,
 };
 use redb::{ReadableTable, Table, WriteTransaction};
 use tokio::sync::oneshot;
@@ -291,8 +291,22 @@ impl<C: Clock> Writer<C> {
                     reply,
                 } => {
                     let next_token = &self.shared.next_token;
+                    let run = self.shared.run;
                     let result = with_record(&mut tables, &key, |record| {
-                        transition::claim(record, key, now_ms, lease_ms, || {
+                        // The file is locked to one process: a lease granted in an earlier run
+                        // belongs to a process that is gone, so it is over now, not when its
+                        // clock says. A restart resumes at once instead of after the lease.
+                        let record = record.map(|record| match record.state {
+                            RecordState::Processing { token, .. } if token.run() < run => Record {
+                                state: RecordState::Processing {
+                                    token,
+                                    lease_until_ms: 0,
+                                },
+                                expires_at_ms: record.expires_at_ms,
+                            },
+                            _ => record.clone(),
+                        });
+                        transition::claim(record.as_ref(), key, now_ms, lease_ms, || {
                             FencingToken(next_token.fetch_add(1, Ordering::Relaxed))
                         })
                     })?;

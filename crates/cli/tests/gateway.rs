@@ -1,0 +1,773 @@
+//! End to end: the real `oncegate serve` binary, real HTTP in and out, a real downstream.
+
+use std::collections::{HashMap, HashSet};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::http::{HeaderMap, StatusCode};
+
+use oncegate_feishu::FeishuApp;
+
+const APP_ID: &str = "cli_e2e";
+const ENCRYPT_KEY: &str = "e2e-encrypt-key";
+const TOKEN: &str = "e2e-token";
+const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+/// One request the downstream received.
+#[derive(Debug, Clone)]
+struct Got {
+    idempotency_key: String,
+    event_id: String,
+    order_key: Option<String>,
+    attempt: u64,
+    signed: bool,
+}
+
+/// How the downstream answers.
+#[derive(Debug, Default)]
+struct Behavior {
+    /// event id → transient failures still to give.
+    transient: HashMap<String, u32>,
+    /// event ids answered 422.
+    permanent: HashSet<String>,
+    /// Delay before answering.
+    delay: Duration,
+    /// Card replies given so far.
+    cards: u32,
+}
+
+#[derive(Clone, Default)]
+struct Downstream {
+    got: Arc<Mutex<Vec<Got>>>,
+    behavior: Arc<Mutex<Behavior>>,
+}
+
+impl Downstream {
+    async fn start() -> (Self, SocketAddr) {
+        let downstream = Self::default();
+        let state = downstream.clone();
+        let app = Router::new()
+            .route("/events", axum::routing::post(receive))
+            .route("/cards", axum::routing::post(card))
+            .with_state(state);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind downstream");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (downstream, addr)
+    }
+
+    fn got(&self) -> Vec<Got> {
+        self.got.lock().expect("log").clone()
+    }
+
+    fn count(&self, event_id: &str) -> usize {
+        self.got().iter().filter(|g| g.event_id == event_id).count()
+    }
+
+    async fn wait_for(&self, what: &str, done: impl Fn(&[Got]) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if done(&self.got()) {
+                return;
+            }
+            if Instant::now() > deadline {
+                let got = self.got();
+                let ids: Vec<&str> = got
+                    .iter()
+                    .rev()
+                    .take(10)
+                    .map(|g| g.event_id.as_str())
+                    .collect();
+                panic!(
+                    "timed out waiting for {what}; downstream has {} deliveries, the last: {ids:?}",
+                    got.len()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+}
+
+fn verify(headers: &HeaderMap, body: &[u8]) -> bool {
+    use base64::Engine;
+    let get = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let key = base64::engine::general_purpose::STANDARD
+        .decode(&SECRET["whsec_".len()..])
+        .expect("secret");
+    let timestamp: u64 = get("webhook-timestamp").parse().unwrap_or(0);
+    oncegate_gateway::HttpSink::sign(&key, &get("webhook-id"), timestamp, body)
+        == get("webhook-signature")
+}
+
+async fn receive(
+    axum::extract::State(state): axum::extract::State<Downstream>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> StatusCode {
+    let doc: serde_json::Value = serde_json::from_slice(&body).expect("json envelope");
+    let event_id = doc["event_id"].as_str().unwrap_or_default().to_owned();
+    let delay = state.behavior.lock().expect("behavior").delay;
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+    {
+        let mut behavior = state.behavior.lock().expect("behavior");
+        if behavior.permanent.contains(&event_id) {
+            return StatusCode::UNPROCESSABLE_ENTITY;
+        }
+        if let Some(left) = behavior.transient.get_mut(&event_id)
+            && *left > 0
+        {
+            *left -= 1;
+            return StatusCode::SERVICE_UNAVAILABLE;
+        }
+    }
+    state.got.lock().expect("log").push(Got {
+        idempotency_key: headers
+            .get("idempotency-key")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned(),
+        event_id,
+        order_key: doc["order_key"].as_str().map(str::to_owned),
+        attempt: doc["attempt"].as_u64().unwrap_or(0),
+        signed: verify(&headers, &body),
+    });
+    StatusCode::NO_CONTENT
+}
+
+async fn card(
+    axum::extract::State(state): axum::extract::State<Downstream>,
+    body: axum::body::Bytes,
+) -> axum::Json<serde_json::Value> {
+    let doc: serde_json::Value = serde_json::from_slice(&body).expect("json");
+    let n = {
+        let mut behavior = state.behavior.lock().expect("behavior");
+        behavior.cards += 1;
+        behavior.cards
+    };
+    state.got.lock().expect("log").push(Got {
+        idempotency_key: String::new(),
+        event_id: doc["event_id"].as_str().unwrap_or_default().to_owned(),
+        order_key: None,
+        attempt: 0,
+        signed: true,
+    });
+    axum::Json(serde_json::json!({"toast": {"type": "success", "content": format!("answer {n}")}}))
+}
+
+/// A running gateway process.
+struct Gateway {
+    child: Child,
+    url: String,
+    admin: String,
+}
+
+impl Gateway {
+    fn start(dir: &Path, downstream: SocketAddr, watermark: bool) -> Self {
+        let config = dir.join("oncegate.toml");
+        std::fs::write(
+            &config,
+            format!(
+                r#"
+[store]
+path = "{store}"
+partitions = 8
+
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+body_limit = 65536
+
+[dispatcher]
+concurrency = 32
+max_attempts = 3
+backoff_base = "50ms"
+backoff_max = "200ms"
+shutdown_grace = "2s"
+
+[lease]
+duration = "30s"
+renew_every = "5s"
+
+[[source]]
+name = "main"
+platform = "feishu"
+app_id = "{APP_ID}"
+encrypt_key = "{ENCRYPT_KEY}"
+verification_token = "{TOKEN}"
+
+[[route]]
+events = ["card.action.trigger"]
+sink = "http"
+url = "http://{downstream}/cards"
+
+[[route]]
+events = ["*"]
+sink = "http"
+url = "http://{downstream}/events"
+secret = "{SECRET}"
+timeout = "5s"
+watermark = {watermark}
+"#,
+                store = dir.join("store.redb").display(),
+            ),
+        )
+        .expect("write config");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_oncegate"))
+            .args(["serve", "--config"])
+            .arg(&config)
+            .env(
+                "ONCEGATE_LOG",
+                std::env::var("E2E_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start oncegate serve");
+        let mut line = String::new();
+        let stdout = child.stdout.take().expect("stdout");
+        let mut reader = BufReader::new(stdout);
+        reader.read_line(&mut line).expect("first line");
+        // "oncegate listening on http://A (webhooks ...), admin on http://B"
+        let urls: Vec<&str> = line
+            .split_whitespace()
+            .filter(|w| w.starts_with("http://"))
+            .collect();
+        assert_eq!(urls.len(), 2, "unexpected first line: {line:?}");
+        std::thread::spawn(move || for _ in reader.lines() {});
+        Self {
+            child,
+            url: format!("{}/webhook/main", urls[0]),
+            admin: urls[1].to_owned(),
+        }
+    }
+
+    fn kill9(mut self) {
+        self.child.kill().expect("kill -9");
+        self.child.wait().expect("reap");
+    }
+
+    fn stop(mut self) {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        let status = self.child.wait().expect("wait");
+        assert!(status.success(), "graceful stop: {status:?}");
+    }
+
+    async fn stats(&self) -> serde_json::Value {
+        reqwest::get(format!("{}/admin/stats", self.admin))
+            .await
+            .expect("stats")
+            .json()
+            .await
+            .expect("json")
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn app() -> FeishuApp {
+    FeishuApp::new(false, APP_ID, Some(ENCRYPT_KEY.into()), Some(TOKEN.into()))
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn message(event_id: &str, chat: &str, create_ms: u64) -> String {
+    serde_json::json!({
+        "schema": "2.0",
+        "header": {"event_id": event_id, "token": TOKEN, "create_time": create_ms.to_string(),
+                   "event_type": "im.message.receive_v1", "tenant_key": "t", "app_id": APP_ID},
+        "event": {"message": {"message_id": format!("om_{event_id}"), "chat_id": chat, "content": "{\"text\":\"hi\"}"}}
+    })
+    .to_string()
+}
+
+/// A signed request: (body, timestamp, nonce, signature).
+struct Signed {
+    body: Vec<u8>,
+    timestamp: String,
+    nonce: String,
+    signature: String,
+}
+
+fn sign(plain: &str) -> Signed {
+    sign_at(plain, now_secs())
+}
+
+fn sign_at(plain: &str, timestamp: u64) -> Signed {
+    let timestamp = timestamp.to_string();
+    let nonce = format!("{:016x}", fastrand::u64(..));
+    let mut iv = [0u8; 16];
+    fastrand::fill(&mut iv);
+    let (body, signature) = app().seal(plain.as_bytes(), &timestamp, &nonce, iv);
+    Signed {
+        body,
+        timestamp,
+        nonce,
+        signature: signature.expect("signed"),
+    }
+}
+
+async fn post(
+    client: &reqwest::Client,
+    url: &str,
+    signed: &Signed,
+) -> Result<(u16, String), reqwest::Error> {
+    let response = client
+        .post(url)
+        .header("x-lark-request-timestamp", &signed.timestamp)
+        .header("x-lark-request-nonce", &signed.nonce)
+        .header("x-lark-signature", &signed.signature)
+        .body(signed.body.clone())
+        .send()
+        .await?;
+    let status = response.status().as_u16();
+    Ok((status, response.text().await.unwrap_or_default()))
+}
+
+fn client() -> reqwest::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::new()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_concurrent_copies_are_delivered_once() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (downstream, addr) = Downstream::start().await;
+    let gateway = Gateway::start(dir.path(), addr, false);
+    let client = client();
+    // The same request bytes ten times at once (replays), and the same event signed ten times
+    // (platform retries): one delivery each.
+    let replayed = Arc::new(sign(&message("copy-1", "oc_a", 1_000)));
+    let mut tasks = Vec::new();
+    for i in 0..20 {
+        let (client, url, replayed) = (client.clone(), gateway.url.clone(), replayed.clone());
+        tasks.push(tokio::spawn(async move {
+            let request = if i % 2 == 0 {
+                (*replayed).clone_signed()
+            } else {
+                sign(&message("copy-2", "oc_b", 1_000))
+            };
+            post(&client, &url, &request).await.expect("post")
+        }));
+    }
+    for task in tasks {
+        let (status, body) = task.await.expect("task");
+        assert!(status == 200 || status == 409, "{status} {body}");
+    }
+    downstream
+        .wait_for("both events", |got| got.len() >= 2)
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(downstream.count("copy-1"), 1);
+    assert_eq!(downstream.count("copy-2"), 1);
+    let got = downstream.got();
+    assert!(
+        got.iter().all(|g| g.signed),
+        "every delivery verifies as a Standard Webhook"
+    );
+    assert!(got.iter().all(|g| g.idempotency_key.starts_with("msg_")));
+    let stats = gateway.stats().await;
+    assert_eq!(stats["gateway"]["admitted"], 2);
+    assert_eq!(stats["gateway"]["delivered"], 2);
+}
+
+impl Signed {
+    fn clone_signed(&self) -> Signed {
+        Signed {
+            body: self.body.clone(),
+            timestamp: self.timestamp.clone(),
+            nonce: self.nonce.clone(),
+            signature: self.signature.clone(),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_after_a_restart_is_still_dropped() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (downstream, addr) = Downstream::start().await;
+    let client = client();
+    let gateway = Gateway::start(dir.path(), addr, false);
+    let (status, _) = post(
+        &client,
+        &gateway.url,
+        &sign(&message("restart-1", "oc_r", 1_000)),
+    )
+    .await
+    .expect("post");
+    assert_eq!(status, 200);
+    downstream
+        .wait_for("the first delivery", |got| got.len() == 1)
+        .await;
+    gateway.stop();
+    let gateway = Gateway::start(dir.path(), addr, false);
+    let (status, body) = post(
+        &client,
+        &gateway.url,
+        &sign(&message("restart-1", "oc_r", 1_000)),
+    )
+    .await
+    .expect("post");
+    assert_eq!(status, 200);
+    assert!(body.contains("\"duplicate\":true"), "{body}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(downstream.count("restart-1"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_nine_under_load_loses_nothing() {
+    const EVENTS: usize = 300;
+    let dir = tempfile::tempdir().expect("dir");
+    let (downstream, addr) = Downstream::start().await;
+    downstream.behavior.lock().expect("behavior").delay = Duration::from_millis(15);
+    let client = client();
+    let gateway = Gateway::start(dir.path(), addr, false);
+    let url = gateway.url.clone();
+    let acked: Arc<Mutex<HashSet<usize>>> = Arc::default();
+    let sender = {
+        let (client, acked) = (client.clone(), acked.clone());
+        tokio::spawn(async move {
+            let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let mut workers = Vec::new();
+            for _ in 0..16 {
+                let (client, url, acked, next) =
+                    (client.clone(), url.clone(), acked.clone(), next.clone());
+                workers.push(tokio::spawn(async move {
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        if i >= EVENTS {
+                            break;
+                        }
+                        let request = sign(&message(
+                            &format!("load-{i}"),
+                            &format!("oc_{}", i % 7),
+                            1_000 + i as u64,
+                        ));
+                        if let Ok((200, _)) = post(&client, &url, &request).await {
+                            acked.lock().expect("acked").insert(i);
+                        }
+                    }
+                }));
+            }
+            for worker in workers {
+                let _ = worker.await;
+            }
+        })
+    };
+    // Kill while requests are arriving and handlers are running.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while acked.lock().expect("acked").len() < EVENTS / 3 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    gateway.kill9();
+    sender.await.expect("sender");
+    let acked_before: HashSet<usize> = acked.lock().expect("acked").clone();
+    assert!(
+        acked_before.len() >= EVENTS / 3 && acked_before.len() < EVENTS,
+        "the kill should land mid-run: {}",
+        acked_before.len()
+    );
+    // Restart; the platform retries everything it got no 200 for.
+    let gateway = Gateway::start(dir.path(), addr, false);
+    for i in 0..EVENTS {
+        if !acked_before.contains(&i) {
+            let request = sign(&message(
+                &format!("load-{i}"),
+                &format!("oc_{}", i % 7),
+                1_000 + i as u64,
+            ));
+            let (status, body) = post(&client, &gateway.url, &request).await.expect("post");
+            assert_eq!(status, 200, "{body}");
+        }
+    }
+    downstream
+        .wait_for("every event", |got| {
+            let ids: HashSet<&str> = got.iter().map(|g| g.event_id.as_str()).collect();
+            ids.len() == EVENTS
+        })
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let got = downstream.got();
+    let mut keys: HashMap<&str, HashSet<&str>> = HashMap::new();
+    for g in &got {
+        keys.entry(g.event_id.as_str())
+            .or_default()
+            .insert(g.idempotency_key.as_str());
+    }
+    let repeated: Vec<&&str> = keys
+        .keys()
+        .filter(|id| got.iter().filter(|g| g.event_id == ***id).count() > 1)
+        .collect();
+    // Only handlers running at the kill can run twice: at most the dispatcher's concurrency.
+    assert!(
+        repeated.len() <= 32,
+        "{} events delivered twice",
+        repeated.len()
+    );
+    assert!(
+        keys.values().all(|k| k.len() == 1),
+        "a repeat carries the same Idempotency-Key"
+    );
+    eprintln!(
+        "kill -9: {} acked before the kill, {} deliveries, {} events delivered twice",
+        acked_before.len(),
+        got.len(),
+        repeated.len()
+    );
+    drop(gateway);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_chat_order_holds_under_concurrency() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (downstream, addr) = Downstream::start().await;
+    downstream.behavior.lock().expect("behavior").delay = Duration::from_millis(3);
+    let client = client();
+    let gateway = Gateway::start(dir.path(), addr, false);
+    let mut chats = Vec::new();
+    for chat in 0..6 {
+        let (client, url) = (client.clone(), gateway.url.clone());
+        chats.push(tokio::spawn(async move {
+            for n in 0..15u64 {
+                let request = sign(&message(
+                    &format!("order-{chat}-{n}"),
+                    &format!("oc_order{chat}"),
+                    1_000 + n,
+                ));
+                let (status, _) = post(&client, &url, &request).await.expect("post");
+                assert_eq!(status, 200);
+            }
+        }));
+    }
+    for chat in chats {
+        chat.await.expect("chat");
+    }
+    downstream
+        .wait_for("90 deliveries", |got| got.len() >= 90)
+        .await;
+    let got = downstream.got();
+    for chat in 0..6 {
+        let seen: Vec<String> = got
+            .iter()
+            .filter(|g| g.order_key.as_deref() == Some(&format!("oc_order{chat}")))
+            .map(|g| g.event_id.clone())
+            .collect();
+        let expected: Vec<String> = (0..15).map(|n| format!("order-{chat}-{n}")).collect();
+        assert_eq!(seen, expected, "chat {chat}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_event_is_dropped_where_the_route_says_so() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (downstream, addr) = Downstream::start().await;
+    let client = client();
+    let gateway = Gateway::start(dir.path(), addr, true);
+    for (id, created) in [("wm-new", 5_000u64), ("wm-old", 1_000), ("wm-newer", 9_000)] {
+        let (status, _) = post(&client, &gateway.url, &sign(&message(id, "oc_wm", created)))
+            .await
+            .expect("post");
+        assert_eq!(status, 200);
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    downstream
+        .wait_for("two deliveries", |got| got.len() >= 2)
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let ids: Vec<String> = downstream
+        .got()
+        .iter()
+        .map(|g| g.event_id.clone())
+        .collect();
+    assert_eq!(ids, vec!["wm-new", "wm-newer"]);
+    assert_eq!(gateway.stats().await["gateway"]["stale_dropped"], 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transient_failures_retry_and_permanent_ones_are_dead_lettered() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (downstream, addr) = Downstream::start().await;
+    {
+        let mut behavior = downstream.behavior.lock().expect("behavior");
+        behavior.transient.insert("flaky".into(), 2);
+        behavior.transient.insert("down".into(), 100);
+        behavior.permanent.insert("bad".into());
+    }
+    let client = client();
+    let gateway = Gateway::start(dir.path(), addr, false);
+    for (id, chat) in [
+        ("flaky", "oc_1"),
+        ("bad", "oc_2"),
+        ("down", "oc_3"),
+        ("after-bad", "oc_2"),
+    ] {
+        let (status, _) = post(&client, &gateway.url, &sign(&message(id, chat, 1_000)))
+            .await
+            .expect("post");
+        assert_eq!(status, 200);
+    }
+    downstream
+        .wait_for("flaky and after-bad", |got| {
+            got.iter().any(|g| g.event_id == "flaky")
+                && got.iter().any(|g| g.event_id == "after-bad")
+        })
+        .await;
+    let flaky: Vec<Got> = downstream
+        .got()
+        .into_iter()
+        .filter(|g| g.event_id == "flaky")
+        .collect();
+    assert_eq!(flaky.len(), 1);
+    assert_eq!(flaky[0].attempt, 2, "delivered on the third attempt");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let letters = loop {
+        let letters: serde_json::Value =
+            reqwest::get(format!("{}/admin/dead-letters", gateway.admin))
+                .await
+                .expect("get")
+                .json()
+                .await
+                .expect("json");
+        if letters.as_array().is_some_and(|l| l.len() >= 2) || Instant::now() > deadline {
+            break letters;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let letters = letters.as_array().expect("array");
+    let reason = |id: &str| {
+        letters
+            .iter()
+            .find(|l| l["event_id"] == id)
+            .map(|l| l["reason"].as_str().unwrap_or_default().to_owned())
+    };
+    assert!(
+        reason("bad").expect("bad is dead").contains("422"),
+        "{letters:?}"
+    );
+    let down = reason("down").expect("down is dead");
+    assert!(
+        down.contains("gave up after 3 attempts") && down.contains("503"),
+        "{down}"
+    );
+    let stats = gateway.stats().await;
+    assert_eq!(stats["gateway"]["dead_letters"], 2);
+    assert_eq!(downstream.count("bad"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_bad_input_gets_its_status() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (_downstream, addr) = Downstream::start().await;
+    let client = client();
+    let gateway = Gateway::start(dir.path(), addr, false);
+    let good = sign(&message("good", "oc", 1_000));
+    let status = |r: Result<(u16, String), reqwest::Error>| r.expect("post");
+
+    let mut forged = good.clone_signed();
+    forged.signature = "0".repeat(64);
+    let (code, body) = status(post(&client, &gateway.url, &forged).await);
+    assert_eq!(code, 401, "{body}");
+    assert!(body.contains("signature mismatch"), "{body}");
+
+    let wrong_token = sign(&message("tok", "oc", 1_000).replace(TOKEN, "not-the-token"));
+    let (code, body) = status(post(&client, &gateway.url, &wrong_token).await);
+    assert_eq!(
+        (code, body.contains("verification token")),
+        (401, true),
+        "{body}"
+    );
+
+    let garbage = sign("this is not json");
+    let (code, body) = status(post(&client, &gateway.url, &garbage).await);
+    assert_eq!((code, body.contains("not JSON")), (400, true), "{body}");
+
+    let unknown = sign(r#"{"hello":"world"}"#);
+    let (code, body) = status(post(&client, &gateway.url, &unknown).await);
+    assert_eq!(
+        (code, body.contains("unknown envelope")),
+        (400, true),
+        "{body}"
+    );
+
+    let huge = sign(&message(&"x".repeat(70_000), "oc", 1_000));
+    let (code, body) = status(post(&client, &gateway.url, &huge).await);
+    assert_eq!((code, body.contains("body_limit")), (413, true), "{body}");
+
+    let stale = sign_at(&message("stale", "oc", 1_000), now_secs() - 3_600);
+    let (code, body) = status(post(&client, &gateway.url, &stale).await);
+    assert_eq!((code, body.contains("skew")), (401, true), "{body}");
+
+    let (code, body) = status(post(&client, &gateway.url.replace("/main", "/nope"), &good).await);
+    assert_eq!(
+        (code, body.contains("configured: main")),
+        (404, true),
+        "{body}"
+    );
+
+    let (code, _) = status(post(&client, &gateway.url, &good).await);
+    assert_eq!(code, 200);
+    let (code, body) = status(post(&client, &gateway.url, &good).await);
+    assert_eq!((code, body.contains("replayed")), (409, true), "{body}");
+
+    let stats = gateway.stats().await;
+    assert_eq!(stats["gateway"]["bad_requests"], 6);
+    assert_eq!(stats["gateway"]["stale_timestamps"], 1);
+    assert_eq!(stats["gateway"]["replays_rejected"], 1);
+    assert_eq!(stats["gateway"]["admitted"], 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_card_click_gets_the_first_answer() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (downstream, addr) = Downstream::start().await;
+    let client = client();
+    let gateway = Gateway::start(dir.path(), addr, false);
+    let click = serde_json::json!({
+        "schema": "2.0",
+        "header": {"event_id": "card-1", "token": TOKEN, "create_time": "1603977298000000", "event_type": "card.action.trigger", "app_id": APP_ID},
+        "event": {"action": {"value": {"k": "v"}}, "context": {"open_chat_id": "oc_c", "open_message_id": "om_c"}}
+    })
+    .to_string();
+    let (code, first) = post(&client, &gateway.url, &sign(&click))
+        .await
+        .expect("post");
+    assert_eq!(code, 200, "{first}");
+    assert!(first.contains("answer 1"), "{first}");
+    let (code, second) = post(&client, &gateway.url, &sign(&click))
+        .await
+        .expect("post");
+    assert_eq!(code, 200);
+    assert_eq!(second, first, "the stored answer, not a second call");
+    assert_eq!(downstream.count("card-1"), 1);
+    let other = click.replace("card-1", "card-2");
+    let (_, third) = post(&client, &gateway.url, &sign(&other))
+        .await
+        .expect("post");
+    assert!(third.contains("answer 2"), "{third}");
+}
