@@ -1,0 +1,177 @@
+//! When the store cannot admit, the gateway answers 503 and records nothing; the platform's
+//! retry after the outage is admitted once.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use oncegate_core::{
+    Admission, Claim, DeadLetter, DedupStore, Delivery, Event, EventQueue, FenceCheck, KeyHash,
+    Lease, QueueId, Record, StoreError, StoreStats, SystemClock, WatermarkOutcome, WatermarkStore,
+};
+use oncegate_feishu::FeishuApp;
+use oncegate_gateway::{Gateway, GatewayParts, Handler, HandlerSink, SinkError, Timing};
+use oncegate_memory::{MemoryConfig, MemoryStore};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// A real memory store whose admits can be switched off, as an unreachable store would refuse.
+struct Switchable {
+    inner: MemoryStore,
+    down: AtomicBool,
+}
+
+impl DedupStore for Switchable {
+    async fn admit(
+        &self,
+        event: Event,
+        keys: &[KeyHash],
+        retention: Duration,
+    ) -> Result<Admission, StoreError> {
+        if self.down.load(Ordering::SeqCst) {
+            return Err(StoreError::Unavailable("switched off by the test".into()));
+        }
+        self.inner.admit(event, keys, retention).await
+    }
+    async fn claim(&self, key: &KeyHash, lease: Duration) -> Result<Claim, StoreError> {
+        self.inner.claim(key, lease).await
+    }
+    async fn renew(&self, lease: &Lease, extend: Duration) -> Result<FenceCheck, StoreError> {
+        self.inner.renew(lease, extend).await
+    }
+    async fn complete(
+        &self,
+        lease: &Lease,
+        retention: Duration,
+        outcome: Option<Bytes>,
+    ) -> Result<FenceCheck, StoreError> {
+        self.inner.complete(lease, retention, outcome).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<FenceCheck, StoreError> {
+        self.inner.release(lease).await
+    }
+    async fn record(&self, key: &KeyHash) -> Result<Option<Record>, StoreError> {
+        self.inner.record(key).await
+    }
+    async fn stats(&self) -> Result<StoreStats, StoreError> {
+        self.inner.stats().await
+    }
+}
+
+impl EventQueue for Switchable {
+    fn partitions(&self) -> u16 {
+        self.inner.partitions()
+    }
+    async fn pull(&self, partition: u16, max: usize) -> Result<Vec<Delivery>, StoreError> {
+        self.inner.pull(partition, max).await
+    }
+    async fn ack(&self, id: QueueId) -> Result<bool, StoreError> {
+        self.inner.ack(id).await
+    }
+    async fn retry(&self, id: QueueId, not_before_ms: u64) -> Result<bool, StoreError> {
+        self.inner.retry(id, not_before_ms).await
+    }
+    async fn dead_letter(&self, id: QueueId, reason: &str) -> Result<bool, StoreError> {
+        self.inner.dead_letter(id, reason).await
+    }
+    async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
+        self.inner.dead_letters(limit).await
+    }
+}
+
+impl WatermarkStore for Switchable {
+    async fn advance_watermark(
+        &self,
+        scope: &KeyHash,
+        value: u64,
+        retention: Duration,
+    ) -> Result<WatermarkOutcome, StoreError> {
+        self.inner.advance_watermark(scope, value, retention).await
+    }
+}
+
+struct Count(Arc<AtomicUsize>);
+
+impl Handler for Count {
+    async fn handle(&self, _: &Event, _: &str, _: u32) -> Result<Option<Bytes>, SinkError> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Ok(None)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unavailable_store_gets_503_and_the_retry_is_admitted_once() {
+    let app = FeishuApp::new(false, "cli_outage", Some("k".into()), None);
+    let store = Switchable {
+        inner: MemoryStore::with_clock(MemoryConfig::default(), SystemClock),
+        down: AtomicBool::new(true),
+    };
+    let handled = Arc::new(AtomicUsize::new(0));
+    let gateway = Gateway::new(
+        store,
+        GatewayParts {
+            sources: vec![("s".into(), app.clone())],
+            replay: Some((Duration::from_secs(300), 1000)),
+            timing: Timing::default(),
+            body_limit: 1 << 16,
+            admin_token: None,
+        },
+    )
+    .route(&["*"], Arc::new(HandlerSink(Count(handled.clone()))), false)
+    .expect("route");
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let admin = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}/webhook/s", listener.local_addr().expect("addr"));
+    let shutdown = CancellationToken::new();
+    let serving = {
+        let (gateway, shutdown) = (gateway.clone(), shutdown.clone());
+        tokio::spawn(async move { gateway.serve(listener, admin, shutdown).await })
+    };
+    let dispatching = {
+        let (gateway, shutdown) = (gateway.clone(), shutdown.clone());
+        tokio::spawn(async move { gateway.dispatch(shutdown).await })
+    };
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = reqwest::Client::new();
+    let message = r#"{"schema":"2.0","header":{"event_id":"ev_outage","event_type":"im.chat.updated_v1","create_time":"1700000000000"},"event":{"chat_id":"oc_1"}}"#;
+    let send = |nonce: &'static str| {
+        let (client, url, app) = (client.clone(), url.clone(), app.clone());
+        async move {
+            let timestamp = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("time")
+                .as_secs()
+                .to_string();
+            let (body, signature) = app.seal(message.as_bytes(), &timestamp, nonce, [1; 16]);
+            let response = client
+                .post(&url)
+                .header("x-lark-request-timestamp", &timestamp)
+                .header("x-lark-request-nonce", nonce)
+                .header("x-lark-signature", signature.expect("signed"))
+                .body(body)
+                .send()
+                .await
+                .expect("send");
+            (
+                response.status().as_u16(),
+                response.text().await.expect("text"),
+            )
+        }
+    };
+    let (status, body) = send("n1").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("retry later"), "{body}");
+    assert_eq!(gateway.stats().store_unavailable, 1);
+    // Nothing was recorded: not even the nonce, so the platform's retry with it is not a replay.
+    gateway.store().down.store(false, Ordering::SeqCst);
+    let (status, body) = send("n1").await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = send("n2").await;
+    assert_eq!((status, body.contains("duplicate")), (200, true), "{body}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(handled.load(Ordering::SeqCst), 1);
+    shutdown.cancel();
+    serving.await.expect("join").expect("serve");
+    dispatching.await.expect("join");
+}
