@@ -45,6 +45,10 @@ struct Args {
     /// Run only one side of the throughput comparisons (for profiling): ours or baseline.
     #[arg(long)]
     side: Option<String>,
+    /// Serve a bare HTTP endpoint on this address that answers every POST with 200 and does
+    /// nothing else: the ceiling for the gateway benchmark (`scripts/bench-gateway`).
+    #[arg(long)]
+    bare_server: Option<String>,
     /// Internal: measure memory per key in a fresh process.
     #[arg(long, hide = true)]
     child: Option<String>,
@@ -424,6 +428,24 @@ fn embedded_admits(
     })
 }
 
+/// Answers every `POST /webhook/{source}` with the gateway's success body, and nothing more.
+fn bare_server(address: &str) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(THREADS as usize)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let app = axum::Router::new().route(
+            "/webhook/{source}",
+            axum::routing::post(|_body: axum::body::Bytes| async { "{\"msg\":\"success\"}" }),
+        );
+        let listener = tokio::net::TcpListener::bind(address).await?;
+        println!("bare server on http://{}", listener.local_addr()?);
+        axum::serve(listener, app).await?;
+        Ok(())
+    })
+}
+
 fn row(name: &str, ours: f64, base: f64, unit: &str, target: &str) {
     let ratio = if unit == "B/key" {
         base / ours
@@ -452,6 +474,9 @@ fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     if let Some(which) = &args.child {
         return child_memory(which, args.keys);
+    }
+    if let Some(address) = &args.bare_server {
+        return bare_server(address);
     }
     let wants = |part: &str| args.only.is_empty() || args.only.iter().any(|p| p == part);
     println!(

@@ -33,9 +33,14 @@ pub(crate) async fn serve(config_path: Option<&Path>) -> anyhow::Result<()> {
     match config.store.backend {
         Backend::Embedded => {
             let path = config.store.embedded_path();
+            let defaults = EmbeddedConfig::at(&path);
             let store = EmbeddedStore::open(EmbeddedConfig {
                 partitions: config.store.partitions,
-                ..EmbeddedConfig::at(&path)
+                cache_bytes: config
+                    .store
+                    .cache_mb
+                    .map_or(defaults.cache_bytes, |mb| (mb as usize) << 20),
+                ..defaults
             })?;
             tracing::info!(path = %path.display(), "embedded store open");
             run(&config, store, render).await

@@ -183,6 +183,8 @@ pub struct StoreConfig {
     pub partitions: u16,
     /// The memory backend's bound on records.
     pub max_records: Option<u64>,
+    /// The embedded store's page cache, in MiB.
+    pub cache_mb: Option<u64>,
 }
 
 impl Default for StoreConfig {
@@ -193,6 +195,7 @@ impl Default for StoreConfig {
             url: None,
             partitions: 16,
             max_records: None,
+            cache_mb: None,
         }
     }
 }
@@ -271,7 +274,7 @@ impl Default for ReplayConfig {
         Self {
             enabled: true,
             max_skew: Duration::from_secs(300),
-            max_nonces: 100_000,
+            max_nonces: 1_000_000,
         }
     }
 }

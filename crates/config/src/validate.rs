@@ -181,6 +181,13 @@ pub fn validate(config: &Config) -> Vec<Problem> {
                     "set, but backend = \"memory\" uses no server".into(),
                 );
             }
+            if config.store.cache_mb.is_some() {
+                report(
+                    Severity::Error,
+                    "store.cache_mb",
+                    "applies to the embedded backend only".into(),
+                );
+            }
             if config.store.max_records == Some(0) {
                 report(
                     Severity::Error,
@@ -190,6 +197,13 @@ pub fn validate(config: &Config) -> Vec<Problem> {
             }
         }
         Backend::Embedded => {
+            if config.store.cache_mb == Some(0) {
+                report(
+                    Severity::Error,
+                    "store.cache_mb",
+                    "a zero cache reads every page from disk; leave it out for 64".into(),
+                );
+            }
             if config.store.url.is_some() {
                 report(
                     Severity::Error,

@@ -403,6 +403,47 @@ pub fn completed_records_expire_after_retention<S: Store>(make: impl Fn(ManualCl
     });
 }
 
+/// `complete_and_ack` records the outcome and takes the event out of the queue; with a stale
+/// lease it changes no record but still removes the caller's handed-out entry.
+pub fn complete_and_ack_is_one_step<S: Store>(make: impl Fn(ManualClock) -> S) {
+    let clock = clock();
+    let store = make(clock.clone());
+    block_on(async {
+        let ids = futures_in_order(&store, &["ca1", "ca2"], Some("chat-ca")).await;
+        let partition = ids[0].partition;
+        let out = store.pull(partition, 10).await.expect("pull");
+        assert_eq!(out.len(), 1);
+        let lease = lease_of(store.claim(&out[0].key, LEASE).await.expect("claim"));
+        let outcome = Some(Bytes::from_static(b"done"));
+        assert_eq!(
+            store
+                .complete_and_ack(&lease, DAY, outcome.clone(), out[0].id)
+                .await
+                .expect("complete and ack"),
+            FenceCheck::Accepted
+        );
+        assert_eq!(
+            store.claim(&key("ca1"), LEASE).await.expect("claim"),
+            Claim::Done { outcome }
+        );
+        assert!(!store.ack(ids[0]).await.expect("ack"), "already acked");
+        // The next event of the chat is free now.
+        let next = store.pull(partition, 10).await.expect("pull");
+        assert_eq!(next[0].id, ids[1]);
+        let first = lease_of(store.claim(&next[0].key, LEASE).await.expect("claim"));
+        clock.advance_ms(30_000);
+        let _second = lease_of(store.claim(&next[0].key, LEASE).await.expect("claim"));
+        assert_eq!(
+            store
+                .complete_and_ack(&first, DAY, None, next[0].id)
+                .await
+                .expect("complete and ack"),
+            FenceCheck::Rejected
+        );
+        assert_eq!(store.stats().await.expect("stats").queued, 0);
+    });
+}
+
 /// Events come out in queue order; an event waits while an earlier one of its order key is out.
 pub fn queue_hands_out_in_order_per_key<S: Store>(make: impl Fn(ManualClock) -> S) {
     let store = make(clock());

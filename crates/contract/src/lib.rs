@@ -71,6 +71,7 @@ macro_rules! contract_suite {
             renew_extends_only_the_current_lease,
             tokens_increase_with_every_grant,
             completed_records_expire_after_retention,
+            complete_and_ack_is_one_step,
             queue_hands_out_in_order_per_key,
             queue_retry_waits_and_counts_attempts,
             queue_dead_letters_keep_the_reason,

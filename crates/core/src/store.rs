@@ -80,8 +80,28 @@ pub trait DedupStore: Send + Sync + 'static {
         key: &KeyHash,
     ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;
 
-    /// Counts by state, for operators and metrics.
+    /// Counts by state, for operators and metrics. Cheap enough to poll.
     fn stats(&self) -> impl Future<Output = Result<StoreStats, StoreError>> + Send;
+
+    /// `complete`, then ack the handed-out queue entry `id` whatever the fence said (the entry
+    /// was handed to this caller). Backends that can do both in one step override it: one write
+    /// instead of two, and no moment where the key is done but its event still queued.
+    fn complete_and_ack(
+        &self,
+        lease: &Lease,
+        retention: Duration,
+        outcome: Option<Bytes>,
+        id: QueueId,
+    ) -> impl Future<Output = Result<FenceCheck, StoreError>> + Send
+    where
+        Self: EventQueue + Sized,
+    {
+        async move {
+            let fence = self.complete(lease, retention, outcome).await?;
+            self.ack(id).await?;
+            Ok(fence)
+        }
+    }
 }
 
 /// The durable queue of admitted events, split into partitions by order key.

@@ -53,6 +53,8 @@ pub struct EmbeddedConfig {
     pub partitions: u16,
     /// The most requests applied in one write transaction. 1 turns group commit off.
     pub max_batch: usize,
+    /// redb's page cache, in bytes: the bound on the store's memory beyond the queue index.
+    pub cache_bytes: usize,
 }
 
 impl EmbeddedConfig {
@@ -62,6 +64,7 @@ impl EmbeddedConfig {
             path: path.into(),
             partitions: 16,
             max_batch: 1024,
+            cache_bytes: 64 << 20,
         }
     }
 }
@@ -124,6 +127,18 @@ pub(crate) struct Shared {
     pub(crate) committed_requests: AtomicU64,
     /// Nanoseconds spent in commits (the fsync is in there).
     pub(crate) commit_nanos: AtomicU64,
+    /// Records held per state (pending, processing, completed), counted once on open and kept
+    /// up to date by the writer after each commit, so that stats cost no scan.
+    pub(crate) counts: [AtomicU64; 3],
+}
+
+/// The slot of a state in [`Shared::counts`].
+pub(crate) fn state_index(state: &RecordState) -> usize {
+    match state {
+        RecordState::Pending => 0,
+        RecordState::Processing { .. } => 1,
+        RecordState::Completed { .. } => 2,
+    }
 }
 
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -183,6 +198,7 @@ impl<C: Clock + Clone> EmbeddedStore<C> {
         }
         let db = redb::Builder::new()
             .set_concurrency_mode(redb::ConcurrencyMode::SingleWriter)
+            .set_cache_size(config.cache_bytes)
             .create(&path)
             .map_err(|error| match error {
                 redb::DatabaseError::DatabaseAlreadyOpen => {
@@ -235,6 +251,10 @@ impl<C: Clock + Clone> EmbeddedStore<C> {
             path: path.clone(),
             message: error.to_string(),
         })?;
+        let counts = count_states(&db).map_err(|error| OpenError::Database {
+            path: path.clone(),
+            message: error.to_string(),
+        })?;
         let shared = Arc::new(Shared {
             db,
             order,
@@ -244,6 +264,7 @@ impl<C: Clock + Clone> EmbeddedStore<C> {
             commits: AtomicU64::new(0),
             committed_requests: AtomicU64::new(0),
             commit_nanos: AtomicU64::new(0),
+            counts: counts.map(AtomicU64::new),
         });
         let (commands, receiver) = mpsc::channel();
         let writer = Writer::new(
@@ -404,38 +425,49 @@ impl<C: Clock + Clone> DedupStore for EmbeddedStore<C> {
     }
 
     async fn stats(&self) -> Result<StoreStats, StoreError> {
-        let now_ms = self.clock.now_ms();
         let in_flight = self
             .shared
             .order
             .iter()
             .map(|order| lock(order).in_flight() as u64)
             .sum();
-        let mut stats = StoreStats {
+        let queued = self
+            .shared
+            .order
+            .iter()
+            .map(|order| lock(order).len() as u64)
+            .sum();
+        let dead_letters = self.read(|txn| Ok(txn.open_table(DEAD)?.len()?))?;
+        let count = |i: usize| self.shared.counts[i].load(std::sync::atomic::Ordering::Relaxed);
+        Ok(StoreStats {
+            pending: count(0),
+            processing: count(1),
+            completed: count(2),
+            queued,
             in_flight,
-            ..StoreStats::default()
-        };
-        let raw = self.read(|txn| {
-            let records = txn.open_table(RECORDS)?;
-            let mut raw = Vec::new();
-            for entry in records.iter()? {
-                raw.push(entry?.1.value().to_vec());
-            }
-            stats.queued = txn.open_table(QUEUE)?.len()?;
-            stats.dead_letters = txn.open_table(DEAD)?.len()?;
-            Ok(raw)
-        })?;
-        for bytes in raw {
-            let record: Record = decode(&bytes)?;
-            if record.is_live(now_ms) {
-                match record.state {
-                    RecordState::Pending => stats.pending += 1,
-                    RecordState::Processing { .. } => stats.processing += 1,
-                    RecordState::Completed { .. } => stats.completed += 1,
-                }
-            }
+            dead_letters,
+            evicted_early: 0,
+        })
+    }
+
+    async fn complete_and_ack(
+        &self,
+        lease: &Lease,
+        retention: Duration,
+        outcome: Option<Bytes>,
+        id: QueueId,
+    ) -> Result<FenceCheck, StoreError> {
+        if !self.is_in_flight(id) {
+            return self.complete(lease, retention, outcome).await;
         }
-        Ok(stats)
+        self.send(|reply| Command::CompleteAck {
+            lease: *lease,
+            retention_ms: millis(retention),
+            outcome,
+            id,
+            reply,
+        })
+        .await
     }
 }
 
@@ -535,6 +567,20 @@ impl<C: Clock + Clone> WatermarkStore for EmbeddedStore<C> {
         })
         .await
     }
+}
+
+/// Counts the stored records per state, once, on open.
+fn count_states(db: &Database) -> Result<[u64; 3], StoreError> {
+    let txn = db.begin_read().map_err(unavailable)?;
+    let records = txn.open_table(RECORDS).map_err(unavailable)?;
+    let mut counts = [0u64; 3];
+    for entry in records.iter().map_err(unavailable)? {
+        let (_, value) = entry.map_err(unavailable)?;
+        if let Ok(record) = decode::<Record>(value.value()) {
+            counts[state_index(&record.state)] += 1;
+        }
+    }
+    Ok(counts)
 }
 
 /// Rebuilds every partition's hand-out order from the queue table.

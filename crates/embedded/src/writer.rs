@@ -53,6 +53,13 @@ pub(crate) enum Command {
         lease: Lease,
         reply: Reply<FenceCheck>,
     },
+    CompleteAck {
+        lease: Lease,
+        retention_ms: u64,
+        outcome: Option<Bytes>,
+        id: QueueId,
+        reply: Reply<FenceCheck>,
+    },
     Ack {
         id: QueueId,
         reply: Reply<bool>,
@@ -108,6 +115,26 @@ fn answer_admit(
     })
 }
 
+/// A completion with its ack: once committed, the entry leaves the hand-out order.
+fn answer_complete_ack(
+    reply: Reply<FenceCheck>,
+    id: QueueId,
+    removed: bool,
+    result: Result<FenceCheck, StoreError>,
+) -> Finish {
+    Box::new(move |shared, failed| {
+        let _ = reply.send(match failed {
+            Some(error) => Err(unavailable(error)),
+            None => {
+                if removed && let Some(order) = shared.order.get(usize::from(id.partition)) {
+                    lock(order).remove(id.seq);
+                }
+                result
+            }
+        });
+    })
+}
+
 /// What a committed queue change does to the hand-out order.
 #[derive(Clone, Copy)]
 enum Then {
@@ -142,6 +169,8 @@ fn answer_queue(
 }
 
 struct Tables<'t> {
+    /// Records gained (+) or lost (-) per state in this batch: pending, processing, completed.
+    deltas: [i64; 3],
     records: Table<'t, &'static [u8; 16], &'static [u8]>,
     expiry: Table<'t, (u64, &'static [u8; 16]), ()>,
     queue: Table<'t, u64, &'static [u8]>,
@@ -220,12 +249,16 @@ impl<C: Clock> Writer<C> {
         let txn = self.shared.db.begin_write().map_err(unavailable)?;
         let now_ms = self.clock.now_ms();
         let requests = batch.len() as u64;
-        let applied = self.apply_commands(&txn, batch, now_ms, finishes);
+        let mut deltas = [0i64; 3];
+        let applied = self.apply_commands(&txn, batch, now_ms, finishes, &mut deltas);
         match applied {
             Ok(()) => {
                 let started = std::time::Instant::now();
                 txn.commit().map_err(unavailable)?;
                 let shared = &self.shared;
+                for (count, delta) in shared.counts.iter().zip(deltas) {
+                    count.fetch_add(delta as u64, Ordering::Relaxed);
+                }
                 shared.commits.fetch_add(1, Ordering::Relaxed);
                 shared
                     .committed_requests
@@ -248,6 +281,7 @@ impl<C: Clock> Writer<C> {
         batch: Vec<Command>,
         now_ms: u64,
         finishes: &mut Vec<Finish>,
+        deltas: &mut [i64; 3],
     ) -> Result<(), StoreError> {
         let mut meta = txn.open_table(META).map_err(unavailable)?;
         let mut next_seq = meta
@@ -260,6 +294,7 @@ impl<C: Clock> Writer<C> {
             .map_or(0, |v| v.value());
         let (seq_before, dead_before) = (next_seq, next_dead);
         let mut tables = Tables {
+            deltas: [0; 3],
             records: txn.open_table(RECORDS).map_err(unavailable)?,
             expiry: txn.open_table(EXPIRY).map_err(unavailable)?,
             queue: txn.open_table(QUEUE).map_err(unavailable)?,
@@ -333,6 +368,19 @@ impl<C: Clock> Writer<C> {
                     })?;
                     answer(reply, result)
                 }
+                Command::CompleteAck {
+                    lease,
+                    retention_ms,
+                    outcome,
+                    id,
+                    reply,
+                } => {
+                    let result = with_record(&mut tables, &lease.key, |record| {
+                        transition::complete(record, &lease, now_ms, retention_ms, outcome)
+                    })?;
+                    let removed = tables.queue.remove(id.seq).map_err(unavailable)?.is_some();
+                    answer_complete_ack(reply, id, removed, result)
+                }
                 Command::Release { lease, reply } => {
                     let result = with_record(&mut tables, &lease.key, |record| {
                         transition::release(record, &lease, now_ms)
@@ -368,6 +416,7 @@ impl<C: Clock> Writer<C> {
             finishes.push(finish);
         }
         sweep(&mut tables, now_ms)?;
+        *deltas = tables.deltas;
         if next_seq != seq_before {
             meta.insert("seq", next_seq).map_err(unavailable)?;
         }
@@ -466,6 +515,10 @@ fn put(
         .records
         .insert(&key.0, bytes.as_slice())
         .map_err(unavailable)?;
+    if let Some(before) = before {
+        tables.deltas[crate::state_index(&before.state)] -= 1;
+    }
+    tables.deltas[crate::state_index(&record.state)] += 1;
     Ok(())
 }
 
@@ -608,8 +661,15 @@ fn sweep(tables: &mut Tables<'_>, now_ms: u64) -> Result<(), StoreError> {
             .map_err(unavailable)?
             .map(|v| decode::<Record>(v.value()));
         // A record that does not decode is dropped with its index entry: it can never be used.
-        if record.is_some_and(|r| r.map_or(true, |r| r.forget_after_ms() <= now_ms)) {
-            tables.records.remove(&key).map_err(unavailable)?;
+        match record {
+            Some(Ok(record)) if record.forget_after_ms() <= now_ms => {
+                tables.records.remove(&key).map_err(unavailable)?;
+                tables.deltas[crate::state_index(&record.state)] -= 1;
+            }
+            Some(Err(_)) => {
+                tables.records.remove(&key).map_err(unavailable)?;
+            }
+            _ => {}
         }
         let mark = tables
             .marks

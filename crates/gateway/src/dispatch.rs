@@ -248,7 +248,7 @@ async fn finish<S: Store>(
     let stats = &shared.stats;
     match shared
         .store
-        .complete(lease, shared.timing.retention, outcome)
+        .complete_and_ack(lease, shared.timing.retention, outcome, delivery.id)
         .await
     {
         Ok(FenceCheck::Accepted) => {}
@@ -264,10 +264,8 @@ async fn finish<S: Store>(
                 .store
                 .retry(delivery.id, shared.now_ms() + 1000)
                 .await;
-            return;
         }
     }
-    let _ = shared.store.ack(delivery.id).await;
 }
 
 #[cfg(test)]

@@ -122,6 +122,27 @@ fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// Says once a minute, not once a request, that the nonce memory is full.
+fn warn_saturated(now_secs: u64) {
+    static LAST: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let last = LAST.load(std::sync::atomic::Ordering::Relaxed);
+    if now_secs >= last + 60
+        && LAST
+            .compare_exchange(
+                last,
+                now_secs,
+                std::sync::atomic::Ordering::Relaxed,
+                std::sync::atomic::Ordering::Relaxed,
+            )
+            .is_ok()
+    {
+        tracing::warn!(
+            "replay guard full (replay.max_nonces): nonces are not remembered for now; \
+             duplicates are still dropped at admission, replays get 200 instead of 409"
+        );
+    }
+}
+
 /// Checks timestamp and nonce; returns the nonce to remember after admission.
 #[allow(clippy::result_large_err)]
 fn check_replay<'a>(
@@ -153,10 +174,14 @@ fn check_replay<'a>(
             StatusCode::CONFLICT,
             "replayed request: this nonce was already handled within the replay window",
         )),
-        ReplayVerdict::Saturated => Err(refuse(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "too many recent nonces to check (replay.max_nonces); retry later",
-        )),
+        // The nonce memory is full: let the request through unremembered rather than refuse
+        // the platform. A replay of an admitted event is still a duplicate at admission; only
+        // its 409 is lost. Counted, so that replay.max_nonces can be raised.
+        ReplayVerdict::Saturated => {
+            metrics::counter!("oncegate_replay_guard_saturated_total").increment(1);
+            warn_saturated(now_secs);
+            Ok(None)
+        }
     }
 }
 
