@@ -1,0 +1,873 @@
+//! The shared backend: many gateway instances on one Redis.
+//!
+//! Every state transition is one Lua script (loaded once, called by SHA, reloaded after
+//! `NOSCRIPT` by `redis::Script`): admit checks every key and, only if all are unseen, marks them
+//! and appends the event to its partition's stream in the same script. Records are hashes whose
+//! logical times (`e` retention end, `u` lease end) decide liveness against the caller's clock;
+//! Redis TTLs only clean up, a minute after the logical end. Fencing tokens come from `INCR` on
+//! one counter, so they grow with every grant, across restarts too (with AOF).
+//!
+//! Queues: one stream per partition, entry id `0-<seq>` from a per-partition counter so that
+//! `QueueId.seq` is the stream id. The hand-out order (chat heads) is kept in memory per
+//! partition, as in the embedded store, and caught up from the stream on every pull.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use oncegate_core::queue_index::PartitionIndex;
+use oncegate_core::store::millis;
+use oncegate_core::{
+    Admission, Claim, Clock, DeadLetter, DedupStore, Delivery, Event, EventQueue, FenceCheck,
+    FencingToken, KeyHash, Lease, QueueId, Record, RecordState, StoreError, StoreStats,
+    SystemClock, WatermarkOutcome, WatermarkStore,
+};
+use redis::aio::ConnectionManager;
+use redis::{Script, Value};
+use serde::{Deserialize, Serialize};
+use tokio::sync::Mutex;
+
+/// Physical TTLs outlive the logical end by this much, so that clock skew between gateways and
+/// Redis never drops a record early.
+const TTL_SLACK_MS: u64 = 60_000;
+/// Stream entries read per catch-up round.
+const CATCH_UP: usize = 1000;
+
+/// How a Redis store is reached.
+#[derive(Debug, Clone)]
+pub struct RedisConfig {
+    /// `redis://host:port/db`.
+    pub url: String,
+    /// Prefix of every key, so that several deployments can share a Redis.
+    pub prefix: String,
+    /// Queue partitions.
+    pub partitions: u16,
+    /// Timeout of every call.
+    pub timeout: Duration,
+}
+
+impl RedisConfig {
+    /// Defaults for `url`.
+    pub fn at(url: &str) -> Self {
+        Self {
+            url: url.to_owned(),
+            prefix: "og".into(),
+            partitions: 16,
+            timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Why a Redis store could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// The URL or the server.
+    #[error("cannot connect to {url}: {message}")]
+    Connect {
+        /// The URL.
+        url: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// The stored partition count differs.
+    #[error(
+        "prefix {prefix:?} was created with {stored} partitions but {configured} are configured; set partitions = {stored}"
+    )]
+    Partitions {
+        /// The key prefix.
+        prefix: String,
+        /// In Redis.
+        stored: u16,
+        /// In the configuration.
+        configured: u16,
+    },
+}
+
+fn unavailable(error: impl std::fmt::Display) -> StoreError {
+    StoreError::Unavailable(format!("redis: {error}"))
+}
+
+/// A queue entry's payload as stored in the stream.
+#[derive(Debug, Serialize, Deserialize)]
+struct Stored {
+    event: Event,
+}
+
+struct Scripts {
+    admit: Script,
+    claim: Script,
+    fence: Script,
+    watermark: Script,
+    dead_letter: Script,
+}
+
+struct Partition {
+    order: PartitionIndex,
+    /// The last stream entry folded into `order`.
+    last_seq: u64,
+}
+
+struct Inner<C> {
+    conn: ConnectionManager,
+    prefix: String,
+    partitions: u16,
+    timeout: Duration,
+    clock: C,
+    scripts: Scripts,
+    queues: Vec<Mutex<Partition>>,
+}
+
+/// The Redis store.
+pub struct RedisStore<C: Clock = SystemClock> {
+    inner: Arc<Inner<C>>,
+    runtime: Option<tokio::runtime::Runtime>,
+    handle: tokio::runtime::Handle,
+}
+
+impl<C: Clock> std::fmt::Debug for RedisStore<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("prefix", &self.inner.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C: Clock> Drop for RedisStore<C> {
+    fn drop(&mut self) {
+        // The store's own runtime may be dropped from inside another runtime.
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+impl RedisStore<SystemClock> {
+    /// Connects on the system clock.
+    pub fn connect(config: RedisConfig) -> Result<Self, ConnectError> {
+        Self::connect_with_clock(config, SystemClock)
+    }
+}
+
+impl<C: Clock> RedisStore<C> {
+    /// Connects; the store runs its connection on a small runtime of its own, so that it can be
+    /// called from any runtime, or from several.
+    pub fn connect_with_clock(config: RedisConfig, clock: C) -> Result<Self, ConnectError> {
+        let connect_error = |message: String| ConnectError::Connect {
+            url: config.url.clone(),
+            message,
+        };
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("oncegate-redis")
+            .enable_all()
+            .build()
+            .map_err(|e| connect_error(e.to_string()))?;
+        let client =
+            redis::Client::open(config.url.as_str()).map_err(|e| connect_error(e.to_string()))?;
+        let manager_config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(config.timeout))
+            .set_response_timeout(Some(config.timeout))
+            .set_number_of_retries(2);
+        let prefix = config.prefix.clone();
+        let partitions = config.partitions.max(1);
+        let (conn, stored) = runtime
+            .block_on(async {
+                let mut conn = client
+                    .get_connection_manager_with_config(manager_config)
+                    .await?;
+                let key = format!("{prefix}:partitions");
+                let _: Value = redis::cmd("SET")
+                    .arg(&key)
+                    .arg(partitions)
+                    .arg("NX")
+                    .query_async(&mut conn)
+                    .await?;
+                let stored: u16 = redis::cmd("GET").arg(&key).query_async(&mut conn).await?;
+                Ok::<_, redis::RedisError>((conn, stored))
+            })
+            .map_err(|e| connect_error(e.to_string()))?;
+        if stored != partitions {
+            return Err(ConnectError::Partitions {
+                prefix,
+                stored,
+                configured: partitions,
+            });
+        }
+        let handle = runtime.handle().clone();
+        Ok(Self {
+            inner: Arc::new(Inner {
+                conn,
+                prefix,
+                partitions,
+                timeout: config.timeout,
+                clock,
+                scripts: Scripts {
+                    admit: Script::new(include_str!("../lua/admit.lua")),
+                    claim: Script::new(include_str!("../lua/claim.lua")),
+                    fence: Script::new(include_str!("../lua/fence.lua")),
+                    watermark: Script::new(include_str!("../lua/watermark.lua")),
+                    dead_letter: Script::new(include_str!("../lua/dead_letter.lua")),
+                },
+                queues: (0..partitions)
+                    .map(|_| {
+                        Mutex::new(Partition {
+                            order: PartitionIndex::new(),
+                            last_seq: 0,
+                        })
+                    })
+                    .collect(),
+            }),
+            runtime: Some(runtime),
+            handle,
+        })
+    }
+
+    /// Runs `work` on the store's runtime, with the call timeout.
+    async fn run<T, F, Fut>(&self, work: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(Arc<Inner<C>>, ConnectionManager) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
+    {
+        let inner = self.inner.clone();
+        let timeout = inner.timeout;
+        let task = self.handle.spawn(async move {
+            let conn = inner.conn.clone();
+            tokio::time::timeout(timeout * 2, work(inner, conn))
+                .await
+                .unwrap_or_else(|_| Err(unavailable("no answer in time")))
+        });
+        task.await
+            .map_err(|e| unavailable(format!("task failed: {e}")))?
+    }
+}
+
+impl<C> Inner<C> {
+    fn record_key(&self, key: &KeyHash) -> String {
+        format!("{}:r:{key}", self.prefix)
+    }
+    fn stream(&self, partition: u16) -> String {
+        format!("{}:q:{partition}", self.prefix)
+    }
+    fn sequence(&self, partition: u16) -> String {
+        format!("{}:qseq:{partition}", self.prefix)
+    }
+    fn attempts(&self, partition: u16) -> String {
+        format!("{}:qa:{partition}", self.prefix)
+    }
+    fn dead(&self) -> String {
+        format!("{}:dead", self.prefix)
+    }
+    fn tokens(&self) -> String {
+        format!("{}:token", self.prefix)
+    }
+}
+
+fn int(value: &Value) -> Option<u64> {
+    match value {
+        Value::Int(i) => u64::try_from(*i).ok(),
+        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok()?.parse().ok(),
+        Value::SimpleString(text) => text.parse().ok(),
+        _ => None,
+    }
+}
+
+fn text(value: &Value) -> Option<&str> {
+    match value {
+        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok(),
+        Value::SimpleString(text) => Some(text),
+        _ => None,
+    }
+}
+
+fn array(value: Value) -> Result<Vec<Value>, StoreError> {
+    match value {
+        Value::Array(items) => Ok(items),
+        other => Err(StoreError::Corrupt(format!(
+            "expected an array from redis, got {other:?}"
+        ))),
+    }
+}
+
+fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, StoreError> {
+    postcard::from_bytes(bytes)
+        .map_err(|e| StoreError::Corrupt(format!("a stored value does not decode: {e}")))
+}
+
+/// Parses HMGET s e t u o into a record.
+fn parse_record(fields: Vec<Value>) -> Option<Record> {
+    let state = text(fields.first()?)?.to_owned();
+    let expires_at_ms = int(fields.get(1)?)?;
+    let state = match state.as_str() {
+        "p" => RecordState::Pending,
+        "r" => RecordState::Processing {
+            token: FencingToken(int(fields.get(2)?)?),
+            lease_until_ms: int(fields.get(3)?)?,
+        },
+        "c" => RecordState::Completed {
+            outcome: match fields.get(4) {
+                Some(Value::BulkString(bytes)) => Some(Bytes::from(bytes.clone())),
+                _ => None,
+            },
+        },
+        _ => return None,
+    };
+    Some(Record {
+        state,
+        expires_at_ms,
+    })
+}
+
+/// Fields of one stream entry: (seq, key, order hash, event bytes).
+fn parse_entry(entry: Value) -> Option<(u64, KeyHash, u64, Vec<u8>)> {
+    let mut parts = array(entry).ok()?.into_iter();
+    let id = parts.next()?;
+    let seq = text(&id)?.strip_prefix("0-")?.parse().ok()?;
+    let fields = array(parts.next()?).ok()?;
+    let (mut key, mut order, mut event) = (None, None, None);
+    let mut it = fields.into_iter();
+    while let (Some(name), Some(value)) = (it.next(), it.next()) {
+        match text(&name)? {
+            "k" => key = KeyHash::from_hex(text(&value)?),
+            "o" => order = int(&value),
+            "e" => {
+                if let Value::BulkString(bytes) = value {
+                    event = Some(bytes);
+                }
+            }
+            _ => {}
+        }
+    }
+    Some((seq, key?, order?, event?))
+}
+
+impl<C: Clock> Inner<C> {
+    /// Folds stream entries after `last_seq` into the hand-out order.
+    async fn catch_up(
+        &self,
+        conn: &mut ConnectionManager,
+        partition: u16,
+        queue: &mut Partition,
+    ) -> Result<(), StoreError> {
+        loop {
+            let start = format!("(0-{}", queue.last_seq);
+            let entries: Value = redis::cmd("XRANGE")
+                .arg(self.stream(partition))
+                .arg(if queue.last_seq == 0 {
+                    "-".to_owned()
+                } else {
+                    start
+                })
+                .arg("+")
+                .arg("COUNT")
+                .arg(CATCH_UP)
+                .query_async(conn)
+                .await
+                .map_err(unavailable)?;
+            let entries = array(entries)?;
+            let done = entries.len() < CATCH_UP;
+            let mut seqs = Vec::with_capacity(entries.len());
+            for entry in entries {
+                let Some((seq, _, order, _)) = parse_entry(entry) else {
+                    return Err(StoreError::Corrupt("a stream entry lacks k, o or e".into()));
+                };
+                seqs.push((seq, order));
+            }
+            if !seqs.is_empty() {
+                let fields: Vec<String> = seqs.iter().map(|(seq, _)| seq.to_string()).collect();
+                let attempts: Vec<Option<String>> = redis::cmd("HMGET")
+                    .arg(self.attempts(partition))
+                    .arg(&fields)
+                    .query_async(conn)
+                    .await
+                    .map_err(unavailable)?;
+                for ((seq, order), attempt) in seqs.into_iter().zip(attempts) {
+                    let not_before = attempt
+                        .as_deref()
+                        .and_then(|a| a.split(':').nth(1))
+                        .and_then(|n| n.parse().ok())
+                        .unwrap_or(0);
+                    queue.order.push(seq, order, not_before);
+                    queue.last_seq = seq;
+                }
+            }
+            if done {
+                return Ok(());
+            }
+        }
+    }
+}
+
+impl<C: Clock> DedupStore for RedisStore<C> {
+    async fn admit(
+        &self,
+        event: Event,
+        keys: &[KeyHash],
+        retention: Duration,
+    ) -> Result<Admission, StoreError> {
+        if keys.is_empty() {
+            return Err(StoreError::Invalid(
+                "admit needs at least one dedup key".into(),
+            ));
+        }
+        let keys = keys.to_vec();
+        self.run(
+            move |inner: Arc<Inner<C>>, mut conn: ConnectionManager| async move {
+                let order_hash = event.order_hash();
+                let partition = oncegate_core::event::partition_of(order_hash, inner.partitions);
+                let bytes = postcard::to_stdvec(&Stored { event })
+                    .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                let mut call = inner.scripts.admit.prepare_invoke();
+                for key in &keys {
+                    call.key(inner.record_key(key));
+                }
+                call.key(inner.stream(partition))
+                    .key(inner.sequence(partition));
+                call.arg(inner.clock.now_ms())
+                    .arg(millis(retention))
+                    .arg(keys.len())
+                    .arg(keys[0].to_string())
+                    .arg(order_hash)
+                    .arg(bytes)
+                    .arg(TTL_SLACK_MS);
+                let reply = array(call.invoke_async(&mut conn).await.map_err(unavailable)?)?;
+                match (reply.first().and_then(int), reply.get(1).and_then(int)) {
+                    (Some(1), Some(seq)) => Ok(Admission::Admitted {
+                        id: QueueId { partition, seq },
+                    }),
+                    (Some(0), Some(index)) => Ok(Admission::Duplicate {
+                        key_index: index as usize,
+                    }),
+                    _ => Err(StoreError::Corrupt(format!(
+                        "unexpected admit reply {reply:?}"
+                    ))),
+                }
+            },
+        )
+        .await
+    }
+
+    async fn claim(&self, key: &KeyHash, lease: Duration) -> Result<Claim, StoreError> {
+        let key = *key;
+        self.run(
+            move |inner: Arc<Inner<C>>, mut conn: ConnectionManager| async move {
+                let reply: Value = inner
+                    .scripts
+                    .claim
+                    .key(inner.record_key(&key))
+                    .key(inner.tokens())
+                    .arg(inner.clock.now_ms())
+                    .arg(millis(lease))
+                    .arg(TTL_SLACK_MS)
+                    .invoke_async(&mut conn)
+                    .await
+                    .map_err(unavailable)?;
+                let reply = array(reply)?;
+                match reply.first().and_then(text) {
+                    Some("acquired") => {
+                        match (reply.get(1).and_then(int), reply.get(2).and_then(int)) {
+                            (Some(token), Some(until_ms)) => Ok(Claim::Acquired(Lease {
+                                key,
+                                token: FencingToken(token),
+                                until_ms,
+                            })),
+                            _ => Err(StoreError::Corrupt(format!(
+                                "unexpected claim reply {reply:?}"
+                            ))),
+                        }
+                    }
+                    Some("inflight") => Ok(Claim::InFlight {
+                        until_ms: reply.get(1).and_then(int).unwrap_or(0),
+                    }),
+                    Some("done") => Ok(Claim::Done {
+                        outcome: match reply.get(1) {
+                            Some(Value::BulkString(bytes)) => Some(Bytes::from(bytes.clone())),
+                            _ => None,
+                        },
+                    }),
+                    _ => Err(StoreError::Corrupt(format!(
+                        "unexpected claim reply {reply:?}"
+                    ))),
+                }
+            },
+        )
+        .await
+    }
+
+    async fn renew(&self, lease: &Lease, extend: Duration) -> Result<FenceCheck, StoreError> {
+        self.fence("renew", *lease, millis(extend), None).await
+    }
+
+    async fn complete(
+        &self,
+        lease: &Lease,
+        retention: Duration,
+        outcome: Option<Bytes>,
+    ) -> Result<FenceCheck, StoreError> {
+        self.fence("complete", *lease, millis(retention), outcome)
+            .await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<FenceCheck, StoreError> {
+        self.fence("release", *lease, 0, None).await
+    }
+
+    async fn record(&self, key: &KeyHash) -> Result<Option<Record>, StoreError> {
+        let key = *key;
+        self.run(
+            move |inner: Arc<Inner<C>>, mut conn: ConnectionManager| async move {
+                let fields: Vec<Value> = redis::cmd("HMGET")
+                    .arg(inner.record_key(&key))
+                    .arg(&["s", "e", "t", "u", "o"])
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(unavailable)?;
+                let now = inner.clock.now_ms();
+                Ok(parse_record(fields).filter(|record| record.is_live(now)))
+            },
+        )
+        .await
+    }
+
+    /// Counts by scanning the prefix: O(records), for operators, not for polling.
+    async fn stats(&self) -> Result<StoreStats, StoreError> {
+        let in_flight = {
+            let mut total = 0u64;
+            let mut queued = 0u64;
+            for queue in &self.inner.queues {
+                let queue = queue.lock().await;
+                total += queue.order.in_flight() as u64;
+                queued += queue.order.len() as u64;
+            }
+            (total, queued)
+        };
+        self.run(
+            move |inner: Arc<Inner<C>>, mut conn: ConnectionManager| async move {
+                let mut stats = StoreStats {
+                    in_flight: in_flight.0,
+                    ..StoreStats::default()
+                };
+                let now = inner.clock.now_ms();
+                let mut cursor = 0u64;
+                loop {
+                    let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                        .arg(cursor)
+                        .arg("MATCH")
+                        .arg(format!("{}:r:*", inner.prefix))
+                        .arg("COUNT")
+                        .arg(1000)
+                        .query_async(&mut conn)
+                        .await
+                        .map_err(unavailable)?;
+                    for key in keys {
+                        let fields: Vec<Value> = redis::cmd("HMGET")
+                            .arg(&key)
+                            .arg(&["s", "e", "t", "u"])
+                            .query_async(&mut conn)
+                            .await
+                            .map_err(unavailable)?;
+                        match parse_record(fields) {
+                            Some(record) if record.is_live(now) => match record.state {
+                                RecordState::Pending => stats.pending += 1,
+                                RecordState::Processing { .. } => stats.processing += 1,
+                                RecordState::Completed { .. } => stats.completed += 1,
+                            },
+                            _ => {}
+                        }
+                    }
+                    cursor = next;
+                    if cursor == 0 {
+                        break;
+                    }
+                }
+                for partition in 0..inner.partitions {
+                    let length: u64 = redis::cmd("XLEN")
+                        .arg(inner.stream(partition))
+                        .query_async(&mut conn)
+                        .await
+                        .map_err(unavailable)?;
+                    stats.queued += length;
+                }
+                stats.dead_letters = redis::cmd("XLEN")
+                    .arg(inner.dead())
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(unavailable)?;
+                Ok(stats)
+            },
+        )
+        .await
+    }
+}
+
+impl<C: Clock> RedisStore<C> {
+    async fn fence(
+        &self,
+        op: &'static str,
+        lease: Lease,
+        ms: u64,
+        outcome: Option<Bytes>,
+    ) -> Result<FenceCheck, StoreError> {
+        self.run(
+            move |inner: Arc<Inner<C>>, mut conn: ConnectionManager| async move {
+                let mut call = inner.scripts.fence.prepare_invoke();
+                call.key(inner.record_key(&lease.key))
+                    .arg(op)
+                    .arg(lease.token.0)
+                    .arg(inner.clock.now_ms())
+                    .arg(ms)
+                    .arg(TTL_SLACK_MS);
+                if let Some(outcome) = &outcome {
+                    call.arg(outcome.as_ref());
+                }
+                let applied: i64 = call.invoke_async(&mut conn).await.map_err(unavailable)?;
+                Ok(if applied == 1 {
+                    FenceCheck::Accepted
+                } else {
+                    FenceCheck::Rejected
+                })
+            },
+        )
+        .await
+    }
+}
+
+impl<C: Clock> EventQueue for RedisStore<C> {
+    fn partitions(&self) -> u16 {
+        self.inner.partitions
+    }
+
+    async fn pull(&self, partition: u16, max: usize) -> Result<Vec<Delivery>, StoreError> {
+        if partition >= self.inner.partitions {
+            return Err(StoreError::Invalid(format!("no partition {partition}")));
+        }
+        self.run(
+            move |inner: Arc<Inner<C>>, mut conn: ConnectionManager| async move {
+                let mut queue = inner.queues[usize::from(partition)].lock().await;
+                inner.catch_up(&mut conn, partition, &mut queue).await?;
+                let ready = queue.order.take_ready(inner.clock.now_ms(), max);
+                let mut out = Vec::with_capacity(ready.len());
+                for seq in ready {
+                    let id = format!("0-{seq}");
+                    let entries: Value = redis::cmd("XRANGE")
+                        .arg(inner.stream(partition))
+                        .arg(&id)
+                        .arg(&id)
+                        .query_async(&mut conn)
+                        .await
+                        .map_err(unavailable)?;
+                    let attempt: Option<String> = redis::cmd("HGET")
+                        .arg(inner.attempts(partition))
+                        .arg(seq)
+                        .query_async(&mut conn)
+                        .await
+                        .map_err(unavailable)?;
+                    let Some((_, key, _, bytes)) =
+                        array(entries)?.into_iter().next().and_then(parse_entry)
+                    else {
+                        // Gone (acked by another instance): forget it here too.
+                        queue.order.remove(seq);
+                        continue;
+                    };
+                    let stored: Stored = decode(&bytes)?;
+                    out.push(Delivery {
+                        id: QueueId { partition, seq },
+                        key,
+                        event: stored.event,
+                        attempt: attempt
+                            .as_deref()
+                            .and_then(|a| a.split(':').next())
+                            .and_then(|a| a.parse().ok())
+                            .unwrap_or(0),
+                    });
+                }
+                Ok(out)
+            },
+        )
+        .await
+    }
+
+    async fn ack(&self, id: QueueId) -> Result<bool, StoreError> {
+        self.run(
+            move |inner: Arc<Inner<C>>, mut conn: ConnectionManager| async move {
+                let Some(queue) = inner.queues.get(usize::from(id.partition)) else {
+                    return Ok(false);
+                };
+                let mut queue = queue.lock().await;
+                if !queue.order.is_in_flight(id.seq) {
+                    return Ok(false);
+                }
+                let _: Value = redis::pipe()
+                    .cmd("XDEL")
+                    .arg(inner.stream(id.partition))
+                    .arg(format!("0-{}", id.seq))
+                    .cmd("HDEL")
+                    .arg(inner.attempts(id.partition))
+                    .arg(id.seq)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(unavailable)?;
+                queue.order.remove(id.seq);
+                Ok(true)
+            },
+        )
+        .await
+    }
+
+    async fn retry(&self, id: QueueId, not_before_ms: u64) -> Result<bool, StoreError> {
+        self.run(
+            move |inner: Arc<Inner<C>>, mut conn: ConnectionManager| async move {
+                let Some(queue) = inner.queues.get(usize::from(id.partition)) else {
+                    return Ok(false);
+                };
+                let mut queue = queue.lock().await;
+                if !queue.order.is_in_flight(id.seq) {
+                    return Ok(false);
+                }
+                let previous: Option<String> = redis::cmd("HGET")
+                    .arg(inner.attempts(id.partition))
+                    .arg(id.seq)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(unavailable)?;
+                let attempt: u32 = previous
+                    .as_deref()
+                    .and_then(|a| a.split(':').next())
+                    .and_then(|a| a.parse().ok())
+                    .unwrap_or(0);
+                let _: Value = redis::cmd("HSET")
+                    .arg(inner.attempts(id.partition))
+                    .arg(id.seq)
+                    .arg(format!("{}:{not_before_ms}", attempt + 1))
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(unavailable)?;
+                queue.order.retry(id.seq, not_before_ms);
+                Ok(true)
+            },
+        )
+        .await
+    }
+
+    async fn dead_letter(&self, id: QueueId, reason: &str) -> Result<bool, StoreError> {
+        let reason = reason.to_owned();
+        self.run(
+            move |inner: Arc<Inner<C>>, mut conn: ConnectionManager| async move {
+                let Some(queue) = inner.queues.get(usize::from(id.partition)) else {
+                    return Ok(false);
+                };
+                let mut queue = queue.lock().await;
+                if !queue.order.is_in_flight(id.seq) {
+                    return Ok(false);
+                }
+                let moved: i64 = inner
+                    .scripts
+                    .dead_letter
+                    .key(inner.stream(id.partition))
+                    .key(inner.attempts(id.partition))
+                    .key(inner.dead())
+                    .arg(format!("0-{}", id.seq))
+                    .arg(id.seq)
+                    .arg(reason)
+                    .arg(inner.clock.now_ms())
+                    .arg(id.partition)
+                    .invoke_async(&mut conn)
+                    .await
+                    .map_err(unavailable)?;
+                queue.order.remove(id.seq);
+                Ok(moved == 1)
+            },
+        )
+        .await
+    }
+
+    async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
+        self.run(
+            move |inner: Arc<Inner<C>>, mut conn: ConnectionManager| async move {
+                let entries: Value = redis::cmd("XRANGE")
+                    .arg(inner.dead())
+                    .arg("-")
+                    .arg("+")
+                    .arg("COUNT")
+                    .arg(limit)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(unavailable)?;
+                let mut out = Vec::new();
+                for entry in array(entries)? {
+                    let mut parts = array(entry)?.into_iter().skip(1);
+                    let fields = array(parts.next().unwrap_or(Value::Nil))?;
+                    let mut map = std::collections::HashMap::new();
+                    let mut it = fields.into_iter();
+                    while let (Some(Value::BulkString(name)), Some(value)) = (it.next(), it.next())
+                    {
+                        map.insert(name, value);
+                    }
+                    let get_int = |name: &[u8]| map.get(name).and_then(int).unwrap_or(0);
+                    let event = match map.get(b"e".as_slice()) {
+                        Some(Value::BulkString(bytes)) => decode::<Stored>(bytes)?.event,
+                        _ => {
+                            return Err(StoreError::Corrupt("a dead letter lacks its event".into()));
+                        }
+                    };
+                    out.push(DeadLetter {
+                        id: QueueId {
+                            partition: get_int(b"p") as u16,
+                            seq: get_int(b"s"),
+                        },
+                        key: map
+                            .get(b"k".as_slice())
+                            .and_then(text)
+                            .and_then(KeyHash::from_hex)
+                            .unwrap_or(KeyHash([0; 16])),
+                        event,
+                        attempts: get_int(b"a") as u32,
+                        reason: map
+                            .get(b"r".as_slice())
+                            .and_then(text)
+                            .unwrap_or_default()
+                            .to_owned(),
+                        at_ms: get_int(b"t"),
+                    });
+                }
+                Ok(out)
+            },
+        )
+        .await
+    }
+}
+
+impl<C: Clock> WatermarkStore for RedisStore<C> {
+    async fn advance_watermark(
+        &self,
+        scope: &KeyHash,
+        value: u64,
+        retention: Duration,
+    ) -> Result<WatermarkOutcome, StoreError> {
+        let scope = *scope;
+        self.run(
+            move |inner: Arc<Inner<C>>, mut conn: ConnectionManager| async move {
+                let reply: Value = inner
+                    .scripts
+                    .watermark
+                    .key(format!("{}:w:{scope}", inner.prefix))
+                    .arg(inner.clock.now_ms())
+                    .arg(value)
+                    .arg(millis(retention))
+                    .arg(TTL_SLACK_MS)
+                    .invoke_async(&mut conn)
+                    .await
+                    .map_err(unavailable)?;
+                let reply = array(reply)?;
+                match (reply.first().and_then(int), reply.get(1).and_then(int)) {
+                    (Some(1), previous) => Ok(WatermarkOutcome::Accepted { previous }),
+                    (Some(0), Some(current)) => Ok(WatermarkOutcome::Stale { current }),
+                    _ => Err(StoreError::Corrupt(format!(
+                        "unexpected watermark reply {reply:?}"
+                    ))),
+                }
+            },
+        )
+        .await
+    }
+}
