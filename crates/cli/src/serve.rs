@@ -57,7 +57,27 @@ pub(crate) async fn serve(config_path: Option<&Path>) -> anyhow::Result<()> {
             tracing::warn!("memory store: everything is forgotten when the gateway stops");
             run(&config, store, render).await
         }
-        Backend::Redis => bail!("backend = \"redis\" is not in this version yet; use \"embedded\""),
+        Backend::Redis => {
+            let url = config
+                .store
+                .url
+                .clone()
+                .context("backend = \"redis\" needs store.url")?;
+            let defaults = oncegate_redis::RedisConfig::at(&url);
+            let redis_config = oncegate_redis::RedisConfig {
+                partitions: config.store.partitions,
+                prefix: config
+                    .store
+                    .prefix
+                    .clone()
+                    .unwrap_or(defaults.prefix.clone()),
+                ..defaults
+            };
+            let store =
+                tokio::task::block_in_place(|| oncegate_redis::RedisStore::connect(redis_config))?;
+            tracing::info!(%url, "redis store connected");
+            run(&config, store, render).await
+        }
     }
 }
 

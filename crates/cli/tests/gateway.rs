@@ -178,14 +178,21 @@ struct Gateway {
 
 impl Gateway {
     fn start(dir: &Path, downstream: SocketAddr, watermark: bool) -> Self {
+        let store = format!(
+            "path = \"{}\"\npartitions = 8",
+            dir.join("store.redb").display()
+        );
+        Self::start_with(dir, downstream, watermark, &store)
+    }
+
+    fn start_with(dir: &Path, downstream: SocketAddr, watermark: bool, store: &str) -> Self {
         let config = dir.join("oncegate.toml");
         std::fs::write(
             &config,
             format!(
                 r#"
 [store]
-path = "{store}"
-partitions = 8
+{store}
 
 [server]
 listen = "127.0.0.1:0"
@@ -223,7 +230,6 @@ secret = "{SECRET}"
 timeout = "5s"
 watermark = {watermark}
 "#,
-                store = dir.join("store.redb").display(),
             ),
         )
         .expect("write config");
@@ -770,4 +776,82 @@ async fn a_repeated_card_click_gets_the_first_answer() {
         .await
         .expect("post");
     assert!(third.contains("answer 2"), "{third}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_gateways_on_one_redis_deliver_each_event_once_in_chat_order() {
+    const CHATS: usize = 100;
+    const PER_CHAT: usize = 200;
+    let url = std::env::var("ONCEGATE_TEST_REDIS_URL").unwrap_or_else(|_| {
+        panic!("ONCEGATE_TEST_REDIS_URL is not set: run scripts/test, which starts redis-server")
+    });
+    let (downstream, addr) = Downstream::start().await;
+    let store = format!(
+        "backend = \"redis\"\nurl = \"{url}\"\nprefix = \"e2e{}\"\npartitions = 8",
+        std::process::id()
+    );
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().expect("dir")).collect();
+    let gateways: Vec<Gateway> = dirs
+        .iter()
+        .map(|d| Gateway::start_with(d.path(), addr, false, &store))
+        .collect();
+    let urls: Arc<Vec<String>> = Arc::new(gateways.iter().map(|g| g.url.clone()).collect());
+    let client = client();
+    let duplicates = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let started = Instant::now();
+    let mut chats = Vec::new();
+    for chat in 0..CHATS {
+        let (client, urls, duplicates) = (client.clone(), urls.clone(), duplicates.clone());
+        chats.push(tokio::spawn(async move {
+            for n in 0..PER_CHAT {
+                let id = format!("multi-{chat}-{n}");
+                let plain = message(&id, &format!("oc_multi{chat}"), 1_000 + n as u64);
+                let first = (chat + n) % 3;
+                let (status, body) = post(&client, &urls[first], &sign(&plain))
+                    .await
+                    .expect("post");
+                assert_eq!(status, 200, "{body}");
+                // 30 % of events come again, through another gateway, as a platform retry.
+                if fastrand::u8(..10) < 3 {
+                    let (status, body) = post(&client, &urls[(first + 1) % 3], &sign(&plain))
+                        .await
+                        .expect("post");
+                    assert_eq!((status, body.contains("duplicate")), (200, true), "{body}");
+                    duplicates.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    for chat in chats {
+        chat.await.expect("chat");
+    }
+    let sent = started.elapsed();
+    downstream
+        .wait_for("every event", |got| got.len() >= CHATS * PER_CHAT)
+        .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let got = downstream.got();
+    assert_eq!(got.len(), CHATS * PER_CHAT, "each event exactly once");
+    let mut per_chat: HashMap<String, Vec<String>> = HashMap::new();
+    for g in &got {
+        per_chat
+            .entry(g.order_key.clone().unwrap_or_default())
+            .or_default()
+            .push(g.event_id.clone());
+    }
+    for chat in 0..CHATS {
+        let expected: Vec<String> = (0..PER_CHAT).map(|n| format!("multi-{chat}-{n}")).collect();
+        assert_eq!(
+            per_chat.get(&format!("oc_multi{chat}")),
+            Some(&expected),
+            "chat {chat} in order"
+        );
+    }
+    eprintln!(
+        "three gateways: {} events + {} duplicates sent in {:.1} s, delivered once each in {:.1} s",
+        CHATS * PER_CHAT,
+        duplicates.load(std::sync::atomic::Ordering::Relaxed),
+        sent.as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
 }

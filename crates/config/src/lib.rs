@@ -185,6 +185,8 @@ pub struct StoreConfig {
     pub max_records: Option<u64>,
     /// The embedded store's page cache, in MiB.
     pub cache_mb: Option<u64>,
+    /// The Redis backend's key prefix (several deployments can share one Redis).
+    pub prefix: Option<String>,
 }
 
 impl Default for StoreConfig {
@@ -196,6 +198,7 @@ impl Default for StoreConfig {
             partitions: 16,
             max_records: None,
             cache_mb: None,
+            prefix: None,
         }
     }
 }

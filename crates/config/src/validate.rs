@@ -163,6 +163,13 @@ pub fn validate(config: &Config) -> Vec<Problem> {
             ),
         );
     }
+    if config.store.prefix.is_some() && config.store.backend != Backend::Redis {
+        report(
+            Severity::Error,
+            "store.prefix",
+            "applies to the redis backend only".into(),
+        );
+    }
     match config.store.backend {
         Backend::Memory => {
             if config.store.path.is_some() {

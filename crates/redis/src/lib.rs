@@ -44,6 +44,9 @@ pub struct RedisConfig {
     pub partitions: u16,
     /// Timeout of every call.
     pub timeout: Duration,
+    /// How long a partition stays with its owner without a pull. Another instance takes it over
+    /// after that, and hands out again what the old owner had not acked.
+    pub ownership: Duration,
 }
 
 impl RedisConfig {
@@ -54,6 +57,7 @@ impl RedisConfig {
             prefix: "og".into(),
             partitions: 16,
             timeout: Duration::from_secs(2),
+            ownership: Duration::from_secs(10),
         }
     }
 }
@@ -99,6 +103,7 @@ struct Scripts {
     fence: Script,
     watermark: Script,
     dead_letter: Script,
+    own: Script,
 }
 
 struct Partition {
@@ -107,11 +112,21 @@ struct Partition {
     last_seq: u64,
 }
 
+impl Partition {
+    fn forget(&mut self) {
+        self.order = PartitionIndex::new();
+        self.last_seq = 0;
+    }
+}
+
 struct Inner<C> {
     conn: ConnectionManager,
+    /// This store's name in partition ownership.
+    instance: String,
     prefix: String,
     partitions: u16,
     timeout: Duration,
+    ownership_ms: u64,
     clock: C,
     scripts: Scripts,
     queues: Vec<Mutex<Partition>>,
@@ -197,9 +212,11 @@ impl<C: Clock> RedisStore<C> {
         Ok(Self {
             inner: Arc::new(Inner {
                 conn,
+                instance: format!("{:016x}", fastrand::u64(..)),
                 prefix,
                 partitions,
                 timeout: config.timeout,
+                ownership_ms: millis(config.ownership),
                 clock,
                 scripts: Scripts {
                     admit: Script::new(include_str!("../lua/admit.lua")),
@@ -207,6 +224,7 @@ impl<C: Clock> RedisStore<C> {
                     fence: Script::new(include_str!("../lua/fence.lua")),
                     watermark: Script::new(include_str!("../lua/watermark.lua")),
                     dead_letter: Script::new(include_str!("../lua/dead_letter.lua")),
+                    own: Script::new(include_str!("../lua/own.lua")),
                 },
                 queues: (0..partitions)
                     .map(|_| {
@@ -342,6 +360,36 @@ fn parse_entry(entry: Value) -> Option<(u64, KeyHash, u64, Vec<u8>)> {
 }
 
 impl<C: Clock> Inner<C> {
+    /// Takes or keeps `partition` for this instance. One owner at a time hands a partition's
+    /// events out, so per-chat order holds across gateways; a new owner starts from the stream.
+    async fn own(
+        &self,
+        conn: &mut ConnectionManager,
+        partition: u16,
+        queue: &mut Partition,
+    ) -> Result<bool, StoreError> {
+        let verdict: i64 = self
+            .scripts
+            .own
+            .key(format!("{}:own:{partition}", self.prefix))
+            .arg(&self.instance)
+            .arg(self.ownership_ms)
+            .invoke_async(conn)
+            .await
+            .map_err(unavailable)?;
+        match verdict {
+            1 => Ok(true),
+            2 => {
+                queue.forget();
+                Ok(true)
+            }
+            _ => {
+                queue.forget();
+                Ok(false)
+            }
+        }
+    }
+
     /// Folds stream entries after `last_seq` into the hand-out order.
     async fn catch_up(
         &self,
@@ -644,6 +692,9 @@ impl<C: Clock> EventQueue for RedisStore<C> {
         self.run(
             move |inner: Arc<Inner<C>>, mut conn: ConnectionManager| async move {
                 let mut queue = inner.queues[usize::from(partition)].lock().await;
+                if !inner.own(&mut conn, partition, &mut queue).await? {
+                    return Ok(Vec::new());
+                }
                 inner.catch_up(&mut conn, partition, &mut queue).await?;
                 let ready = queue.order.take_ready(inner.clock.now_ms(), max);
                 let mut out = Vec::with_capacity(ready.len());
@@ -807,7 +858,9 @@ impl<C: Clock> EventQueue for RedisStore<C> {
                     let event = match map.get(b"e".as_slice()) {
                         Some(Value::BulkString(bytes)) => decode::<Stored>(bytes)?.event,
                         _ => {
-                            return Err(StoreError::Corrupt("a dead letter lacks its event".into()));
+                            return Err(StoreError::Corrupt(
+                                "a dead letter lacks its event".into(),
+                            ));
                         }
                     };
                     out.push(DeadLetter {
