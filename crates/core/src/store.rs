@@ -80,8 +80,13 @@ pub trait DedupStore: Send + Sync + 'static {
         key: &KeyHash,
     ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;
 
-    /// Counts by state, for operators and metrics. Cheap enough to poll.
+    /// Counts by state, for operators and metrics.
     fn stats(&self) -> impl Future<Output = Result<StoreStats, StoreError>> + Send;
+
+    /// Whether the store answers right now: cheap, for readiness probes.
+    fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
+        async move { self.stats().await.map(|_| ()) }
+    }
 
     /// `complete`, then ack the handed-out queue entry `id` whatever the fence said (the entry
     /// was handed to this caller). Backends that can do both in one step override it: one write

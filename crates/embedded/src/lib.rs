@@ -488,7 +488,7 @@ impl<C: Clock + Clone> EventQueue for EmbeddedStore<C> {
         if ready.is_empty() {
             return Ok(Vec::new());
         }
-        let stored = self.read(|txn| {
+        let fetched = self.read(|txn| {
             let queue = txn.open_table(QUEUE)?;
             let mut stored = Vec::with_capacity(ready.len());
             for seq in &ready {
@@ -497,7 +497,19 @@ impl<C: Clock + Clone> EventQueue for EmbeddedStore<C> {
                 }
             }
             Ok(stored)
-        })?;
+        });
+        let stored = match fetched {
+            Ok(stored) => stored,
+            Err(error) => {
+                // Not handed out after all: put them back so that they go out later.
+                if let Some(mut order) = self.order(partition) {
+                    for seq in &ready {
+                        order.retry(*seq, 0);
+                    }
+                }
+                return Err(error);
+            }
+        };
         let mut out = Vec::with_capacity(stored.len());
         for (seq, bytes) in stored {
             let queued: codec::Queued = decode(&bytes)?;

@@ -45,8 +45,8 @@ fn authorized<S>(shared: &Shared<S>, headers: &HeaderMap) -> Result<(), Response
 }
 
 async fn readyz<S: Store>(State(shared): State<Arc<Shared<S>>>) -> Response {
-    match shared.store.stats().await {
-        Ok(_) if shared.ready.load(std::sync::atomic::Ordering::Relaxed) => {
+    match shared.store.ping().await {
+        Ok(()) if shared.ready.load(std::sync::atomic::Ordering::Relaxed) => {
             (StatusCode::OK, "ready").into_response()
         }
         Ok(_) => (StatusCode::SERVICE_UNAVAILABLE, "shutting down").into_response(),

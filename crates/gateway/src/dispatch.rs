@@ -117,6 +117,25 @@ async fn partition_loop<S: Store>(
     while running.join_next().await.is_some() {}
 }
 
+/// Repeats a store call that must happen (the queue entry stays handed out until it does)
+/// until the store answers, backing off; the dispatcher pauses here while the store is down.
+async fn insist<T, Fut>(what: &str, mut call: impl FnMut() -> Fut) -> T
+where
+    Fut: std::future::Future<Output = Result<T, oncegate_core::StoreError>>,
+{
+    let mut delay = Duration::from_millis(50);
+    loop {
+        match call().await {
+            Ok(value) => return value,
+            Err(error) => {
+                tracing::warn!(%error, ?delay, "{what} failed; trying again");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
 fn backoff(base: Duration, max: Duration, attempt: u32) -> Duration {
     let exp = base.saturating_mul(1u32 << attempt.min(20));
     let capped = exp.min(max);
@@ -136,16 +155,16 @@ async fn handle<S: Store>(shared: &Shared<S>, delivery: Delivery, held: &Held) {
         Ok(Claim::Done { .. }) => {
             // Completed before a crash that came before the ack.
             stats.bump(&stats.already_done, "oncegate_already_done_total");
-            let _ = store.ack(delivery.id).await;
+            insist("ack", || store.ack(delivery.id)).await;
             return;
         }
         Ok(Claim::InFlight { until_ms }) => {
-            let _ = store.retry(delivery.id, until_ms).await;
+            insist("retry", || store.retry(delivery.id, until_ms)).await;
             return;
         }
         Err(error) => {
             tracing::warn!(%error, "claim failed; retrying later");
-            let _ = store.retry(delivery.id, shared.now_ms() + 1000).await;
+            insist("retry", || store.retry(delivery.id, shared.now_ms() + 1000)).await;
             return;
         }
     };
@@ -171,8 +190,8 @@ async fn handle<S: Store>(shared: &Shared<S>, delivery: Delivery, held: &Held) {
             }
             Ok(WatermarkOutcome::Accepted { .. }) => {}
             Err(error) => {
-                let _ = store.release(&lease).await;
-                let _ = store.retry(delivery.id, shared.now_ms() + 1000).await;
+                insist("release", || store.release(&lease)).await;
+                insist("retry", || store.retry(delivery.id, shared.now_ms() + 1000)).await;
                 tracing::warn!(%error, "watermark failed; retrying later");
                 return;
             }
@@ -210,7 +229,7 @@ async fn handle<S: Store>(shared: &Shared<S>, delivery: Delivery, held: &Held) {
         Err(SinkError::Transient(reason))
             if delivery.attempt + 1 < timing.dispatcher.max_attempts =>
         {
-            let _ = store.release(&lease).await;
+            insist("release", || store.release(&lease)).await;
             let delay = backoff(
                 timing.dispatcher.backoff_base,
                 timing.dispatcher.backoff_max,
@@ -219,12 +238,13 @@ async fn handle<S: Store>(shared: &Shared<S>, delivery: Delivery, held: &Held) {
             let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
             tracing::info!(event_id = %event.event_id, attempt = delivery.attempt, %reason, ?delay, "delivery failed; retrying");
             stats.bump(&stats.retries, "oncegate_retries_total");
-            let _ = store
-                .retry(delivery.id, shared.now_ms().saturating_add(delay_ms))
-                .await;
+            insist("retry", || {
+                store.retry(delivery.id, shared.now_ms().saturating_add(delay_ms))
+            })
+            .await;
         }
         Err(error) => {
-            let _ = store.release(&lease).await;
+            insist("release", || store.release(&lease)).await;
             let reason = match error {
                 SinkError::Transient(reason) => {
                     format!("gave up after {} attempts: {reason}", delivery.attempt + 1)
@@ -233,7 +253,7 @@ async fn handle<S: Store>(shared: &Shared<S>, delivery: Delivery, held: &Held) {
             };
             tracing::warn!(event_id = %event.event_id, %reason, "dead-lettered");
             stats.bump(&stats.dead_letters, "oncegate_dead_letters_total");
-            let _ = store.dead_letter(delivery.id, &reason).await;
+            insist("dead letter", || store.dead_letter(delivery.id, &reason)).await;
         }
     }
 }
@@ -260,10 +280,10 @@ async fn finish<S: Store>(
             // Not recorded: after a retry the claim sees Pending again and runs it once more,
             // with the same idempotency key.
             tracing::warn!(%error, "complete failed; the event will run again");
-            let _ = shared
-                .store
-                .retry(delivery.id, shared.now_ms() + 1000)
-                .await;
+            insist("retry", || {
+                shared.store.retry(delivery.id, shared.now_ms() + 1000)
+            })
+            .await;
         }
     }
 }

@@ -130,6 +130,60 @@ struct Inner<C> {
     clock: C,
     scripts: Scripts,
     queues: Vec<Mutex<Partition>>,
+    breaker: Breaker,
+}
+
+/// Failures in a row that open the circuit, and how long it stays open before one call may
+/// try again.
+const BREAKER_FAILURES: u32 = 5;
+const BREAKER_OPEN: Duration = Duration::from_secs(1);
+
+/// A circuit breaker, so that a dead Redis is not hammered by every request and worker: after
+/// a run of failures, calls fail at once for a while; then one call tries again.
+#[derive(Default)]
+struct Breaker {
+    failures: std::sync::atomic::AtomicU32,
+    open_until: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+impl Breaker {
+    fn check(&self) -> Result<(), StoreError> {
+        let mut open = self.open_until.lock().unwrap_or_else(|p| p.into_inner());
+        match *open {
+            Some(until) if std::time::Instant::now() < until => Err(StoreError::Unavailable(
+                "redis: circuit open after repeated failures; retrying shortly".into(),
+            )),
+            Some(_) => {
+                // Half open: let this call through; the next failure reopens at once.
+                *open = None;
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+
+    fn record(&self, ok: bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if ok {
+            if self.failures.swap(0, Relaxed) >= BREAKER_FAILURES {
+                metrics::gauge!("oncegate_store_circuit_open").set(0.0);
+                tracing::info!("redis answers again: circuit closed");
+            }
+            return;
+        }
+        let failures = self.failures.fetch_add(1, Relaxed) + 1;
+        if failures >= BREAKER_FAILURES {
+            *self.open_until.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some(std::time::Instant::now() + BREAKER_OPEN);
+            metrics::gauge!("oncegate_store_circuit_open").set(1.0);
+            if failures == BREAKER_FAILURES {
+                tracing::warn!(
+                    failures,
+                    "redis keeps failing: circuit open, calls fail fast"
+                );
+            }
+        }
+    }
 }
 
 /// The Redis store.
@@ -226,6 +280,7 @@ impl<C: Clock> RedisStore<C> {
                     dead_letter: Script::new(include_str!("../lua/dead_letter.lua")),
                     own: Script::new(include_str!("../lua/own.lua")),
                 },
+                breaker: Breaker::default(),
                 queues: (0..partitions)
                     .map(|_| {
                         Mutex::new(Partition {
@@ -247,6 +302,7 @@ impl<C: Clock> RedisStore<C> {
         F: FnOnce(Arc<Inner<C>>, ConnectionManager) -> Fut + Send + 'static,
         Fut: std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
     {
+        self.inner.breaker.check()?;
         let inner = self.inner.clone();
         let timeout = inner.timeout;
         let task = self.handle.spawn(async move {
@@ -255,8 +311,13 @@ impl<C: Clock> RedisStore<C> {
                 .await
                 .unwrap_or_else(|_| Err(unavailable("no answer in time")))
         });
-        task.await
-            .map_err(|e| unavailable(format!("task failed: {e}")))?
+        let result = task
+            .await
+            .map_err(|e| unavailable(format!("task failed: {e}")))?;
+        self.inner
+            .breaker
+            .record(!matches!(result, Err(StoreError::Unavailable(_))));
+        result
     }
 }
 
@@ -577,6 +638,19 @@ impl<C: Clock> DedupStore for RedisStore<C> {
         .await
     }
 
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.run(
+            move |_inner: Arc<Inner<C>>, mut conn: ConnectionManager| async move {
+                let _: String = redis::cmd("PING")
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(unavailable)?;
+                Ok(())
+            },
+        )
+        .await
+    }
+
     /// Counts by scanning the prefix: O(records), for operators, not for polling.
     async fn stats(&self) -> Result<StoreStats, StoreError> {
         let in_flight = {
@@ -697,42 +771,28 @@ impl<C: Clock> EventQueue for RedisStore<C> {
                 }
                 inner.catch_up(&mut conn, partition, &mut queue).await?;
                 let ready = queue.order.take_ready(inner.clock.now_ms(), max);
-                let mut out = Vec::with_capacity(ready.len());
-                for seq in ready {
-                    let id = format!("0-{seq}");
-                    let entries: Value = redis::cmd("XRANGE")
-                        .arg(inner.stream(partition))
-                        .arg(&id)
-                        .arg(&id)
-                        .query_async(&mut conn)
-                        .await
-                        .map_err(unavailable)?;
-                    let attempt: Option<String> = redis::cmd("HGET")
-                        .arg(inner.attempts(partition))
-                        .arg(seq)
-                        .query_async(&mut conn)
-                        .await
-                        .map_err(unavailable)?;
-                    let Some((_, key, _, bytes)) =
-                        array(entries)?.into_iter().next().and_then(parse_entry)
-                    else {
-                        // Gone (acked by another instance): forget it here too.
-                        queue.order.remove(seq);
-                        continue;
-                    };
-                    let stored: Stored = decode(&bytes)?;
-                    out.push(Delivery {
-                        id: QueueId { partition, seq },
-                        key,
-                        event: stored.event,
-                        attempt: attempt
-                            .as_deref()
-                            .and_then(|a| a.split(':').next())
-                            .and_then(|a| a.parse().ok())
-                            .unwrap_or(0),
-                    });
+                match fetch(&inner, &mut conn, partition, &ready).await {
+                    Ok(fetched) => {
+                        let mut out = Vec::with_capacity(fetched.len());
+                        for (seq, found) in ready.iter().zip(fetched) {
+                            match found {
+                                Some(delivery) => out.push(delivery),
+                                // Gone (acked by an earlier owner): forget it here too.
+                                None => {
+                                    queue.order.remove(*seq);
+                                }
+                            }
+                        }
+                        Ok(out)
+                    }
+                    Err(error) => {
+                        // Not handed out after all: put them back so that they go out later.
+                        for seq in ready {
+                            queue.order.retry(seq, 0);
+                        }
+                        Err(error)
+                    }
                 }
-                Ok(out)
             },
         )
         .await
@@ -888,6 +948,50 @@ impl<C: Clock> EventQueue for RedisStore<C> {
         )
         .await
     }
+}
+
+/// Reads the entries `seqs` of a partition's stream with their attempt counts; `None` for an
+/// entry that is gone.
+async fn fetch<C>(
+    inner: &Inner<C>,
+    conn: &mut ConnectionManager,
+    partition: u16,
+    seqs: &[u64],
+) -> Result<Vec<Option<Delivery>>, StoreError> {
+    let mut out = Vec::with_capacity(seqs.len());
+    for &seq in seqs {
+        let id = format!("0-{seq}");
+        let entries: Value = redis::cmd("XRANGE")
+            .arg(inner.stream(partition))
+            .arg(&id)
+            .arg(&id)
+            .query_async(conn)
+            .await
+            .map_err(unavailable)?;
+        let attempt: Option<String> = redis::cmd("HGET")
+            .arg(inner.attempts(partition))
+            .arg(seq)
+            .query_async(conn)
+            .await
+            .map_err(unavailable)?;
+        let Some((_, key, _, bytes)) = array(entries)?.into_iter().next().and_then(parse_entry)
+        else {
+            out.push(None);
+            continue;
+        };
+        let stored: Stored = decode(&bytes)?;
+        out.push(Some(Delivery {
+            id: QueueId { partition, seq },
+            key,
+            event: stored.event,
+            attempt: attempt
+                .as_deref()
+                .and_then(|a| a.split(':').next())
+                .and_then(|a| a.parse().ok())
+                .unwrap_or(0),
+        }));
+    }
+    Ok(out)
 }
 
 impl<C: Clock> WatermarkStore for RedisStore<C> {
