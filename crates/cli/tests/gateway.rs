@@ -1062,3 +1062,124 @@ async fn a_redis_restart_loses_nothing_and_admits_nothing_twice() {
         got.len()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_of_three_gateways_killed_midway_loses_nothing() {
+    const CHATS: usize = 30;
+    const PER_CHAT: usize = 100;
+    let url = std::env::var("ONCEGATE_TEST_REDIS_URL").unwrap_or_else(|_| {
+        panic!("ONCEGATE_TEST_REDIS_URL is not set: run scripts/test, which starts redis-server")
+    });
+    let (downstream, addr) = Downstream::start().await;
+    downstream.behavior.lock().expect("behavior").delay = Duration::from_millis(2);
+    let store = format!(
+        "backend = \"redis\"\nurl = \"{url}\"\nprefix = \"kill{}\"\npartitions = 8",
+        std::process::id()
+    );
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().expect("dir")).collect();
+    let mut gateways: Vec<Option<Gateway>> = dirs
+        .iter()
+        .map(|d| {
+            Some(Gateway::start_with_lease(
+                d.path(),
+                addr,
+                false,
+                &store,
+                "3s",
+                "1s",
+            ))
+        })
+        .collect();
+    let urls: Arc<Vec<String>> =
+        Arc::new(gateways.iter().flatten().map(|g| g.url.clone()).collect());
+    let client = client();
+    let acked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut chats = Vec::new();
+    for chat in 0..CHATS {
+        let (client, urls, acked) = (client.clone(), urls.clone(), acked.clone());
+        chats.push(tokio::spawn(async move {
+            for n in 0..PER_CHAT {
+                let plain = message(
+                    &format!("kill-{chat}-{n}"),
+                    &format!("oc_kill{chat}"),
+                    1_000 + n as u64,
+                );
+                // The platform retries elsewhere until some gateway answers 200.
+                let mut target = (chat + n) % 3;
+                loop {
+                    match post(&client, &urls[target], &sign(&plain)).await {
+                        Ok((200, _)) => break,
+                        _ => {
+                            target = (target + 1) % 3;
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                    }
+                }
+                acked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }));
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while acked.load(std::sync::atomic::Ordering::Relaxed) < CHATS * PER_CHAT / 3
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Kill the one that owns the most: the first started took every partition.
+    if let Some(gateway) = gateways[0].take() {
+        gateway.kill9();
+    }
+    for chat in chats {
+        chat.await.expect("chat");
+    }
+    downstream
+        .wait_for("every event", |got| {
+            let ids: HashSet<&str> = got.iter().map(|g| g.event_id.as_str()).collect();
+            ids.len() == CHATS * PER_CHAT
+        })
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let got = downstream.got();
+    let mut per_chat: HashMap<String, Vec<String>> = HashMap::new();
+    let mut keys: HashMap<&str, HashSet<&str>> = HashMap::new();
+    for g in &got {
+        keys.entry(g.event_id.as_str())
+            .or_default()
+            .insert(g.idempotency_key.as_str());
+        let list = per_chat
+            .entry(g.order_key.clone().unwrap_or_default())
+            .or_default();
+        if list.last() != Some(&g.event_id) {
+            list.push(g.event_id.clone());
+        }
+    }
+    assert!(
+        keys.values().all(|k| k.len() == 1),
+        "a repeat carries the same Idempotency-Key"
+    );
+    let repeated = got.len() - keys.len();
+    // Only handlers running at the kill can run again.
+    assert!(repeated <= 64, "{repeated} repeats");
+    for chat in 0..CHATS {
+        let expected: Vec<String> = (0..PER_CHAT).map(|n| format!("kill-{chat}-{n}")).collect();
+        let seen = per_chat
+            .get(&format!("oc_kill{chat}"))
+            .cloned()
+            .unwrap_or_default();
+        // A repeat of a running handler may come right after it; apart from that, in order.
+        let mut deduped = seen.clone();
+        deduped.dedup();
+        let mut unique = Vec::new();
+        for id in deduped {
+            if !unique.contains(&id) {
+                unique.push(id);
+            }
+        }
+        assert_eq!(unique, expected, "chat {chat} in order");
+    }
+    eprintln!(
+        "one of three killed: {} deliveries for {} events, {repeated} repeats",
+        got.len(),
+        CHATS * PER_CHAT
+    );
+}
