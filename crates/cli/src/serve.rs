@@ -71,6 +71,7 @@ pub(crate) async fn serve(config_path: Option<&Path>) -> anyhow::Result<()> {
                     .prefix
                     .clone()
                     .unwrap_or(defaults.prefix.clone()),
+                ownership: config.store.ownership.unwrap_or(defaults.ownership),
                 ..defaults
             };
             let store =

@@ -39,6 +39,10 @@ struct Behavior {
     delay: Duration,
     /// Card replies given so far.
     cards: u32,
+    /// event id → a delay for its first delivery only.
+    slow_once: HashMap<String, Duration>,
+    /// Slow first deliveries that have arrived.
+    slow_started: usize,
 }
 
 #[derive(Clone, Default)]
@@ -119,7 +123,16 @@ async fn receive(
 ) -> StatusCode {
     let doc: serde_json::Value = serde_json::from_slice(&body).expect("json envelope");
     let event_id = doc["event_id"].as_str().unwrap_or_default().to_owned();
-    let delay = state.behavior.lock().expect("behavior").delay;
+    let delay = {
+        let mut behavior = state.behavior.lock().expect("behavior");
+        match behavior.slow_once.remove(&event_id) {
+            Some(slow) => {
+                behavior.slow_started += 1;
+                slow
+            }
+            None => behavior.delay,
+        }
+    };
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
     }
@@ -271,6 +284,15 @@ watermark = {watermark}
             url: format!("{}/webhook/main", urls[0]),
             admin: urls[1].to_owned(),
         }
+    }
+
+    fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("kill");
+        assert!(status.success());
     }
 
     fn kill9(mut self) {
@@ -1181,5 +1203,80 @@ async fn one_of_three_gateways_killed_midway_loses_nothing() {
         "one of three killed: {} deliveries for {} events, {repeated} repeats",
         got.len(),
         CHATS * PER_CHAT
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_outlives_its_lease_is_fenced_off() {
+    let url = std::env::var("ONCEGATE_TEST_REDIS_URL").unwrap_or_else(|_| {
+        panic!("ONCEGATE_TEST_REDIS_URL is not set: run scripts/test, which starts redis-server")
+    });
+    let (downstream, addr) = Downstream::start().await;
+    downstream
+        .behavior
+        .lock()
+        .expect("behavior")
+        .slow_once
+        .insert("slow-1".into(), Duration::from_secs(3));
+    let store = format!(
+        "backend = \"redis\"\nurl = \"{url}\"\nprefix = \"lease{}\"\npartitions = 1\nownership = \"1s\"",
+        std::process::id()
+    );
+    let (dir_a, dir_b) = (
+        tempfile::tempdir().expect("dir"),
+        tempfile::tempdir().expect("dir"),
+    );
+    let a = Gateway::start_with_lease(dir_a.path(), addr, false, &store, "1s", "300ms");
+    tokio::time::sleep(Duration::from_millis(400)).await; // a pulls first and owns the partition
+    let b = Gateway::start_with_lease(dir_b.path(), addr, false, &store, "1s", "300ms");
+    let client = client();
+    let (status, _) = post(&client, &a.url, &sign(&message("slow-1", "oc_slow", 1_000)))
+        .await
+        .expect("post");
+    assert_eq!(status, 200);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while downstream.behavior.lock().expect("behavior").slow_started == 0 {
+        assert!(Instant::now() < deadline, "the slow delivery never started");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // a freezes mid-handler: no renewals, no pulls. Its lease and its partition run out; b takes
+    // over, claims the event again and delivers it.
+    a.signal("STOP");
+    downstream
+        .wait_for("b's delivery", |got| {
+            got.iter().any(|g| g.event_id == "slow-1")
+        })
+        .await;
+    a.signal("CONT");
+    // a's handler ends; its completion carries the old token and is refused.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let stats = a.stats().await;
+        if stats["gateway"]["fenced"].as_u64() == Some(1) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a's completion should be refused and counted: {stats}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    downstream
+        .wait_for("a's late delivery", |got| {
+            got.iter().filter(|g| g.event_id == "slow-1").count() == 2
+        })
+        .await;
+    let keys: HashSet<String> = downstream
+        .got()
+        .iter()
+        .map(|g| g.idempotency_key.clone())
+        .collect();
+    assert_eq!(keys.len(), 1, "both runs carry the same Idempotency-Key");
+    assert_eq!(b.stats().await["gateway"]["delivered"], 1);
+    assert_eq!(b.stats().await["gateway"]["fenced"], 0);
+    assert_eq!(
+        a.stats().await["gateway"]["leases_lost"],
+        1,
+        "a noticed once and stopped renewing"
     );
 }

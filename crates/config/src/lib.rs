@@ -2,6 +2,7 @@
 //! variables, and a validation that names every invalid or contradictory setting.
 
 mod duration;
+mod duration_opt;
 mod validate;
 
 use std::collections::BTreeMap;
@@ -187,6 +188,10 @@ pub struct StoreConfig {
     pub cache_mb: Option<u64>,
     /// The Redis backend's key prefix (several deployments can share one Redis).
     pub prefix: Option<String>,
+    /// The Redis backend: how long a gateway keeps a partition without pulling it before
+    /// another takes it over.
+    #[serde(with = "duration_opt", default)]
+    pub ownership: Option<Duration>,
 }
 
 impl Default for StoreConfig {
@@ -199,6 +204,7 @@ impl Default for StoreConfig {
             max_records: None,
             cache_mb: None,
             prefix: None,
+            ownership: None,
         }
     }
 }

@@ -163,6 +163,25 @@ pub fn validate(config: &Config) -> Vec<Problem> {
             ),
         );
     }
+    if config.store.ownership.is_some() && config.store.backend != Backend::Redis {
+        report(
+            Severity::Error,
+            "store.ownership",
+            "applies to the redis backend only".into(),
+        );
+    }
+    if config
+        .store
+        .ownership
+        .is_some_and(|o| o < Duration::from_millis(200))
+    {
+        report(
+            Severity::Error,
+            "store.ownership",
+            "below 200ms partitions would change hands between two pulls; 10s is the default"
+                .into(),
+        );
+    }
     if config.store.prefix.is_some() && config.store.backend != Backend::Redis {
         report(
             Severity::Error,

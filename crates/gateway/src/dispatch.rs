@@ -209,12 +209,17 @@ async fn handle<S: Store>(shared: &Shared<S>, delivery: Delivery, held: &Held) {
         tokio::pin!(deliver);
         let mut renew = tokio::time::interval(timing.renew_every);
         renew.tick().await;
+        let mut renewing = true;
         loop {
             tokio::select! {
                 result = &mut deliver => break result,
-                _ = renew.tick() => {
+                _ = renew.tick(), if renewing => {
                     if let Ok(FenceCheck::Rejected) = store.renew(&lease, timing.lease).await {
-                        stats.bump(&stats.fenced, "oncegate_fenced_total");
+                        // Taken over: the handler cannot be stopped safely mid-call, so let it
+                        // end; its completion will be refused.
+                        stats.bump(&stats.leases_lost, "oncegate_leases_lost_total");
+                        tracing::warn!(event_id = %event.event_id, "lease lost while the handler runs");
+                        renewing = false;
                     }
                 }
             }

@@ -42,7 +42,8 @@ counters! {
     stale_dropped: "Events dropped by a route's watermark as older than one already applied.",
     unrouted: "Events no route matched (acknowledged and dropped).",
     already_done: "Queue entries whose key was already completed (a crash between complete and ack).",
-    fenced: "Completions or renewals refused because the lease was taken over.",
+    fenced: "Completions refused because the lease was taken over (another worker ran it).",
+    leases_lost: "Running handlers whose lease renewal was refused: someone else took over.",
     cards: "Card callbacks answered.",
 }
 
