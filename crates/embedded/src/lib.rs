@@ -196,6 +196,9 @@ impl<C: Clock + Clone> EmbeddedStore<C> {
                 source,
             })?;
         }
+        if !path.exists() {
+            create_atomically(&path, config.partitions.max(1))?;
+        }
         let db = redb::Builder::new()
             .set_concurrency_mode(redb::ConcurrencyMode::SingleWriter)
             .set_cache_size(config.cache_bytes)
@@ -579,6 +582,43 @@ impl<C: Clock + Clone> WatermarkStore for EmbeddedStore<C> {
         })
         .await
     }
+}
+
+/// Creates a new store file beside `path`, commits its first transaction, and only then renames
+/// it into place: a crash while creating leaves a stray temporary file, never a half-made store.
+fn create_atomically(path: &Path, partitions: u16) -> Result<(), OpenError> {
+    let creating = path.with_extension("creating");
+    let io = |source: std::io::Error| OpenError::Io {
+        path: creating.clone(),
+        source,
+    };
+    let database = |message: String| OpenError::Database {
+        path: creating.clone(),
+        message,
+    };
+    if creating.exists() {
+        std::fs::remove_file(&creating).map_err(io)?;
+    }
+    let db = redb::Builder::new()
+        .create(&creating)
+        .map_err(|e| database(e.to_string()))?;
+    (|| -> Result<(), redb::Error> {
+        let txn = db.begin_write()?;
+        txn.open_table(META)?
+            .insert("partitions", u64::from(partitions))?;
+        txn.commit()?;
+        Ok(())
+    })()
+    .map_err(|e| database(e.to_string()))?;
+    drop(db);
+    std::fs::rename(&creating, path).map_err(io)?;
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        // The rename is durable once the folder is synced.
+        std::fs::File::open(parent)
+            .and_then(|dir| dir.sync_all())
+            .map_err(io)?;
+    }
+    Ok(())
 }
 
 /// Counts the stored records per state, once, on open.

@@ -30,8 +30,13 @@ fn kill_nine_loses_nothing_and_admits_nothing_twice() {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("start the child");
-        // A different moment in each run, from early in start-up to mid-flight.
-        let delay = 10 + (run * 37) % 250;
+        // A different moment in each run: the first runs die while the file is being created,
+        // the others from early in start-up to mid-flight.
+        let delay = if run < 4 {
+            1 + run * 3
+        } else {
+            10 + (run * 37) % 250
+        };
         std::thread::sleep(Duration::from_millis(delay));
         child.kill().expect("kill -9");
         let mut output = String::new();
