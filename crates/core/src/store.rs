@@ -164,6 +164,17 @@ pub trait Store: DedupStore + EventQueue + WatermarkStore {}
 
 impl<T: DedupStore + EventQueue + WatermarkStore> Store for T {}
 
+/// The check every backend's `admit` starts with: at least one key.
+pub fn require_keys(keys: &[KeyHash]) -> Result<(), StoreError> {
+    if keys.is_empty() {
+        Err(StoreError::Invalid(
+            "admit needs at least one dedup key".into(),
+        ))
+    } else {
+        Ok(())
+    }
+}
+
 /// Milliseconds of a duration, saturating.
 pub fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)

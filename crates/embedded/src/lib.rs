@@ -359,11 +359,7 @@ impl<C: Clock + Clone> DedupStore for EmbeddedStore<C> {
         keys: &[KeyHash],
         retention: Duration,
     ) -> Result<Admission, StoreError> {
-        if keys.is_empty() {
-            return Err(StoreError::Invalid(
-                "admit needs at least one dedup key".into(),
-            ));
-        }
+        oncegate_core::store::require_keys(keys)?;
         let keys = keys.to_vec();
         self.send(|reply| Command::Admit {
             event,

@@ -574,11 +574,7 @@ impl<C: Clock> DedupStore for MemoryStore<C> {
         keys: &[KeyHash],
         retention: Duration,
     ) -> Result<Admission, StoreError> {
-        if keys.is_empty() {
-            return Err(StoreError::Invalid(
-                "admit needs at least one dedup key".into(),
-            ));
-        }
+        oncegate_core::store::require_keys(keys)?;
         let now_ms = self.clock.now_ms();
         let retention_ms = millis(retention);
         if keys.len() == 1 {

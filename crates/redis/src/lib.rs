@@ -514,11 +514,7 @@ impl<C: Clock> DedupStore for RedisStore<C> {
         keys: &[KeyHash],
         retention: Duration,
     ) -> Result<Admission, StoreError> {
-        if keys.is_empty() {
-            return Err(StoreError::Invalid(
-                "admit needs at least one dedup key".into(),
-            ));
-        }
+        oncegate_core::store::require_keys(keys)?;
         let keys = keys.to_vec();
         self.run(
             move |inner: Arc<Inner<C>>, mut conn: ConnectionManager| async move {
