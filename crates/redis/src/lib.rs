@@ -104,6 +104,7 @@ struct Scripts {
     watermark: Script,
     dead_letter: Script,
     own: Script,
+    complete_ack: Script,
 }
 
 struct Partition {
@@ -279,6 +280,7 @@ impl<C: Clock> RedisStore<C> {
                     watermark: Script::new(include_str!("../lua/watermark.lua")),
                     dead_letter: Script::new(include_str!("../lua/dead_letter.lua")),
                     own: Script::new(include_str!("../lua/own.lua")),
+                    complete_ack: Script::new(include_str!("../lua/complete_ack.lua")),
                 },
                 breaker: Breaker::default(),
                 queues: (0..partitions)
@@ -629,6 +631,48 @@ impl<C: Clock> DedupStore for RedisStore<C> {
                     .map_err(unavailable)?;
                 let now = inner.clock.now_ms();
                 Ok(parse_record(fields).filter(|record| record.is_live(now)))
+            },
+        )
+        .await
+    }
+
+    async fn complete_and_ack(
+        &self,
+        lease: &Lease,
+        retention: Duration,
+        outcome: Option<Bytes>,
+        id: QueueId,
+    ) -> Result<FenceCheck, StoreError> {
+        let lease = *lease;
+        self.run(
+            move |inner: Arc<Inner<C>>, mut conn: ConnectionManager| async move {
+                let Some(queue) = inner.queues.get(usize::from(id.partition)) else {
+                    return Err(StoreError::Invalid(format!(
+                        "no partition {}",
+                        id.partition
+                    )));
+                };
+                let mut queue = queue.lock().await;
+                let mut call = inner.scripts.complete_ack.prepare_invoke();
+                call.key(inner.record_key(&lease.key))
+                    .key(inner.stream(id.partition))
+                    .key(inner.attempts(id.partition))
+                    .arg(lease.token.0)
+                    .arg(inner.clock.now_ms())
+                    .arg(millis(retention))
+                    .arg(TTL_SLACK_MS)
+                    .arg(format!("0-{}", id.seq))
+                    .arg(id.seq);
+                if let Some(outcome) = &outcome {
+                    call.arg(outcome.as_ref());
+                }
+                let applied: i64 = call.invoke_async(&mut conn).await.map_err(unavailable)?;
+                queue.order.remove(id.seq);
+                Ok(if applied == 1 {
+                    FenceCheck::Accepted
+                } else {
+                    FenceCheck::Rejected
+                })
             },
         )
         .await
