@@ -170,12 +170,26 @@ fn workload_events(ops: u64) -> Vec<Vec<Event>> {
         .collect()
 }
 
+/// Each thread's events, made before the clock starts; a thread takes its own once.
+struct PerThread(std::sync::Mutex<Vec<Vec<Event>>>);
+
+impl PerThread {
+    fn new(ops: u64) -> Self {
+        Self(std::sync::Mutex::new(workload_events(ops)))
+    }
+
+    fn take(&self, thread: u64) -> Vec<Event> {
+        let mut all = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        all.get_mut(thread as usize)
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+}
+
 fn admit_ours(ops: u64) -> f64 {
     let store = MemoryStore::with_clock(MemoryConfig::default(), SystemClock);
-    let events = std::sync::Mutex::new(workload_events(ops));
-    let take = |thread: u64| {
-        std::mem::take(&mut events.lock().unwrap_or_else(|p| p.into_inner())[thread as usize])
-    };
+    let events = PerThread::new(ops);
+    let take = |thread: u64| events.take(thread);
     let (admitted, elapsed) = run_threads(|thread| {
         let mine = take(thread);
         let mut admitted = 0;
@@ -194,10 +208,8 @@ fn admit_ours(ops: u64) -> f64 {
 /// The floor: each thread only hashes the key and moves the event into its own vector (no
 /// dedup, no sharing). No store can admit faster than this on these events.
 fn admit_floor(ops: u64) -> f64 {
-    let events = std::sync::Mutex::new(workload_events(ops));
-    let take = |thread: u64| {
-        std::mem::take(&mut events.lock().unwrap_or_else(|p| p.into_inner())[thread as usize])
-    };
+    let events = PerThread::new(ops);
+    let take = |thread: u64| events.take(thread);
     let (_, elapsed) = run_threads(|thread| {
         let mine = take(thread);
         let mut kept = Vec::new();
@@ -215,10 +227,8 @@ fn admit_floor(ops: u64) -> f64 {
 
 fn admit_seed(ops: u64) -> f64 {
     let seed = SeedDeduplicator::default();
-    let events = std::sync::Mutex::new(workload_events(ops));
-    let take = |thread: u64| {
-        std::mem::take(&mut events.lock().unwrap_or_else(|p| p.into_inner())[thread as usize])
-    };
+    let events = PerThread::new(ops);
+    let take = |thread: u64| events.take(thread);
     let (admitted, elapsed) = with_seed_cleanup(&seed, || {
         run_threads(|thread| {
             let mine = take(thread);

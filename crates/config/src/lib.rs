@@ -138,13 +138,18 @@ fn default_sink_timeout() -> Duration {
 impl RouteConfig {
     /// Whether `event_type` is one of this route's.
     pub fn matches(&self, event_type: &str) -> bool {
-        self.events
-            .iter()
-            .any(|pattern| match pattern.strip_suffix('*') {
-                Some(prefix) => event_type.starts_with(prefix),
-                None => pattern == event_type,
-            })
+        event_type_matches(&self.events, event_type)
     }
+}
+
+/// Whether `event_type` matches one of `patterns`: exact, `prefix*`, or `*`.
+pub fn event_type_matches(patterns: &[String], event_type: &str) -> bool {
+    patterns
+        .iter()
+        .any(|pattern| match pattern.strip_suffix('*') {
+            Some(prefix) => event_type.starts_with(prefix),
+            None => pattern == event_type,
+        })
 }
 
 impl Config {

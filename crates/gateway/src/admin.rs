@@ -46,10 +46,7 @@ fn authorized<S>(shared: &Shared<S>, headers: &HeaderMap) -> Result<(), Response
 
 async fn readyz<S: Store>(State(shared): State<Arc<Shared<S>>>) -> Response {
     match shared.store.ping().await {
-        Ok(()) if shared.ready.load(std::sync::atomic::Ordering::Relaxed) => {
-            (StatusCode::OK, "ready").into_response()
-        }
-        Ok(_) => (StatusCode::SERVICE_UNAVAILABLE, "shutting down").into_response(),
+        Ok(()) => (StatusCode::OK, "ready").into_response(),
         Err(error) => (StatusCode::SERVICE_UNAVAILABLE, format!("store: {error}")).into_response(),
     }
 }

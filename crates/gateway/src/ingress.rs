@@ -96,7 +96,6 @@ async fn webhook<S: Store>(
             let counter = match response.status() {
                 StatusCode::CONFLICT => &stats.replays_rejected,
                 StatusCode::UNAUTHORIZED => &stats.stale_timestamps,
-                StatusCode::SERVICE_UNAVAILABLE => &stats.store_unavailable,
                 _ => &stats.bad_requests,
             };
             stats.bump(counter, "oncegate_guard_refused_total");

@@ -54,12 +54,7 @@ pub(crate) struct Route {
 
 impl Route {
     fn matches(&self, event_type: &str) -> bool {
-        self.patterns
-            .iter()
-            .any(|pattern| match pattern.strip_suffix('*') {
-                Some(prefix) => event_type.starts_with(prefix),
-                None => pattern == event_type,
-            })
+        oncegate_config::event_type_matches(&self.patterns, event_type)
     }
 }
 
@@ -101,7 +96,6 @@ pub(crate) struct Shared<S> {
     pub(crate) wake: Vec<Notify>,
     pub(crate) clock: SystemClock,
     pub(crate) metrics_render: Option<Box<dyn Fn() -> String + Send + Sync>>,
-    pub(crate) ready: std::sync::atomic::AtomicBool,
 }
 
 impl<S: Store> Shared<S> {
@@ -173,7 +167,6 @@ impl<S: Store> Gateway<S> {
                 wake: (0..partitions).map(|_| Notify::new()).collect(),
                 clock: SystemClock,
                 metrics_render: None,
-                ready: std::sync::atomic::AtomicBool::new(true),
             }),
         }
     }

@@ -69,23 +69,48 @@ impl<H: Handler> Sink for HandlerSink<H> {
 }
 
 /// The JSON document every sink emits: the event with its oncegate identity.
+#[derive(serde::Serialize)]
+struct Envelope<'a> {
+    id: &'a str,
+    source: &'a str,
+    app: &'a str,
+    tenant: Option<&'a str>,
+    event_id: &'a str,
+    event_type: &'a str,
+    created_at_ms: u64,
+    order_key: Option<&'a str>,
+    attempt: u32,
+    payload: Payload<'a>,
+}
+
+/// The payload as received: JSON embedded as is (validated, never rebuilt), anything else as a
+/// string.
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum Payload<'a> {
+    Json(&'a serde_json::value::RawValue),
+    Text(std::borrow::Cow<'a, str>),
+}
+
+/// The envelope of one delivery, serialized.
 pub fn envelope(outgoing: &Outgoing<'_>) -> Vec<u8> {
     let event = outgoing.event;
-    let payload: serde_json::Value = serde_json::from_slice(&event.payload).unwrap_or_else(|_| {
-        serde_json::Value::String(String::from_utf8_lossy(&event.payload).into_owned())
-    });
-    let doc = serde_json::json!({
-        "id": outgoing.id,
-        "source": &*event.source,
-        "app": &*event.app,
-        "tenant": event.tenant.as_deref(),
-        "event_id": event.event_id,
-        "event_type": &*event.event_type,
-        "created_at_ms": event.created_at_ms,
-        "order_key": event.order_key,
-        "attempt": outgoing.attempt,
-        "payload": payload,
-    });
+    let payload = match serde_json::from_slice::<&serde_json::value::RawValue>(&event.payload) {
+        Ok(raw) => Payload::Json(raw),
+        Err(_) => Payload::Text(String::from_utf8_lossy(&event.payload)),
+    };
+    let doc = Envelope {
+        id: outgoing.id,
+        source: &event.source,
+        app: &event.app,
+        tenant: event.tenant.as_deref(),
+        event_id: &event.event_id,
+        event_type: &event.event_type,
+        created_at_ms: event.created_at_ms,
+        order_key: event.order_key.as_deref(),
+        attempt: outgoing.attempt,
+        payload,
+    };
     serde_json::to_vec(&doc).unwrap_or_default()
 }
 
@@ -294,6 +319,40 @@ mod tests {
             HttpSink::sign(&key, "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, body),
             "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
         );
+    }
+
+    #[test]
+    fn the_envelope_embeds_json_payloads_as_they_are_and_other_bytes_as_text() {
+        let mut event = oncegate_core::Event {
+            source: "feishu".into(),
+            app: "cli_x".into(),
+            tenant: None,
+            event_id: "e1".into(),
+            event_type: "im.message.receive_v1".into(),
+            created_at_ms: 7,
+            order_key: Some("oc_1".into()),
+            payload: Bytes::from_static(br#"{"b": 1, "a": [2]}"#),
+        };
+        let out = |event: &oncegate_core::Event| -> serde_json::Value {
+            let outgoing = Outgoing {
+                id: "msg_1",
+                event,
+                attempt: 2,
+            };
+            serde_json::from_slice(&envelope(&outgoing)).expect("json")
+        };
+        let doc = out(&event);
+        assert_eq!(doc["payload"], serde_json::json!({"b": 1, "a": [2]}));
+        assert_eq!(
+            (
+                doc["id"].as_str(),
+                doc["attempt"].as_u64(),
+                doc["order_key"].as_str()
+            ),
+            (Some("msg_1"), Some(2), Some("oc_1"))
+        );
+        event.payload = Bytes::from_static(b"<xml>not json</xml>");
+        assert_eq!(out(&event)["payload"], "<xml>not json</xml>");
     }
 
     #[test]

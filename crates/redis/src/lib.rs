@@ -423,6 +423,12 @@ fn parse_entry(entry: Value) -> Option<(u64, KeyHash, u64, Vec<u8>)> {
 }
 
 impl<C: Clock> Inner<C> {
+    /// The partition of `id`, locked, if this instance handed `id` out; else `None`.
+    async fn handed_out(&self, id: QueueId) -> Option<tokio::sync::MutexGuard<'_, Partition>> {
+        let queue = self.queues.get(usize::from(id.partition))?.lock().await;
+        queue.order.is_in_flight(id.seq).then_some(queue)
+    }
+
     /// Takes or keeps `partition` for this instance. One owner at a time hands a partition's
     /// events out, so per-chat order holds across gateways; a new owner starts from the stream.
     async fn own(
@@ -841,13 +847,9 @@ impl<C: Clock> EventQueue for RedisStore<C> {
     async fn ack(&self, id: QueueId) -> Result<bool, StoreError> {
         self.run(
             move |inner: Arc<Inner<C>>, mut conn: ConnectionManager| async move {
-                let Some(queue) = inner.queues.get(usize::from(id.partition)) else {
+                let Some(mut queue) = inner.handed_out(id).await else {
                     return Ok(false);
                 };
-                let mut queue = queue.lock().await;
-                if !queue.order.is_in_flight(id.seq) {
-                    return Ok(false);
-                }
                 let _: Value = redis::pipe()
                     .cmd("XDEL")
                     .arg(inner.stream(id.partition))
@@ -868,13 +870,9 @@ impl<C: Clock> EventQueue for RedisStore<C> {
     async fn retry(&self, id: QueueId, not_before_ms: u64) -> Result<bool, StoreError> {
         self.run(
             move |inner: Arc<Inner<C>>, mut conn: ConnectionManager| async move {
-                let Some(queue) = inner.queues.get(usize::from(id.partition)) else {
+                let Some(mut queue) = inner.handed_out(id).await else {
                     return Ok(false);
                 };
-                let mut queue = queue.lock().await;
-                if !queue.order.is_in_flight(id.seq) {
-                    return Ok(false);
-                }
                 let previous: Option<String> = redis::cmd("HGET")
                     .arg(inner.attempts(id.partition))
                     .arg(id.seq)
@@ -904,13 +902,9 @@ impl<C: Clock> EventQueue for RedisStore<C> {
         let reason = reason.to_owned();
         self.run(
             move |inner: Arc<Inner<C>>, mut conn: ConnectionManager| async move {
-                let Some(queue) = inner.queues.get(usize::from(id.partition)) else {
+                let Some(mut queue) = inner.handed_out(id).await else {
                     return Ok(false);
                 };
-                let mut queue = queue.lock().await;
-                if !queue.order.is_in_flight(id.seq) {
-                    return Ok(false);
-                }
                 let moved: i64 = inner
                     .scripts
                     .dead_letter
