@@ -33,6 +33,7 @@ impl<const WORDS: usize> SeqWindow<WORDS> {
 
     /// An empty window.
     pub const fn new() -> Self {
+        const { assert!(WORDS > 0, "a sequence window needs at least one word") };
         Self {
             highest: None,
             bits: [0; WORDS],
