@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use bytes::Bytes;
 use clap::Parser;
-use oncegate_core::{Admission, Claim, Clock, DedupStore, Event, SystemClock, key_for};
+use oncegate_core::{Admission, Claim, Clock, DedupStore, Event, EventQueue, SystemClock, key_for};
 use oncegate_embedded::{EmbeddedConfig, EmbeddedStore};
 use oncegate_memory::{MemoryConfig, MemoryStore};
 
@@ -256,7 +256,8 @@ fn claim_ours(ops: u64) -> f64 {
             id_text.clear();
             let _ = write!(id_text, "ev_{:016x}", work.id(op));
             let key = key_for("feishu", "cli_bench", "event_id", &id_text);
-            if let Ok(Claim::Acquired(lease)) = ready(store.claim(&key, Duration::from_secs(300)))
+            if let Ok(Claim::Acquired(lease)) =
+                ready(store.claim(&key, key.home(store.partitions()), Duration::from_secs(300)))
                 && ready(store.complete(&lease, DAY, None)).is_ok()
             {
                 completed += 1;
@@ -337,7 +338,7 @@ fn child_memory(which: &str, keys: u64) -> anyhow::Result<()> {
             for i in 0..keys {
                 let key = key_for("feishu", "cli_bench", "event_id", &write_id(i));
                 if let Ok(Claim::Acquired(lease)) =
-                    ready(store.claim(&key, Duration::from_secs(300)))
+                    ready(store.claim(&key, key.home(store.partitions()), Duration::from_secs(300)))
                 {
                     let _ = ready(store.complete(&lease, DAY, None));
                 }

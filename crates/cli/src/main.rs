@@ -198,9 +198,15 @@ fn inspect(args: InspectArgs) -> anyhow::Result<()> {
                 (None, Some(source), Some(app), Some(id)) => key_for(&source, &app, &kind, &id),
                 _ => bail!("name the record with --key HEX, or with --source, --app and --id"),
             };
-            match reader.record(&key)? {
-                Some(record) => println!("{key}  {}", describe(&record, now_ms)),
-                None => println!("{key}  not seen (or forgotten after its retention)"),
+            let found = reader.record(&key)?;
+            if found.is_empty() {
+                println!("{key}  not seen (or forgotten after its retention)");
+            }
+            for (partition, record) in found {
+                println!(
+                    "{key}  partition {partition}  {}",
+                    describe(&record, now_ms)
+                );
             }
         }
         InspectWhat::Records { limit } => {

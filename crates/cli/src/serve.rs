@@ -72,11 +72,12 @@ pub(crate) async fn serve(config_path: Option<&Path>) -> anyhow::Result<()> {
                     .clone()
                     .unwrap_or(defaults.prefix.clone()),
                 ownership: config.store.ownership.unwrap_or(defaults.ownership),
+                cluster: config.store.cluster,
                 ..defaults
             };
             let store =
                 tokio::task::block_in_place(|| oncegate_redis::RedisStore::connect(redis_config))?;
-            tracing::info!(%url, "redis store connected");
+            tracing::info!(%url, cluster = config.store.cluster, "redis store connected");
             run(&config, store, render).await
         }
     }

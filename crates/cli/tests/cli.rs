@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use oncegate_core::{Admission, Claim, DedupStore, Event, key_for};
+use oncegate_core::{Admission, Claim, DedupStore, Event, EventQueue, key_for};
 use oncegate_embedded::{EmbeddedConfig, EmbeddedStore};
 
 fn oncegate(args: &[&str]) -> (i32, String, String) {
@@ -88,8 +88,9 @@ fn inspect_reads_a_store_while_its_gateway_holds_it() {
             assert!(matches!(admitted, Admission::Admitted { .. }));
         }
         let key = key_for("feishu", "cli_x", "event_id", "e1");
+        let partition = event("e1").partition(store.partitions());
         let Claim::Acquired(lease) = store
-            .claim(&key, Duration::from_secs(60))
+            .claim(&key, partition, Duration::from_secs(60))
             .await
             .expect("claim")
         else {
@@ -113,6 +114,11 @@ fn inspect_reads_a_store_while_its_gateway_holds_it() {
     ]);
     assert_eq!(code, 0);
     assert!(out.contains("completed (no outcome)"), "{out}");
+    assert_eq!(
+        out.lines().count(),
+        1,
+        "one record, in its chat's partition: {out}"
+    );
     let (_, out, _) = oncegate(&[
         "inspect", "--store", path_text, "record", "--source", "feishu", "--app", "cli_x", "--id",
         "e9",

@@ -813,30 +813,48 @@ async fn a_repeated_card_click_gets_the_first_answer() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_gateways_on_one_redis_deliver_each_event_once_in_chat_order() {
-    const CHATS: usize = 100;
-    const PER_CHAT: usize = 200;
     let url = std::env::var("ONCEGATE_TEST_REDIS_URL").unwrap_or_else(|_| {
         panic!("ONCEGATE_TEST_REDIS_URL is not set: run scripts/test, which starts redis-server")
     });
-    let (downstream, addr) = Downstream::start().await;
     let store = format!(
         "backend = \"redis\"\nurl = \"{url}\"\nprefix = \"e2e{}\"\npartitions = 8",
         std::process::id()
     );
+    three_gateways_deliver_once(&store, 100, 200, "one redis").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_gateways_on_a_redis_cluster_deliver_each_event_once_in_chat_order() {
+    let urls = std::env::var("ONCEGATE_TEST_REDIS_CLUSTER_URL").unwrap_or_else(|_| {
+        panic!(
+            "ONCEGATE_TEST_REDIS_CLUSTER_URL is not set: run scripts/test, which starts a redis cluster"
+        )
+    });
+    let store = format!(
+        "backend = \"redis\"\ncluster = true\nurl = \"{urls}\"\nprefix = \"e2ec{}\"\npartitions = 32",
+        std::process::id()
+    );
+    three_gateways_deliver_once(&store, 40, 50, "a redis cluster").await;
+}
+
+/// Three gateways on one shared store; `CHATS` × `PER_CHAT` events sent round-robin, 30 % of
+/// them again through another gateway: each delivered once, every chat in order.
+async fn three_gateways_deliver_once(store: &str, chats: usize, per_chat: usize, label: &str) {
+    let (downstream, addr) = Downstream::start().await;
     let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().expect("dir")).collect();
     let gateways: Vec<Gateway> = dirs
         .iter()
-        .map(|d| Gateway::start_with(d.path(), addr, false, &store))
+        .map(|d| Gateway::start_with(d.path(), addr, false, store))
         .collect();
     let urls: Arc<Vec<String>> = Arc::new(gateways.iter().map(|g| g.url.clone()).collect());
     let client = client();
     let duplicates = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let started = Instant::now();
-    let mut chats = Vec::new();
-    for chat in 0..CHATS {
+    let mut senders = Vec::new();
+    for chat in 0..chats {
         let (client, urls, duplicates) = (client.clone(), urls.clone(), duplicates.clone());
-        chats.push(tokio::spawn(async move {
-            for n in 0..PER_CHAT {
+        senders.push(tokio::spawn(async move {
+            for n in 0..per_chat {
                 let id = format!("multi-{chat}-{n}");
                 let plain = message(&id, &format!("oc_multi{chat}"), 1_000 + n as u64);
                 let first = (chat + n) % 3;
@@ -855,34 +873,34 @@ async fn three_gateways_on_one_redis_deliver_each_event_once_in_chat_order() {
             }
         }));
     }
-    for chat in chats {
+    for chat in senders {
         chat.await.expect("chat");
     }
     let sent = started.elapsed();
     downstream
-        .wait_for("every event", |got| got.len() >= CHATS * PER_CHAT)
+        .wait_for("every event", |got| got.len() >= chats * per_chat)
         .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let got = downstream.got();
-    assert_eq!(got.len(), CHATS * PER_CHAT, "each event exactly once");
-    let mut per_chat: HashMap<String, Vec<String>> = HashMap::new();
+    assert_eq!(got.len(), chats * per_chat, "each event exactly once");
+    let mut by_chat: HashMap<String, Vec<String>> = HashMap::new();
     for g in &got {
-        per_chat
+        by_chat
             .entry(g.order_key.clone().unwrap_or_default())
             .or_default()
             .push(g.event_id.clone());
     }
-    for chat in 0..CHATS {
-        let expected: Vec<String> = (0..PER_CHAT).map(|n| format!("multi-{chat}-{n}")).collect();
+    for chat in 0..chats {
+        let expected: Vec<String> = (0..per_chat).map(|n| format!("multi-{chat}-{n}")).collect();
         assert_eq!(
-            per_chat.get(&format!("oc_multi{chat}")),
+            by_chat.get(&format!("oc_multi{chat}")),
             Some(&expected),
             "chat {chat} in order"
         );
     }
     eprintln!(
-        "three gateways: {} events + {} duplicates sent in {:.1} s, delivered once each in {:.1} s",
-        CHATS * PER_CHAT,
+        "three gateways on {label}: {} events + {} duplicates sent in {:.1} s, delivered once each in {:.1} s",
+        chats * per_chat,
         duplicates.load(std::sync::atomic::Ordering::Relaxed),
         sent.as_secs_f64(),
         started.elapsed().as_secs_f64()

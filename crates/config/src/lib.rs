@@ -183,8 +183,11 @@ pub struct StoreConfig {
     pub backend: Backend,
     /// The embedded store's file.
     pub path: Option<PathBuf>,
-    /// Redis URL, for `backend = "redis"`.
+    /// Redis URL, for `backend = "redis"`; with `cluster = true`, one or more of the
+    /// cluster's nodes, separated by commas.
     pub url: Option<String>,
+    /// The Redis backend: `url` names a Redis Cluster.
+    pub cluster: bool,
     /// Queue partitions.
     pub partitions: u16,
     /// The memory backend's bound on records.
@@ -205,6 +208,7 @@ impl Default for StoreConfig {
             backend: Backend::Embedded,
             path: None,
             url: None,
+            cluster: false,
             partitions: 16,
             max_records: None,
             cache_mb: None,

@@ -18,6 +18,12 @@ fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
 }
 
+/// The partition of a key admitted with an event without an order key (the event's own key
+/// decides it), or of a business key.
+fn home<S: Store>(store: &S, k: &oncegate_core::KeyHash) -> u16 {
+    k.home(store.partitions())
+}
+
 #[track_caller]
 fn lease_of(claim: Claim) -> Lease {
     match claim {
@@ -66,26 +72,34 @@ pub fn admit_marks_and_queues_once<S: Store>(make: impl Fn(ManualClock) -> S) {
 pub fn admit_with_several_keys_is_all_or_nothing<S: Store>(make: impl Fn(ManualClock) -> S) {
     let store = make(clock());
     let message = key_for("feishu", "cli_contract", "message_id", "om_1");
+    // A message and its events share a chat, so a partition.
+    let chat = Some("oc_1");
     block_on(async {
-        admitted(
+        let id = admitted(
             store
-                .admit(event("e1", None), &[key("e1"), message], DAY)
+                .admit(event("e1", chat), &[key("e1"), message], DAY)
                 .await
                 .expect("admit"),
         );
         // Same message, a different event id: the message id catches it.
         assert_eq!(
             store
-                .admit(event("e2", None), &[key("e2"), message], DAY)
+                .admit(event("e2", chat), &[key("e2"), message], DAY)
                 .await
                 .expect("admit"),
             Admission::Duplicate { key_index: 1 }
         );
         // The duplicate marked nothing: e2 alone is still new.
-        assert!(store.record(&key("e2")).await.expect("record").is_none());
+        assert!(
+            store
+                .record(&key("e2"), id.partition)
+                .await
+                .expect("record")
+                .is_none()
+        );
         admitted(
             store
-                .admit(event("e2", None), &[key("e2")], DAY)
+                .admit(event("e2", chat), &[key("e2")], DAY)
                 .await
                 .expect("admit"),
         );
@@ -126,7 +140,13 @@ pub fn admitted_keys_expire_after_retention<S: Store>(make: impl Fn(ManualClock)
             Admission::Duplicate { key_index: 0 }
         );
         clock.advance_ms(1);
-        assert!(store.record(&key("e1")).await.expect("record").is_none());
+        assert!(
+            store
+                .record(&key("e1"), home(&store, &key("e1")))
+                .await
+                .expect("record")
+                .is_none()
+        );
         admitted(
             store
                 .admit(event("e1", None), &[key("e1")], secs(60))
@@ -147,11 +167,19 @@ pub fn claim_walks_the_state_machine<S: Store>(make: impl Fn(ManualClock) -> S) 
                 .await
                 .expect("admit"),
         );
-        let first = lease_of(store.claim(&key("e1"), LEASE).await.expect("claim"));
+        let first = lease_of(
+            store
+                .claim(&key("e1"), home(&store, &key("e1")), LEASE)
+                .await
+                .expect("claim"),
+        );
         assert_eq!(first.key, key("e1"));
         assert_eq!(first.until_ms, crate::START_MS + 30_000);
         assert_eq!(
-            store.claim(&key("e1"), LEASE).await.expect("claim"),
+            store
+                .claim(&key("e1"), home(&store, &key("e1")), LEASE)
+                .await
+                .expect("claim"),
             Claim::InFlight {
                 until_ms: first.until_ms
             }
@@ -161,7 +189,7 @@ pub fn claim_walks_the_state_machine<S: Store>(make: impl Fn(ManualClock) -> S) 
             FenceCheck::Accepted
         );
         let record = store
-            .record(&key("e1"))
+            .record(&key("e1"), home(&store, &key("e1")))
             .await
             .expect("record")
             .expect("still seen");
@@ -174,7 +202,12 @@ pub fn claim_walks_the_state_machine<S: Store>(make: impl Fn(ManualClock) -> S) 
                 .expect("admit"),
             Admission::Duplicate { key_index: 0 }
         );
-        let second = lease_of(store.claim(&key("e1"), LEASE).await.expect("claim"));
+        let second = lease_of(
+            store
+                .claim(&key("e1"), home(&store, &key("e1")), LEASE)
+                .await
+                .expect("claim"),
+        );
         assert!(second.token > first.token);
         let outcome = Bytes::from_static(b"{\"reply\":\"om_2\"}");
         assert_eq!(
@@ -185,7 +218,10 @@ pub fn claim_walks_the_state_machine<S: Store>(make: impl Fn(ManualClock) -> S) 
             FenceCheck::Accepted
         );
         assert_eq!(
-            store.claim(&key("e1"), LEASE).await.expect("claim"),
+            store
+                .claim(&key("e1"), home(&store, &key("e1")), LEASE)
+                .await
+                .expect("claim"),
             Claim::Done {
                 outcome: Some(outcome.clone())
             }
@@ -200,7 +236,7 @@ pub fn claim_walks_the_state_machine<S: Store>(make: impl Fn(ManualClock) -> S) 
             FenceCheck::Rejected
         );
         let record = store
-            .record(&key("e1"))
+            .record(&key("e1"), home(&store, &key("e1")))
             .await
             .expect("record")
             .expect("completed");
@@ -226,14 +262,30 @@ pub fn claim_of_an_unknown_key_is_a_business_key<S: Store>(make: impl Fn(ManualC
         "im.message.receive_v1:om_1",
     );
     block_on(async {
-        let lease = lease_of(store.claim(&business, LEASE).await.expect("claim"));
+        let lease = lease_of(
+            store
+                .claim(&business, home(&store, &business), LEASE)
+                .await
+                .expect("claim"),
+        );
         assert_eq!(
             store.release(&lease).await.expect("release"),
             FenceCheck::Accepted
         );
         // Released before any retention was given: nothing keeps it.
-        assert!(store.record(&business).await.expect("record").is_none());
-        let lease = lease_of(store.claim(&business, LEASE).await.expect("claim"));
+        assert!(
+            store
+                .record(&business, home(&store, &business))
+                .await
+                .expect("record")
+                .is_none()
+        );
+        let lease = lease_of(
+            store
+                .claim(&business, home(&store, &business), LEASE)
+                .await
+                .expect("claim"),
+        );
         assert_eq!(
             store
                 .complete(&lease, secs(3600), None)
@@ -242,11 +294,19 @@ pub fn claim_of_an_unknown_key_is_a_business_key<S: Store>(make: impl Fn(ManualC
             FenceCheck::Accepted
         );
         assert_eq!(
-            store.claim(&business, LEASE).await.expect("claim"),
+            store
+                .claim(&business, home(&store, &business), LEASE)
+                .await
+                .expect("claim"),
             Claim::Done { outcome: None }
         );
         clock.advance_ms(3_600_000);
-        lease_of(store.claim(&business, LEASE).await.expect("claim"));
+        lease_of(
+            store
+                .claim(&business, home(&store, &business), LEASE)
+                .await
+                .expect("claim"),
+        );
     });
 }
 
@@ -262,11 +322,24 @@ pub fn stale_holder_cannot_touch_the_new_holders_record<S: Store>(make: impl Fn(
                 .await
                 .expect("admit"),
         );
-        let a = lease_of(store.claim(&key("e1"), LEASE).await.expect("claim"));
+        let a = lease_of(
+            store
+                .claim(&key("e1"), home(&store, &key("e1")), LEASE)
+                .await
+                .expect("claim"),
+        );
         clock.advance_ms(30_000);
-        let b = lease_of(store.claim(&key("e1"), LEASE).await.expect("claim"));
+        let b = lease_of(
+            store
+                .claim(&key("e1"), home(&store, &key("e1")), LEASE)
+                .await
+                .expect("claim"),
+        );
         assert!(b.token > a.token);
-        let held_by_b = store.record(&key("e1")).await.expect("record");
+        let held_by_b = store
+            .record(&key("e1"), home(&store, &key("e1")))
+            .await
+            .expect("record");
         assert_eq!(
             store.renew(&a, LEASE).await.expect("renew"),
             FenceCheck::Rejected
@@ -282,9 +355,18 @@ pub fn stale_holder_cannot_touch_the_new_holders_record<S: Store>(make: impl Fn(
             store.release(&a).await.expect("release"),
             FenceCheck::Rejected
         );
-        assert_eq!(store.record(&key("e1")).await.expect("record"), held_by_b);
         assert_eq!(
-            store.claim(&key("e1"), LEASE).await.expect("claim"),
+            store
+                .record(&key("e1"), home(&store, &key("e1")))
+                .await
+                .expect("record"),
+            held_by_b
+        );
+        assert_eq!(
+            store
+                .claim(&key("e1"), home(&store, &key("e1")), LEASE)
+                .await
+                .expect("claim"),
             Claim::InFlight {
                 until_ms: b.until_ms
             }
@@ -297,7 +379,10 @@ pub fn stale_holder_cannot_touch_the_new_holders_record<S: Store>(make: impl Fn(
             FenceCheck::Accepted
         );
         assert_eq!(
-            store.claim(&key("e1"), LEASE).await.expect("claim"),
+            store
+                .claim(&key("e1"), home(&store, &key("e1")), LEASE)
+                .await
+                .expect("claim"),
             Claim::Done {
                 outcome: Some(Bytes::from_static(b"b"))
             }
@@ -307,6 +392,73 @@ pub fn stale_holder_cannot_touch_the_new_holders_record<S: Store>(make: impl Fn(
             store.complete(&a, DAY, None).await.expect("complete"),
             FenceCheck::Rejected
         );
+    });
+}
+
+/// Records live in their event's partition: the same key in another partition is another
+/// record, and a partition the store does not have is refused.
+pub fn records_live_in_their_events_partition<S: Store>(make: impl Fn(ManualClock) -> S) {
+    let store = make(clock());
+    let partitions = store.partitions();
+    assert!(
+        partitions >= 2,
+        "the contract suite needs at least two partitions"
+    );
+    let home_chat = "chat-home";
+    let home = event("p1", Some(home_chat)).partition(partitions);
+    let other_chat = (0..1000)
+        .map(|i| format!("chat-{i}"))
+        .find(|chat| event("p1", Some(chat)).partition(partitions) != home)
+        .expect("a chat in another partition");
+    let other = event("p1", Some(&other_chat)).partition(partitions);
+    block_on(async {
+        let id = admitted(
+            store
+                .admit(event("p1", Some(home_chat)), &[key("p1")], DAY)
+                .await
+                .expect("admit"),
+        );
+        assert_eq!(id.partition, home);
+        let record = store.record(&key("p1"), home).await.expect("record");
+        assert_eq!(record.map(|r| r.state), Some(RecordState::Pending));
+        assert_eq!(store.record(&key("p1"), other).await.expect("record"), None);
+        let lease = lease_of(store.claim(&key("p1"), home, LEASE).await.expect("claim"));
+        assert_eq!((lease.key, lease.partition), (key("p1"), home));
+        // Elsewhere the key is unknown: a grant of its own, which fences nothing here.
+        let elsewhere = lease_of(store.claim(&key("p1"), other, LEASE).await.expect("claim"));
+        assert_eq!(elsewhere.partition, other);
+        assert_eq!(
+            store
+                .complete(&elsewhere, DAY, None)
+                .await
+                .expect("complete"),
+            FenceCheck::Accepted
+        );
+        assert_eq!(
+            store.complete(&lease, DAY, None).await.expect("complete"),
+            FenceCheck::Accepted
+        );
+        // And the same event id admitted in another partition is new there.
+        admitted(
+            store
+                .admit(event("p2", Some(home_chat)), &[key("p2")], DAY)
+                .await
+                .expect("admit"),
+        );
+        let moved = store
+            .admit(event("p2", Some(&other_chat)), &[key("p2")], DAY)
+            .await
+            .expect("admit");
+        assert!(matches!(moved, Admission::Admitted { id } if id.partition == other));
+        for refused in [
+            store.claim(&key("p1"), partitions, LEASE).await.map(|_| ()),
+            store.record(&key("p1"), partitions).await.map(|_| ()),
+        ] {
+            assert!(
+                matches!(&refused, Err(oncegate_core::StoreError::Invalid(m)) if m.contains("no partition")),
+                "{refused:?}"
+            );
+        }
     });
 }
 
@@ -321,7 +473,12 @@ pub fn renew_extends_only_the_current_lease<S: Store>(make: impl Fn(ManualClock)
                 .await
                 .expect("admit"),
         );
-        let lease = lease_of(store.claim(&key("e1"), LEASE).await.expect("claim"));
+        let lease = lease_of(
+            store
+                .claim(&key("e1"), home(&store, &key("e1")), LEASE)
+                .await
+                .expect("claim"),
+        );
         clock.advance_ms(20_000);
         assert_eq!(
             store.renew(&lease, LEASE).await.expect("renew"),
@@ -330,29 +487,41 @@ pub fn renew_extends_only_the_current_lease<S: Store>(make: impl Fn(ManualClock)
         clock.advance_ms(20_000);
         // Past the first end, inside the renewed one.
         assert_eq!(
-            store.claim(&key("e1"), LEASE).await.expect("claim"),
+            store
+                .claim(&key("e1"), home(&store, &key("e1")), LEASE)
+                .await
+                .expect("claim"),
             Claim::InFlight {
                 until_ms: crate::START_MS + 50_000
             }
         );
         clock.advance_ms(10_000);
-        lease_of(store.claim(&key("e1"), LEASE).await.expect("claim"));
+        lease_of(
+            store
+                .claim(&key("e1"), home(&store, &key("e1")), LEASE)
+                .await
+                .expect("claim"),
+        );
     });
 }
 
-/// Every grant carries a larger token than the one before, across keys.
+/// Every grant of a key carries a larger token than every earlier grant of that key, and two
+/// live grants never share a token. (Across partitions tokens need not be ordered: in a Redis
+/// Cluster each partition's clock is on its own node.)
 pub fn tokens_increase_with_every_grant<S: Store>(make: impl Fn(ManualClock) -> S) {
     let store = make(clock());
     block_on(async {
-        let mut last = None;
+        let mut last: HashMap<usize, oncegate_core::FencingToken> = HashMap::new();
+        let mut seen = HashSet::new();
         for i in 0..50 {
+            let k = key(&format!("t{}", i % 7));
             let lease = lease_of(
                 store
-                    .claim(&key(&format!("t{}", i % 7)), Duration::ZERO)
+                    .claim(&k, home(&store, &k), Duration::ZERO)
                     .await
                     .expect("claim"),
             );
-            if let Some(previous) = last {
+            if let Some(previous) = last.insert(i % 7, lease.token) {
                 assert!(
                     lease.token > previous,
                     "{:?} after {:?}",
@@ -360,7 +529,7 @@ pub fn tokens_increase_with_every_grant<S: Store>(make: impl Fn(ManualClock) -> 
                     previous
                 );
             }
-            last = Some(lease.token);
+            assert!(seen.insert(lease.token), "token {:?} repeated", lease.token);
         }
     });
 }
@@ -376,7 +545,12 @@ pub fn completed_records_expire_after_retention<S: Store>(make: impl Fn(ManualCl
                 .await
                 .expect("admit"),
         );
-        let lease = lease_of(store.claim(&key("e1"), LEASE).await.expect("claim"));
+        let lease = lease_of(
+            store
+                .claim(&key("e1"), home(&store, &key("e1")), LEASE)
+                .await
+                .expect("claim"),
+        );
         assert_eq!(
             store
                 .complete(&lease, secs(120), None)
@@ -393,7 +567,13 @@ pub fn completed_records_expire_after_retention<S: Store>(make: impl Fn(ManualCl
             Admission::Duplicate { key_index: 0 }
         );
         clock.advance_ms(1_000);
-        assert!(store.record(&key("e1")).await.expect("record").is_none());
+        assert!(
+            store
+                .record(&key("e1"), home(&store, &key("e1")))
+                .await
+                .expect("record")
+                .is_none()
+        );
         admitted(
             store
                 .admit(event("e1", None), &[key("e1")], secs(10))
@@ -413,7 +593,12 @@ pub fn complete_and_ack_is_one_step<S: Store>(make: impl Fn(ManualClock) -> S) {
         let partition = ids[0].partition;
         let out = store.pull(partition, 10).await.expect("pull");
         assert_eq!(out.len(), 1);
-        let lease = lease_of(store.claim(&out[0].key, LEASE).await.expect("claim"));
+        let lease = lease_of(
+            store
+                .claim(&out[0].key, out[0].id.partition, LEASE)
+                .await
+                .expect("claim"),
+        );
         let outcome = Some(Bytes::from_static(b"done"));
         assert_eq!(
             store
@@ -423,16 +608,29 @@ pub fn complete_and_ack_is_one_step<S: Store>(make: impl Fn(ManualClock) -> S) {
             FenceCheck::Accepted
         );
         assert_eq!(
-            store.claim(&key("ca1"), LEASE).await.expect("claim"),
+            store
+                .claim(&key("ca1"), partition, LEASE)
+                .await
+                .expect("claim"),
             Claim::Done { outcome }
         );
         assert!(!store.ack(ids[0]).await.expect("ack"), "already acked");
         // The next event of the chat is free now.
         let next = store.pull(partition, 10).await.expect("pull");
         assert_eq!(next[0].id, ids[1]);
-        let first = lease_of(store.claim(&next[0].key, LEASE).await.expect("claim"));
+        let first = lease_of(
+            store
+                .claim(&next[0].key, next[0].id.partition, LEASE)
+                .await
+                .expect("claim"),
+        );
         clock.advance_ms(30_000);
-        let _second = lease_of(store.claim(&next[0].key, LEASE).await.expect("claim"));
+        let _second = lease_of(
+            store
+                .claim(&next[0].key, next[0].id.partition, LEASE)
+                .await
+                .expect("claim"),
+        );
         assert_eq!(
             store
                 .complete_and_ack(&first, DAY, None, next[0].id)
@@ -701,9 +899,19 @@ pub fn lookups_and_stats_for_operators<S: Store>(make: impl Fn(ManualClock) -> S
                     .expect("admit"),
             );
         }
-        let done = lease_of(store.claim(&key("s1"), LEASE).await.expect("claim"));
+        let done = lease_of(
+            store
+                .claim(&key("s1"), home(&store, &key("s1")), LEASE)
+                .await
+                .expect("claim"),
+        );
         store.complete(&done, DAY, None).await.expect("complete");
-        let busy = lease_of(store.claim(&key("s2"), LEASE).await.expect("claim"));
+        let busy = lease_of(
+            store
+                .claim(&key("s2"), home(&store, &key("s2")), LEASE)
+                .await
+                .expect("claim"),
+        );
         let stats = store.stats().await.expect("stats");
         assert_eq!(
             (
@@ -715,7 +923,7 @@ pub fn lookups_and_stats_for_operators<S: Store>(make: impl Fn(ManualClock) -> S
             (2, 1, 1, 4)
         );
         let record = store
-            .record(&key("s2"))
+            .record(&key("s2"), home(&store, &key("s2")))
             .await
             .expect("record")
             .expect("exists");
@@ -726,7 +934,13 @@ pub fn lookups_and_stats_for_operators<S: Store>(make: impl Fn(ManualClock) -> S
                 lease_until_ms: busy.until_ms
             }
         );
-        assert!(store.record(&key("nope")).await.expect("record").is_none());
+        assert!(
+            store
+                .record(&key("nope"), home(&store, &key("nope")))
+                .await
+                .expect("record")
+                .is_none()
+        );
     });
 }
 
@@ -773,10 +987,11 @@ pub fn racing_admits_admit_once<S: Store>(make: impl Fn(ManualClock) -> S) {
                     // Each thread walks the keys from a different start.
                     let i = (n + thread * 7) % KEYS;
                     let id = format!("r{round}-{i}");
-                    // Pairs of events share a message id: only one of each pair may be admitted.
+                    // Pairs of events share a message id (and so its chat): only one of each
+                    // pair may be admitted.
                     let keys = [key(&id), message(i)];
                     if let Admission::Admitted { .. } = store
-                        .admit(event(&id, Some(&format!("c{}", i % 5))), &keys, DAY)
+                        .admit(event(&id, Some(&format!("c{}", (i / 2) % 5))), &keys, DAY)
                         .await
                         .expect("admit")
                     {
@@ -819,7 +1034,11 @@ pub fn racing_claims_grant_one_live_lease<S: Store>(make: impl Fn(ManualClock) -
                 for n in 0..KEYS * 3 {
                     let i = (n + thread) % KEYS;
                     let k = key(&format!("k{round}-{i}"));
-                    match store.claim(&k, LEASE).await.expect("claim") {
+                    match store
+                        .claim(&k, home(store, &k), LEASE)
+                        .await
+                        .expect("claim")
+                    {
                         Claim::Acquired(lease) => {
                             {
                                 let mut holders = holders.lock().expect("holders");
@@ -863,12 +1082,19 @@ pub fn racing_claims_grant_one_live_lease<S: Store>(make: impl Fn(ManualClock) -
         block_on(async {
             for i in 0..KEYS {
                 let k = key(&format!("k{round}-{i}"));
-                if let Claim::Acquired(lease) = store.claim(&k, LEASE).await.expect("claim") {
+                if let Claim::Acquired(lease) = store
+                    .claim(&k, home(&store, &k), LEASE)
+                    .await
+                    .expect("claim")
+                {
                     assert!(!unique.contains(&i));
                     store.complete(&lease, DAY, None).await.expect("complete");
                 }
                 assert_eq!(
-                    store.claim(&k, LEASE).await.expect("claim"),
+                    store
+                        .claim(&k, home(&store, &k), LEASE)
+                        .await
+                        .expect("claim"),
                     Claim::Done { outcome: None }
                 );
             }
@@ -880,10 +1106,12 @@ pub fn racing_claims_grant_one_live_lease<S: Store>(make: impl Fn(ManualClock) -
         let clock = clock();
         let store = make(clock.clone());
         let k = key(&format!("takeover-{round}"));
-        let first = lease_of(block_on(store.claim(&k, Duration::from_millis(10))).expect("claim"));
+        let first = lease_of(
+            block_on(store.claim(&k, home(&store, &k), Duration::from_millis(10))).expect("claim"),
+        );
         clock.advance_ms(10);
         let grants = race(&store, THREADS, |store, _| {
-            block_on(store.claim(&k, LEASE)).expect("claim")
+            block_on(store.claim(&k, home(store, &k), LEASE)).expect("claim")
         });
         let leases: Vec<Lease> = grants
             .into_iter()

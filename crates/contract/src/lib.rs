@@ -68,6 +68,7 @@ macro_rules! contract_suite {
             claim_walks_the_state_machine,
             claim_of_an_unknown_key_is_a_business_key,
             stale_holder_cannot_touch_the_new_holders_record,
+            records_live_in_their_events_partition,
             renew_extends_only_the_current_lease,
             tokens_increase_with_every_grant,
             completed_records_expire_after_retention,

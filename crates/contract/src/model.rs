@@ -102,6 +102,9 @@ struct Model {
     entries: HashMap<u8, Entry>,
 }
 
+/// The order key of every model event.
+const MODEL_CHAT: &str = "model-chat";
+
 fn key_name(k: u8) -> String {
     format!("model-key-{k}")
 }
@@ -112,6 +115,8 @@ pub fn check<S: Store>(store: &S, clock: &ManualClock, ops: &[Op]) {
     // Leases granted so far: the store's lease and the key number.
     let mut leases: Vec<(Lease, u8)> = Vec::new();
     let ms = |secs: u64| secs * 1000;
+    // Every model event is in one chat, so that all model keys share one partition.
+    let partition = event("model-event-0", Some(MODEL_CHAT)).partition(store.partitions());
     block_on(async {
         for (step, op) in ops.iter().enumerate() {
             let now = clock_now(clock);
@@ -148,7 +153,7 @@ pub fn check<S: Store>(store: &S, clock: &ManualClock, ops: &[Op]) {
                     };
                     let got = store
                         .admit(
-                            event(&format!("model-event-{n}"), None),
+                            event(&format!("model-event-{n}"), Some(MODEL_CHAT)),
                             &hashes,
                             Duration::from_secs(*retention),
                         )
@@ -175,7 +180,7 @@ pub fn check<S: Store>(store: &S, clock: &ManualClock, ops: &[Op]) {
                         None => ("acquired", Some(now)),
                     };
                     let got = store
-                        .claim(&key(&key_name(*k)), Duration::from_secs(*lease))
+                        .claim(&key(&key_name(*k)), partition, Duration::from_secs(*lease))
                         .await
                         .expect("claim");
                     match (&got, expected) {
@@ -274,7 +279,10 @@ pub fn check<S: Store>(store: &S, clock: &ManualClock, ops: &[Op]) {
                 }
                 Op::Advance { secs } => clock.advance_ms(ms(*secs)),
                 Op::Lookup { key: k } => {
-                    let got = store.record(&key(&key_name(*k))).await.expect("record");
+                    let got = store
+                        .record(&key(&key_name(*k)), partition)
+                        .await
+                        .expect("record");
                     let expected = model.entries.get(k).filter(|e| e.live(now));
                     match (got, expected) {
                         (None, None) => {}

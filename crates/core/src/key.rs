@@ -53,6 +53,23 @@ impl KeyHash {
         u64::from_le_bytes(high)
     }
 
+    /// The identity of this key's record in `partition`: records live in partitions (every key
+    /// of an event in the event's partition), so that one Redis Cluster slot holds all an
+    /// event's state. Partition 0 leaves the key as it is.
+    pub fn in_partition(&self, partition: u16) -> Self {
+        // Keys are uniform 128-bit hashes: xor-ing a distinct odd multiple per partition keeps
+        // (key, partition) pairs as collision-free as keys are.
+        const MIX: u128 = 0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835;
+        let mixed = u128::from_le_bytes(self.0) ^ MIX.wrapping_mul(u128::from(partition));
+        Self(mixed.to_le_bytes())
+    }
+
+    /// The partition of a business key that no event brought in (claimed directly, never
+    /// admitted): derived from the key alone, so every caller finds the same record.
+    pub fn home(&self, partitions: u16) -> u16 {
+        crate::event::partition_of(self.low64(), partitions)
+    }
+
     /// Reassembles a key from its two halves (inverse of `low64`/`high64`).
     pub fn from_halves(low: u64, high: u64) -> Self {
         let mut bytes = [0u8; 16];

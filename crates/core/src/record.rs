@@ -85,6 +85,8 @@ impl Record {
 pub struct Lease {
     /// The key the lease is on.
     pub key: KeyHash,
+    /// The partition the key's record lives in.
+    pub partition: u16,
     /// The fencing token of this grant.
     pub token: FencingToken,
     /// When the lease runs out unless renewed.

@@ -37,6 +37,12 @@ pub enum StoreError {
 }
 
 /// Dedup and lease state: the part of the store that makes effects happen once.
+///
+/// Records live in partitions: `admit` puts every key of an event in the event's partition
+/// (its order key's), so that one Redis Cluster slot holds all of an event's state. `claim` and
+/// `record` name the partition: a queued event's is its `Delivery`'s `id.partition`; a business
+/// key that no event brought in uses `KeyHash::home`. The same key in two partitions is two
+/// records, in every backend alike.
 pub trait DedupStore: Send + Sync + 'static {
     /// One atomic step: if any of `keys` was seen within its retention, answer `Duplicate` and
     /// change nothing; otherwise mark every key seen for `retention` and queue `event`.
@@ -48,10 +54,11 @@ pub trait DedupStore: Send + Sync + 'static {
         retention: Duration,
     ) -> impl Future<Output = Result<Admission, StoreError>> + Send;
 
-    /// Takes the key for `lease`, unless someone holds it or it is done.
+    /// Takes the key's record in `partition` for `lease`, unless someone holds it or it is done.
     fn claim(
         &self,
         key: &KeyHash,
+        partition: u16,
         lease: Duration,
     ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
 
@@ -74,10 +81,11 @@ pub trait DedupStore: Send + Sync + 'static {
     fn release(&self, lease: &Lease)
     -> impl Future<Output = Result<FenceCheck, StoreError>> + Send;
 
-    /// One key's live record, for operators.
+    /// One key's live record in `partition`, for operators.
     fn record(
         &self,
         key: &KeyHash,
+        partition: u16,
     ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;
 
     /// Counts by state, for operators and metrics.
@@ -172,6 +180,17 @@ pub fn require_keys(keys: &[KeyHash]) -> Result<(), StoreError> {
         ))
     } else {
         Ok(())
+    }
+}
+
+/// The check of every partition a caller names: the store has it.
+pub fn require_partition(partition: u16, partitions: u16) -> Result<(), StoreError> {
+    if partition < partitions {
+        Ok(())
+    } else {
+        Err(StoreError::Invalid(format!(
+            "no partition {partition}: the store has {partitions}"
+        )))
     }
 }
 

@@ -26,6 +26,7 @@ pub fn admitted(now_ms: u64, retention_ms: u64) -> Record {
 pub fn claim(
     record: Option<&Record>,
     key: crate::KeyHash,
+    partition: u16,
     now_ms: u64,
     lease_ms: u64,
     token: impl FnOnce() -> FencingToken,
@@ -36,6 +37,7 @@ pub fn claim(
         (
             Claim::Acquired(Lease {
                 key,
+                partition,
                 token,
                 until_ms,
             }),
@@ -169,10 +171,10 @@ mod tests {
 
     #[test]
     fn a_taken_over_holder_can_do_nothing() {
-        let (first, rec) = claim(None, KEY, 0, 10, || FencingToken(1));
+        let (first, rec) = claim(None, KEY, 0, 0, 10, || FencingToken(1));
         let first = lease_of(&first);
         // Lease ran out; a second worker takes over.
-        let (second, rec) = claim(rec.as_ref(), KEY, 11, 10, || FencingToken(2));
+        let (second, rec) = claim(rec.as_ref(), KEY, 0, 11, 10, || FencingToken(2));
         let second = lease_of(&second);
         assert_eq!(renew(rec.as_ref(), &first, 12, 10).0, FenceCheck::Rejected);
         assert_eq!(
@@ -189,17 +191,17 @@ mod tests {
     #[test]
     fn live_lease_blocks_and_completion_answers() {
         let rec = admitted(0, 1000);
-        let (granted, rec) = claim(Some(&rec), KEY, 1, 10, || FencingToken(5));
+        let (granted, rec) = claim(Some(&rec), KEY, 0, 1, 10, || FencingToken(5));
         let lease = lease_of(&granted);
         assert_eq!(lease.until_ms, 11);
-        let (busy, none) = claim(rec.as_ref(), KEY, 5, 10, || FencingToken(6));
+        let (busy, none) = claim(rec.as_ref(), KEY, 0, 5, 10, || FencingToken(6));
         assert_eq!(busy, Claim::InFlight { until_ms: 11 });
         assert!(none.is_none());
         let (ok, rec) = complete(rec.as_ref(), &lease, 6, 50, Some(Bytes::from_static(b"r")));
         assert_eq!(ok, FenceCheck::Accepted);
         let rec = rec.expect("completed record");
         assert_eq!(rec.expires_at_ms, 56);
-        let (done, _) = claim(Some(&rec), KEY, 7, 10, || FencingToken(7));
+        let (done, _) = claim(Some(&rec), KEY, 0, 7, 10, || FencingToken(7));
         assert_eq!(
             done,
             Claim::Done {
@@ -208,7 +210,7 @@ mod tests {
         );
         // After retention the key is free again.
         assert!(matches!(
-            claim(Some(&rec), KEY, 56, 10, || FencingToken(8)).0,
+            claim(Some(&rec), KEY, 0, 56, 10, || FencingToken(8)).0,
             Claim::Acquired(_)
         ));
     }

@@ -370,9 +370,16 @@ impl<C: Clock + Clone> DedupStore for EmbeddedStore<C> {
         .await
     }
 
-    async fn claim(&self, key: &KeyHash, lease: Duration) -> Result<Claim, StoreError> {
+    async fn claim(
+        &self,
+        key: &KeyHash,
+        partition: u16,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
+        oncegate_core::store::require_partition(partition, self.shared.partitions)?;
         self.send(|reply| Command::Claim {
             key: *key,
+            partition,
             lease_ms: millis(lease),
             reply,
         })
@@ -411,8 +418,10 @@ impl<C: Clock + Clone> DedupStore for EmbeddedStore<C> {
         .await
     }
 
-    async fn record(&self, key: &KeyHash) -> Result<Option<Record>, StoreError> {
+    async fn record(&self, key: &KeyHash, partition: u16) -> Result<Option<Record>, StoreError> {
+        oncegate_core::store::require_partition(partition, self.shared.partitions)?;
         let now_ms = self.clock.now_ms();
+        let key = key.in_partition(partition);
         let stored = self.read(|txn| {
             let records = txn.open_table(RECORDS)?;
             Ok(records.get(&key.0)?.map(|v| v.value().to_vec()))
@@ -691,15 +700,21 @@ impl StoreReader {
         Ok(Self { db, partitions })
     }
 
-    /// One key's stored record, live or not yet swept.
-    pub fn record(&self, key: &KeyHash) -> Result<Option<Record>, StoreError> {
+    /// One key's stored records (live or not yet swept), in whichever partitions hold one.
+    pub fn record(&self, key: &KeyHash) -> Result<Vec<(u16, Record)>, StoreError> {
         let txn = self.db.begin_read().map_err(unavailable)?;
         let records = txn.open_table(RECORDS).map_err(unavailable)?;
-        let stored = records.get(&key.0).map_err(unavailable)?;
-        stored.map(|v| decode(v.value())).transpose()
+        let mut found = Vec::new();
+        for partition in 0..self.partitions {
+            let placed = key.in_partition(partition);
+            if let Some(stored) = records.get(&placed.0).map_err(unavailable)? {
+                found.push((partition, decode(stored.value())?));
+            }
+        }
+        Ok(found)
     }
 
-    /// Up to `limit` records in key order.
+    /// Up to `limit` records in the order of their identities (`KeyHash::in_partition`).
     pub fn records(&self, limit: usize) -> Result<Vec<(KeyHash, Record)>, StoreError> {
         let txn = self.db.begin_read().map_err(unavailable)?;
         let records = txn.open_table(RECORDS).map_err(unavailable)?;

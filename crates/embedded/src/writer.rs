@@ -35,6 +35,7 @@ pub(crate) enum Command {
     },
     Claim {
         key: KeyHash,
+        partition: u16,
         lease_ms: u64,
         reply: Reply<Claim>,
     },
@@ -322,29 +323,38 @@ impl<C: Clock> Writer<C> {
                 }
                 Command::Claim {
                     key,
+                    partition,
                     lease_ms,
                     reply,
                 } => {
                     let next_token = &self.shared.next_token;
                     let run = self.shared.run;
-                    let result = with_record(&mut tables, &key, |record| {
-                        // The file is locked to one process: a lease granted in an earlier run
-                        // belongs to a process that is gone, so it is over now, not when its
-                        // clock says. A restart resumes at once instead of after the lease.
-                        let record = record.map(|record| match record.state {
-                            RecordState::Processing { token, .. } if token.run() < run => Record {
-                                state: RecordState::Processing {
-                                    token,
-                                    lease_until_ms: 0,
-                                },
-                                expires_at_ms: record.expires_at_ms,
-                            },
-                            _ => record.clone(),
-                        });
-                        transition::claim(record.as_ref(), key, now_ms, lease_ms, || {
-                            FencingToken(next_token.fetch_add(1, Ordering::Relaxed))
-                        })
-                    })?;
+                    let result =
+                        with_record(&mut tables, &key.in_partition(partition), |record| {
+                            // The file is locked to one process: a lease granted in an earlier run
+                            // belongs to a process that is gone, so it is over now, not when its
+                            // clock says. A restart resumes at once instead of after the lease.
+                            let record = record.map(|record| match record.state {
+                                RecordState::Processing { token, .. } if token.run() < run => {
+                                    Record {
+                                        state: RecordState::Processing {
+                                            token,
+                                            lease_until_ms: 0,
+                                        },
+                                        expires_at_ms: record.expires_at_ms,
+                                    }
+                                }
+                                _ => record.clone(),
+                            });
+                            transition::claim(
+                                record.as_ref(),
+                                key,
+                                partition,
+                                now_ms,
+                                lease_ms,
+                                || FencingToken(next_token.fetch_add(1, Ordering::Relaxed)),
+                            )
+                        })?;
                     answer(reply, result)
                 }
                 Command::Renew {
@@ -352,9 +362,11 @@ impl<C: Clock> Writer<C> {
                     extend_ms,
                     reply,
                 } => {
-                    let result = with_record(&mut tables, &lease.key, |record| {
-                        transition::renew(record, &lease, now_ms, extend_ms)
-                    })?;
+                    let result = with_record(
+                        &mut tables,
+                        &lease.key.in_partition(lease.partition),
+                        |record| transition::renew(record, &lease, now_ms, extend_ms),
+                    )?;
                     answer(reply, result)
                 }
                 Command::Complete {
@@ -363,9 +375,13 @@ impl<C: Clock> Writer<C> {
                     outcome,
                     reply,
                 } => {
-                    let result = with_record(&mut tables, &lease.key, |record| {
-                        transition::complete(record, &lease, now_ms, retention_ms, outcome)
-                    })?;
+                    let result = with_record(
+                        &mut tables,
+                        &lease.key.in_partition(lease.partition),
+                        |record| {
+                            transition::complete(record, &lease, now_ms, retention_ms, outcome)
+                        },
+                    )?;
                     answer(reply, result)
                 }
                 Command::CompleteAck {
@@ -375,16 +391,22 @@ impl<C: Clock> Writer<C> {
                     id,
                     reply,
                 } => {
-                    let result = with_record(&mut tables, &lease.key, |record| {
-                        transition::complete(record, &lease, now_ms, retention_ms, outcome)
-                    })?;
+                    let result = with_record(
+                        &mut tables,
+                        &lease.key.in_partition(lease.partition),
+                        |record| {
+                            transition::complete(record, &lease, now_ms, retention_ms, outcome)
+                        },
+                    )?;
                     let removed = tables.queue.remove(id.seq).map_err(unavailable)?.is_some();
                     answer_complete_ack(reply, id, removed, result)
                 }
                 Command::Release { lease, reply } => {
-                    let result = with_record(&mut tables, &lease.key, |record| {
-                        transition::release(record, &lease, now_ms)
-                    })?;
+                    let result = with_record(
+                        &mut tables,
+                        &lease.key.in_partition(lease.partition),
+                        |record| transition::release(record, &lease, now_ms),
+                    )?;
                     answer(reply, result)
                 }
                 Command::Ack { id, reply } => {
@@ -438,9 +460,11 @@ impl<C: Clock> Writer<C> {
         now_ms: u64,
         next_seq: &mut u64,
     ) -> Result<Result<Admission, StoreError>, StoreError> {
+        let order_hash = event.order_hash();
+        let partition = oncegate_core::event::partition_of(order_hash, self.shared.partitions);
         let mut stored = Vec::with_capacity(keys.len());
         for (key_index, key) in keys.iter().enumerate() {
-            let record = match load(&tables.records, key)? {
+            let record = match load(&tables.records, &key.in_partition(partition))? {
                 Ok(record) => record,
                 Err(corrupt) => return Ok(Err(corrupt)),
             };
@@ -451,10 +475,13 @@ impl<C: Clock> Writer<C> {
         }
         let fresh = transition::admitted(now_ms, retention_ms);
         for (key, before) in keys.iter().zip(&stored) {
-            put(tables, key, before.as_ref(), &fresh)?;
+            put(
+                tables,
+                &key.in_partition(partition),
+                before.as_ref(),
+                &fresh,
+            )?;
         }
-        let order_hash = event.order_hash();
-        let partition = oncegate_core::event::partition_of(order_hash, self.shared.partitions);
         let seq = *next_seq;
         *next_seq += 1;
         let queued = Queued {

@@ -99,22 +99,26 @@ fn check(path: &std::path::Path, admitted_in: &HashMap<u64, u64>, acked: &HashSe
         .collect();
     let max_id = (run + 2) * PER_RUN;
     for id in 0..max_id {
-        let by_event = reader
-            .record(&key_for(
-                "feishu",
-                "cli_crash",
-                "event_id",
-                &format!("e{id}"),
-            ))
-            .expect("record");
-        let by_message = reader
-            .record(&key_for(
-                "feishu",
-                "cli_crash",
-                "message_id",
-                &format!("m{id}"),
-            ))
-            .expect("record");
+        let by_event = only_one(
+            reader
+                .record(&key_for(
+                    "feishu",
+                    "cli_crash",
+                    "event_id",
+                    &format!("e{id}"),
+                ))
+                .expect("record"),
+        );
+        let by_message = only_one(
+            reader
+                .record(&key_for(
+                    "feishu",
+                    "cli_crash",
+                    "message_id",
+                    &format!("m{id}"),
+                ))
+                .expect("record"),
+        );
         let in_queue = queued.contains_key(&format!("e{id}"));
         // Both keys of an event were written in one transaction, or neither.
         assert_eq!(
@@ -160,4 +164,13 @@ fn check(path: &std::path::Path, admitted_in: &HashMap<u64, u64>, acked: &HashSe
             );
         }
     }
+}
+
+/// A key's record: each key lives in its event's partition only.
+fn only_one(found: Vec<(u16, oncegate_core::Record)>) -> Option<oncegate_core::Record> {
+    assert!(
+        found.len() <= 1,
+        "one key recorded in several partitions: {found:?}"
+    );
+    found.into_iter().next().map(|(_, record)| record)
 }

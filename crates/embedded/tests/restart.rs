@@ -22,14 +22,22 @@ fn a_restart_ends_the_previous_runs_leases_and_keeps_tokens_growing() {
             assert!(matches!(admitted, Admission::Admitted { .. }));
         }
         let Claim::Acquired(held) = store
-            .claim(&key("held"), Duration::from_secs(3600))
+            .claim(
+                &key("held"),
+                event("held", Some("held")).partition(store.partitions()),
+                Duration::from_secs(3600),
+            )
             .await
             .expect("claim")
         else {
             panic!("claim")
         };
         let Claim::Acquired(done) = store
-            .claim(&key("done"), Duration::from_secs(3600))
+            .claim(
+                &key("done"),
+                event("done", Some("done")).partition(store.partitions()),
+                Duration::from_secs(3600),
+            )
             .await
             .expect("claim")
         else {
@@ -48,7 +56,11 @@ fn a_restart_ends_the_previous_runs_leases_and_keeps_tokens_growing() {
         let store = EmbeddedStore::open(EmbeddedConfig::at(&path)).expect("reopen");
         // The hour-long lease of the dead run does not block the key.
         let Claim::Acquired(new) = store
-            .claim(&key("held"), Duration::from_secs(60))
+            .claim(
+                &key("held"),
+                event("held", Some("held")).partition(store.partitions()),
+                Duration::from_secs(60),
+            )
             .await
             .expect("claim")
         else {
@@ -67,7 +79,11 @@ fn a_restart_ends_the_previous_runs_leases_and_keeps_tokens_growing() {
         // Completed stays completed; both events are still queued (none was acked).
         assert_eq!(
             store
-                .claim(&key("done"), Duration::from_secs(60))
+                .claim(
+                    &key("done"),
+                    event("done", Some("done")).partition(store.partitions()),
+                    Duration::from_secs(60)
+                )
                 .await
                 .expect("claim"),
             Claim::Done { outcome: None }

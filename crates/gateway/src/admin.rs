@@ -69,6 +69,8 @@ async fn stats<S: Store>(State(shared): State<Arc<Shared<S>>>, headers: HeaderMa
 #[derive(Debug, Deserialize)]
 struct RecordQuery {
     key: String,
+    /// Where to look; every partition when absent.
+    partition: Option<u16>,
 }
 
 async fn record<S: Store>(
@@ -86,8 +88,32 @@ async fn record<S: Store>(
         )
             .into_response();
     };
-    match shared.store.record(&key).await {
-        Ok(Some(record)) => {
+    let partitions = match query.partition {
+        Some(partition) if partition < shared.store.partitions() => partition..partition + 1,
+        Some(partition) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                axum::Json(json!({"error": format!(
+                    "no partition {partition}: the store has {}", shared.store.partitions()
+                )})),
+            )
+                .into_response();
+        }
+        None => 0..shared.store.partitions(),
+    };
+    let mut found = Ok(None);
+    for partition in partitions {
+        found = shared
+            .store
+            .record(&key, partition)
+            .await
+            .map(|record| record.map(|record| (partition, record)));
+        if !matches!(found, Ok(None)) {
+            break;
+        }
+    }
+    match found {
+        Ok(Some((partition, record))) => {
             let state = match record.state {
                 RecordState::Pending => json!({"state": "pending"}),
                 RecordState::Processing {
@@ -101,7 +127,7 @@ async fn record<S: Store>(
                 }
             };
             axum::Json(
-                json!({"key": query.key, "record": state, "expires_at_ms": record.expires_at_ms}),
+                json!({"key": query.key, "partition": partition, "record": state, "expires_at_ms": record.expires_at_ms}),
             )
             .into_response()
         }

@@ -150,7 +150,10 @@ async fn handle<S: Store>(shared: &Shared<S>, delivery: Delivery, held: &Held) {
     let stats = &shared.stats;
     let store = &shared.store;
     let timing = &shared.timing;
-    let lease = match store.claim(&delivery.key, timing.lease).await {
+    let lease = match store
+        .claim(&delivery.key, delivery.id.partition, timing.lease)
+        .await
+    {
         Ok(Claim::Acquired(lease)) => lease,
         Ok(Claim::Done { .. }) => {
             // Completed before a crash that came before the ack.

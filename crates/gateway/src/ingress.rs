@@ -223,7 +223,8 @@ async fn card<S: Store>(shared: &Shared<S>, verified: Verified) -> Response {
         return answer(StatusCode::OK, json!({}));
     };
     let key = verified.keys[0];
-    let claim = match shared.store.claim(&key, CARD_DEADLINE * 2).await {
+    let partition = verified.event.partition(shared.store.partitions());
+    let claim = match shared.store.claim(&key, partition, CARD_DEADLINE * 2).await {
         Ok(claim) => claim,
         Err(error) => return refuse(StatusCode::SERVICE_UNAVAILABLE, error.to_string()),
     };

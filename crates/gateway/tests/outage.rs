@@ -34,8 +34,13 @@ impl DedupStore for Switchable {
         }
         self.inner.admit(event, keys, retention).await
     }
-    async fn claim(&self, key: &KeyHash, lease: Duration) -> Result<Claim, StoreError> {
-        self.inner.claim(key, lease).await
+    async fn claim(
+        &self,
+        key: &KeyHash,
+        partition: u16,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
+        self.inner.claim(key, partition, lease).await
     }
     async fn renew(&self, lease: &Lease, extend: Duration) -> Result<FenceCheck, StoreError> {
         self.inner.renew(lease, extend).await
@@ -51,8 +56,8 @@ impl DedupStore for Switchable {
     async fn release(&self, lease: &Lease) -> Result<FenceCheck, StoreError> {
         self.inner.release(lease).await
     }
-    async fn record(&self, key: &KeyHash) -> Result<Option<Record>, StoreError> {
-        self.inner.record(key).await
+    async fn record(&self, key: &KeyHash, partition: u16) -> Result<Option<Record>, StoreError> {
+        self.inner.record(key, partition).await
     }
     async fn stats(&self) -> Result<StoreStats, StoreError> {
         self.inner.stats().await

@@ -492,10 +492,13 @@ impl<C: Clock> MemoryStore<C> {
         self.shards.iter().map(|s| lock(s).slots.len()).sum()
     }
 
+    /// `keys` are the records' identities in the event's partition (`KeyHash::in_partition`);
+    /// `primary` is the first key as the caller gave it, handed out with the event.
     fn admit_locked(
         &self,
         guards: &mut [(usize, MutexGuard<'_, Shard>)],
         event: Event,
+        placed: Placed,
         keys: &[KeyHash],
         retention_ms: u64,
         now_ms: u64,
@@ -535,12 +538,15 @@ impl<C: Clock> MemoryStore<C> {
         }
         // Queued while the shard locks are held: no one sees the key seen before the event
         // is in the queue.
-        let order_hash = event.order_hash();
-        let partition = oncegate_core::event::partition_of(order_hash, self.partitions());
+        let Placed {
+            primary,
+            order_hash,
+            partition,
+        } = placed;
         let mut queue = lock(&self.partitions[usize::from(partition)]);
         let seq = queue.head_seq + queue.entries.len() as u64;
         queue.entries.push_back(Some(Queued {
-            key: keys[0],
+            key: primary,
             event,
             attempt: 0,
         }));
@@ -567,6 +573,13 @@ impl<C: Clock> MemoryStore<C> {
     }
 }
 
+/// Where an admitted event goes.
+struct Placed {
+    primary: KeyHash,
+    order_hash: u64,
+    partition: u16,
+}
+
 impl<C: Clock> DedupStore for MemoryStore<C> {
     async fn admit(
         &self,
@@ -577,11 +590,20 @@ impl<C: Clock> DedupStore for MemoryStore<C> {
         oncegate_core::store::require_keys(keys)?;
         let now_ms = self.clock.now_ms();
         let retention_ms = millis(retention);
-        if keys.len() == 1 {
-            let index = self.shard_index(&keys[0]);
-            let mut guards = [(index, self.shard(&keys[0], now_ms))];
-            return self.admit_locked(&mut guards, event, keys, retention_ms, now_ms);
+        let order_hash = event.order_hash();
+        let partition = oncegate_core::event::partition_of(order_hash, self.partitions());
+        let placed = Placed {
+            primary: keys[0],
+            order_hash,
+            partition,
+        };
+        if let [only] = keys {
+            let key = only.in_partition(partition);
+            let index = self.shard_index(&key);
+            let mut guards = [(index, self.shard(&key, now_ms))];
+            return self.admit_locked(&mut guards, event, placed, &[key], retention_ms, now_ms);
         }
+        let keys: Vec<KeyHash> = keys.iter().map(|k| k.in_partition(partition)).collect();
         // Several keys: lock their shards in ascending order so that two admits never deadlock.
         let mut indices: Vec<usize> = keys.iter().map(|key| self.shard_index(key)).collect();
         indices.sort_unstable();
@@ -594,20 +616,29 @@ impl<C: Clock> DedupStore for MemoryStore<C> {
                 (index, shard)
             })
             .collect();
-        self.admit_locked(&mut guards, event, keys, retention_ms, now_ms)
+        self.admit_locked(&mut guards, event, placed, &keys, retention_ms, now_ms)
     }
 
-    async fn claim(&self, key: &KeyHash, lease: Duration) -> Result<Claim, StoreError> {
+    async fn claim(
+        &self,
+        key: &KeyHash,
+        partition: u16,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
+        oncegate_core::store::require_partition(partition, self.partitions())?;
         let lease_ms = millis(lease);
-        Ok(self.with_record(key, |record, now_ms| {
-            transition::claim(record, *key, now_ms, lease_ms, || self.token())
-        }))
+        Ok(
+            self.with_record(&key.in_partition(partition), |record, now_ms| {
+                transition::claim(record, *key, partition, now_ms, lease_ms, || self.token())
+            }),
+        )
     }
 
     async fn renew(&self, lease: &Lease, extend: Duration) -> Result<FenceCheck, StoreError> {
-        Ok(self.with_record(&lease.key, |record, now_ms| {
-            transition::renew(record, lease, now_ms, millis(extend))
-        }))
+        Ok(self.with_record(
+            &lease.key.in_partition(lease.partition),
+            |record, now_ms| transition::renew(record, lease, now_ms, millis(extend)),
+        ))
     }
 
     async fn complete(
@@ -616,22 +647,28 @@ impl<C: Clock> DedupStore for MemoryStore<C> {
         retention: Duration,
         outcome: Option<Bytes>,
     ) -> Result<FenceCheck, StoreError> {
-        Ok(self.with_record(&lease.key, |record, now_ms| {
-            transition::complete(record, lease, now_ms, millis(retention), outcome)
-        }))
+        Ok(self.with_record(
+            &lease.key.in_partition(lease.partition),
+            |record, now_ms| {
+                transition::complete(record, lease, now_ms, millis(retention), outcome)
+            },
+        ))
     }
 
     async fn release(&self, lease: &Lease) -> Result<FenceCheck, StoreError> {
-        Ok(self.with_record(&lease.key, |record, now_ms| {
-            transition::release(record, lease, now_ms)
-        }))
+        Ok(self.with_record(
+            &lease.key.in_partition(lease.partition),
+            |record, now_ms| transition::release(record, lease, now_ms),
+        ))
     }
 
-    async fn record(&self, key: &KeyHash) -> Result<Option<Record>, StoreError> {
+    async fn record(&self, key: &KeyHash, partition: u16) -> Result<Option<Record>, StoreError> {
+        oncegate_core::store::require_partition(partition, self.partitions())?;
         let now_ms = self.clock.now_ms();
-        let shard = self.shard(key, now_ms);
+        let key = key.in_partition(partition);
+        let shard = self.shard(&key, now_ms);
         Ok(shard
-            .load(Compact::of(key), self.epoch)
+            .load(Compact::of(&key), self.epoch)
             .filter(|record| record.is_live(now_ms)))
     }
 

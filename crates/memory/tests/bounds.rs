@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use oncegate_contract::{START_MS, block_on, event, key};
-use oncegate_core::{Admission, Claim, DedupStore, ManualClock, StoreError};
+use oncegate_core::{Admission, Claim, DedupStore, EventQueue, ManualClock, StoreError};
 use oncegate_memory::{MemoryConfig, MemoryStore};
 
 fn small(clock: ManualClock, max_records: u64) -> MemoryStore<ManualClock> {
@@ -34,8 +34,20 @@ fn the_bound_holds_and_every_early_eviction_is_counted() {
         assert_eq!(stats.evicted_early, 150);
         assert_eq!(stats.pending, 100);
         // The oldest went first: the newest are still known.
-        assert!(store.record(&key("e249")).await.expect("record").is_some());
-        assert!(store.record(&key("e0")).await.expect("record").is_none());
+        assert!(
+            store
+                .record(&key("e249"), key("e249").home(store.partitions()))
+                .await
+                .expect("record")
+                .is_some()
+        );
+        assert!(
+            store
+                .record(&key("e0"), key("e0").home(store.partitions()))
+                .await
+                .expect("record")
+                .is_none()
+        );
     });
 }
 
@@ -51,7 +63,11 @@ fn records_under_a_live_lease_are_never_evicted() {
                 .await
                 .expect("admit");
             match store
-                .claim(&key(&id), Duration::from_secs(600))
+                .claim(
+                    &key(&id),
+                    key(&id).home(store.partitions()),
+                    Duration::from_secs(600),
+                )
                 .await
                 .expect("claim")
             {
@@ -68,7 +84,13 @@ fn records_under_a_live_lease_are_never_evicted() {
             "{refused:?}"
         );
         for lease in &leases {
-            assert!(store.record(&lease.key).await.expect("record").is_some());
+            assert!(
+                store
+                    .record(&lease.key, lease.partition)
+                    .await
+                    .expect("record")
+                    .is_some()
+            );
         }
         assert_eq!(store.stats().await.expect("stats").evicted_early, 0);
     });
@@ -100,7 +122,10 @@ fn expiry_frees_records_without_a_full_scan() {
         // Operations sweep too, bit by bit.
         clock.advance_ms(3_600_000 * 3);
         for _ in 0..4 {
-            let _ = store.record(&key("long0")).await.expect("record");
+            let _ = store
+                .record(&key("long0"), key("long0").home(store.partitions()))
+                .await
+                .expect("record");
         }
         assert_eq!(store.held_records(), 0);
         assert_eq!(store.stats().await.expect("stats").evicted_early, 0);

@@ -15,7 +15,7 @@ end
 local expires = now + retention
 for i = 1, n do
   redis.call('DEL', KEYS[i])
-  redis.call('HSET', KEYS[i], 's', 'p', 'e', expires)
+  redis.call('HSET', KEYS[i], 's', 'p', 'e', string.format('%d', expires))
   redis.call('PEXPIRE', KEYS[i], retention + slack)
 end
 local seq = redis.call('INCR', KEYS[n + 2])

@@ -1,4 +1,4 @@
--- claim: KEYS = record, token counter; ARGV = now_ms, lease_ms, ttl slack ms
+-- claim: KEYS = record, the partition's token clock; ARGV = now_ms, lease_ms, ttl slack ms
 -- {'inflight', until} | {'done'} | {'done', outcome} | {'acquired', token, until}
 local now = tonumber(ARGV[1])
 local lease = tonumber(ARGV[2])
@@ -17,9 +17,19 @@ if r[1] then
     expires = e
   end
 end
-local token = redis.call('INCR', KEYS[2])
+-- The token is a hybrid clock: the server's time in microseconds, or one more than the last
+-- token when that is larger. A counter alone repeats after a failover that lost its last
+-- increments, or a restart without persistence; the clock has moved past every token handed
+-- out before (unless the new primary's clock is behind by more than the failover took).
+-- Integers up to 2^53 are exact in Lua; microseconds reach that in the year 2255.
+local time = redis.call('TIME')
+local clock = tonumber(time[1]) * 1000000 + tonumber(time[2])
+local last = tonumber(redis.call('GET', KEYS[2]) or '0')
+local token = math.max(clock, last + 1)
+local text = string.format('%d', token)
+redis.call('SET', KEYS[2], text)
 local till = now + lease
-redis.call('HSET', KEYS[1], 's', 'r', 'e', expires, 't', token, 'u', till)
+redis.call('HSET', KEYS[1], 's', 'r', 'e', string.format('%d', expires), 't', text, 'u', string.format('%d', till))
 redis.call('HDEL', KEYS[1], 'o')
 redis.call('PEXPIRE', KEYS[1], math.max(expires, till) - now + slack)
-return {'acquired', token, till}
+return {'acquired', text, string.format('%d', till)}

@@ -11,7 +11,7 @@ local r = redis.call('HMGET', KEYS[1], 's', 'e', 't', 'u')
 if not r[1] or r[1] ~= 'r' or r[3] ~= ARGV[1] then return 0 end
 if not (now < tonumber(r[2]) or now < tonumber(r[4])) then return 0 end
 redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 's', 'c', 'e', now + retention)
+redis.call('HSET', KEYS[1], 's', 'c', 'e', string.format('%d', now + retention))
 if ARGV[7] then redis.call('HSET', KEYS[1], 'o', ARGV[7]) end
 redis.call('PEXPIRE', KEYS[1], retention + slack)
 return 1

@@ -12,11 +12,11 @@ local u = tonumber(r[4])
 if not (now < e or now < u) then return 0 end
 if op == 'renew' then
   local till = now + ms
-  redis.call('HSET', KEYS[1], 'u', till)
+  redis.call('HSET', KEYS[1], 'u', string.format('%d', till))
   redis.call('PEXPIRE', KEYS[1], math.max(e, till) - now + slack)
 elseif op == 'complete' then
   redis.call('DEL', KEYS[1])
-  redis.call('HSET', KEYS[1], 's', 'c', 'e', now + ms)
+  redis.call('HSET', KEYS[1], 's', 'c', 'e', string.format('%d', now + ms))
   if ARGV[6] then redis.call('HSET', KEYS[1], 'o', ARGV[6]) end
   redis.call('PEXPIRE', KEYS[1], ms + slack)
 else

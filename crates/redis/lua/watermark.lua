@@ -9,7 +9,7 @@ if r[1] and now < tonumber(r[2]) then current = tonumber(r[1]) end
 if current and value < current then return {0, current} end
 local mark = value
 if current and current > value then mark = current end
-redis.call('HSET', KEYS[1], 'v', mark, 'f', now + retention)
+redis.call('HSET', KEYS[1], 'v', string.format('%d', mark), 'f', string.format('%d', now + retention))
 redis.call('PEXPIRE', KEYS[1], retention + tonumber(ARGV[4]))
 if current then return {1, current} end
 return {1}

@@ -22,10 +22,12 @@ use oncegate_core::{
     FencingToken, KeyHash, Lease, QueueId, Record, RecordState, StoreError, StoreStats,
     SystemClock, WatermarkOutcome, WatermarkStore,
 };
-use redis::aio::ConnectionManager;
 use redis::{Script, Value};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
+
+mod conn;
+use conn::Conn;
 
 /// Physical TTLs outlive the logical end by this much, so that clock skew between gateways and
 /// Redis never drops a record early.
@@ -36,8 +38,10 @@ const CATCH_UP: usize = 1000;
 /// How a Redis store is reached.
 #[derive(Debug, Clone)]
 pub struct RedisConfig {
-    /// `redis://host:port/db`.
+    /// `redis://host:port/db`; for a cluster, one or more nodes separated by commas.
     pub url: String,
+    /// Whether `url` names a Redis Cluster.
+    pub cluster: bool,
     /// Prefix of every key, so that several deployments can share a Redis.
     pub prefix: String,
     /// Queue partitions.
@@ -54,6 +58,7 @@ impl RedisConfig {
     pub fn at(url: &str) -> Self {
         Self {
             url: url.to_owned(),
+            cluster: false,
             prefix: "og".into(),
             partitions: 16,
             timeout: Duration::from_secs(2),
@@ -121,7 +126,7 @@ impl Partition {
 }
 
 struct Inner<C> {
-    conn: ConnectionManager,
+    conn: Conn,
     /// This store's name in partition ownership.
     instance: String,
     prefix: String,
@@ -232,19 +237,12 @@ impl<C: Clock> RedisStore<C> {
             .enable_all()
             .build()
             .map_err(|e| connect_error(e.to_string()))?;
-        let client =
-            redis::Client::open(config.url.as_str()).map_err(|e| connect_error(e.to_string()))?;
-        let manager_config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(config.timeout))
-            .set_response_timeout(Some(config.timeout))
-            .set_number_of_retries(2);
         let prefix = config.prefix.clone();
         let partitions = config.partitions.max(1);
+        let urls: Vec<&str> = config.url.split(',').map(str::trim).collect();
         let (conn, stored) = runtime
             .block_on(async {
-                let mut conn = client
-                    .get_connection_manager_with_config(manager_config)
-                    .await?;
+                let mut conn = Conn::open(&urls, config.cluster, config.timeout).await?;
                 let key = format!("{prefix}:partitions");
                 let _: Value = redis::cmd("SET")
                     .arg(&key)
@@ -301,7 +299,7 @@ impl<C: Clock> RedisStore<C> {
     async fn run<T, F, Fut>(&self, work: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
-        F: FnOnce(Arc<Inner<C>>, ConnectionManager) -> Fut + Send + 'static,
+        F: FnOnce(Arc<Inner<C>>, Conn) -> Fut + Send + 'static,
         Fut: std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
     {
         self.inner.breaker.check()?;
@@ -323,24 +321,44 @@ impl<C: Clock> RedisStore<C> {
     }
 }
 
+/// Key names. Everything one script touches carries its partition's hash tag `{prefix:p}`, so
+/// that in a Redis Cluster a partition's records, stream and counters share one slot.
 impl<C> Inner<C> {
-    fn record_key(&self, key: &KeyHash) -> String {
-        format!("{}:r:{key}", self.prefix)
+    fn record_key(&self, key: &KeyHash, partition: u16) -> String {
+        format!("{{{}:{partition}}}:r:{key}", self.prefix)
     }
     fn stream(&self, partition: u16) -> String {
-        format!("{}:q:{partition}", self.prefix)
+        format!("{{{}:{partition}}}:q", self.prefix)
     }
     fn sequence(&self, partition: u16) -> String {
-        format!("{}:qseq:{partition}", self.prefix)
+        format!("{{{}:{partition}}}:qseq", self.prefix)
     }
     fn attempts(&self, partition: u16) -> String {
-        format!("{}:qa:{partition}", self.prefix)
+        format!("{{{}:{partition}}}:qa", self.prefix)
     }
-    fn dead(&self) -> String {
-        format!("{}:dead", self.prefix)
+    fn dead(&self, partition: u16) -> String {
+        format!("{{{}:{partition}}}:dead", self.prefix)
     }
-    fn tokens(&self) -> String {
-        format!("{}:token", self.prefix)
+    fn tokens(&self, partition: u16) -> String {
+        format!("{{{}:{partition}}}:token", self.prefix)
+    }
+    fn owner(&self, partition: u16) -> String {
+        format!("{}:own:{partition}", self.prefix)
+    }
+    /// A `SCAN` pattern for every record key.
+    fn records_pattern(&self) -> String {
+        let mut escaped = String::with_capacity(self.prefix.len() + 8);
+        for c in self.prefix.chars() {
+            if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+                escaped.push('\\');
+            }
+            escaped.push(c);
+        }
+        format!("{{{escaped}:*}}:r:*")
+    }
+    /// Refuses a partition this store does not have.
+    fn check_partition(&self, partition: u16) -> Result<(), StoreError> {
+        oncegate_core::store::require_partition(partition, self.partitions)
     }
 }
 
@@ -433,14 +451,14 @@ impl<C: Clock> Inner<C> {
     /// events out, so per-chat order holds across gateways; a new owner starts from the stream.
     async fn own(
         &self,
-        conn: &mut ConnectionManager,
+        conn: &mut Conn,
         partition: u16,
         queue: &mut Partition,
     ) -> Result<bool, StoreError> {
         let verdict: i64 = self
             .scripts
             .own
-            .key(format!("{}:own:{partition}", self.prefix))
+            .key(self.owner(partition))
             .arg(&self.instance)
             .arg(self.ownership_ms)
             .invoke_async(conn)
@@ -462,7 +480,7 @@ impl<C: Clock> Inner<C> {
     /// Folds stream entries after `last_seq` into the hand-out order.
     async fn catch_up(
         &self,
-        conn: &mut ConnectionManager,
+        conn: &mut Conn,
         partition: u16,
         queue: &mut Partition,
     ) -> Result<(), StoreError> {
@@ -524,86 +542,89 @@ impl<C: Clock> DedupStore for RedisStore<C> {
     ) -> Result<Admission, StoreError> {
         oncegate_core::store::require_keys(keys)?;
         let keys = keys.to_vec();
-        self.run(
-            move |inner: Arc<Inner<C>>, mut conn: ConnectionManager| async move {
-                let order_hash = event.order_hash();
-                let partition = oncegate_core::event::partition_of(order_hash, inner.partitions);
-                let bytes = postcard::to_stdvec(&Stored { event })
-                    .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-                let mut call = inner.scripts.admit.prepare_invoke();
-                for key in &keys {
-                    call.key(inner.record_key(key));
-                }
-                call.key(inner.stream(partition))
-                    .key(inner.sequence(partition));
-                call.arg(inner.clock.now_ms())
-                    .arg(millis(retention))
-                    .arg(keys.len())
-                    .arg(keys[0].to_string())
-                    .arg(order_hash)
-                    .arg(bytes)
-                    .arg(TTL_SLACK_MS);
-                let reply = array(call.invoke_async(&mut conn).await.map_err(unavailable)?)?;
-                match (reply.first().and_then(int), reply.get(1).and_then(int)) {
-                    (Some(1), Some(seq)) => Ok(Admission::Admitted {
-                        id: QueueId { partition, seq },
-                    }),
-                    (Some(0), Some(index)) => Ok(Admission::Duplicate {
-                        key_index: index as usize,
-                    }),
-                    _ => Err(StoreError::Corrupt(format!(
-                        "unexpected admit reply {reply:?}"
-                    ))),
-                }
-            },
-        )
+        self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
+            let order_hash = event.order_hash();
+            let partition = oncegate_core::event::partition_of(order_hash, inner.partitions);
+            let bytes = postcard::to_stdvec(&Stored { event })
+                .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            let mut call = inner.scripts.admit.prepare_invoke();
+            for key in &keys {
+                call.key(inner.record_key(key, partition));
+            }
+            call.key(inner.stream(partition))
+                .key(inner.sequence(partition));
+            call.arg(inner.clock.now_ms())
+                .arg(millis(retention))
+                .arg(keys.len())
+                .arg(keys[0].to_string())
+                .arg(order_hash)
+                .arg(bytes)
+                .arg(TTL_SLACK_MS);
+            let reply = array(call.invoke_async(&mut conn).await.map_err(unavailable)?)?;
+            match (reply.first().and_then(int), reply.get(1).and_then(int)) {
+                (Some(1), Some(seq)) => Ok(Admission::Admitted {
+                    id: QueueId { partition, seq },
+                }),
+                (Some(0), Some(index)) => Ok(Admission::Duplicate {
+                    key_index: index as usize,
+                }),
+                _ => Err(StoreError::Corrupt(format!(
+                    "unexpected admit reply {reply:?}"
+                ))),
+            }
+        })
         .await
     }
 
-    async fn claim(&self, key: &KeyHash, lease: Duration) -> Result<Claim, StoreError> {
+    async fn claim(
+        &self,
+        key: &KeyHash,
+        partition: u16,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
+        self.inner.check_partition(partition)?;
         let key = *key;
-        self.run(
-            move |inner: Arc<Inner<C>>, mut conn: ConnectionManager| async move {
-                let reply: Value = inner
-                    .scripts
-                    .claim
-                    .key(inner.record_key(&key))
-                    .key(inner.tokens())
-                    .arg(inner.clock.now_ms())
-                    .arg(millis(lease))
-                    .arg(TTL_SLACK_MS)
-                    .invoke_async(&mut conn)
-                    .await
-                    .map_err(unavailable)?;
-                let reply = array(reply)?;
-                match reply.first().and_then(text) {
-                    Some("acquired") => {
-                        match (reply.get(1).and_then(int), reply.get(2).and_then(int)) {
-                            (Some(token), Some(until_ms)) => Ok(Claim::Acquired(Lease {
-                                key,
-                                token: FencingToken(token),
-                                until_ms,
-                            })),
-                            _ => Err(StoreError::Corrupt(format!(
-                                "unexpected claim reply {reply:?}"
-                            ))),
-                        }
+        self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
+            let reply: Value = inner
+                .scripts
+                .claim
+                .key(inner.record_key(&key, partition))
+                .key(inner.tokens(partition))
+                .arg(inner.clock.now_ms())
+                .arg(millis(lease))
+                .arg(TTL_SLACK_MS)
+                .invoke_async(&mut conn)
+                .await
+                .map_err(unavailable)?;
+            let reply = array(reply)?;
+            match reply.first().and_then(text) {
+                Some("acquired") => {
+                    match (reply.get(1).and_then(int), reply.get(2).and_then(int)) {
+                        (Some(token), Some(until_ms)) => Ok(Claim::Acquired(Lease {
+                            key,
+                            partition,
+                            token: FencingToken(token),
+                            until_ms,
+                        })),
+                        _ => Err(StoreError::Corrupt(format!(
+                            "unexpected claim reply {reply:?}"
+                        ))),
                     }
-                    Some("inflight") => Ok(Claim::InFlight {
-                        until_ms: reply.get(1).and_then(int).unwrap_or(0),
-                    }),
-                    Some("done") => Ok(Claim::Done {
-                        outcome: match reply.get(1) {
-                            Some(Value::BulkString(bytes)) => Some(Bytes::from(bytes.clone())),
-                            _ => None,
-                        },
-                    }),
-                    _ => Err(StoreError::Corrupt(format!(
-                        "unexpected claim reply {reply:?}"
-                    ))),
                 }
-            },
-        )
+                Some("inflight") => Ok(Claim::InFlight {
+                    until_ms: reply.get(1).and_then(int).unwrap_or(0),
+                }),
+                Some("done") => Ok(Claim::Done {
+                    outcome: match reply.get(1) {
+                        Some(Value::BulkString(bytes)) => Some(Bytes::from(bytes.clone())),
+                        _ => None,
+                    },
+                }),
+                _ => Err(StoreError::Corrupt(format!(
+                    "unexpected claim reply {reply:?}"
+                ))),
+            }
+        })
         .await
     }
 
@@ -625,20 +646,19 @@ impl<C: Clock> DedupStore for RedisStore<C> {
         self.fence("release", *lease, 0, None).await
     }
 
-    async fn record(&self, key: &KeyHash) -> Result<Option<Record>, StoreError> {
+    async fn record(&self, key: &KeyHash, partition: u16) -> Result<Option<Record>, StoreError> {
+        self.inner.check_partition(partition)?;
         let key = *key;
-        self.run(
-            move |inner: Arc<Inner<C>>, mut conn: ConnectionManager| async move {
-                let fields: Vec<Value> = redis::cmd("HMGET")
-                    .arg(inner.record_key(&key))
-                    .arg(&["s", "e", "t", "u", "o"])
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(unavailable)?;
-                let now = inner.clock.now_ms();
-                Ok(parse_record(fields).filter(|record| record.is_live(now)))
-            },
-        )
+        self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
+            let fields: Vec<Value> = redis::cmd("HMGET")
+                .arg(inner.record_key(&key, partition))
+                .arg(&["s", "e", "t", "u", "o"])
+                .query_async(&mut conn)
+                .await
+                .map_err(unavailable)?;
+            let now = inner.clock.now_ms();
+            Ok(parse_record(fields).filter(|record| record.is_live(now)))
+        })
         .await
     }
 
@@ -649,51 +669,53 @@ impl<C: Clock> DedupStore for RedisStore<C> {
         outcome: Option<Bytes>,
         id: QueueId,
     ) -> Result<FenceCheck, StoreError> {
+        if lease.partition != id.partition {
+            // Two slots in a cluster: no one script can touch both.
+            let fence = self.complete(lease, retention, outcome).await?;
+            self.ack(id).await?;
+            return Ok(fence);
+        }
         let lease = *lease;
-        self.run(
-            move |inner: Arc<Inner<C>>, mut conn: ConnectionManager| async move {
-                let Some(queue) = inner.queues.get(usize::from(id.partition)) else {
-                    return Err(StoreError::Invalid(format!(
-                        "no partition {}",
-                        id.partition
-                    )));
-                };
-                let mut queue = queue.lock().await;
-                let mut call = inner.scripts.complete_ack.prepare_invoke();
-                call.key(inner.record_key(&lease.key))
-                    .key(inner.stream(id.partition))
-                    .key(inner.attempts(id.partition))
-                    .arg(lease.token.0)
-                    .arg(inner.clock.now_ms())
-                    .arg(millis(retention))
-                    .arg(TTL_SLACK_MS)
-                    .arg(format!("0-{}", id.seq))
-                    .arg(id.seq);
-                if let Some(outcome) = &outcome {
-                    call.arg(outcome.as_ref());
-                }
-                let applied: i64 = call.invoke_async(&mut conn).await.map_err(unavailable)?;
-                queue.order.remove(id.seq);
-                Ok(if applied == 1 {
-                    FenceCheck::Accepted
-                } else {
-                    FenceCheck::Rejected
-                })
-            },
-        )
+        self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
+            let Some(queue) = inner.queues.get(usize::from(id.partition)) else {
+                return Err(StoreError::Invalid(format!(
+                    "no partition {}",
+                    id.partition
+                )));
+            };
+            let mut queue = queue.lock().await;
+            let mut call = inner.scripts.complete_ack.prepare_invoke();
+            call.key(inner.record_key(&lease.key, lease.partition))
+                .key(inner.stream(id.partition))
+                .key(inner.attempts(id.partition))
+                .arg(lease.token.0)
+                .arg(inner.clock.now_ms())
+                .arg(millis(retention))
+                .arg(TTL_SLACK_MS)
+                .arg(format!("0-{}", id.seq))
+                .arg(id.seq);
+            if let Some(outcome) = &outcome {
+                call.arg(outcome.as_ref());
+            }
+            let applied: i64 = call.invoke_async(&mut conn).await.map_err(unavailable)?;
+            queue.order.remove(id.seq);
+            Ok(if applied == 1 {
+                FenceCheck::Accepted
+            } else {
+                FenceCheck::Rejected
+            })
+        })
         .await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        self.run(
-            move |_inner: Arc<Inner<C>>, mut conn: ConnectionManager| async move {
-                let _: String = redis::cmd("PING")
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(unavailable)?;
-                Ok(())
-            },
-        )
+        self.run(move |_inner: Arc<Inner<C>>, mut conn: Conn| async move {
+            let _: String = redis::cmd("PING")
+                .query_async(&mut conn)
+                .await
+                .map_err(unavailable)?;
+            Ok(())
+        })
         .await
     }
 
@@ -709,22 +731,18 @@ impl<C: Clock> DedupStore for RedisStore<C> {
             }
             (total, queued)
         };
-        self.run(
-            move |inner: Arc<Inner<C>>, mut conn: ConnectionManager| async move {
-                let mut stats = StoreStats {
-                    in_flight: in_flight.0,
-                    ..StoreStats::default()
-                };
-                let now = inner.clock.now_ms();
+        self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
+            let mut stats = StoreStats {
+                in_flight: in_flight.0,
+                ..StoreStats::default()
+            };
+            let now = inner.clock.now_ms();
+            let pattern = inner.records_pattern();
+            for node in conn.scan_nodes().await.map_err(unavailable)? {
                 let mut cursor = 0u64;
                 loop {
-                    let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                        .arg(cursor)
-                        .arg("MATCH")
-                        .arg(format!("{}:r:*", inner.prefix))
-                        .arg("COUNT")
-                        .arg(1000)
-                        .query_async(&mut conn)
+                    let (next, keys) = conn
+                        .scan(&node, cursor, &pattern)
                         .await
                         .map_err(unavailable)?;
                     for key in keys {
@@ -748,22 +766,21 @@ impl<C: Clock> DedupStore for RedisStore<C> {
                         break;
                     }
                 }
-                for partition in 0..inner.partitions {
-                    let length: u64 = redis::cmd("XLEN")
-                        .arg(inner.stream(partition))
-                        .query_async(&mut conn)
-                        .await
-                        .map_err(unavailable)?;
-                    stats.queued += length;
-                }
-                stats.dead_letters = redis::cmd("XLEN")
-                    .arg(inner.dead())
+            }
+            for partition in 0..inner.partitions {
+                let (queued, dead): (u64, u64) = redis::pipe()
+                    .cmd("XLEN")
+                    .arg(inner.stream(partition))
+                    .cmd("XLEN")
+                    .arg(inner.dead(partition))
                     .query_async(&mut conn)
                     .await
                     .map_err(unavailable)?;
-                Ok(stats)
-            },
-        )
+                stats.queued += queued;
+                stats.dead_letters += dead;
+            }
+            Ok(stats)
+        })
         .await
     }
 }
@@ -776,26 +793,24 @@ impl<C: Clock> RedisStore<C> {
         ms: u64,
         outcome: Option<Bytes>,
     ) -> Result<FenceCheck, StoreError> {
-        self.run(
-            move |inner: Arc<Inner<C>>, mut conn: ConnectionManager| async move {
-                let mut call = inner.scripts.fence.prepare_invoke();
-                call.key(inner.record_key(&lease.key))
-                    .arg(op)
-                    .arg(lease.token.0)
-                    .arg(inner.clock.now_ms())
-                    .arg(ms)
-                    .arg(TTL_SLACK_MS);
-                if let Some(outcome) = &outcome {
-                    call.arg(outcome.as_ref());
-                }
-                let applied: i64 = call.invoke_async(&mut conn).await.map_err(unavailable)?;
-                Ok(if applied == 1 {
-                    FenceCheck::Accepted
-                } else {
-                    FenceCheck::Rejected
-                })
-            },
-        )
+        self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
+            let mut call = inner.scripts.fence.prepare_invoke();
+            call.key(inner.record_key(&lease.key, lease.partition))
+                .arg(op)
+                .arg(lease.token.0)
+                .arg(inner.clock.now_ms())
+                .arg(ms)
+                .arg(TTL_SLACK_MS);
+            if let Some(outcome) = &outcome {
+                call.arg(outcome.as_ref());
+            }
+            let applied: i64 = call.invoke_async(&mut conn).await.map_err(unavailable)?;
+            Ok(if applied == 1 {
+                FenceCheck::Accepted
+            } else {
+                FenceCheck::Rejected
+            })
+        })
         .await
     }
 }
@@ -809,128 +824,123 @@ impl<C: Clock> EventQueue for RedisStore<C> {
         if partition >= self.inner.partitions {
             return Err(StoreError::Invalid(format!("no partition {partition}")));
         }
-        self.run(
-            move |inner: Arc<Inner<C>>, mut conn: ConnectionManager| async move {
-                let mut queue = inner.queues[usize::from(partition)].lock().await;
-                if !inner.own(&mut conn, partition, &mut queue).await? {
-                    return Ok(Vec::new());
-                }
-                inner.catch_up(&mut conn, partition, &mut queue).await?;
-                let ready = queue.order.take_ready(inner.clock.now_ms(), max);
-                match fetch(&inner, &mut conn, partition, &ready).await {
-                    Ok(fetched) => {
-                        let mut out = Vec::with_capacity(fetched.len());
-                        for (seq, found) in ready.iter().zip(fetched) {
-                            match found {
-                                Some(delivery) => out.push(delivery),
-                                // Gone (acked by an earlier owner): forget it here too.
-                                None => {
-                                    queue.order.remove(*seq);
-                                }
+        self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
+            let mut queue = inner.queues[usize::from(partition)].lock().await;
+            if !inner.own(&mut conn, partition, &mut queue).await? {
+                return Ok(Vec::new());
+            }
+            inner.catch_up(&mut conn, partition, &mut queue).await?;
+            let ready = queue.order.take_ready(inner.clock.now_ms(), max);
+            match fetch(&inner, &mut conn, partition, &ready).await {
+                Ok(fetched) => {
+                    let mut out = Vec::with_capacity(fetched.len());
+                    for (seq, found) in ready.iter().zip(fetched) {
+                        match found {
+                            Some(delivery) => out.push(delivery),
+                            // Gone (acked by an earlier owner): forget it here too.
+                            None => {
+                                queue.order.remove(*seq);
                             }
                         }
-                        Ok(out)
                     }
-                    Err(error) => {
-                        // Not handed out after all: put them back so that they go out later.
-                        for seq in ready {
-                            queue.order.retry(seq, 0);
-                        }
-                        Err(error)
-                    }
+                    Ok(out)
                 }
-            },
-        )
+                Err(error) => {
+                    // Not handed out after all: put them back so that they go out later.
+                    for seq in ready {
+                        queue.order.retry(seq, 0);
+                    }
+                    Err(error)
+                }
+            }
+        })
         .await
     }
 
     async fn ack(&self, id: QueueId) -> Result<bool, StoreError> {
-        self.run(
-            move |inner: Arc<Inner<C>>, mut conn: ConnectionManager| async move {
-                let Some(mut queue) = inner.handed_out(id).await else {
-                    return Ok(false);
-                };
-                let _: Value = redis::pipe()
-                    .cmd("XDEL")
-                    .arg(inner.stream(id.partition))
-                    .arg(format!("0-{}", id.seq))
-                    .cmd("HDEL")
-                    .arg(inner.attempts(id.partition))
-                    .arg(id.seq)
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(unavailable)?;
-                queue.order.remove(id.seq);
-                Ok(true)
-            },
-        )
+        self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
+            let Some(mut queue) = inner.handed_out(id).await else {
+                return Ok(false);
+            };
+            let _: Value = redis::pipe()
+                .cmd("XDEL")
+                .arg(inner.stream(id.partition))
+                .arg(format!("0-{}", id.seq))
+                .cmd("HDEL")
+                .arg(inner.attempts(id.partition))
+                .arg(id.seq)
+                .query_async(&mut conn)
+                .await
+                .map_err(unavailable)?;
+            queue.order.remove(id.seq);
+            Ok(true)
+        })
         .await
     }
 
     async fn retry(&self, id: QueueId, not_before_ms: u64) -> Result<bool, StoreError> {
-        self.run(
-            move |inner: Arc<Inner<C>>, mut conn: ConnectionManager| async move {
-                let Some(mut queue) = inner.handed_out(id).await else {
-                    return Ok(false);
-                };
-                let previous: Option<String> = redis::cmd("HGET")
-                    .arg(inner.attempts(id.partition))
-                    .arg(id.seq)
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(unavailable)?;
-                let attempt: u32 = previous
-                    .as_deref()
-                    .and_then(|a| a.split(':').next())
-                    .and_then(|a| a.parse().ok())
-                    .unwrap_or(0);
-                let _: Value = redis::cmd("HSET")
-                    .arg(inner.attempts(id.partition))
-                    .arg(id.seq)
-                    .arg(format!("{}:{not_before_ms}", attempt + 1))
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(unavailable)?;
-                queue.order.retry(id.seq, not_before_ms);
-                Ok(true)
-            },
-        )
+        self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
+            let Some(mut queue) = inner.handed_out(id).await else {
+                return Ok(false);
+            };
+            let previous: Option<String> = redis::cmd("HGET")
+                .arg(inner.attempts(id.partition))
+                .arg(id.seq)
+                .query_async(&mut conn)
+                .await
+                .map_err(unavailable)?;
+            let attempt: u32 = previous
+                .as_deref()
+                .and_then(|a| a.split(':').next())
+                .and_then(|a| a.parse().ok())
+                .unwrap_or(0);
+            let _: Value = redis::cmd("HSET")
+                .arg(inner.attempts(id.partition))
+                .arg(id.seq)
+                .arg(format!("{}:{not_before_ms}", attempt + 1))
+                .query_async(&mut conn)
+                .await
+                .map_err(unavailable)?;
+            queue.order.retry(id.seq, not_before_ms);
+            Ok(true)
+        })
         .await
     }
 
     async fn dead_letter(&self, id: QueueId, reason: &str) -> Result<bool, StoreError> {
         let reason = reason.to_owned();
-        self.run(
-            move |inner: Arc<Inner<C>>, mut conn: ConnectionManager| async move {
-                let Some(mut queue) = inner.handed_out(id).await else {
-                    return Ok(false);
-                };
-                let moved: i64 = inner
-                    .scripts
-                    .dead_letter
-                    .key(inner.stream(id.partition))
-                    .key(inner.attempts(id.partition))
-                    .key(inner.dead())
-                    .arg(format!("0-{}", id.seq))
-                    .arg(id.seq)
-                    .arg(reason)
-                    .arg(inner.clock.now_ms())
-                    .arg(id.partition)
-                    .invoke_async(&mut conn)
-                    .await
-                    .map_err(unavailable)?;
-                queue.order.remove(id.seq);
-                Ok(moved == 1)
-            },
-        )
+        self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
+            let Some(mut queue) = inner.handed_out(id).await else {
+                return Ok(false);
+            };
+            let moved: i64 = inner
+                .scripts
+                .dead_letter
+                .key(inner.stream(id.partition))
+                .key(inner.attempts(id.partition))
+                .key(inner.dead(id.partition))
+                .arg(format!("0-{}", id.seq))
+                .arg(id.seq)
+                .arg(reason)
+                .arg(inner.clock.now_ms())
+                .arg(id.partition)
+                .invoke_async(&mut conn)
+                .await
+                .map_err(unavailable)?;
+            queue.order.remove(id.seq);
+            Ok(moved == 1)
+        })
         .await
     }
 
+    /// The oldest `limit` dead letters of all partitions (each partition keeps its own, in its
+    /// slot), oldest first.
     async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
-        self.run(
-            move |inner: Arc<Inner<C>>, mut conn: ConnectionManager| async move {
+        self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
+            let mut out = Vec::new();
+            for partition in 0..inner.partitions {
                 let entries: Value = redis::cmd("XRANGE")
-                    .arg(inner.dead())
+                    .arg(inner.dead(partition))
                     .arg("-")
                     .arg("+")
                     .arg("COUNT")
@@ -938,57 +948,58 @@ impl<C: Clock> EventQueue for RedisStore<C> {
                     .query_async(&mut conn)
                     .await
                     .map_err(unavailable)?;
-                let mut out = Vec::new();
                 for entry in array(entries)? {
-                    let mut parts = array(entry)?.into_iter().skip(1);
-                    let fields = array(parts.next().unwrap_or(Value::Nil))?;
-                    let mut map = std::collections::HashMap::new();
-                    let mut it = fields.into_iter();
-                    while let (Some(Value::BulkString(name)), Some(value)) = (it.next(), it.next())
-                    {
-                        map.insert(name, value);
-                    }
-                    let get_int = |name: &[u8]| map.get(name).and_then(int).unwrap_or(0);
-                    let event = match map.get(b"e".as_slice()) {
-                        Some(Value::BulkString(bytes)) => decode::<Stored>(bytes)?.event,
-                        _ => {
-                            return Err(StoreError::Corrupt(
-                                "a dead letter lacks its event".into(),
-                            ));
-                        }
-                    };
-                    out.push(DeadLetter {
-                        id: QueueId {
-                            partition: get_int(b"p") as u16,
-                            seq: get_int(b"s"),
-                        },
-                        key: map
-                            .get(b"k".as_slice())
-                            .and_then(text)
-                            .and_then(KeyHash::from_hex)
-                            .unwrap_or(KeyHash([0; 16])),
-                        event,
-                        attempts: get_int(b"a") as u32,
-                        reason: map
-                            .get(b"r".as_slice())
-                            .and_then(text)
-                            .unwrap_or_default()
-                            .to_owned(),
-                        at_ms: get_int(b"t"),
-                    });
+                    out.push(parse_dead_letter(entry)?);
                 }
-                Ok(out)
-            },
-        )
+            }
+            out.sort_by_key(|letter| (letter.at_ms, letter.id));
+            out.truncate(limit);
+            Ok(out)
+        })
         .await
     }
+}
+
+/// One entry of a dead-letter stream.
+fn parse_dead_letter(entry: Value) -> Result<DeadLetter, StoreError> {
+    let mut parts = array(entry)?.into_iter().skip(1);
+    let fields = array(parts.next().unwrap_or(Value::Nil))?;
+    let mut map = std::collections::HashMap::new();
+    let mut it = fields.into_iter();
+    while let (Some(Value::BulkString(name)), Some(value)) = (it.next(), it.next()) {
+        map.insert(name, value);
+    }
+    let get_int = |name: &[u8]| map.get(name).and_then(int).unwrap_or(0);
+    let event = match map.get(b"e".as_slice()) {
+        Some(Value::BulkString(bytes)) => decode::<Stored>(bytes)?.event,
+        _ => return Err(StoreError::Corrupt("a dead letter lacks its event".into())),
+    };
+    Ok(DeadLetter {
+        id: QueueId {
+            partition: get_int(b"p") as u16,
+            seq: get_int(b"s"),
+        },
+        key: map
+            .get(b"k".as_slice())
+            .and_then(text)
+            .and_then(KeyHash::from_hex)
+            .unwrap_or(KeyHash([0; 16])),
+        event,
+        attempts: get_int(b"a") as u32,
+        reason: map
+            .get(b"r".as_slice())
+            .and_then(text)
+            .unwrap_or_default()
+            .to_owned(),
+        at_ms: get_int(b"t"),
+    })
 }
 
 /// Reads the entries `seqs` of a partition's stream with their attempt counts; `None` for an
 /// entry that is gone.
 async fn fetch<C>(
     inner: &Inner<C>,
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     partition: u16,
     seqs: &[u64],
 ) -> Result<Vec<Option<Delivery>>, StoreError> {
@@ -1036,29 +1047,27 @@ impl<C: Clock> WatermarkStore for RedisStore<C> {
         retention: Duration,
     ) -> Result<WatermarkOutcome, StoreError> {
         let scope = *scope;
-        self.run(
-            move |inner: Arc<Inner<C>>, mut conn: ConnectionManager| async move {
-                let reply: Value = inner
-                    .scripts
-                    .watermark
-                    .key(format!("{}:w:{scope}", inner.prefix))
-                    .arg(inner.clock.now_ms())
-                    .arg(value)
-                    .arg(millis(retention))
-                    .arg(TTL_SLACK_MS)
-                    .invoke_async(&mut conn)
-                    .await
-                    .map_err(unavailable)?;
-                let reply = array(reply)?;
-                match (reply.first().and_then(int), reply.get(1).and_then(int)) {
-                    (Some(1), previous) => Ok(WatermarkOutcome::Accepted { previous }),
-                    (Some(0), Some(current)) => Ok(WatermarkOutcome::Stale { current }),
-                    _ => Err(StoreError::Corrupt(format!(
-                        "unexpected watermark reply {reply:?}"
-                    ))),
-                }
-            },
-        )
+        self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
+            let reply: Value = inner
+                .scripts
+                .watermark
+                .key(format!("{}:w:{scope}", inner.prefix))
+                .arg(inner.clock.now_ms())
+                .arg(value)
+                .arg(millis(retention))
+                .arg(TTL_SLACK_MS)
+                .invoke_async(&mut conn)
+                .await
+                .map_err(unavailable)?;
+            let reply = array(reply)?;
+            match (reply.first().and_then(int), reply.get(1).and_then(int)) {
+                (Some(1), previous) => Ok(WatermarkOutcome::Accepted { previous }),
+                (Some(0), Some(current)) => Ok(WatermarkOutcome::Stale { current }),
+                _ => Err(StoreError::Corrupt(format!(
+                    "unexpected watermark reply {reply:?}"
+                ))),
+            }
+        })
         .await
     }
 }

@@ -40,7 +40,11 @@ fn one_owner_per_partition_and_a_takeover_after_silence() {
             "b does not own the partition"
         );
         let Claim::Acquired(lease) = a
-            .claim(&from_a[0].key, Duration::from_secs(60))
+            .claim(
+                &from_a[0].key,
+                from_a[0].id.partition,
+                Duration::from_secs(60),
+            )
             .await
             .expect("claim")
         else {

@@ -99,7 +99,11 @@ fn main() {
                         for delivery in batch {
                             idle = false;
                             let lease = match store
-                                .claim(&delivery.key, Duration::from_millis(300))
+                                .claim(
+                                    &delivery.key,
+                                    delivery.id.partition,
+                                    Duration::from_millis(300),
+                                )
                                 .await
                             {
                                 Ok(Claim::Acquired(lease)) => lease,

@@ -1,0 +1,165 @@
+//! One connection type for a standalone Redis and a Redis Cluster, so that every script and
+//! command is written once.
+
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
+
+/// A multiplexed connection that pipelines concurrent calls and reconnects by itself: one
+/// server, or a cluster (commands routed by their first key's slot, following `MOVED`).
+#[derive(Clone)]
+pub(crate) enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl Conn {
+    /// Connects to `urls`: one URL for a standalone server; with `cluster`, any of the
+    /// cluster's nodes (the rest is discovered).
+    pub(crate) async fn open(urls: &[&str], cluster: bool, timeout: Duration) -> RedisResult<Self> {
+        if cluster {
+            let client = ClusterClientBuilder::new(urls.to_vec())
+                .connection_timeout(timeout)
+                .response_timeout(timeout)
+                .retries(2)
+                .build()?;
+            return Ok(Self::Cluster(client.get_async_connection().await?));
+        }
+        let client = redis::Client::open(urls.first().copied().unwrap_or_default())?;
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout))
+            .set_number_of_retries(2);
+        Ok(Self::Single(
+            client.get_connection_manager_with_config(config).await?,
+        ))
+    }
+
+    /// The nodes whose keys a `SCAN` must visit: the server, or every cluster primary.
+    pub(crate) async fn scan_nodes(&mut self) -> RedisResult<Vec<ScanNode>> {
+        match self {
+            Self::Single(_) => Ok(vec![ScanNode::Server]),
+            Self::Cluster(cluster) => {
+                let nodes: String = redis::cmd("CLUSTER")
+                    .arg("NODES")
+                    .query_async(cluster)
+                    .await?;
+                Ok(primaries(&nodes)
+                    .into_iter()
+                    .map(|(host, port)| ScanNode::Primary { host, port })
+                    .collect())
+            }
+        }
+    }
+
+    /// One `SCAN` step on `node`: the next cursor (0 when done) and the keys matching
+    /// `pattern`.
+    pub(crate) async fn scan(
+        &mut self,
+        node: &ScanNode,
+        cursor: u64,
+        pattern: &str,
+    ) -> RedisResult<(u64, Vec<String>)> {
+        let mut cmd = redis::cmd("SCAN");
+        cmd.arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(1000);
+        match (self, node) {
+            (Self::Cluster(cluster), ScanNode::Primary { host, port }) => {
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                    host: host.clone(),
+                    port: *port,
+                });
+                let reply = cluster.route_command(cmd, routing).await?;
+                Ok(redis::from_redis_value(reply)?)
+            }
+            (conn, _) => cmd.query_async(conn).await,
+        }
+    }
+}
+
+/// Where a `SCAN` runs.
+pub(crate) enum ScanNode {
+    /// The one server of a standalone Redis.
+    Server,
+    /// A cluster primary.
+    Primary { host: String, port: u16 },
+}
+
+/// The primaries in a `CLUSTER NODES` answer that are not marked failed.
+fn primaries(nodes: &str) -> Vec<(String, u16)> {
+    nodes
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let address = fields.nth(1)?;
+            let flags = fields.next()?;
+            let flags: Vec<&str> = flags.split(',').collect();
+            if !flags.contains(&"master") || flags.iter().any(|f| f.starts_with("fail")) {
+                return None;
+            }
+            // ip:port@cport[,hostname]
+            let address = address.split('@').next()?;
+            let (host, port) = address.rsplit_once(':')?;
+            Some((host.to_owned(), port.parse().ok()?))
+        })
+        .collect()
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Self::Single(conn) => conn.req_packed_command(cmd),
+            Self::Cluster(conn) => conn.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Self::Single(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Self::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Single(conn) => conn.get_db(),
+            Self::Cluster(conn) => conn.get_db(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::primaries;
+
+    #[test]
+    fn primaries_are_read_from_cluster_nodes() {
+        let nodes = "\
+07c37dfeb235213a872192d90877d0cd55635b91 127.0.0.1:30004@31004 slave e7d1eecce10fd6bb5eb35b9f99a514335d9ba9ca 0 1426238317239 4 connected
+67ed2db8d677e59ec4a4cefb06858cf2a1a89fa1 127.0.0.1:30002@31002 master - 0 1426238316232 2 connected 5461-10922
+292f8b365bb7edb5e285caf0b7e6ddc7265d2f4f 127.0.0.1:30003@31003 master - 0 1426238318243 3 connected 10923-16383
+6ec23923021cf3ffec47632106199cb7f496ce01 127.0.0.1:30005@31005 master,fail - 0 1426238316232 5 connected
+e7d1eecce10fd6bb5eb35b9f99a514335d9ba9ca 127.0.0.1:30001@31001 myself,master - 0 0 1 connected 0-5460
+";
+        assert_eq!(
+            primaries(nodes),
+            vec![
+                ("127.0.0.1".to_owned(), 30002),
+                ("127.0.0.1".to_owned(), 30003),
+                ("127.0.0.1".to_owned(), 30001),
+            ]
+        );
+    }
+}
