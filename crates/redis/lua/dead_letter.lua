@@ -1,8 +1,11 @@
 -- dead letter: KEYS = stream, attempts hash, dead stream
--- ARGV = entry id, seq, reason, now_ms, partition
+-- ARGV = entry id, seq, reason, now_ms, partition, group
 -- 1 when moved, 0 when the entry is gone.
 local entries = redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1])
-if #entries == 0 then return 0 end
+if #entries == 0 then
+  redis.call('XACK', KEYS[1], ARGV[6], ARGV[1])
+  return 0
+end
 local fields = entries[1][2]
 local attempts = redis.call('HGET', KEYS[2], ARGV[2])
 local attempt = 0
@@ -13,6 +16,7 @@ for i = 1, #fields, 2 do
   if fields[i] == 'e' then e = fields[i + 1] end
 end
 redis.call('XADD', KEYS[3], '*', 'p', ARGV[5], 's', ARGV[2], 'k', k, 'e', e, 'a', attempt + 1, 'r', ARGV[3], 't', ARGV[4])
+redis.call('XACK', KEYS[1], ARGV[6], ARGV[1])
 redis.call('XDEL', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[2])
 return 1

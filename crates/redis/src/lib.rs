@@ -1,15 +1,24 @@
-//! The shared backend: many gateway instances on one Redis.
+//! The shared backend: many gateway instances on one Redis, standalone or Cluster.
 //!
 //! Every state transition is one Lua script (loaded once, called by SHA, reloaded after
 //! `NOSCRIPT` by `redis::Script`): admit checks every key and, only if all are unseen, marks them
 //! and appends the event to its partition's stream in the same script. Records are hashes whose
 //! logical times (`e` retention end, `u` lease end) decide liveness against the caller's clock;
-//! Redis TTLs only clean up, a minute after the logical end. Fencing tokens come from `INCR` on
-//! one counter, so they grow with every grant, across restarts too (with AOF).
+//! Redis TTLs only clean up, a minute after the logical end.
+//!
+//! Every key a script touches carries its partition's hash tag (`{prefix:p}`): an event's
+//! records, its partition's stream, counters and dead letters share one Cluster slot.
+//!
+//! Fencing tokens are a hybrid clock per partition (server microseconds, or last + 1), so they
+//! grow with every grant and do not repeat after a restart without persistence or a failover
+//! that lost the last writes.
 //!
 //! Queues: one stream per partition, entry id `0-<seq>` from a per-partition counter so that
-//! `QueueId.seq` is the stream id. The hand-out order (chat heads) is kept in memory per
-//! partition, as in the embedded store, and caught up from the stream on every pull.
+//! `QueueId.seq` is the stream id, read through one consumer group. One gateway owns a
+//! partition at a time (an expiring ownership key); it reads new entries with `XREADGROUP`,
+//! and a new owner first takes over what earlier owners were handed and never acked with
+//! `XAUTOCLAIM`. Acked entries are `XACK`ed and `XDEL`eted. The hand-out order (chat heads) is
+//! kept in memory per partition, as in the embedded store.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -114,16 +123,17 @@ struct Scripts {
 
 struct Partition {
     order: PartitionIndex,
-    /// The last stream entry folded into `order`.
-    last_seq: u64,
 }
 
 impl Partition {
     fn forget(&mut self) {
         self.order = PartitionIndex::new();
-        self.last_seq = 0;
     }
 }
+
+/// The consumer group every gateway reads the partition streams in; each gateway is a consumer
+/// named by its instance id.
+const GROUP: &str = "oncegate";
 
 struct Inner<C> {
     conn: Conn,
@@ -285,7 +295,6 @@ impl<C: Clock> RedisStore<C> {
                     .map(|_| {
                         Mutex::new(Partition {
                             order: PartitionIndex::new(),
-                            last_seq: 0,
                         })
                     })
                     .collect(),
@@ -417,6 +426,15 @@ fn parse_record(fields: Vec<Value>) -> Option<Record> {
     })
 }
 
+/// Whether a stream reply stands for an entry that is gone.
+fn is_deleted(entry: &Value) -> bool {
+    match entry {
+        Value::Nil => true,
+        Value::Array(parts) => matches!(parts.get(1), None | Some(Value::Nil)),
+        _ => false,
+    }
+}
+
 /// Fields of one stream entry: (seq, key, order hash, event bytes).
 fn parse_entry(entry: Value) -> Option<(u64, KeyHash, u64, Vec<u8>)> {
     let mut parts = array(entry).ok()?.into_iter();
@@ -448,7 +466,9 @@ impl<C: Clock> Inner<C> {
     }
 
     /// Takes or keeps `partition` for this instance. One owner at a time hands a partition's
-    /// events out, so per-chat order holds across gateways; a new owner starts from the stream.
+    /// events out, so per-chat order holds across gateways. A new owner takes over, with
+    /// `XAUTOCLAIM`, every entry the consumer group had delivered to earlier owners and that
+    /// nobody acked; they come out again before anything newer.
     async fn own(
         &self,
         conn: &mut Conn,
@@ -468,6 +488,8 @@ impl<C: Clock> Inner<C> {
             1 => Ok(true),
             2 => {
                 queue.forget();
+                self.ensure_group(conn, partition).await?;
+                self.reclaim(conn, partition, queue).await?;
                 Ok(true)
             }
             _ => {
@@ -477,7 +499,88 @@ impl<C: Clock> Inner<C> {
         }
     }
 
-    /// Folds stream entries after `last_seq` into the hand-out order.
+    /// Creates the partition's consumer group (and stream) unless it exists.
+    async fn ensure_group(&self, conn: &mut Conn, partition: u16) -> Result<(), StoreError> {
+        let created: redis::RedisResult<Value> = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(self.stream(partition))
+            .arg(GROUP)
+            .arg("0")
+            .arg("MKSTREAM")
+            .query_async(conn)
+            .await;
+        match created {
+            Ok(_) => Ok(()),
+            Err(error) if error.code() == Some("BUSYGROUP") => Ok(()),
+            Err(error) => Err(unavailable(error)),
+        }
+    }
+
+    /// Moves every pending entry of the group to this consumer (in entry order) and into the
+    /// hand-out order; then forgets consumers that hold nothing (gateways that are gone).
+    async fn reclaim(
+        &self,
+        conn: &mut Conn,
+        partition: u16,
+        queue: &mut Partition,
+    ) -> Result<(), StoreError> {
+        let mut start = "0-0".to_owned();
+        loop {
+            let reply: Value = redis::cmd("XAUTOCLAIM")
+                .arg(self.stream(partition))
+                .arg(GROUP)
+                .arg(&self.instance)
+                .arg(0)
+                .arg(&start)
+                .arg("COUNT")
+                .arg(CATCH_UP)
+                .query_async(conn)
+                .await
+                .map_err(unavailable)?;
+            let mut parts = array(reply)?.into_iter();
+            let next = parts.next().as_ref().and_then(text).map(str::to_owned);
+            let entries = array(parts.next().unwrap_or(Value::Array(Vec::new())))?;
+            self.fold(conn, partition, queue, entries).await?;
+            match next {
+                Some(next) if next != "0-0" => start = next,
+                _ => break,
+            }
+        }
+        let consumers: Vec<Value> = redis::cmd("XINFO")
+            .arg("CONSUMERS")
+            .arg(self.stream(partition))
+            .arg(GROUP)
+            .query_async(conn)
+            .await
+            .map_err(unavailable)?;
+        for consumer in consumers {
+            let fields = array(consumer)?;
+            let field = |name: &str| {
+                fields
+                    .chunks(2)
+                    .find(|pair| text(&pair[0]) == Some(name))
+                    .and_then(|pair| pair.get(1))
+            };
+            let (Some(name), Some(pending)) =
+                (field("name").and_then(text), field("pending").and_then(int))
+            else {
+                continue;
+            };
+            if pending == 0 && name != self.instance {
+                let _: Value = redis::cmd("XGROUP")
+                    .arg("DELCONSUMER")
+                    .arg(self.stream(partition))
+                    .arg(GROUP)
+                    .arg(name)
+                    .query_async(conn)
+                    .await
+                    .map_err(unavailable)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads the entries the group has not delivered yet into the hand-out order.
     async fn catch_up(
         &self,
         conn: &mut Conn,
@@ -485,51 +588,89 @@ impl<C: Clock> Inner<C> {
         queue: &mut Partition,
     ) -> Result<(), StoreError> {
         loop {
-            let start = format!("(0-{}", queue.last_seq);
-            let entries: Value = redis::cmd("XRANGE")
-                .arg(self.stream(partition))
-                .arg(if queue.last_seq == 0 {
-                    "-".to_owned()
-                } else {
-                    start
-                })
-                .arg("+")
+            let read: redis::RedisResult<Value> = redis::cmd("XREADGROUP")
+                .arg("GROUP")
+                .arg(GROUP)
+                .arg(&self.instance)
                 .arg("COUNT")
                 .arg(CATCH_UP)
+                .arg("STREAMS")
+                .arg(self.stream(partition))
+                .arg(">")
                 .query_async(conn)
-                .await
-                .map_err(unavailable)?;
-            let entries = array(entries)?;
-            let done = entries.len() < CATCH_UP;
-            let mut seqs = Vec::with_capacity(entries.len());
-            for entry in entries {
-                let Some((seq, _, order, _)) = parse_entry(entry) else {
-                    return Err(StoreError::Corrupt("a stream entry lacks k, o or e".into()));
-                };
-                seqs.push((seq, order));
-            }
-            if !seqs.is_empty() {
-                let fields: Vec<String> = seqs.iter().map(|(seq, _)| seq.to_string()).collect();
-                let attempts: Vec<Option<String>> = redis::cmd("HMGET")
-                    .arg(self.attempts(partition))
-                    .arg(&fields)
-                    .query_async(conn)
-                    .await
-                    .map_err(unavailable)?;
-                for ((seq, order), attempt) in seqs.into_iter().zip(attempts) {
-                    let not_before = attempt
-                        .as_deref()
-                        .and_then(|a| a.split(':').nth(1))
-                        .and_then(|n| n.parse().ok())
-                        .unwrap_or(0);
-                    queue.order.push(seq, order, not_before);
-                    queue.last_seq = seq;
+                .await;
+            let reply = match read {
+                Ok(reply) => reply,
+                // The group is gone (a Redis that lost its data): start it again.
+                Err(error) if error.code() == Some("NOGROUP") => {
+                    self.ensure_group(conn, partition).await?;
+                    continue;
                 }
-            }
+                Err(error) => return Err(unavailable(error)),
+            };
+            let entries = match reply {
+                Value::Nil => Vec::new(),
+                // [[stream, [entries]]] (RESP2) or {stream: [entries]} (RESP3)
+                Value::Array(streams) => match streams.into_iter().next() {
+                    Some(stream) => array(array(stream)?.into_iter().nth(1).unwrap_or(Value::Nil))?,
+                    None => Vec::new(),
+                },
+                Value::Map(streams) => match streams.into_iter().next() {
+                    Some((_, entries)) => array(entries)?,
+                    None => Vec::new(),
+                },
+                other => {
+                    return Err(StoreError::Corrupt(format!(
+                        "unexpected XREADGROUP reply {other:?}"
+                    )));
+                }
+            };
+            let done = entries.len() < CATCH_UP;
+            self.fold(conn, partition, queue, entries).await?;
             if done {
                 return Ok(());
             }
         }
+    }
+
+    /// Adds stream entries (in entry order) to the hand-out order, with their retry times.
+    async fn fold(
+        &self,
+        conn: &mut Conn,
+        partition: u16,
+        queue: &mut Partition,
+        entries: Vec<Value>,
+    ) -> Result<(), StoreError> {
+        let mut seqs = Vec::with_capacity(entries.len());
+        for entry in entries {
+            if is_deleted(&entry) {
+                // Redis 6.2 lists an entry deleted while pending as nil; it was acked.
+                continue;
+            }
+            let Some((seq, _, order, _)) = parse_entry(entry) else {
+                return Err(StoreError::Corrupt("a stream entry lacks k, o or e".into()));
+            };
+            seqs.push((seq, order));
+        }
+        if seqs.is_empty() {
+            return Ok(());
+        }
+        let fields: Vec<String> = seqs.iter().map(|(seq, _)| seq.to_string()).collect();
+        let attempts: Vec<Option<String>> = redis::cmd("HMGET")
+            .arg(self.attempts(partition))
+            .arg(&fields)
+            .query_async(conn)
+            .await
+            .map_err(unavailable)?;
+        for ((seq, order), attempt) in seqs.into_iter().zip(attempts) {
+            let not_before = attempt
+                .as_deref()
+                .and_then(|a| a.split(':').nth(1))
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            queue.order.push(seq, order, not_before);
+        }
+        Ok(())
     }
 }
 
@@ -693,7 +834,8 @@ impl<C: Clock> DedupStore for RedisStore<C> {
                 .arg(millis(retention))
                 .arg(TTL_SLACK_MS)
                 .arg(format!("0-{}", id.seq))
-                .arg(id.seq);
+                .arg(id.seq)
+                .arg(GROUP);
             if let Some(outcome) = &outcome {
                 call.arg(outcome.as_ref());
             }
@@ -863,6 +1005,10 @@ impl<C: Clock> EventQueue for RedisStore<C> {
                 return Ok(false);
             };
             let _: Value = redis::pipe()
+                .cmd("XACK")
+                .arg(inner.stream(id.partition))
+                .arg(GROUP)
+                .arg(format!("0-{}", id.seq))
                 .cmd("XDEL")
                 .arg(inner.stream(id.partition))
                 .arg(format!("0-{}", id.seq))
@@ -924,6 +1070,7 @@ impl<C: Clock> EventQueue for RedisStore<C> {
                 .arg(reason)
                 .arg(inner.clock.now_ms())
                 .arg(id.partition)
+                .arg(GROUP)
                 .invoke_async(&mut conn)
                 .await
                 .map_err(unavailable)?;
@@ -995,30 +1142,34 @@ fn parse_dead_letter(entry: Value) -> Result<DeadLetter, StoreError> {
     })
 }
 
-/// Reads the entries `seqs` of a partition's stream with their attempt counts; `None` for an
-/// entry that is gone.
+/// Reads the entries `seqs` of a partition's stream with their attempt counts, in one round
+/// trip; `None` for an entry that is gone.
 async fn fetch<C>(
     inner: &Inner<C>,
     conn: &mut Conn,
     partition: u16,
     seqs: &[u64],
 ) -> Result<Vec<Option<Delivery>>, StoreError> {
-    let mut out = Vec::with_capacity(seqs.len());
+    if seqs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let stream = inner.stream(partition);
+    let attempts = inner.attempts(partition);
+    let mut pipe = redis::pipe();
     for &seq in seqs {
         let id = format!("0-{seq}");
-        let entries: Value = redis::cmd("XRANGE")
-            .arg(inner.stream(partition))
-            .arg(&id)
-            .arg(&id)
-            .query_async(conn)
-            .await
-            .map_err(unavailable)?;
-        let attempt: Option<String> = redis::cmd("HGET")
-            .arg(inner.attempts(partition))
-            .arg(seq)
-            .query_async(conn)
-            .await
-            .map_err(unavailable)?;
+        pipe.cmd("XRANGE").arg(&stream).arg(&id).arg(&id);
+        pipe.cmd("HGET").arg(&attempts).arg(seq);
+    }
+    let replies: Vec<Value> = pipe.query_async(conn).await.map_err(unavailable)?;
+    let mut out = Vec::with_capacity(seqs.len());
+    let mut replies = replies.into_iter();
+    for &seq in seqs {
+        let (Some(entries), Some(attempt)) = (replies.next(), replies.next()) else {
+            return Err(StoreError::Corrupt(
+                "a short pipeline reply from redis".into(),
+            ));
+        };
         let Some((_, key, _, bytes)) = array(entries)?.into_iter().next().and_then(parse_entry)
         else {
             out.push(None);
@@ -1029,8 +1180,7 @@ async fn fetch<C>(
             id: QueueId { partition, seq },
             key,
             event: stored.event,
-            attempt: attempt
-                .as_deref()
+            attempt: text(&attempt)
                 .and_then(|a| a.split(':').next())
                 .and_then(|a| a.parse().ok())
                 .unwrap_or(0),

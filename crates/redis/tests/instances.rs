@@ -73,6 +73,47 @@ fn one_owner_per_partition_and_a_takeover_after_silence() {
             !a.ack(from_a[1].id).await.expect("ack"),
             "a forgot what it had handed out"
         );
+        // In the consumer group: b now holds the one unacked entry; a, holding nothing, is
+        // gone from the group.
+        let mut redis = redis::Client::open(config(&prefix).url)
+            .and_then(|c| c.get_connection())
+            .expect("a plain redis connection");
+        let stream = format!("{{{prefix}:0}}:q");
+        let consumers = || -> Vec<(String, u64)> {
+            let info: Vec<std::collections::HashMap<String, redis::Value>> = redis::cmd("XINFO")
+                .arg("CONSUMERS")
+                .arg(&stream)
+                .arg("oncegate")
+                .query(
+                    &mut redis::Client::open(config(&prefix).url)
+                        .and_then(|c| c.get_connection())
+                        .expect("connection"),
+                )
+                .expect("xinfo");
+            info.iter()
+                .map(|c| {
+                    let name: String =
+                        redis::from_redis_value_ref(&c["name"]).expect("consumer name");
+                    let pending: u64 =
+                        redis::from_redis_value_ref(&c["pending"]).expect("consumer pending");
+                    (name, pending)
+                })
+                .collect()
+        };
+        let held = consumers();
+        assert_eq!(held.len(), 1, "{held:?}");
+        assert_eq!(held[0].1, 1, "{held:?}");
         assert!(b.ack(from_b[0].id).await.expect("ack"));
+        let pending: (u64, redis::Value, redis::Value, redis::Value) = redis::cmd("XPENDING")
+            .arg(&stream)
+            .arg("oncegate")
+            .query(&mut redis)
+            .expect("xpending");
+        assert_eq!(pending.0, 0, "acked entries leave the group's pending list");
+        let length: u64 = redis::cmd("XLEN")
+            .arg(&stream)
+            .query(&mut redis)
+            .expect("xlen");
+        assert_eq!(length, 0, "acked entries are trimmed from the stream");
     });
 }
