@@ -877,12 +877,21 @@ async fn three_gateways_deliver_once(store: &str, chats: usize, per_chat: usize,
         chat.await.expect("chat");
     }
     let sent = started.elapsed();
+    // A captured request replayed byte for byte to the other gateways: the nonce is in the
+    // shared store, so each refuses it as a replay, not only the gateway that saw it.
+    let probe = sign(&message("replay-probe", "oc_probe", 1));
+    let (status, body) = post(&client, &urls[0], &probe).await.expect("post");
+    assert_eq!(status, 200, "{body}");
+    for url in &urls[1..] {
+        let (status, body) = post(&client, url, &probe).await.expect("post");
+        assert_eq!(status, 409, "a replay to another gateway: {body}");
+    }
     downstream
-        .wait_for("every event", |got| got.len() >= chats * per_chat)
+        .wait_for("every event", |got| got.len() > chats * per_chat)
         .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let got = downstream.got();
-    assert_eq!(got.len(), chats * per_chat, "each event exactly once");
+    assert_eq!(got.len(), chats * per_chat + 1, "each event exactly once");
     let mut by_chat: HashMap<String, Vec<String>> = HashMap::new();
     for g in &got {
         by_chat

@@ -18,7 +18,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use event::Event;
 pub use key::{KeyHash, key_for};
 pub use record::{
-    Admission, Claim, DeadLetter, Delivery, FenceCheck, FencingToken, Lease, QueueId, Record,
-    RecordState, StoreStats, WatermarkOutcome,
+    Admission, Claim, DeadLetter, Delivery, FenceCheck, FencingToken, Lease, Nonce, QueueId,
+    Record, RecordState, StoreStats, WatermarkOutcome,
 };
 pub use store::{DedupStore, EventQueue, Store, StoreError, WatermarkStore};

@@ -148,6 +148,19 @@ pub enum Admission {
         /// Which of the given keys was already seen.
         key_index: usize,
     },
+    /// The request's nonce was handled within its window (`admit_with_nonce` only): a replay;
+    /// nothing changed.
+    Replayed,
+}
+
+/// A signed request's nonce, checked and remembered together with its admission so that every
+/// gateway sharing the store refuses a replay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Nonce {
+    /// The nonce, hashed with its source.
+    pub key: KeyHash,
+    /// How long it must be remembered: while its timestamp still passes the skew check.
+    pub window_ms: u64,
 }
 
 /// An event handed out of the queue.

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use crate::event::Event;
 use crate::key::KeyHash;
 use crate::record::{
-    Admission, Claim, DeadLetter, Delivery, FenceCheck, Lease, QueueId, Record, StoreStats,
+    Admission, Claim, DeadLetter, Delivery, FenceCheck, Lease, Nonce, QueueId, Record, StoreStats,
     WatermarkOutcome,
 };
 
@@ -53,6 +53,21 @@ pub trait DedupStore: Send + Sync + 'static {
         keys: &[KeyHash],
         retention: Duration,
     ) -> impl Future<Output = Result<Admission, StoreError>> + Send;
+
+    /// `admit`, after checking that `nonce` was not handled already; the nonce is remembered
+    /// whenever the event is admitted or a duplicate. A store shared by several gateways
+    /// overrides this so that a replay sent to another gateway is refused too; a store owned by
+    /// one gateway leaves nonces to that gateway's own replay guard.
+    fn admit_with_nonce(
+        &self,
+        event: Event,
+        keys: &[KeyHash],
+        retention: Duration,
+        nonce: Option<Nonce>,
+    ) -> impl Future<Output = Result<Admission, StoreError>> + Send {
+        let _ = nonce;
+        self.admit(event, keys, retention)
+    }
 
     /// Takes the key's record in `partition` for `lease`, unless someone holds it or it is done.
     fn claim(

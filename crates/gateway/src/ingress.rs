@@ -10,7 +10,8 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use oncegate_core::replay::ReplayVerdict;
-use oncegate_core::{Admission, Claim, FenceCheck, Store};
+use oncegate_core::store::millis;
+use oncegate_core::{Admission, Claim, FenceCheck, Nonce, Store, key_for};
 use oncegate_feishu::{Inbound, SignedHeaders, Verified};
 use serde_json::json;
 
@@ -103,7 +104,15 @@ async fn webhook<S: Store>(
         }
     };
     let response = match inbound {
-        Inbound::Event(verified) => admit(&shared, verified).await,
+        Inbound::Event(verified) => {
+            // The nonce goes to the store too: a store shared by several gateways refuses a
+            // replay that reaches another gateway.
+            let nonce = nonce.map(|nonce| Nonce {
+                key: key_for(&verified.event.source, &verified.event.app, "nonce", nonce),
+                window_ms: millis(source.nonce_window),
+            });
+            admit(&shared, verified, nonce).await
+        }
         Inbound::Card(verified) => card(&shared, verified).await,
         Inbound::Challenge { .. } => refuse(StatusCode::INTERNAL_SERVER_ERROR, "unreachable"),
     };
@@ -184,14 +193,26 @@ fn check_replay<'a>(
     }
 }
 
-async fn admit<S: Store>(shared: &Shared<S>, verified: Verified) -> Response {
+async fn admit<S: Store>(shared: &Shared<S>, verified: Verified, nonce: Option<Nonce>) -> Response {
     let stats = &shared.stats;
     let partition = verified.event.partition(shared.store.partitions());
     match shared
         .store
-        .admit(verified.event, &verified.keys, shared.timing.retention)
+        .admit_with_nonce(
+            verified.event,
+            &verified.keys,
+            shared.timing.retention,
+            nonce,
+        )
         .await
     {
+        Ok(Admission::Replayed) => {
+            stats.bump(&stats.replays_rejected, "oncegate_guard_refused_total");
+            refuse(
+                StatusCode::CONFLICT,
+                "replayed request: this nonce was already handled within the replay window",
+            )
+        }
         Ok(Admission::Admitted { .. }) => {
             stats.bump(&stats.admitted, "oncegate_admitted_total");
             shared.wake(partition);

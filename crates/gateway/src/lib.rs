@@ -43,6 +43,8 @@ pub enum GatewayError {
 pub(crate) struct Source {
     pub(crate) app: FeishuApp,
     pub(crate) replay: Option<Mutex<ReplayGuard>>,
+    /// How long a nonce must be remembered: twice the allowed skew.
+    pub(crate) nonce_window: Duration,
 }
 
 /// One route: which event types, which sink, and whether stale events are dropped.
@@ -152,7 +154,15 @@ impl<S: Store> Gateway<S> {
                 let replay = parts
                     .replay
                     .map(|(skew, nonces)| Mutex::new(ReplayGuard::new(skew.as_secs(), nonces)));
-                (name, Source { app, replay })
+                let nonce_window = parts.replay.map_or(Duration::ZERO, |(skew, _)| skew * 2);
+                (
+                    name,
+                    Source {
+                        app,
+                        replay,
+                        nonce_window,
+                    },
+                )
             })
             .collect();
         Self {

@@ -28,7 +28,7 @@ use oncegate_core::queue_index::PartitionIndex;
 use oncegate_core::store::millis;
 use oncegate_core::{
     Admission, Claim, Clock, DeadLetter, DedupStore, Delivery, Event, EventQueue, FenceCheck,
-    FencingToken, KeyHash, Lease, QueueId, Record, RecordState, StoreError, StoreStats,
+    FencingToken, KeyHash, Lease, Nonce, QueueId, Record, RecordState, StoreError, StoreStats,
     SystemClock, WatermarkOutcome, WatermarkStore,
 };
 use redis::{Script, Value};
@@ -350,6 +350,9 @@ impl<C> Inner<C> {
     }
     fn tokens(&self, partition: u16) -> String {
         format!("{{{}:{partition}}}:token", self.prefix)
+    }
+    fn nonce_key(&self, nonce: &KeyHash, partition: u16) -> String {
+        format!("{{{}:{partition}}}:n:{nonce}", self.prefix)
     }
     fn owner(&self, partition: u16) -> String {
         format!("{}:own:{partition}", self.prefix)
@@ -681,6 +684,16 @@ impl<C: Clock> DedupStore for RedisStore<C> {
         keys: &[KeyHash],
         retention: Duration,
     ) -> Result<Admission, StoreError> {
+        self.admit_with_nonce(event, keys, retention, None).await
+    }
+
+    async fn admit_with_nonce(
+        &self,
+        event: Event,
+        keys: &[KeyHash],
+        retention: Duration,
+        nonce: Option<Nonce>,
+    ) -> Result<Admission, StoreError> {
         oncegate_core::store::require_keys(keys)?;
         let keys = keys.to_vec();
         self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
@@ -701,6 +714,11 @@ impl<C: Clock> DedupStore for RedisStore<C> {
                 .arg(order_hash)
                 .arg(bytes)
                 .arg(TTL_SLACK_MS);
+            if let Some(nonce) = nonce {
+                // In the event's slot: a replay carries the same event, so the same partition.
+                call.key(inner.nonce_key(&nonce.key, partition))
+                    .arg(nonce.window_ms.max(1));
+            }
             let reply = array(call.invoke_async(&mut conn).await.map_err(unavailable)?)?;
             match (reply.first().and_then(int), reply.get(1).and_then(int)) {
                 (Some(1), Some(seq)) => Ok(Admission::Admitted {
@@ -709,6 +727,7 @@ impl<C: Clock> DedupStore for RedisStore<C> {
                 (Some(0), Some(index)) => Ok(Admission::Duplicate {
                     key_index: index as usize,
                 }),
+                (Some(2), None) => Ok(Admission::Replayed),
                 _ => Err(StoreError::Corrupt(format!(
                     "unexpected admit reply {reply:?}"
                 ))),

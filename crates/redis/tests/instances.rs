@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use oncegate_contract::{block_on, event, key};
-use oncegate_core::{Admission, Claim, DedupStore, EventQueue, SystemClock};
+use oncegate_core::{Admission, Claim, DedupStore, EventQueue, Nonce, SystemClock, key_for};
 use oncegate_redis::{RedisConfig, RedisStore};
 
 fn config(prefix: &str) -> RedisConfig {
@@ -115,5 +115,90 @@ fn one_owner_per_partition_and_a_takeover_after_silence() {
             .query(&mut redis)
             .expect("xlen");
         assert_eq!(length, 0, "acked entries are trimmed from the stream");
+    });
+}
+
+#[test]
+fn a_nonce_handled_by_one_gateway_is_a_replay_at_another() {
+    let prefix = format!("nonce{}", std::process::id());
+    let a = RedisStore::connect_with_clock(config(&prefix), SystemClock).expect("connect a");
+    let b = RedisStore::connect_with_clock(config(&prefix), SystemClock).expect("connect b");
+    let nonce = |n: &str, window_ms: u64| Nonce {
+        key: key_for("feishu", "cli_nonce", "nonce", n),
+        window_ms,
+    };
+    let day = Duration::from_secs(86_400);
+    block_on(async {
+        let first = a
+            .admit_with_nonce(
+                event("n1", Some("c")),
+                &[key("n1")],
+                day,
+                Some(nonce("x", 60_000)),
+            )
+            .await
+            .expect("admit");
+        assert!(matches!(first, Admission::Admitted { .. }), "{first:?}");
+        // The same request again, at the other gateway.
+        let replay = b
+            .admit_with_nonce(
+                event("n1", Some("c")),
+                &[key("n1")],
+                day,
+                Some(nonce("x", 60_000)),
+            )
+            .await
+            .expect("admit");
+        assert_eq!(replay, Admission::Replayed);
+        // A platform retry (new nonce) is a duplicate, and its nonce is remembered too.
+        let retry = b
+            .admit_with_nonce(
+                event("n1", Some("c")),
+                &[key("n1")],
+                day,
+                Some(nonce("y", 300)),
+            )
+            .await
+            .expect("admit");
+        assert_eq!(retry, Admission::Duplicate { key_index: 0 });
+        let replay = a
+            .admit_with_nonce(
+                event("n1", Some("c")),
+                &[key("n1")],
+                day,
+                Some(nonce("y", 300)),
+            )
+            .await
+            .expect("admit");
+        assert_eq!(replay, Admission::Replayed);
+        // After its window the nonce is forgotten; the event is still a duplicate.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let late = a
+            .admit_with_nonce(
+                event("n1", Some("c")),
+                &[key("n1")],
+                day,
+                Some(nonce("y", 300)),
+            )
+            .await
+            .expect("admit");
+        assert_eq!(late, Admission::Duplicate { key_index: 0 });
+        // A replay that was refused remembered nothing: a new event under a replayed nonce is
+        // refused, and the event stays unseen.
+        let reused = a
+            .admit_with_nonce(
+                event("n2", Some("c")),
+                &[key("n2")],
+                day,
+                Some(nonce("x", 60_000)),
+            )
+            .await
+            .expect("admit");
+        assert_eq!(reused, Admission::Replayed);
+        let fresh = a
+            .admit(event("n2", Some("c")), &[key("n2")], day)
+            .await
+            .expect("admit");
+        assert!(matches!(fresh, Admission::Admitted { .. }), "{fresh:?}");
     });
 }

@@ -82,6 +82,7 @@ fn main() {
                     {
                         Ok(Admission::Admitted { .. }) => say(format!("A {id}")),
                         Ok(Admission::Duplicate { .. }) => say(format!("D {id}")),
+                        Ok(Admission::Replayed) => eprintln!("admit {id}: no nonce was given"),
                         Err(error) => eprintln!("admit {id}: {error}"),
                     }
                 }
