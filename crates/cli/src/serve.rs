@@ -88,7 +88,19 @@ async fn run<S: Store>(
     store: S,
     render: impl Fn() -> String + Send + Sync + 'static,
 ) -> anyhow::Result<()> {
-    let gateway = Gateway::from_config(config, store).await?.metrics(render)?;
+    let mut gateway = Gateway::from_config(config, store).await?.metrics(render)?;
+    if let Some(path) = &config.store.spool {
+        let spool = oncegate_gateway::Spool::open(path, config.store.spool_max)
+            .with_context(|| format!("open the spool (store.spool = {})", path.display()))?;
+        if !spool.is_empty() {
+            tracing::info!(
+                waiting = spool.len(),
+                "spooled admissions from an earlier run wait for the store"
+            );
+        }
+        tracing::info!(path = %path.display(), "admissions are spooled while the store is unreachable");
+        gateway = gateway.spool(spool)?;
+    }
     let listener = TcpListener::bind(&config.server.listen)
         .await
         .with_context(|| format!("listen on {} (server.listen)", config.server.listen))?;

@@ -1113,6 +1113,102 @@ async fn a_redis_restart_loses_nothing_and_admits_nothing_twice() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_spool_an_outage_is_answered_200_and_nothing_is_lost_or_doubled() {
+    const CHATS: usize = 5;
+    let mut redis = OwnRedis::start();
+    let (downstream, addr) = Downstream::start().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let store = format!(
+        "backend = \"redis\"\nurl = \"{}\"\npartitions = 4\nspool = \"{}\"",
+        redis.url(),
+        dir.path().join("spool.redb").display()
+    );
+    let gateway = Gateway::start_with_lease(dir.path(), addr, false, &store, "2s", "500ms");
+    let client = client();
+    let plain = |i: usize| message(&format!("sp-{i}"), &format!("oc_sp{}", i % CHATS), i as u64);
+    // Sends `ids` chat by chat, in order within each chat, and returns the answers' bodies.
+    let send = |ids: Vec<usize>| {
+        let (client, url) = (client.clone(), gateway.url.clone());
+        async move {
+            let mut chats = Vec::new();
+            for chat in 0..CHATS {
+                let mine: Vec<usize> = ids.iter().copied().filter(|i| i % CHATS == chat).collect();
+                let (client, url) = (client.clone(), url.clone());
+                chats.push(tokio::spawn(async move {
+                    let mut bodies = Vec::new();
+                    for i in mine {
+                        let (status, body) =
+                            post(&client, &url, &sign(&plain(i))).await.expect("post");
+                        assert_eq!(status, 200, "event {i}: {body}");
+                        bodies.push(body);
+                    }
+                    bodies
+                }));
+            }
+            let mut bodies = Vec::new();
+            for chat in chats {
+                bodies.extend(chat.await.expect("chat"));
+            }
+            bodies
+        }
+    };
+    send((0..100).collect()).await;
+    downstream
+        .wait_for("the first hundred", |got| got.len() >= 100)
+        .await;
+    redis.kill9();
+    // The outage: platform retries of admitted events and new events, all answered 200.
+    let bodies = send((50..300).collect()).await;
+    let spooled = bodies.iter().filter(|b| b.contains("spooled")).count();
+    assert_eq!(spooled, 250, "every request during the outage is spooled");
+    let ready = reqwest::get(format!("{}/readyz", gateway.admin))
+        .await
+        .expect("readyz");
+    assert_eq!(
+        ready.status().as_u16(),
+        200,
+        "a spooling gateway stays ready"
+    );
+    assert!(ready.text().await.unwrap_or_default().contains("spooling"));
+    redis.run();
+    downstream
+        .wait_for("every event after the outage", |got| got.len() >= 300)
+        .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let got = downstream.got();
+    let ids: Vec<&str> = got.iter().map(|g| g.event_id.as_str()).collect();
+    let unique: HashSet<&str> = ids.iter().copied().collect();
+    assert_eq!(
+        (ids.len(), unique.len()),
+        (300, 300),
+        "each event delivered once"
+    );
+    for chat in 0..CHATS {
+        let order: Vec<usize> = got
+            .iter()
+            .filter(|g| g.order_key.as_deref() == Some(&format!("oc_sp{chat}")))
+            .filter_map(|g| g.event_id.strip_prefix("sp-")?.parse().ok())
+            .collect();
+        let mut sorted = order.clone();
+        sorted.sort_unstable();
+        assert_eq!(order, sorted, "chat {chat} in order across the outage");
+    }
+    let stats = gateway.stats().await;
+    let counter = |name: &str| stats["gateway"][name].as_u64().unwrap_or(0);
+    assert_eq!(
+        (counter("spooled"), counter("unspooled")),
+        (250, 250),
+        "{stats}"
+    );
+    assert_eq!(counter("admitted"), 300, "{stats}");
+    assert_eq!(
+        counter("duplicates"),
+        50,
+        "the retries of admitted events: {stats}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_of_three_gateways_killed_midway_loses_nothing() {
     const CHATS: usize = 30;
     const PER_CHAT: usize = 100;

@@ -200,6 +200,12 @@ pub struct StoreConfig {
     /// another takes it over.
     #[serde(with = "duration_opt", default)]
     pub ownership: Option<Duration>,
+    /// A local file where accepted requests wait while the store cannot be reached (answered
+    /// 200 instead of 503) and are admitted, in order, when it answers again. Off by default:
+    /// until then the file is the events' only copy.
+    pub spool: Option<PathBuf>,
+    /// Most admissions the spool holds; beyond that requests get 503 again.
+    pub spool_max: u64,
 }
 
 impl Default for StoreConfig {
@@ -214,6 +220,8 @@ impl Default for StoreConfig {
             cache_mb: None,
             prefix: None,
             ownership: None,
+            spool: None,
+            spool_max: 1_000_000,
         }
     }
 }

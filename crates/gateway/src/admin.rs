@@ -45,9 +45,15 @@ fn authorized<S>(shared: &Shared<S>, headers: &HeaderMap) -> Result<(), Response
 }
 
 async fn readyz<S: Store>(State(shared): State<Arc<Shared<S>>>) -> Response {
-    match shared.store.ping().await {
-        Ok(()) => (StatusCode::OK, "ready").into_response(),
-        Err(error) => (StatusCode::SERVICE_UNAVAILABLE, format!("store: {error}")).into_response(),
+    match (shared.store.ping().await, &shared.spool) {
+        (Ok(()), _) => (StatusCode::OK, "ready").into_response(),
+        // Requests are still taken (into the spool), so stay in the load balancer.
+        (Err(error), Some(spool)) if spool.has_room() => {
+            (StatusCode::OK, format!("ready, spooling: store: {error}")).into_response()
+        }
+        (Err(error), _) => {
+            (StatusCode::SERVICE_UNAVAILABLE, format!("store: {error}")).into_response()
+        }
     }
 }
 

@@ -11,11 +11,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use oncegate_core::replay::ReplayVerdict;
 use oncegate_core::store::millis;
-use oncegate_core::{Admission, Claim, FenceCheck, Nonce, Store, key_for};
+use oncegate_core::{Admission, Claim, FenceCheck, Nonce, Store, StoreError, key_for};
 use oncegate_feishu::{Inbound, SignedHeaders, Verified};
 use serde_json::json;
 
 use crate::sink::Outgoing;
+use crate::spooling;
 use crate::{Shared, Source};
 
 /// Feishu waits 3 s for a card answer; leave room for the way back.
@@ -196,6 +197,15 @@ fn check_replay<'a>(
 async fn admit<S: Store>(shared: &Shared<S>, verified: Verified, nonce: Option<Nonce>) -> Response {
     let stats = &shared.stats;
     let partition = verified.event.partition(shared.store.partitions());
+    // With a spool, a copy is kept for it in case the store cannot admit; and while earlier
+    // admissions still wait there, this one queues behind them so that chats keep their order.
+    let fallback = match &shared.spool {
+        Some(spool) if !spool.is_empty() => {
+            return to_spool(shared, spool, verified.event, verified.keys, nonce).await;
+        }
+        Some(spool) => Some((spool, verified.event.clone(), verified.keys.clone())),
+        None => None,
+    };
     match shared
         .store
         .admit_with_nonce(
@@ -225,9 +235,39 @@ async fn admit<S: Store>(shared: &Shared<S>, verified: Verified, nonce: Option<N
                 json!({ "msg": "success", "duplicate": true }),
             )
         }
+        Err(StoreError::Unavailable(_)) if fallback.is_some() => {
+            let Some((spool, event, keys)) = fallback else {
+                return refuse(StatusCode::INTERNAL_SERVER_ERROR, "unreachable");
+            };
+            to_spool(shared, spool, event, keys, nonce).await
+        }
         Err(error) => {
             stats.bump(&stats.store_unavailable, "oncegate_store_unavailable_total");
             tracing::warn!(%error, "admit failed; answering 503 so that the platform retries");
+            refuse(StatusCode::SERVICE_UNAVAILABLE, error.to_string())
+        }
+    }
+}
+
+/// Accepts an admission into the spool: 200 once it is on disk, 503 if the spool is full or
+/// cannot be written (the platform retries).
+async fn to_spool<S: Store>(
+    shared: &Shared<S>,
+    spool: &std::sync::Arc<oncegate_spool::Spool>,
+    event: oncegate_core::Event,
+    keys: Vec<oncegate_core::KeyHash>,
+    nonce: Option<Nonce>,
+) -> Response {
+    let stats = &shared.stats;
+    match spooling::put(spool, event, keys, millis(shared.timing.retention), nonce).await {
+        Ok(()) => {
+            stats.bump(&stats.spooled, "oncegate_spooled_total");
+            shared.spooled.notify_one();
+            answer(StatusCode::OK, json!({ "msg": "success", "spooled": true }))
+        }
+        Err(error) => {
+            stats.bump(&stats.store_unavailable, "oncegate_store_unavailable_total");
+            tracing::warn!(%error, "cannot spool; answering 503 so that the platform retries");
             refuse(StatusCode::SERVICE_UNAVAILABLE, error.to_string())
         }
     }

@@ -8,6 +8,7 @@ mod admin;
 mod dispatch;
 mod ingress;
 pub mod sink;
+mod spooling;
 pub mod stats;
 
 use std::collections::HashMap;
@@ -18,6 +19,7 @@ use oncegate_config::{Config, DispatcherConfig, Platform, SinkKind};
 use oncegate_core::replay::ReplayGuard;
 use oncegate_core::{Clock, Store, SystemClock};
 use oncegate_feishu::FeishuApp;
+pub use oncegate_spool::Spool;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -98,6 +100,10 @@ pub(crate) struct Shared<S> {
     pub(crate) wake: Vec<Notify>,
     pub(crate) clock: SystemClock,
     pub(crate) metrics_render: Option<Box<dyn Fn() -> String + Send + Sync>>,
+    /// Where accepted admissions wait while the store is down, if configured.
+    pub(crate) spool: Option<Arc<Spool>>,
+    /// Woken when the spool gets an admission.
+    pub(crate) spooled: Notify,
 }
 
 impl<S: Store> Shared<S> {
@@ -177,6 +183,8 @@ impl<S: Store> Gateway<S> {
                 wake: (0..partitions).map(|_| Notify::new()).collect(),
                 clock: SystemClock,
                 metrics_render: None,
+                spool: None,
+                spooled: Notify::new(),
             }),
         }
     }
@@ -200,6 +208,13 @@ impl<S: Store> Gateway<S> {
             sink,
             watermark,
         });
+        Ok(self)
+    }
+
+    /// Spools accepted admissions to `spool` while the store cannot be reached (answering 200
+    /// instead of 503) and hands them to the store, in order, when it answers again.
+    pub fn spool(mut self, spool: Spool) -> Result<Self, GatewayError> {
+        self.shared_mut()?.spool = Some(Arc::new(spool));
         Ok(self)
     }
 
@@ -317,6 +332,9 @@ impl<S: Store> Gateway<S> {
     /// Runs the dispatcher until `shutdown` is cancelled, then lets running handlers finish
     /// within the shutdown grace and releases what is left.
     pub async fn dispatch(&self, shutdown: CancellationToken) {
-        dispatch::run(self.shared.clone(), shutdown).await;
+        tokio::join!(
+            dispatch::run(self.shared.clone(), shutdown.clone()),
+            spooling::drain(self.shared.clone(), shutdown),
+        );
     }
 }

@@ -45,6 +45,8 @@ counters! {
     fenced: "Completions refused because the lease was taken over (another worker ran it).",
     leases_lost: "Running handlers whose lease renewal was refused: someone else took over.",
     cards: "Card callbacks answered.",
+    spooled: "Requests accepted into the local spool because the store could not admit them.",
+    unspooled: "Spooled admissions handed to the store once it answered again.",
 }
 
 impl Stats {

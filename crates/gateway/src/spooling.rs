@@ -1,0 +1,145 @@
+//! The outage spool's two halves: the ingress puts accepted admissions into it while the store
+//! cannot admit, and `drain` hands them to the store, oldest first, when it answers again.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use oncegate_core::{Admission, Event, KeyHash, Nonce, Store, StoreError};
+use oncegate_spool::{Spool, SpoolError, Spooled};
+use tokio_util::sync::CancellationToken;
+
+use crate::Shared;
+
+/// Admissions handed to the store per round.
+const BATCH: usize = 64;
+const BACKOFF_MIN: Duration = Duration::from_millis(50);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// Writes one admission to the spool (durably, off the async threads).
+pub(crate) async fn put(
+    spool: &Arc<Spool>,
+    event: Event,
+    keys: Vec<KeyHash>,
+    retention_ms: u64,
+    nonce: Option<Nonce>,
+) -> Result<(), SpoolError> {
+    let spool = spool.clone();
+    let spooled = Spooled {
+        event,
+        keys,
+        retention_ms,
+        nonce: nonce.map(|n| (n.key, n.window_ms)),
+    };
+    let result = tokio::task::spawn_blocking(move || {
+        let pushed = spool.push(&spooled);
+        metrics::gauge!("oncegate_spool_depth").set(spool.len() as f64);
+        pushed
+    })
+    .await;
+    result.unwrap_or_else(|error| {
+        Err(SpoolError::Io {
+            path: Default::default(),
+            message: format!("spool task failed: {error}"),
+        })
+    })
+}
+
+/// Hands spooled admissions to the store until `shutdown`; backs off while it cannot.
+pub(crate) async fn drain<S: Store>(shared: Arc<Shared<S>>, shutdown: CancellationToken) {
+    let Some(spool) = shared.spool.clone() else {
+        return;
+    };
+    let mut backoff = BACKOFF_MIN;
+    while !shutdown.is_cancelled() {
+        let batch = {
+            let spool = spool.clone();
+            tokio::task::spawn_blocking(move || spool.peek(BATCH)).await
+        };
+        let batch = match batch {
+            Ok(Ok(batch)) => batch,
+            Ok(Err(error)) => {
+                tracing::error!(%error, "cannot read the spool; trying again shortly");
+                pause(&shutdown, BACKOFF_MAX).await;
+                continue;
+            }
+            Err(error) => {
+                tracing::error!(%error, "spool task failed");
+                pause(&shutdown, BACKOFF_MAX).await;
+                continue;
+            }
+        };
+        if batch.is_empty() {
+            tokio::select! {
+                _ = shared.spooled.notified() => {}
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                _ = shutdown.cancelled() => {}
+            }
+            continue;
+        }
+        let mut handed = Vec::with_capacity(batch.len());
+        let mut stalled = false;
+        for (seq, spooled) in batch {
+            let partition = spooled.event.partition(shared.store.partitions());
+            let retention = spooled.retention();
+            let nonce = spooled.nonce();
+            match shared
+                .store
+                .admit_with_nonce(spooled.event, &spooled.keys, retention, nonce)
+                .await
+            {
+                Ok(admission) => {
+                    handed.push(seq);
+                    let stats = &shared.stats;
+                    stats.bump(&stats.unspooled, "oncegate_unspooled_total");
+                    match admission {
+                        Admission::Admitted { .. } => {
+                            stats.bump(&stats.admitted, "oncegate_admitted_total");
+                            shared.wake(partition);
+                        }
+                        // Admitted before the outage, or a retry spooled twice: dropped here.
+                        Admission::Duplicate { .. } | Admission::Replayed => {
+                            stats.bump(&stats.duplicates, "oncegate_duplicates_total");
+                        }
+                    }
+                }
+                // Can never be admitted (the spool holds what this version cannot admit):
+                // said loudly and set aside rather than blocking every admission after it.
+                Err(StoreError::Invalid(message)) => {
+                    tracing::error!(%message, seq, "a spooled admission is invalid; dropped");
+                    handed.push(seq);
+                }
+                Err(error) => {
+                    tracing::debug!(%error, "store still refuses admissions; spool waits");
+                    stalled = true;
+                    break;
+                }
+            }
+        }
+        if !handed.is_empty() {
+            let spool = spool.clone();
+            let removed = tokio::task::spawn_blocking(move || {
+                let removed = spool.remove_all(&handed);
+                metrics::gauge!("oncegate_spool_depth").set(spool.len() as f64);
+                removed
+            })
+            .await;
+            // Not removed: handed again later, and admission says duplicate.
+            if let Ok(Err(error)) = removed {
+                tracing::error!(%error, "cannot remove handed admissions from the spool");
+            }
+        }
+        if stalled {
+            pause(&shutdown, backoff).await;
+            backoff = (backoff * 2).min(BACKOFF_MAX);
+        } else {
+            backoff = BACKOFF_MIN;
+        }
+    }
+}
+
+async fn pause(shutdown: &CancellationToken, how_long: Duration) {
+    tokio::select! {
+        _ = tokio::time::sleep(how_long) => {}
+        _ = shutdown.cancelled() => {}
+    }
+}

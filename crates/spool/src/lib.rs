@@ -1,0 +1,264 @@
+//! The outage spool: when the shared store cannot be reached, the gateway keeps the admissions
+//! it accepted in a local file and hands them to the store, in the order they came, once it
+//! answers again.
+//!
+//! Admission is idempotent, so a spooled admission whose event the store had already admitted
+//! (a platform retry during the outage) comes back as a duplicate and nothing is applied twice.
+//! The file is the only copy until then: a spool on a disk that is lost loses its events, which
+//! is why the spool is opt-in and 503 (the platform retries) is the default.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use oncegate_core::{Event, KeyHash, Nonce};
+use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
+use serde::{Deserialize, Serialize};
+
+const ENTRIES: TableDefinition<u64, &[u8]> = TableDefinition::new("spooled");
+
+/// One admission, as the ingress would have made it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Spooled {
+    /// The event.
+    pub event: Event,
+    /// Its dedup keys, first the one the dispatcher claims.
+    pub keys: Vec<KeyHash>,
+    /// How long the keys are remembered.
+    pub retention_ms: u64,
+    /// The request's nonce and its window, if it had one.
+    pub nonce: Option<(KeyHash, u64)>,
+}
+
+impl Spooled {
+    /// The retention as a duration.
+    pub fn retention(&self) -> Duration {
+        Duration::from_millis(self.retention_ms)
+    }
+
+    /// The nonce as the store takes it.
+    pub fn nonce(&self) -> Option<Nonce> {
+        self.nonce.map(|(key, window_ms)| Nonce { key, window_ms })
+    }
+}
+
+/// Why the spool could not do what was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum SpoolError {
+    /// The file could not be opened or written.
+    #[error("spool file {path}: {message}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
+    /// The spool holds as many admissions as it may.
+    #[error(
+        "spool full: {limit} admissions wait for the store; raise store.spool_max or bring the store back"
+    )]
+    Full {
+        /// The bound.
+        limit: u64,
+    },
+    /// A stored entry does not decode.
+    #[error("spool file {path} holds an entry this version cannot read: {message}")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
+}
+
+/// A durable FIFO of admissions on local disk.
+pub struct Spool {
+    db: Database,
+    path: PathBuf,
+    limit: u64,
+    /// Entries held; kept beside the file so that the hot path checks it without a read.
+    len: AtomicU64,
+    next: AtomicU64,
+}
+
+impl std::fmt::Debug for Spool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Spool")
+            .field("path", &self.path)
+            .field("len", &self.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Spool {
+    /// Opens (or creates) the spool at `path`, holding at most `limit` admissions.
+    pub fn open(path: &Path, limit: u64) -> Result<Self, SpoolError> {
+        let io = |message: String| SpoolError::Io {
+            path: path.to_path_buf(),
+            message,
+        };
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(|e| io(e.to_string()))?;
+        }
+        let db = Database::create(path).map_err(|e| io(e.to_string()))?;
+        let txn = db.begin_write().map_err(|e| io(e.to_string()))?;
+        let (len, next) = {
+            let table = txn.open_table(ENTRIES).map_err(|e| io(e.to_string()))?;
+            let len = table.len().map_err(|e| io(e.to_string()))?;
+            let next = match table.last().map_err(|e| io(e.to_string()))? {
+                Some((seq, _)) => seq.value() + 1,
+                None => 0,
+            };
+            (len, next)
+        };
+        txn.commit().map_err(|e| io(e.to_string()))?;
+        Ok(Self {
+            db,
+            path: path.to_path_buf(),
+            limit: limit.max(1),
+            len: AtomicU64::new(len),
+            next: AtomicU64::new(next),
+        })
+    }
+
+    /// Admissions waiting.
+    pub fn len(&self) -> u64 {
+        self.len.load(Ordering::Relaxed)
+    }
+
+    /// Whether another admission fits.
+    pub fn has_room(&self) -> bool {
+        self.len() < self.limit
+    }
+
+    /// Whether nothing waits.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Appends an admission durably (the call returns after the commit). Blocking: call it
+    /// off the async threads.
+    pub fn push(&self, spooled: &Spooled) -> Result<(), SpoolError> {
+        if self.len() >= self.limit {
+            return Err(SpoolError::Full { limit: self.limit });
+        }
+        let bytes = postcard::to_stdvec(spooled).map_err(|e| self.io(e))?;
+        let txn = self.db.begin_write().map_err(|e| self.io(e))?;
+        {
+            let mut table = txn.open_table(ENTRIES).map_err(|e| self.io(e))?;
+            let seq = self.next.fetch_add(1, Ordering::Relaxed);
+            table
+                .insert(seq, bytes.as_slice())
+                .map_err(|e| self.io(e))?;
+        }
+        txn.commit().map_err(|e| self.io(e))?;
+        self.len.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The oldest `max` admissions with their positions, oldest first.
+    pub fn peek(&self, max: usize) -> Result<Vec<(u64, Spooled)>, SpoolError> {
+        let txn = self.db.begin_read().map_err(|e| self.io(e))?;
+        let table = txn.open_table(ENTRIES).map_err(|e| self.io(e))?;
+        let mut out = Vec::new();
+        for entry in table.iter().map_err(|e| self.io(e))?.take(max) {
+            let (seq, bytes) = entry.map_err(|e| self.io(e))?;
+            let spooled = postcard::from_bytes(bytes.value()).map_err(|e| SpoolError::Corrupt {
+                path: self.path.clone(),
+                message: e.to_string(),
+            })?;
+            out.push((seq.value(), spooled));
+        }
+        Ok(out)
+    }
+
+    /// Forgets the admission at `seq` (the store has it now).
+    pub fn remove(&self, seq: u64) -> Result<(), SpoolError> {
+        self.remove_all(&[seq])
+    }
+
+    /// Forgets the admissions at `seqs`, in one commit.
+    pub fn remove_all(&self, seqs: &[u64]) -> Result<(), SpoolError> {
+        let txn = self.db.begin_write().map_err(|e| self.io(e))?;
+        let mut removed = 0;
+        {
+            let mut table = txn.open_table(ENTRIES).map_err(|e| self.io(e))?;
+            for &seq in seqs {
+                if table.remove(seq).map_err(|e| self.io(e))?.is_some() {
+                    removed += 1;
+                }
+            }
+        }
+        txn.commit().map_err(|e| self.io(e))?;
+        self.len.fetch_sub(removed, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn io(&self, error: impl std::fmt::Display) -> SpoolError {
+        SpoolError::Io {
+            path: self.path.clone(),
+            message: error.to_string(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use oncegate_contract::{event, key};
+
+    fn spooled(id: &str) -> Spooled {
+        Spooled {
+            event: event(id, Some("chat")),
+            keys: vec![key(id)],
+            retention_ms: 60_000,
+            nonce: Some((key("nonce"), 1_000)),
+        }
+    }
+
+    #[test]
+    fn admissions_come_back_in_order_and_survive_a_reopen() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("spool").join("s.redb");
+        {
+            let spool = Spool::open(&path, 10).expect("open");
+            for id in ["a", "b", "c"] {
+                spool.push(&spooled(id)).expect("push");
+            }
+            let first = spool.peek(1).expect("peek");
+            assert_eq!(first[0].1, spooled("a"));
+            spool.remove(first[0].0).expect("remove");
+            assert_eq!(spool.len(), 2);
+        }
+        let spool = Spool::open(&path, 10).expect("reopen");
+        assert_eq!(spool.len(), 2);
+        spool.push(&spooled("d")).expect("push");
+        let ids: Vec<String> = spool
+            .peek(10)
+            .expect("peek")
+            .into_iter()
+            .map(|(_, s)| s.event.event_id)
+            .collect();
+        assert_eq!(ids, ["b", "c", "d"]);
+    }
+
+    #[test]
+    fn a_full_spool_refuses_and_says_so() {
+        let dir = tempfile::tempdir().expect("dir");
+        let spool = Spool::open(&dir.path().join("s.redb"), 2).expect("open");
+        spool.push(&spooled("a")).expect("push");
+        spool.push(&spooled("b")).expect("push");
+        let refused = spool.push(&spooled("c"));
+        assert!(
+            matches!(&refused, Err(SpoolError::Full { limit: 2 })),
+            "{refused:?}"
+        );
+        assert!(
+            refused
+                .expect_err("full")
+                .to_string()
+                .contains("store.spool_max")
+        );
+        assert_eq!(spool.len(), 2);
+    }
+}
