@@ -434,6 +434,32 @@ async fn ten_concurrent_copies_are_delivered_once() {
     let stats = gateway.stats().await;
     assert_eq!(stats["gateway"]["admitted"], 2);
     assert_eq!(stats["gateway"]["delivered"], 2);
+    // The operator's look-up finds the record in whichever partition holds it.
+    let key = got[0].idempotency_key.trim_start_matches("msg_");
+    let admin = gateway.admin.clone();
+    let record = |query: String| {
+        let admin = admin.clone();
+        async move {
+            let response = reqwest::get(format!("{admin}/admin/record?{query}"))
+                .await
+                .expect("record");
+            let status = response.status().as_u16();
+            (
+                status,
+                response.json::<serde_json::Value>().await.expect("json"),
+            )
+        }
+    };
+    let (status, found) = record(format!("key={key}")).await;
+    assert_eq!(status, 200, "{found}");
+    assert_eq!(found["record"]["state"], "completed", "{found}");
+    let partition = found["partition"].as_u64().expect("a partition");
+    let (status, _) = record(format!("key={key}&partition={partition}")).await;
+    assert_eq!(status, 200);
+    let (status, refused) = record(format!("key={key}&partition=9999")).await;
+    assert_eq!(status, 400, "{refused}");
+    let (status, _) = record(format!("key={}", "0".repeat(32))).await;
+    assert_eq!(status, 404);
 }
 
 impl Signed {

@@ -202,3 +202,41 @@ fn a_nonce_handled_by_one_gateway_is_a_replay_at_another() {
         assert!(matches!(fresh, Admission::Admitted { .. }), "{fresh:?}");
     });
 }
+
+#[test]
+fn tokens_keep_growing_when_the_counter_is_lost() {
+    // What a failover that lost the last writes, or a restart without persistence, does to a
+    // token counter: it is gone or behind. Tokens must still never repeat or go back.
+    let prefix = format!("tokens{}", std::process::id());
+    let store = RedisStore::connect_with_clock(config(&prefix), SystemClock).expect("connect");
+    let mut redis = redis::Client::open(config(&prefix).url)
+        .and_then(|c| c.get_connection())
+        .expect("a plain redis connection");
+    let counter = format!("{{{prefix}:0}}:token");
+    let lease = |name: &str| {
+        let k = key_for("feishu", "cli_tokens", "business", name);
+        match block_on(store.claim(&k, 0, Duration::from_secs(60))).expect("claim") {
+            Claim::Acquired(lease) => lease.token,
+            other => panic!("{other:?}"),
+        }
+    };
+    let mut last = lease("t0");
+    for round in 1..20 {
+        if round % 2 == 0 {
+            let _: () = redis::cmd("DEL")
+                .arg(&counter)
+                .query(&mut redis)
+                .expect("del");
+        } else {
+            // Behind: as if the last increments never reached the new primary.
+            let _: () = redis::cmd("SET")
+                .arg(&counter)
+                .arg(last.0 / 2)
+                .query(&mut redis)
+                .expect("set");
+        }
+        let token = lease(&format!("t{round}"));
+        assert!(token > last, "round {round}: {token:?} after {last:?}");
+        last = token;
+    }
+}
