@@ -1235,6 +1235,42 @@ async fn with_a_spool_an_outage_is_answered_200_and_nothing_is_lost_or_doubled()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spooled_requests_survive_a_kill_nine_of_the_gateway() {
+    const EVENTS: usize = 60;
+    let mut redis = OwnRedis::start();
+    let (downstream, addr) = Downstream::start().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let store = format!(
+        "backend = \"redis\"\nurl = \"{}\"\npartitions = 4\nspool = \"{}\"",
+        redis.url(),
+        dir.path().join("spool.redb").display()
+    );
+    let gateway = Gateway::start_with_lease(dir.path(), addr, false, &store, "2s", "500ms");
+    let client = client();
+    redis.kill9();
+    for i in 0..EVENTS {
+        let plain = message(&format!("kept-{i}"), &format!("oc_kept{}", i % 3), i as u64);
+        let (status, body) = post(&client, &gateway.url, &sign(&plain))
+            .await
+            .expect("post");
+        assert_eq!((status, body.contains("spooled")), (200, true), "{body}");
+    }
+    // Answered 200 means on disk: the process dies before anything reached Redis.
+    gateway.kill9();
+    redis.run();
+    let gateway = Gateway::start_with_lease(dir.path(), addr, false, &store, "2s", "500ms");
+    downstream
+        .wait_for("every spooled event", |got| got.len() >= EVENTS)
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let got = downstream.got();
+    let unique: HashSet<&str> = got.iter().map(|g| g.event_id.as_str()).collect();
+    assert_eq!((got.len(), unique.len()), (EVENTS, EVENTS), "each once");
+    let stats = gateway.stats().await;
+    assert_eq!(stats["gateway"]["unspooled"], EVENTS as u64, "{stats}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_of_three_gateways_killed_midway_loses_nothing() {
     const CHATS: usize = 30;
     const PER_CHAT: usize = 100;
