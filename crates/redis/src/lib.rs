@@ -41,6 +41,8 @@ use conn::Conn;
 /// Physical TTLs outlive the logical end by this much, so that clock skew between gateways and
 /// Redis never drops a record early.
 const TTL_SLACK_MS: u64 = 60_000;
+/// How long counting every record may take (a scan; ~100k records a second on loopback).
+const STATS_LIMIT: Duration = Duration::from_secs(120);
 /// Stream entries read per catch-up round.
 const CATCH_UP: usize = 1000;
 
@@ -304,8 +306,19 @@ impl<C: Clock> RedisStore<C> {
         })
     }
 
-    /// Runs `work` on the store's runtime, with the call timeout.
+    /// Runs `work` on the store's runtime, within twice the call timeout.
     async fn run<T, F, Fut>(&self, work: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(Arc<Inner<C>>, Conn) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
+    {
+        self.run_within(self.inner.timeout * 2, work).await
+    }
+
+    /// Runs `work` on the store's runtime within `limit` (each round trip still has the call
+    /// timeout).
+    async fn run_within<T, F, Fut>(&self, limit: Duration, work: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
         F: FnOnce(Arc<Inner<C>>, Conn) -> Fut + Send + 'static,
@@ -313,10 +326,9 @@ impl<C: Clock> RedisStore<C> {
     {
         self.inner.breaker.check()?;
         let inner = self.inner.clone();
-        let timeout = inner.timeout;
         let task = self.handle.spawn(async move {
             let conn = inner.conn.clone();
-            tokio::time::timeout(timeout * 2, work(inner, conn))
+            tokio::time::timeout(limit, work(inner, conn))
                 .await
                 .unwrap_or_else(|_| Err(unavailable("no answer in time")))
         });
@@ -880,7 +892,8 @@ impl<C: Clock> DedupStore for RedisStore<C> {
         .await
     }
 
-    /// Counts by scanning the prefix: O(records), for operators, not for polling.
+    /// Counts by scanning the prefix on every primary, a thousand records per round trip:
+    /// O(records), for operators, not for tight polling.
     async fn stats(&self) -> Result<StoreStats, StoreError> {
         let in_flight = {
             let mut total = 0u64;
@@ -892,56 +905,69 @@ impl<C: Clock> DedupStore for RedisStore<C> {
             }
             (total, queued)
         };
-        self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
-            let mut stats = StoreStats {
-                in_flight: in_flight.0,
-                ..StoreStats::default()
-            };
-            let now = inner.clock.now_ms();
-            let pattern = inner.records_pattern();
-            for node in conn.scan_nodes().await.map_err(unavailable)? {
-                let mut cursor = 0u64;
-                loop {
-                    let (next, keys) = conn
-                        .scan(&node, cursor, &pattern)
-                        .await
-                        .map_err(unavailable)?;
-                    for key in keys {
-                        let fields: Vec<Value> = redis::cmd("HMGET")
-                            .arg(&key)
-                            .arg(&["s", "e", "t", "u"])
-                            .query_async(&mut conn)
+        self.run_within(
+            STATS_LIMIT,
+            move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
+                let mut stats = StoreStats {
+                    in_flight: in_flight.0,
+                    ..StoreStats::default()
+                };
+                let now = inner.clock.now_ms();
+                let pattern = inner.records_pattern();
+                for node in conn.scan_nodes().await.map_err(unavailable)? {
+                    let mut cursor = 0u64;
+                    loop {
+                        let (next, keys) = conn
+                            .scan(&node, cursor, &pattern)
                             .await
                             .map_err(unavailable)?;
-                        match parse_record(fields) {
-                            Some(record) if record.is_live(now) => match record.state {
-                                RecordState::Pending => stats.pending += 1,
-                                RecordState::Processing { .. } => stats.processing += 1,
-                                RecordState::Completed { .. } => stats.completed += 1,
-                            },
-                            _ => {}
+                        // One round trip per slot (a cluster pipeline stays in one slot): the
+                        // keys of a batch grouped by their partition's hash tag.
+                        let mut by_tag: std::collections::BTreeMap<&str, Vec<&str>> =
+                            std::collections::BTreeMap::new();
+                        for key in &keys {
+                            let tag = key.split_once('}').map_or(key.as_str(), |(tag, _)| tag);
+                            by_tag.entry(tag).or_default().push(key);
+                        }
+                        for group in by_tag.values() {
+                            let mut pipe = redis::pipe();
+                            for key in group {
+                                pipe.cmd("HMGET").arg(*key).arg(&["s", "e", "t", "u"]);
+                            }
+                            let records: Vec<Vec<Value>> =
+                                pipe.query_async(&mut conn).await.map_err(unavailable)?;
+                            for fields in records {
+                                match parse_record(fields) {
+                                    Some(record) if record.is_live(now) => match record.state {
+                                        RecordState::Pending => stats.pending += 1,
+                                        RecordState::Processing { .. } => stats.processing += 1,
+                                        RecordState::Completed { .. } => stats.completed += 1,
+                                    },
+                                    _ => {}
+                                }
+                            }
+                        }
+                        cursor = next;
+                        if cursor == 0 {
+                            break;
                         }
                     }
-                    cursor = next;
-                    if cursor == 0 {
-                        break;
-                    }
                 }
-            }
-            for partition in 0..inner.partitions {
-                let (queued, dead): (u64, u64) = redis::pipe()
-                    .cmd("XLEN")
-                    .arg(inner.stream(partition))
-                    .cmd("XLEN")
-                    .arg(inner.dead(partition))
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(unavailable)?;
-                stats.queued += queued;
-                stats.dead_letters += dead;
-            }
-            Ok(stats)
-        })
+                for partition in 0..inner.partitions {
+                    let (queued, dead): (u64, u64) = redis::pipe()
+                        .cmd("XLEN")
+                        .arg(inner.stream(partition))
+                        .cmd("XLEN")
+                        .arg(inner.dead(partition))
+                        .query_async(&mut conn)
+                        .await
+                        .map_err(unavailable)?;
+                    stats.queued += queued;
+                    stats.dead_letters += dead;
+                }
+                Ok(stats)
+            },
+        )
         .await
     }
 }
