@@ -73,6 +73,9 @@ pub(crate) async fn serve(config_path: Option<&Path>) -> anyhow::Result<()> {
                     .unwrap_or(defaults.prefix.clone()),
                 ownership: config.store.ownership.unwrap_or(defaults.ownership),
                 cluster: config.store.cluster,
+                // With a spool the gateway takes requests during an outage, so it also starts
+                // during one.
+                lazy: config.store.spool.is_some(),
                 ..defaults
             };
             let store =

@@ -70,6 +70,7 @@ struct Tally {
     replays_rejected: usize,
     other: std::collections::BTreeMap<u16, usize>,
     failed: usize,
+    spooled: usize,
     latencies_us: Vec<u64>,
 }
 
@@ -248,6 +249,7 @@ pub(crate) async fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
                         let text = response.text().await.unwrap_or_default();
                         match status {
                             200 if text.contains("\"duplicate\"") => tally.duplicates += 1,
+                            200 if text.contains("\"spooled\"") => tally.spooled += 1,
                             200 => tally.admitted += 1,
                             409 => tally.replays_rejected += 1,
                             other => *tally.other.entry(other).or_default() += 1,
@@ -298,6 +300,9 @@ pub(crate) async fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
     );
     println!("admitted           {}", tally.admitted);
     println!("duplicates dropped {}", tally.duplicates);
+    if tally.spooled > 0 {
+        println!("spooled            {} (the store was unreachable)", tally.spooled);
+    }
     println!("replays rejected   {}", tally.replays_rejected);
     for (status, count) in &tally.other {
         println!("answered {status}       {count}");

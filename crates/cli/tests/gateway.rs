@@ -1235,7 +1235,7 @@ async fn with_a_spool_an_outage_is_answered_200_and_nothing_is_lost_or_doubled()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn spooled_requests_survive_a_kill_nine_of_the_gateway() {
+async fn spooled_requests_survive_a_kill_nine_and_a_restart_during_the_outage() {
     const EVENTS: usize = 60;
     let mut redis = OwnRedis::start();
     let (downstream, addr) = Downstream::start().await;
@@ -1257,17 +1257,46 @@ async fn spooled_requests_survive_a_kill_nine_of_the_gateway() {
     }
     // Answered 200 means on disk: the process dies before anything reached Redis.
     gateway.kill9();
-    redis.run();
+    // It comes back while Redis is still down (it starts without it, since it has a spool),
+    // and keeps taking requests behind the ones it kept.
     let gateway = Gateway::start_with_lease(dir.path(), addr, false, &store, "2s", "500ms");
+    let ready = reqwest::get(format!("{}/readyz", gateway.admin))
+        .await
+        .expect("readyz");
+    assert_eq!(ready.status().as_u16(), 200, "ready, spooling");
+    for i in EVENTS..EVENTS + 20 {
+        let plain = message(&format!("kept-{i}"), &format!("oc_kept{}", i % 3), i as u64);
+        let (status, body) = post(&client, &gateway.url, &sign(&plain))
+            .await
+            .expect("post");
+        assert_eq!((status, body.contains("spooled")), (200, true), "{body}");
+    }
+    redis.run();
     downstream
-        .wait_for("every spooled event", |got| got.len() >= EVENTS)
+        .wait_for("every spooled event", |got| got.len() >= EVENTS + 20)
         .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let got = downstream.got();
     let unique: HashSet<&str> = got.iter().map(|g| g.event_id.as_str()).collect();
-    assert_eq!((got.len(), unique.len()), (EVENTS, EVENTS), "each once");
+    assert_eq!(
+        (got.len(), unique.len()),
+        (EVENTS + 20, EVENTS + 20),
+        "each once"
+    );
+    for chat in 0..3 {
+        let order: Vec<usize> = got
+            .iter()
+            .filter(|g| g.order_key.as_deref() == Some(&format!("oc_kept{chat}")))
+            .filter_map(|g| g.event_id.strip_prefix("kept-")?.parse().ok())
+            .collect();
+        assert!(order.is_sorted(), "chat {chat} in order: {order:?}");
+    }
     let stats = gateway.stats().await;
-    assert_eq!(stats["gateway"]["unspooled"], EVENTS as u64, "{stats}");
+    assert_eq!(
+        stats["gateway"]["unspooled"],
+        (EVENTS + 20) as u64,
+        "{stats}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

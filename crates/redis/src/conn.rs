@@ -20,13 +20,27 @@ pub(crate) enum Conn {
 impl Conn {
     /// Connects to `urls`: one URL for a standalone server; with `cluster`, any of the
     /// cluster's nodes (the rest is discovered).
-    pub(crate) async fn open(urls: &[&str], cluster: bool, timeout: Duration) -> RedisResult<Self> {
+    /// With `lazy`, nothing is reached now: the first call connects.
+    pub(crate) async fn open(
+        urls: &[&str],
+        cluster: bool,
+        timeout: Duration,
+        lazy: bool,
+    ) -> RedisResult<Self> {
         if cluster {
             let client = ClusterClientBuilder::new(urls.to_vec())
                 .connection_timeout(timeout)
                 .response_timeout(timeout)
                 .retries(2)
                 .build()?;
+            if lazy {
+                let config = redis::cluster::ClusterConfig::new()
+                    .set_connection_timeout(timeout)
+                    .set_response_timeout(timeout);
+                return Ok(Self::Cluster(
+                    client.get_pending_async_connection_with_config(config),
+                ));
+            }
             return Ok(Self::Cluster(client.get_async_connection().await?));
         }
         let client = redis::Client::open(urls.first().copied().unwrap_or_default())?;
@@ -34,6 +48,11 @@ impl Conn {
             .set_connection_timeout(Some(timeout))
             .set_response_timeout(Some(timeout))
             .set_number_of_retries(2);
+        if lazy {
+            return Ok(Self::Single(ConnectionManager::new_lazy_with_config(
+                client, config,
+            )?));
+        }
         Ok(Self::Single(
             client.get_connection_manager_with_config(config).await?,
         ))

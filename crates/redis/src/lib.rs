@@ -59,6 +59,9 @@ pub struct RedisConfig {
     pub partitions: u16,
     /// Timeout of every call.
     pub timeout: Duration,
+    /// Start without Redis: connect on first use and check the partition count then, instead
+    /// of failing now. For gateways with a spool, which take requests during an outage.
+    pub lazy: bool,
     /// How long a partition stays with its owner without a pull. Another instance takes it over
     /// after that, and hands out again what the old owner had not acked.
     pub ownership: Duration,
@@ -70,6 +73,7 @@ impl RedisConfig {
         Self {
             url: url.to_owned(),
             cluster: false,
+            lazy: false,
             prefix: "og".into(),
             partitions: 16,
             timeout: Duration::from_secs(2),
@@ -101,6 +105,41 @@ pub enum ConnectError {
         /// In the configuration.
         configured: u16,
     },
+}
+
+/// Records the partition count under the prefix when it is new, and refuses a different one:
+/// partitions decide where keys live, so two counts on one prefix would split records.
+async fn check_partitions(
+    conn: &mut Conn,
+    prefix: &str,
+    partitions: u16,
+) -> Result<(), ConnectError> {
+    let key = format!("{prefix}:partitions");
+    let connect = |e: redis::RedisError| ConnectError::Connect {
+        url: String::new(),
+        message: e.to_string(),
+    };
+    let _: Value = redis::cmd("SET")
+        .arg(&key)
+        .arg(partitions)
+        .arg("NX")
+        .query_async(conn)
+        .await
+        .map_err(connect)?;
+    let stored: u16 = redis::cmd("GET")
+        .arg(&key)
+        .query_async(conn)
+        .await
+        .map_err(connect)?;
+    if stored == partitions {
+        Ok(())
+    } else {
+        Err(ConnectError::Partitions {
+            prefix: prefix.to_owned(),
+            stored,
+            configured: partitions,
+        })
+    }
 }
 
 fn unavailable(error: impl std::fmt::Display) -> StoreError {
@@ -139,6 +178,9 @@ const GROUP: &str = "oncegate";
 
 struct Inner<C> {
     conn: Conn,
+    /// Whether the partition count in Redis was found to match (at connect, or when a lazy
+    /// store first reached Redis).
+    partitions_checked: std::sync::atomic::AtomicBool,
     /// This store's name in partition ownership.
     instance: String,
     prefix: String,
@@ -252,32 +294,29 @@ impl<C: Clock> RedisStore<C> {
         let prefix = config.prefix.clone();
         let partitions = config.partitions.max(1);
         let urls: Vec<&str> = config.url.split(',').map(str::trim).collect();
-        let (conn, stored) = runtime
+        let conn = runtime
             .block_on(async {
-                let mut conn = Conn::open(&urls, config.cluster, config.timeout).await?;
-                let key = format!("{prefix}:partitions");
-                let _: Value = redis::cmd("SET")
-                    .arg(&key)
-                    .arg(partitions)
-                    .arg("NX")
-                    .query_async(&mut conn)
-                    .await?;
-                let stored: u16 = redis::cmd("GET").arg(&key).query_async(&mut conn).await?;
-                Ok::<_, redis::RedisError>((conn, stored))
+                let mut conn = Conn::open(&urls, config.cluster, config.timeout, config.lazy)
+                    .await
+                    .map_err(|e| ConnectError::Connect {
+                        url: String::new(),
+                        message: e.to_string(),
+                    })?;
+                if !config.lazy {
+                    check_partitions(&mut conn, &prefix, partitions).await?;
+                }
+                Ok::<_, ConnectError>(conn)
             })
-            .map_err(|e| connect_error(e.to_string()))?;
-        if stored != partitions {
-            return Err(ConnectError::Partitions {
-                prefix,
-                stored,
-                configured: partitions,
-            });
-        }
+            .map_err(|e| match e {
+                ConnectError::Connect { message, .. } => connect_error(message),
+                other => other,
+            })?;
         let handle = runtime.handle().clone();
         Ok(Self {
             inner: Arc::new(Inner {
                 conn,
                 instance: format!("{:016x}", fastrand::u64(..)),
+                partitions_checked: std::sync::atomic::AtomicBool::new(!config.lazy),
                 prefix,
                 partitions,
                 timeout: config.timeout,
@@ -327,7 +366,25 @@ impl<C: Clock> RedisStore<C> {
         self.inner.breaker.check()?;
         let inner = self.inner.clone();
         let task = self.handle.spawn(async move {
-            let conn = inner.conn.clone();
+            let mut conn = inner.conn.clone();
+            if !inner
+                .partitions_checked
+                .load(std::sync::atomic::Ordering::Relaxed)
+            {
+                // Started without Redis (lazy): the check `connect` skipped, on first contact.
+                match check_partitions(&mut conn, &inner.prefix, inner.partitions).await {
+                    Ok(()) => inner
+                        .partitions_checked
+                        .store(true, std::sync::atomic::Ordering::Relaxed),
+                    Err(ConnectError::Connect { message, .. }) => return Err(unavailable(message)),
+                    // Unavailable, not Invalid: nothing may be dropped (a spool keeps waiting)
+                    // until the configuration is fixed.
+                    Err(mismatch) => {
+                        tracing::error!(%mismatch, "refusing every store call");
+                        return Err(unavailable(mismatch));
+                    }
+                }
+            }
             tokio::time::timeout(limit, work(inner, conn))
                 .await
                 .unwrap_or_else(|_| Err(unavailable("no answer in time")))

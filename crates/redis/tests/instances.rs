@@ -240,3 +240,43 @@ fn tokens_keep_growing_when_the_counter_is_lost() {
         last = token;
     }
 }
+
+#[test]
+fn a_lazy_store_starts_without_redis_and_checks_partitions_on_first_contact() {
+    // Nothing listens on this port: an eager store refuses to start, a lazy one starts and
+    // answers every call with "unavailable" until Redis is there.
+    let dead = RedisConfig {
+        lazy: true,
+        ..RedisConfig::at("redis://127.0.0.1:1")
+    };
+    assert!(
+        RedisStore::connect(RedisConfig {
+            lazy: false,
+            ..dead.clone()
+        })
+        .is_err()
+    );
+    let store = RedisStore::connect(dead).expect("a lazy store starts without redis");
+    let ping = block_on(store.ping());
+    assert!(
+        matches!(ping, Err(oncegate_core::StoreError::Unavailable(_))),
+        "{ping:?}"
+    );
+    // A prefix made with one partition, then a lazy gateway configured with two: nothing is
+    // admitted, and the error says what to set.
+    let prefix = format!("lazy{}", std::process::id());
+    let _first = RedisStore::connect(config(&prefix)).expect("connect");
+    let lazy = RedisStore::connect(RedisConfig {
+        lazy: true,
+        partitions: 2,
+        ..config(&prefix)
+    })
+    .expect("lazy connect");
+    let refused = block_on(lazy.admit(event("l1", None), &[key("l1")], Duration::from_secs(60)));
+    match refused {
+        Err(oncegate_core::StoreError::Unavailable(message)) => {
+            assert!(message.contains("set partitions = 1"), "{message}")
+        }
+        other => panic!("{other:?}"),
+    }
+}
