@@ -301,7 +301,10 @@ pub(crate) async fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
     println!("admitted           {}", tally.admitted);
     println!("duplicates dropped {}", tally.duplicates);
     if tally.spooled > 0 {
-        println!("spooled            {} (the store was unreachable)", tally.spooled);
+        println!(
+            "spooled            {} (the store was unreachable)",
+            tally.spooled
+        );
     }
     println!("replays rejected   {}", tally.replays_rejected);
     for (status, count) in &tally.other {

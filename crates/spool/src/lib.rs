@@ -9,6 +9,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
 
 use oncegate_core::{Event, KeyHash, Nonce};
@@ -79,6 +80,19 @@ pub struct Spool {
     /// Entries held; kept beside the file so that the hot path checks it without a read.
     len: AtomicU64,
     next: AtomicU64,
+    /// Admissions waiting for a commit, and whether one is running.
+    group: Mutex<Group>,
+    /// Signalled after every commit.
+    committed: Condvar,
+}
+
+/// Where a waiting `push` learns how its commit went.
+type Answer = Arc<OnceLock<Result<(), String>>>;
+
+#[derive(Default)]
+struct Group {
+    waiting: Vec<(Vec<u8>, Answer)>,
+    committing: bool,
 }
 
 impl std::fmt::Debug for Spool {
@@ -118,6 +132,8 @@ impl Spool {
             limit: limit.max(1),
             len: AtomicU64::new(len),
             next: AtomicU64::new(next),
+            group: Mutex::new(Group::default()),
+            committed: Condvar::new(),
         })
     }
 
@@ -137,22 +153,63 @@ impl Spool {
     }
 
     /// Appends an admission durably (the call returns after the commit). Blocking: call it
-    /// off the async threads.
+    /// off the async threads. Concurrent callers share commits: whoever finds no commit running
+    /// writes everything waiting in one transaction, so one fsync answers them all.
     pub fn push(&self, spooled: &Spooled) -> Result<(), SpoolError> {
-        if self.len() >= self.limit {
+        let bytes = postcard::to_stdvec(spooled).map_err(|e| self.io(e))?;
+        let answer: Answer = Arc::new(OnceLock::new());
+        let mut group = self.group.lock().unwrap_or_else(|p| p.into_inner());
+        if self.len() + group.waiting.len() as u64 >= self.limit {
             return Err(SpoolError::Full { limit: self.limit });
         }
-        let bytes = postcard::to_stdvec(spooled).map_err(|e| self.io(e))?;
+        group.waiting.push((bytes, answer.clone()));
+        if group.committing {
+            while answer.get().is_none() {
+                group = self
+                    .committed
+                    .wait(group)
+                    .unwrap_or_else(|p| p.into_inner());
+            }
+        } else {
+            group.committing = true;
+            while !group.waiting.is_empty() {
+                let batch = std::mem::take(&mut group.waiting);
+                drop(group);
+                let result = self.append(&batch).map_err(|e| e.to_string());
+                for (_, waiter) in &batch {
+                    let _ = waiter.set(result.clone());
+                }
+                group = self.group.lock().unwrap_or_else(|p| p.into_inner());
+                self.committed.notify_all();
+            }
+            group.committing = false;
+        }
+        drop(group);
+        match answer.get() {
+            Some(Ok(())) => Ok(()),
+            Some(Err(message)) => Err(SpoolError::Io {
+                path: self.path.clone(),
+                message: message.clone(),
+            }),
+            None => Err(self.io("the spool commit ended without an answer")),
+        }
+    }
+
+    /// Writes `batch` in one transaction.
+    fn append(&self, batch: &[(Vec<u8>, Answer)]) -> Result<(), SpoolError> {
         let txn = self.db.begin_write().map_err(|e| self.io(e))?;
         {
             let mut table = txn.open_table(ENTRIES).map_err(|e| self.io(e))?;
-            let seq = self.next.fetch_add(1, Ordering::Relaxed);
-            table
-                .insert(seq, bytes.as_slice())
-                .map_err(|e| self.io(e))?;
+            let first = self.next.load(Ordering::Relaxed);
+            for (i, (bytes, _)) in batch.iter().enumerate() {
+                table
+                    .insert(first + i as u64, bytes.as_slice())
+                    .map_err(|e| self.io(e))?;
+            }
         }
         txn.commit().map_err(|e| self.io(e))?;
-        self.len.fetch_add(1, Ordering::Relaxed);
+        self.next.fetch_add(batch.len() as u64, Ordering::Relaxed);
+        self.len.fetch_add(batch.len() as u64, Ordering::Relaxed);
         Ok(())
     }
 
@@ -240,6 +297,48 @@ mod tests {
             .map(|(_, s)| s.event.event_id)
             .collect();
         assert_eq!(ids, ["b", "c", "d"]);
+    }
+
+    #[test]
+    fn concurrent_pushes_share_commits_and_lose_nothing() {
+        const THREADS: usize = 16;
+        const EACH: usize = 200;
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("s.redb");
+        for round in 0..3 {
+            let spool = Spool::open(&path, 1_000_000).expect("open");
+            let before = spool.len() as usize;
+            std::thread::scope(|scope| {
+                for thread in 0..THREADS {
+                    let spool = &spool;
+                    scope.spawn(move || {
+                        for n in 0..EACH {
+                            spool
+                                .push(&spooled(&format!("r{round}-t{thread}-{n}")))
+                                .expect("push");
+                        }
+                    });
+                }
+            });
+            assert_eq!(spool.len() as usize, before + THREADS * EACH);
+            drop(spool);
+            // Reopened: every push is on disk, and each caller's pushes are in its order.
+            let spool = Spool::open(&path, 1_000_000).expect("reopen");
+            let all = spool.peek(usize::MAX).expect("peek");
+            assert_eq!(all.len(), before + THREADS * EACH);
+            for thread in 0..THREADS {
+                let prefix = format!("r{round}-t{thread}-");
+                let mine: Vec<usize> = all
+                    .iter()
+                    .filter_map(|(_, s)| s.event.event_id.strip_prefix(&prefix)?.parse().ok())
+                    .collect();
+                assert_eq!(
+                    mine,
+                    (0..EACH).collect::<Vec<_>>(),
+                    "round {round} thread {thread}"
+                );
+            }
+        }
     }
 
     #[test]
