@@ -1,6 +1,7 @@
 //! The outage spool's two halves: the ingress puts accepted admissions into it while the store
 //! cannot admit, and `drain` hands them to the store, oldest first, when it answers again.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use crate::Shared;
 
 /// Admissions handed to the store per round.
-const BATCH: usize = 64;
+const BATCH: usize = 512;
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
 
@@ -76,42 +77,30 @@ pub(crate) async fn drain<S: Store>(shared: Arc<Shared<S>>, shutdown: Cancellati
             }
             continue;
         }
-        let mut handed = Vec::with_capacity(batch.len());
-        let mut stalled = false;
+        // Partitions are admitted side by side, each in spool order, so one chat's events
+        // keep their order while the drain uses more than one round trip at a time. A
+        // partition stops at its first refusal; what follows it waits for the next round.
+        let mut by_partition: HashMap<u16, Vec<(u64, Spooled)>> = HashMap::new();
         for (seq, spooled) in batch {
             let partition = spooled.event.partition(shared.store.partitions());
-            let retention = spooled.retention();
-            let nonce = spooled.nonce();
-            match shared
-                .store
-                .admit_with_nonce(spooled.event, &spooled.keys, retention, nonce)
-                .await
-            {
-                Ok(admission) => {
-                    handed.push(seq);
-                    let stats = &shared.stats;
-                    stats.bump(&stats.unspooled, "oncegate_unspooled_total");
-                    match admission {
-                        Admission::Admitted { .. } => {
-                            stats.bump(&stats.admitted, "oncegate_admitted_total");
-                            shared.wake(partition);
-                        }
-                        // Admitted before the outage, or a retry spooled twice: dropped here.
-                        Admission::Duplicate { .. } | Admission::Replayed => {
-                            stats.bump(&stats.duplicates, "oncegate_duplicates_total");
-                        }
-                    }
-                }
-                // Can never be admitted (the spool holds what this version cannot admit):
-                // said loudly and set aside rather than blocking every admission after it.
-                Err(StoreError::Invalid(message)) => {
-                    tracing::error!(%message, seq, "a spooled admission is invalid; dropped");
-                    handed.push(seq);
+            by_partition.entry(partition).or_default().push((seq, spooled));
+        }
+        let mut lanes = tokio::task::JoinSet::new();
+        for (partition, entries) in by_partition {
+            let shared = shared.clone();
+            lanes.spawn(async move { hand_over(&shared, partition, entries).await });
+        }
+        let mut handed = Vec::new();
+        let mut stalled = false;
+        while let Some(lane) = lanes.join_next().await {
+            match lane {
+                Ok((done, refused)) => {
+                    handed.extend(done);
+                    stalled |= refused;
                 }
                 Err(error) => {
-                    tracing::debug!(%error, "store still refuses admissions; spool waits");
+                    tracing::error!(%error, "a spool drain task failed");
                     stalled = true;
-                    break;
                 }
             }
         }
@@ -135,6 +124,52 @@ pub(crate) async fn drain<S: Store>(shared: Arc<Shared<S>>, shutdown: Cancellati
             backoff = BACKOFF_MIN;
         }
     }
+}
+
+/// Admits one partition's spooled entries in order; returns the positions handed over and
+/// whether the store refused one (the rest then waits).
+async fn hand_over<S: Store>(
+    shared: &Shared<S>,
+    partition: u16,
+    entries: Vec<(u64, Spooled)>,
+) -> (Vec<u64>, bool) {
+    let mut handed = Vec::with_capacity(entries.len());
+    for (seq, spooled) in entries {
+        let retention = spooled.retention();
+        let nonce = spooled.nonce();
+        match shared
+            .store
+            .admit_with_nonce(spooled.event, &spooled.keys, retention, nonce)
+            .await
+        {
+            Ok(admission) => {
+                handed.push(seq);
+                let stats = &shared.stats;
+                stats.bump(&stats.unspooled, "oncegate_unspooled_total");
+                match admission {
+                    Admission::Admitted { .. } => {
+                        stats.bump(&stats.admitted, "oncegate_admitted_total");
+                        shared.wake(partition);
+                    }
+                    // Admitted before the outage, or a retry spooled twice: dropped here.
+                    Admission::Duplicate { .. } | Admission::Replayed => {
+                        stats.bump(&stats.duplicates, "oncegate_duplicates_total");
+                    }
+                }
+            }
+            // Can never be admitted (the spool holds what this version cannot admit): said
+            // loudly and set aside rather than blocking every admission after it.
+            Err(StoreError::Invalid(message)) => {
+                tracing::error!(%message, seq, "a spooled admission is invalid; dropped");
+                handed.push(seq);
+            }
+            Err(error) => {
+                tracing::debug!(%error, "store still refuses admissions; spool waits");
+                return (handed, true);
+            }
+        }
+    }
+    (handed, false)
 }
 
 async fn pause(shutdown: &CancellationToken, how_long: Duration) {
