@@ -182,6 +182,29 @@ pub fn validate(config: &Config) -> Vec<Problem> {
                 .into(),
         );
     }
+    if config.store.backend != Backend::Redis {
+        if config.store.spool.is_some() {
+            report(
+                Severity::Error,
+                "store.spool",
+                "applies to the redis backend only: a local store is its own spool".into(),
+            );
+        }
+        if config.store.cluster {
+            report(
+                Severity::Error,
+                "store.cluster",
+                "applies to the redis backend only".into(),
+            );
+        }
+    }
+    if config.store.spool.is_some() && config.store.spool_max == 0 {
+        report(
+            Severity::Error,
+            "store.spool_max",
+            "a spool of zero admissions holds nothing; leave it out for 1000000".into(),
+        );
+    }
     if config.store.prefix.is_some() && config.store.backend != Backend::Redis {
         report(
             Severity::Error,
@@ -502,6 +525,21 @@ mod tests {
     #[test]
     fn the_defaults_are_valid() {
         assert_eq!(validate(&Config::default()), Vec::new());
+    }
+
+    #[test]
+    fn spool_and_cluster_need_the_redis_backend() {
+        let mut config = Config::default();
+        config.store.spool = Some("spool.redb".into());
+        config.store.cluster = true;
+        let mut found = errors(&config);
+        found.sort();
+        assert_eq!(found, ["store.cluster", "store.spool"]);
+        config.store.backend = Backend::Redis;
+        config.store.url = Some("redis://127.0.0.1:6379".into());
+        assert_eq!(errors(&config), Vec::<String>::new());
+        config.store.spool_max = 0;
+        assert_eq!(errors(&config), ["store.spool_max"]);
     }
 
     #[test]

@@ -83,7 +83,10 @@ pub(crate) async fn drain<S: Store>(shared: Arc<Shared<S>>, shutdown: Cancellati
         let mut by_partition: HashMap<u16, Vec<(u64, Spooled)>> = HashMap::new();
         for (seq, spooled) in batch {
             let partition = spooled.event.partition(shared.store.partitions());
-            by_partition.entry(partition).or_default().push((seq, spooled));
+            by_partition
+                .entry(partition)
+                .or_default()
+                .push((seq, spooled));
         }
         let mut lanes = tokio::task::JoinSet::new();
         for (partition, entries) in by_partition {
