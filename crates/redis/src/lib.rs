@@ -162,15 +162,33 @@ struct Scripts {
     complete_ack: Script,
 }
 
+#[derive(Default)]
 struct Partition {
     order: PartitionIndex,
+    /// The largest entry folded into `order`: entries come in id order, so anything at or
+    /// below it is known (or was acked).
+    last_seq: u64,
+    /// This instance owns the partition, as far as it knows.
+    owned: bool,
+    /// Newly owned: the group's pending entries of earlier owners are still to be taken over.
+    reclaim: bool,
+    /// A group read may have been applied by Redis without its answer reaching us (entries
+    /// then sit in this consumer's pending list, unknown here): read that list back before
+    /// anything newer.
+    resync: bool,
+    /// When the pending list was last read back; it is, every `RESYNC_EVERY`, whatever
+    /// happened, so that an answer lost without an error is caught too.
+    resynced: Option<std::time::Instant>,
 }
 
 impl Partition {
     fn forget(&mut self) {
-        self.order = PartitionIndex::new();
+        *self = Self::default();
     }
 }
+
+/// How often an owner reads its own pending list back (see `Partition::resynced`).
+const RESYNC_EVERY: Duration = Duration::from_secs(1);
 
 /// The consumer group every gateway reads the partition streams in; each gateway is a consumer
 /// named by its instance id.
@@ -333,11 +351,7 @@ impl<C: Clock> RedisStore<C> {
                 },
                 breaker: Breaker::default(),
                 queues: (0..partitions)
-                    .map(|_| {
-                        Mutex::new(Partition {
-                            order: PartitionIndex::new(),
-                        })
-                    })
+                    .map(|_| Mutex::new(Partition::default()))
                     .collect(),
             }),
             runtime: Some(runtime),
@@ -498,6 +512,14 @@ fn parse_record(fields: Vec<Value>) -> Option<Record> {
     })
 }
 
+/// The id of a stream entry (also of one that is gone).
+fn entry_id(entry: &Value) -> Option<String> {
+    match entry {
+        Value::Array(parts) => parts.first().and_then(text).map(str::to_owned),
+        _ => None,
+    }
+}
+
 /// Whether a stream reply stands for an entry that is gone.
 fn is_deleted(entry: &Value) -> bool {
     match entry {
@@ -557,11 +579,12 @@ impl<C: Clock> Inner<C> {
             .await
             .map_err(unavailable)?;
         match verdict {
-            1 => Ok(true),
-            2 => {
+            // Ours already, unless we did not know: the answer that made it ours was lost.
+            1 if queue.owned => Ok(true),
+            1 | 2 => {
                 queue.forget();
-                self.ensure_group(conn, partition).await?;
-                self.reclaim(conn, partition, queue).await?;
+                queue.owned = true;
+                queue.reclaim = true;
                 Ok(true)
             }
             _ => {
@@ -652,13 +675,66 @@ impl<C: Clock> Inner<C> {
         Ok(())
     }
 
-    /// Reads the entries the group has not delivered yet into the hand-out order.
+    /// Brings the hand-out order up to date: takes over earlier owners' pending entries once
+    /// after a takeover, reads this consumer's own pending list back after a read whose answer
+    /// may have been lost, then reads what the group has not delivered yet. Each step is
+    /// repeated on the next pull until it has gone through, so no entry is left pending
+    /// unknown, and entries are folded in id order.
     async fn catch_up(
         &self,
         conn: &mut Conn,
         partition: u16,
         queue: &mut Partition,
     ) -> Result<(), StoreError> {
+        if queue.reclaim {
+            self.ensure_group(conn, partition).await?;
+            // XAUTOCLAIM moves entries to this consumer before answering: if the answer is
+            // lost, they are in our own pending list.
+            queue.resync = true;
+            self.reclaim(conn, partition, queue).await?;
+            queue.reclaim = false;
+        }
+        if queue.resynced.is_none_or(|at| at.elapsed() >= RESYNC_EVERY) {
+            queue.resync = true;
+        }
+        if queue.resync {
+            let mut after = "0".to_owned();
+            loop {
+                let entries = self.read_group(conn, partition, &after).await?;
+                let Some(last) = entries.last().and_then(entry_id) else {
+                    break;
+                };
+                let done = entries.len() < CATCH_UP;
+                after = last;
+                self.fold(conn, partition, queue, entries).await?;
+                if done {
+                    break;
+                }
+            }
+            queue.resync = false;
+            queue.resynced = Some(std::time::Instant::now());
+        }
+        loop {
+            queue.resync = true;
+            let entries = self.read_group(conn, partition, ">").await?;
+            let done = entries.len() < CATCH_UP;
+            self.fold(conn, partition, queue, entries).await?;
+            queue.resync = false;
+            if done {
+                return Ok(());
+            }
+        }
+    }
+
+    /// `XREADGROUP` for this consumer from `from`: `>` for entries never delivered, an id for
+    /// this consumer's own pending entries after it.
+    async fn read_group(
+        &self,
+        conn: &mut Conn,
+        partition: u16,
+        from: &str,
+    ) -> Result<Vec<Value>, StoreError> {
+        let mut recreated = false;
         loop {
             let read: redis::RedisResult<Value> = redis::cmd("XREADGROUP")
                 .arg("GROUP")
@@ -668,40 +744,34 @@ impl<C: Clock> Inner<C> {
                 .arg(CATCH_UP)
                 .arg("STREAMS")
                 .arg(self.stream(partition))
-                .arg(">")
+                .arg(from)
                 .query_async(conn)
                 .await;
             let reply = match read {
                 Ok(reply) => reply,
                 // The group is gone (a Redis that lost its data): start it again.
-                Err(error) if error.code() == Some("NOGROUP") => {
+                Err(error) if error.code() == Some("NOGROUP") && !recreated => {
                     self.ensure_group(conn, partition).await?;
+                    recreated = true;
                     continue;
                 }
                 Err(error) => return Err(unavailable(error)),
             };
-            let entries = match reply {
-                Value::Nil => Vec::new(),
+            return match reply {
+                Value::Nil => Ok(Vec::new()),
                 // [[stream, [entries]]] (RESP2) or {stream: [entries]} (RESP3)
                 Value::Array(streams) => match streams.into_iter().next() {
-                    Some(stream) => array(array(stream)?.into_iter().nth(1).unwrap_or(Value::Nil))?,
-                    None => Vec::new(),
+                    Some(stream) => array(array(stream)?.into_iter().nth(1).unwrap_or(Value::Nil)),
+                    None => Ok(Vec::new()),
                 },
                 Value::Map(streams) => match streams.into_iter().next() {
-                    Some((_, entries)) => array(entries)?,
-                    None => Vec::new(),
+                    Some((_, entries)) => array(entries),
+                    None => Ok(Vec::new()),
                 },
-                other => {
-                    return Err(StoreError::Corrupt(format!(
-                        "unexpected XREADGROUP reply {other:?}"
-                    )));
-                }
+                other => Err(StoreError::Corrupt(format!(
+                    "unexpected XREADGROUP reply {other:?}"
+                ))),
             };
-            let done = entries.len() < CATCH_UP;
-            self.fold(conn, partition, queue, entries).await?;
-            if done {
-                return Ok(());
-            }
         }
     }
 
@@ -722,7 +792,9 @@ impl<C: Clock> Inner<C> {
             let Some((seq, _, order, _)) = parse_entry(entry) else {
                 return Err(StoreError::Corrupt("a stream entry lacks k, o or e".into()));
             };
-            seqs.push((seq, order));
+            if seq > queue.last_seq {
+                seqs.push((seq, order));
+            }
         }
         if seqs.is_empty() {
             return Ok(());
@@ -741,6 +813,7 @@ impl<C: Clock> Inner<C> {
                 .and_then(|n| n.parse().ok())
                 .unwrap_or(0);
             queue.order.push(seq, order, not_before);
+            queue.last_seq = seq;
         }
         Ok(())
     }

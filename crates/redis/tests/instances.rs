@@ -280,3 +280,61 @@ fn a_lazy_store_starts_without_redis_and_checks_partitions_on_first_contact() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn an_entry_read_for_the_owner_whose_answer_was_lost_is_still_handed_out() {
+    // A group read that Redis applied but whose answer never arrived leaves entries in the
+    // owner's pending list that the owner does not know. Here the read is made for the owner
+    // from outside, which is exactly that; the owner must still hand the entry out.
+    let prefix = format!("lost{}", std::process::id());
+    let store = RedisStore::connect_with_clock(config(&prefix), SystemClock).expect("connect");
+    let mut redis = redis::Client::open(config(&prefix).url)
+        .and_then(|c| c.get_connection())
+        .expect("a plain redis connection");
+    let stream = format!("{{{prefix}:0}}:q");
+    block_on(async {
+        let day = Duration::from_secs(86_400);
+        store
+            .admit(event("l1", Some("a")), &[key("l1")], day)
+            .await
+            .expect("admit");
+        let first = store.pull(0, 10).await.expect("pull");
+        assert_eq!(first.len(), 1);
+        // The owner's consumer name, as the group knows it.
+        let consumers: Vec<std::collections::HashMap<String, redis::Value>> = redis::cmd("XINFO")
+            .arg("CONSUMERS")
+            .arg(&stream)
+            .arg("oncegate")
+            .query(&mut redis)
+            .expect("xinfo");
+        let owner: String =
+            redis::from_redis_value_ref(&consumers[0]["name"]).expect("consumer name");
+        store
+            .admit(event("l2", Some("b")), &[key("l2")], day)
+            .await
+            .expect("admit");
+        let _: redis::Value = redis::cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg("oncegate")
+            .arg(&owner)
+            .arg("STREAMS")
+            .arg(&stream)
+            .arg(">")
+            .query(&mut redis)
+            .expect("the read whose answer is lost");
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let mut found = Vec::new();
+        while found.is_empty() && std::time::Instant::now() < deadline {
+            found = store.pull(0, 10).await.expect("pull");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(
+            found
+                .iter()
+                .map(|d| d.event.event_id.as_str())
+                .collect::<Vec<_>>(),
+            ["l2"],
+            "the entry in the owner's pending list comes out"
+        );
+    });
+}
