@@ -1138,17 +1138,35 @@ async fn a_redis_restart_loses_nothing_and_admits_nothing_twice() {
     );
 }
 
+/// A Redis store section with a spool beside the gateway's other files.
+fn spooling_store(redis: &OwnRedis, dir: &Path) -> String {
+    format!(
+        "backend = \"redis\"\nurl = \"{}\"\npartitions = 4\nspool = \"{}\"",
+        redis.url(),
+        dir.join("spool.redb").display()
+    )
+}
+
+/// Events `<id_prefix><n>` of chats `<chat_prefix><c>` (c < `chats`) arrived in increasing n.
+#[track_caller]
+fn assert_chats_in_order(got: &[Got], id_prefix: &str, chat_prefix: &str, chats: usize) {
+    for chat in 0..chats {
+        let order: Vec<usize> = got
+            .iter()
+            .filter(|g| g.order_key.as_deref() == Some(&format!("{chat_prefix}{chat}")))
+            .filter_map(|g| g.event_id.strip_prefix(id_prefix)?.parse().ok())
+            .collect();
+        assert!(order.is_sorted(), "chat {chat} in order: {order:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_a_spool_an_outage_is_answered_200_and_nothing_is_lost_or_doubled() {
     const CHATS: usize = 5;
     let mut redis = OwnRedis::start();
     let (downstream, addr) = Downstream::start().await;
     let dir = tempfile::tempdir().expect("dir");
-    let store = format!(
-        "backend = \"redis\"\nurl = \"{}\"\npartitions = 4\nspool = \"{}\"",
-        redis.url(),
-        dir.path().join("spool.redb").display()
-    );
+    let store = spooling_store(&redis, dir.path());
     let gateway = Gateway::start_with_lease(dir.path(), addr, false, &store, "2s", "500ms");
     let client = client();
     let plain = |i: usize| message(&format!("sp-{i}"), &format!("oc_sp{}", i % CHATS), i as u64);
@@ -1209,16 +1227,7 @@ async fn with_a_spool_an_outage_is_answered_200_and_nothing_is_lost_or_doubled()
         (300, 300),
         "each event delivered once"
     );
-    for chat in 0..CHATS {
-        let order: Vec<usize> = got
-            .iter()
-            .filter(|g| g.order_key.as_deref() == Some(&format!("oc_sp{chat}")))
-            .filter_map(|g| g.event_id.strip_prefix("sp-")?.parse().ok())
-            .collect();
-        let mut sorted = order.clone();
-        sorted.sort_unstable();
-        assert_eq!(order, sorted, "chat {chat} in order across the outage");
-    }
+    assert_chats_in_order(&got, "sp-", "oc_sp", CHATS);
     let stats = gateway.stats().await;
     let counter = |name: &str| stats["gateway"][name].as_u64().unwrap_or(0);
     assert_eq!(
@@ -1240,11 +1249,7 @@ async fn spooled_requests_survive_a_kill_nine_and_a_restart_during_the_outage() 
     let mut redis = OwnRedis::start();
     let (downstream, addr) = Downstream::start().await;
     let dir = tempfile::tempdir().expect("dir");
-    let store = format!(
-        "backend = \"redis\"\nurl = \"{}\"\npartitions = 4\nspool = \"{}\"",
-        redis.url(),
-        dir.path().join("spool.redb").display()
-    );
+    let store = spooling_store(&redis, dir.path());
     let gateway = Gateway::start_with_lease(dir.path(), addr, false, &store, "2s", "500ms");
     let client = client();
     redis.kill9();
@@ -1283,14 +1288,7 @@ async fn spooled_requests_survive_a_kill_nine_and_a_restart_during_the_outage() 
         (EVENTS + 20, EVENTS + 20),
         "each once"
     );
-    for chat in 0..3 {
-        let order: Vec<usize> = got
-            .iter()
-            .filter(|g| g.order_key.as_deref() == Some(&format!("oc_kept{chat}")))
-            .filter_map(|g| g.event_id.strip_prefix("kept-")?.parse().ok())
-            .collect();
-        assert!(order.is_sorted(), "chat {chat} in order: {order:?}");
-    }
+    assert_chats_in_order(&got, "kept-", "oc_kept", 3);
     let stats = gateway.stats().await;
     assert_eq!(
         stats["gateway"]["unspooled"],

@@ -451,10 +451,6 @@ impl<C> Inner<C> {
         }
         format!("{{{escaped}:*}}:r:*")
     }
-    /// Refuses a partition this store does not have.
-    fn check_partition(&self, partition: u16) -> Result<(), StoreError> {
-        oncegate_core::store::require_partition(partition, self.partitions)
-    }
 }
 
 fn int(value: &Value) -> Option<u64> {
@@ -884,7 +880,7 @@ impl<C: Clock> DedupStore for RedisStore<C> {
         partition: u16,
         lease: Duration,
     ) -> Result<Claim, StoreError> {
-        self.inner.check_partition(partition)?;
+        oncegate_core::store::require_partition(partition, self.inner.partitions)?;
         let key = *key;
         self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
             let reply: Value = inner
@@ -949,7 +945,7 @@ impl<C: Clock> DedupStore for RedisStore<C> {
     }
 
     async fn record(&self, key: &KeyHash, partition: u16) -> Result<Option<Record>, StoreError> {
-        self.inner.check_partition(partition)?;
+        oncegate_core::store::require_partition(partition, self.inner.partitions)?;
         let key = *key;
         self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
             let fields: Vec<Value> = redis::cmd("HMGET")
