@@ -93,6 +93,14 @@ pub struct Lease {
     pub until_ms: u64,
 }
 
+impl Lease {
+    /// The identity of the record the lease is on (`KeyHash::in_partition`), for backends that
+    /// keep every partition's records in one table.
+    pub fn record_id(&self) -> KeyHash {
+        self.key.in_partition(self.partition)
+    }
+}
+
 /// The answer to `claim`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim {

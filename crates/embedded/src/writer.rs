@@ -362,11 +362,9 @@ impl<C: Clock> Writer<C> {
                     extend_ms,
                     reply,
                 } => {
-                    let result = with_record(
-                        &mut tables,
-                        &lease.key.in_partition(lease.partition),
-                        |record| transition::renew(record, &lease, now_ms, extend_ms),
-                    )?;
+                    let result = with_record(&mut tables, &lease.record_id(), |record| {
+                        transition::renew(record, &lease, now_ms, extend_ms)
+                    })?;
                     answer(reply, result)
                 }
                 Command::Complete {
@@ -375,13 +373,9 @@ impl<C: Clock> Writer<C> {
                     outcome,
                     reply,
                 } => {
-                    let result = with_record(
-                        &mut tables,
-                        &lease.key.in_partition(lease.partition),
-                        |record| {
-                            transition::complete(record, &lease, now_ms, retention_ms, outcome)
-                        },
-                    )?;
+                    let result = with_record(&mut tables, &lease.record_id(), |record| {
+                        transition::complete(record, &lease, now_ms, retention_ms, outcome)
+                    })?;
                     answer(reply, result)
                 }
                 Command::CompleteAck {
@@ -391,22 +385,16 @@ impl<C: Clock> Writer<C> {
                     id,
                     reply,
                 } => {
-                    let result = with_record(
-                        &mut tables,
-                        &lease.key.in_partition(lease.partition),
-                        |record| {
-                            transition::complete(record, &lease, now_ms, retention_ms, outcome)
-                        },
-                    )?;
+                    let result = with_record(&mut tables, &lease.record_id(), |record| {
+                        transition::complete(record, &lease, now_ms, retention_ms, outcome)
+                    })?;
                     let removed = tables.queue.remove(id.seq).map_err(unavailable)?.is_some();
                     answer_complete_ack(reply, id, removed, result)
                 }
                 Command::Release { lease, reply } => {
-                    let result = with_record(
-                        &mut tables,
-                        &lease.key.in_partition(lease.partition),
-                        |record| transition::release(record, &lease, now_ms),
-                    )?;
+                    let result = with_record(&mut tables, &lease.record_id(), |record| {
+                        transition::release(record, &lease, now_ms)
+                    })?;
                     answer(reply, result)
                 }
                 Command::Ack { id, reply } => {

@@ -24,22 +24,22 @@ pub(crate) async fn put(
     retention_ms: u64,
     nonce: Option<Nonce>,
 ) -> Result<(), SpoolError> {
-    let spool = spool.clone();
     let spooled = Spooled {
         event,
         keys,
         retention_ms,
         nonce: nonce.map(|n| (n.key, n.window_ms)),
     };
+    let writer = spool.clone();
     let result = tokio::task::spawn_blocking(move || {
-        let pushed = spool.push(&spooled);
-        metrics::gauge!("oncegate_spool_depth").set(spool.len() as f64);
+        let pushed = writer.push(&spooled);
+        metrics::gauge!("oncegate_spool_depth").set(writer.len() as f64);
         pushed
     })
     .await;
     result.unwrap_or_else(|error| {
         Err(SpoolError::Io {
-            path: Default::default(),
+            path: spool.path().to_path_buf(),
             message: format!("spool task failed: {error}"),
         })
     })

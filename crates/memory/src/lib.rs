@@ -635,10 +635,9 @@ impl<C: Clock> DedupStore for MemoryStore<C> {
     }
 
     async fn renew(&self, lease: &Lease, extend: Duration) -> Result<FenceCheck, StoreError> {
-        Ok(self.with_record(
-            &lease.key.in_partition(lease.partition),
-            |record, now_ms| transition::renew(record, lease, now_ms, millis(extend)),
-        ))
+        Ok(self.with_record(&lease.record_id(), |record, now_ms| {
+            transition::renew(record, lease, now_ms, millis(extend))
+        }))
     }
 
     async fn complete(
@@ -647,19 +646,15 @@ impl<C: Clock> DedupStore for MemoryStore<C> {
         retention: Duration,
         outcome: Option<Bytes>,
     ) -> Result<FenceCheck, StoreError> {
-        Ok(self.with_record(
-            &lease.key.in_partition(lease.partition),
-            |record, now_ms| {
-                transition::complete(record, lease, now_ms, millis(retention), outcome)
-            },
-        ))
+        Ok(self.with_record(&lease.record_id(), |record, now_ms| {
+            transition::complete(record, lease, now_ms, millis(retention), outcome)
+        }))
     }
 
     async fn release(&self, lease: &Lease) -> Result<FenceCheck, StoreError> {
-        Ok(self.with_record(
-            &lease.key.in_partition(lease.partition),
-            |record, now_ms| transition::release(record, lease, now_ms),
-        ))
+        Ok(self.with_record(&lease.record_id(), |record, now_ms| {
+            transition::release(record, lease, now_ms)
+        }))
     }
 
     async fn record(&self, key: &KeyHash, partition: u16) -> Result<Option<Record>, StoreError> {

@@ -19,6 +19,31 @@ fn config(prefix: &str) -> RedisConfig {
     }
 }
 
+/// A plain connection to the test Redis, to look at what the store wrote.
+fn plain() -> redis::Connection {
+    redis::Client::open(config("plain").url)
+        .and_then(|c| c.get_connection())
+        .expect("a plain redis connection")
+}
+
+/// The consumers of a partition stream's group: (name, pending entries).
+fn consumers(redis: &mut redis::Connection, stream: &str) -> Vec<(String, u64)> {
+    let info: Vec<std::collections::HashMap<String, redis::Value>> = redis::cmd("XINFO")
+        .arg("CONSUMERS")
+        .arg(stream)
+        .arg("oncegate")
+        .query(redis)
+        .expect("xinfo");
+    info.iter()
+        .map(|c| {
+            let name: String = redis::from_redis_value_ref(&c["name"]).expect("consumer name");
+            let pending: u64 =
+                redis::from_redis_value_ref(&c["pending"]).expect("consumer pending");
+            (name, pending)
+        })
+        .collect()
+}
+
 #[test]
 fn one_owner_per_partition_and_a_takeover_after_silence() {
     let prefix = format!("own{}", std::process::id());
@@ -75,32 +100,9 @@ fn one_owner_per_partition_and_a_takeover_after_silence() {
         );
         // In the consumer group: b now holds the one unacked entry; a, holding nothing, is
         // gone from the group.
-        let mut redis = redis::Client::open(config(&prefix).url)
-            .and_then(|c| c.get_connection())
-            .expect("a plain redis connection");
+        let mut redis = plain();
         let stream = format!("{{{prefix}:0}}:q");
-        let consumers = || -> Vec<(String, u64)> {
-            let info: Vec<std::collections::HashMap<String, redis::Value>> = redis::cmd("XINFO")
-                .arg("CONSUMERS")
-                .arg(&stream)
-                .arg("oncegate")
-                .query(
-                    &mut redis::Client::open(config(&prefix).url)
-                        .and_then(|c| c.get_connection())
-                        .expect("connection"),
-                )
-                .expect("xinfo");
-            info.iter()
-                .map(|c| {
-                    let name: String =
-                        redis::from_redis_value_ref(&c["name"]).expect("consumer name");
-                    let pending: u64 =
-                        redis::from_redis_value_ref(&c["pending"]).expect("consumer pending");
-                    (name, pending)
-                })
-                .collect()
-        };
-        let held = consumers();
+        let held = consumers(&mut redis, &stream);
         assert_eq!(held.len(), 1, "{held:?}");
         assert_eq!(held[0].1, 1, "{held:?}");
         assert!(b.ack(from_b[0].id).await.expect("ack"));
@@ -123,84 +125,46 @@ fn a_nonce_handled_by_one_gateway_is_a_replay_at_another() {
     let prefix = format!("nonce{}", std::process::id());
     let a = RedisStore::connect_with_clock(config(&prefix), SystemClock).expect("connect a");
     let b = RedisStore::connect_with_clock(config(&prefix), SystemClock).expect("connect b");
-    let nonce = |n: &str, window_ms: u64| Nonce {
-        key: key_for("feishu", "cli_nonce", "nonce", n),
-        window_ms,
+    // Event `id` (all in one chat) sent with nonce `n`, remembered for `window_ms`.
+    let send = |store: &RedisStore, id: &str, n: &str, window_ms: u64| {
+        let nonce = Nonce {
+            key: key_for("feishu", "cli_nonce", "nonce", n),
+            window_ms,
+        };
+        block_on(store.admit_with_nonce(
+            event(id, Some("c")),
+            &[key(id)],
+            Duration::from_secs(86_400),
+            Some(nonce),
+        ))
+        .expect("admit")
     };
-    let day = Duration::from_secs(86_400);
-    block_on(async {
-        let first = a
-            .admit_with_nonce(
-                event("n1", Some("c")),
-                &[key("n1")],
-                day,
-                Some(nonce("x", 60_000)),
-            )
-            .await
-            .expect("admit");
-        assert!(matches!(first, Admission::Admitted { .. }), "{first:?}");
-        // The same request again, at the other gateway.
-        let replay = b
-            .admit_with_nonce(
-                event("n1", Some("c")),
-                &[key("n1")],
-                day,
-                Some(nonce("x", 60_000)),
-            )
-            .await
-            .expect("admit");
-        assert_eq!(replay, Admission::Replayed);
-        // A platform retry (new nonce) is a duplicate, and its nonce is remembered too.
-        let retry = b
-            .admit_with_nonce(
-                event("n1", Some("c")),
-                &[key("n1")],
-                day,
-                Some(nonce("y", 300)),
-            )
-            .await
-            .expect("admit");
-        assert_eq!(retry, Admission::Duplicate { key_index: 0 });
-        let replay = a
-            .admit_with_nonce(
-                event("n1", Some("c")),
-                &[key("n1")],
-                day,
-                Some(nonce("y", 300)),
-            )
-            .await
-            .expect("admit");
-        assert_eq!(replay, Admission::Replayed);
-        // After its window the nonce is forgotten; the event is still a duplicate.
-        tokio::time::sleep(Duration::from_millis(400)).await;
-        let late = a
-            .admit_with_nonce(
-                event("n1", Some("c")),
-                &[key("n1")],
-                day,
-                Some(nonce("y", 300)),
-            )
-            .await
-            .expect("admit");
-        assert_eq!(late, Admission::Duplicate { key_index: 0 });
-        // A replay that was refused remembered nothing: a new event under a replayed nonce is
-        // refused, and the event stays unseen.
-        let reused = a
-            .admit_with_nonce(
-                event("n2", Some("c")),
-                &[key("n2")],
-                day,
-                Some(nonce("x", 60_000)),
-            )
-            .await
-            .expect("admit");
-        assert_eq!(reused, Admission::Replayed);
-        let fresh = a
-            .admit(event("n2", Some("c")), &[key("n2")], day)
-            .await
-            .expect("admit");
-        assert!(matches!(fresh, Admission::Admitted { .. }), "{fresh:?}");
-    });
+    let first = send(&a, "n1", "x", 60_000);
+    assert!(matches!(first, Admission::Admitted { .. }), "{first:?}");
+    // The same request again, at the other gateway.
+    assert_eq!(send(&b, "n1", "x", 60_000), Admission::Replayed);
+    // A platform retry (new nonce) is a duplicate, and its nonce is remembered too.
+    assert_eq!(
+        send(&b, "n1", "y", 300),
+        Admission::Duplicate { key_index: 0 }
+    );
+    assert_eq!(send(&a, "n1", "y", 300), Admission::Replayed);
+    // After its window the nonce is forgotten; the event is still a duplicate.
+    std::thread::sleep(Duration::from_millis(400));
+    assert_eq!(
+        send(&a, "n1", "y", 300),
+        Admission::Duplicate { key_index: 0 }
+    );
+    // A refused replay remembered nothing: a new event under a replayed nonce is refused,
+    // and the event stays unseen.
+    assert_eq!(send(&a, "n2", "x", 60_000), Admission::Replayed);
+    let fresh = block_on(a.admit(
+        event("n2", Some("c")),
+        &[key("n2")],
+        Duration::from_secs(86_400),
+    ))
+    .expect("admit");
+    assert!(matches!(fresh, Admission::Admitted { .. }), "{fresh:?}");
 }
 
 #[test]
@@ -209,9 +173,7 @@ fn tokens_keep_growing_when_the_counter_is_lost() {
     // token counter: it is gone or behind. Tokens must still never repeat or go back.
     let prefix = format!("tokens{}", std::process::id());
     let store = RedisStore::connect_with_clock(config(&prefix), SystemClock).expect("connect");
-    let mut redis = redis::Client::open(config(&prefix).url)
-        .and_then(|c| c.get_connection())
-        .expect("a plain redis connection");
+    let mut redis = plain();
     let counter = format!("{{{prefix}:0}}:token");
     let lease = |name: &str| {
         let k = key_for("feishu", "cli_tokens", "business", name);
@@ -288,9 +250,7 @@ fn an_entry_read_for_the_owner_whose_answer_was_lost_is_still_handed_out() {
     // from outside, which is exactly that; the owner must still hand the entry out.
     let prefix = format!("lost{}", std::process::id());
     let store = RedisStore::connect_with_clock(config(&prefix), SystemClock).expect("connect");
-    let mut redis = redis::Client::open(config(&prefix).url)
-        .and_then(|c| c.get_connection())
-        .expect("a plain redis connection");
+    let mut redis = plain();
     let stream = format!("{{{prefix}:0}}:q");
     block_on(async {
         let day = Duration::from_secs(86_400);
@@ -301,14 +261,7 @@ fn an_entry_read_for_the_owner_whose_answer_was_lost_is_still_handed_out() {
         let first = store.pull(0, 10).await.expect("pull");
         assert_eq!(first.len(), 1);
         // The owner's consumer name, as the group knows it.
-        let consumers: Vec<std::collections::HashMap<String, redis::Value>> = redis::cmd("XINFO")
-            .arg("CONSUMERS")
-            .arg(&stream)
-            .arg("oncegate")
-            .query(&mut redis)
-            .expect("xinfo");
-        let owner: String =
-            redis::from_redis_value_ref(&consumers[0]["name"]).expect("consumer name");
+        let owner = consumers(&mut redis, &stream)[0].0.clone();
         store
             .admit(event("l2", Some("b")), &[key("l2")], day)
             .await

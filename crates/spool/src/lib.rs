@@ -142,6 +142,11 @@ impl Spool {
         self.len.load(Ordering::Relaxed)
     }
 
+    /// The spool's file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     /// Whether another admission fits.
     pub fn has_room(&self) -> bool {
         self.len() < self.limit
