@@ -78,9 +78,15 @@ pub(crate) async fn serve(config_path: Option<&Path>) -> anyhow::Result<()> {
                 lazy: config.store.spool.is_some(),
                 ..defaults
             };
+            let lazy = redis_config.lazy;
             let store =
                 tokio::task::block_in_place(|| oncegate_redis::RedisStore::connect(redis_config))?;
-            tracing::info!(%url, cluster = config.store.cluster, "redis store connected");
+            let shown = oncegate_core::redact::url(&url);
+            if lazy {
+                tracing::info!(url = %shown, cluster = config.store.cluster, "redis store: connecting on first use (a spool is configured)");
+            } else {
+                tracing::info!(url = %shown, cluster = config.store.cluster, "redis store connected");
+            }
             run(&config, store, render).await
         }
     }
@@ -122,33 +128,47 @@ async fn run<S: Store>(
         admin.local_addr()?
     );
     let shutdown = CancellationToken::new();
-    tokio::spawn(on_signal(shutdown.clone()));
+    tokio::spawn(on_signals(shutdown.clone()));
     let dispatcher = {
         let (gateway, shutdown) = (gateway.clone(), shutdown.clone());
         tokio::spawn(async move { gateway.dispatch(shutdown).await })
     };
-    gateway.serve(listener, admin, shutdown.clone()).await?;
+    // A dispatcher that ends early cancels `shutdown`, so serving stops too and the process
+    // exits non-zero instead of answering 200 for events nobody delivers.
+    let served = gateway.serve(listener, admin, shutdown.clone()).await;
     shutdown.cancel();
-    dispatcher
+    let dispatched = dispatcher
         .await
         .context("the dispatcher stopped abnormally")?;
+    served?;
+    dispatched?;
     tracing::info!(stats = ?gateway.stats(), "stopped");
     Ok(())
 }
 
-async fn on_signal(shutdown: CancellationToken) {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending().await,
-        }
+/// The first SIGINT or SIGTERM starts a graceful shutdown; a second one exits at once.
+async fn on_signals(shutdown: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut interrupt), Ok(mut terminate)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        tracing::error!("cannot install signal handlers; stop the gateway with SIGKILL");
+        return;
     };
     tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = terminate => {}
+        _ = interrupt.recv() => {}
+        _ = terminate.recv() => {}
     }
-    tracing::info!("shutting down: no new work, running handlers may finish");
+    tracing::info!(
+        "shutting down: no new work, running requests and handlers may finish \
+         (dispatcher.shutdown_grace); a second signal exits at once"
+    );
     shutdown.cancel();
+    tokio::select! {
+        _ = interrupt.recv() => {}
+        _ = terminate.recv() => {}
+    }
+    tracing::warn!("second signal: exiting now; unfinished handlers run again after a restart");
+    std::process::exit(130);
 }

@@ -141,7 +141,7 @@ pub(crate) async fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
         &source.app_id,
         secret(&source.encrypt_key)?,
         token.clone(),
-    );
+    )?;
     let base = args
         .url
         .clone()

@@ -327,7 +327,7 @@ impl Drop for Gateway {
 }
 
 fn app() -> FeishuApp {
-    FeishuApp::new(false, APP_ID, Some(ENCRYPT_KEY.into()), Some(TOKEN.into()))
+    FeishuApp::new(false, APP_ID, Some(ENCRYPT_KEY.into()), Some(TOKEN.into())).expect("app")
 }
 
 fn now_secs() -> u64 {
@@ -790,9 +790,9 @@ async fn every_bad_input_gets_its_status() {
 
     let (code, body) = status(post(&client, &gateway.url.replace("/main", "/nope"), &good).await);
     assert_eq!(
-        (code, body.contains("configured: main")),
-        (404, true),
-        "{body}"
+        (code, body.contains("no such source"), body.contains("main")),
+        (404, true, false),
+        "the configured names are not told: {body}"
     );
 
     let (code, _) = status(post(&client, &gateway.url, &good).await);

@@ -53,6 +53,18 @@ pub struct ServerConfig {
     pub admin_token: Option<Secret>,
     /// The largest accepted callback body, in bytes.
     pub body_limit: usize,
+    /// Most connections open at once on each listener; beyond it new ones are closed at once.
+    pub max_connections: usize,
+    /// How long a client may take to send a request's headers; a kept-alive connection that
+    /// sends no next request within it is closed.
+    #[serde(with = "duration")]
+    pub header_timeout: Duration,
+    /// How long a client may take to send a request's body.
+    #[serde(with = "duration")]
+    pub body_timeout: Duration,
+    /// Refused requests and repeated failures are logged as one summary per interval.
+    #[serde(with = "duration")]
+    pub log_interval: Duration,
 }
 
 impl Default for ServerConfig {
@@ -62,6 +74,10 @@ impl Default for ServerConfig {
             admin_listen: "127.0.0.1:9090".into(),
             admin_token: None,
             body_limit: 1024 * 1024,
+            max_connections: 1024,
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(10),
+            log_interval: Duration::from_secs(10),
         }
     }
 }
@@ -83,6 +99,9 @@ pub struct DispatcherConfig {
     /// On shutdown, how long running handlers may finish before their leases are released.
     #[serde(with = "duration")]
     pub shutdown_grace: Duration,
+    /// Most events waiting in the queue; beyond it ingress answers 503 and records nothing
+    /// (the platform retries). No bound when absent.
+    pub max_queued: Option<u64>,
 }
 
 impl Default for DispatcherConfig {
@@ -93,6 +112,7 @@ impl Default for DispatcherConfig {
             backoff_base: Duration::from_secs(1),
             backoff_max: Duration::from_secs(300),
             shutdown_grace: Duration::from_secs(10),
+            max_queued: None,
         }
     }
 }
@@ -338,17 +358,29 @@ pub enum Secret {
 }
 
 impl Secret {
-    /// The secret's value.
+    /// The secret's value. A value that is empty or only whitespace is an error, never "no
+    /// secret": an empty Kubernetes secret or a blank template must not switch checks off.
     pub fn resolve(&self) -> Result<String, String> {
-        match self {
-            Secret::Inline(value) => Ok(value.clone()),
-            Secret::Env { env } => {
-                std::env::var(env).map_err(|_| format!("environment variable {env} is not set"))
-            }
-            Secret::File { file } => std::fs::read_to_string(file)
-                .map(|text| text.trim_end_matches(['\n', '\r']).to_owned())
-                .map_err(|error| format!("cannot read {}: {error}", file.display())),
+        let (value, origin) = match self {
+            Secret::Inline(value) => (value.clone(), "the inline value".to_owned()),
+            Secret::Env { env } => (
+                std::env::var(env).map_err(|_| format!("environment variable {env} is not set"))?,
+                format!("environment variable {env}"),
+            ),
+            Secret::File { file } => (
+                std::fs::read_to_string(file)
+                    .map(|text| text.trim_end_matches(['\n', '\r']).to_owned())
+                    .map_err(|error| format!("cannot read {}: {error}", file.display()))?,
+                format!("file {}", file.display()),
+            ),
+        };
+        if value.trim().is_empty() {
+            return Err(format!(
+                "{origin} is empty: an empty secret would switch its check off; set a value, \
+                 or remove the setting"
+            ));
         }
+        Ok(value)
     }
 }
 
@@ -366,6 +398,10 @@ pub struct SourceConfig {
     pub encrypt_key: Option<Secret>,
     /// Feishu verification token / WeCom token.
     pub verification_token: Option<Secret>,
+    /// Accept requests from this source with no authentication at all (no encrypt key, no
+    /// token). Only for local experiments: anyone who knows the URL can send events.
+    #[serde(default)]
+    pub allow_unsigned: bool,
 }
 
 /// Why a configuration could not be read.

@@ -40,6 +40,148 @@ fn human(duration: Duration) -> String {
     humantime::format_duration(duration).to_string()
 }
 
+/// The largest value each numeric setting may take: beyond these a setting is a typo, and some
+/// (a concurrency of 3e18) would make the gateway fail at run time instead of at start.
+fn bounds(config: &Config, report: &mut impl FnMut(Severity, &str, String)) {
+    let count =
+        |report: &mut dyn FnMut(Severity, &str, String), setting: &str, value: u64, max: u64| {
+            if value > max {
+                report(
+                    Severity::Error,
+                    setting,
+                    format!("{value} is more than the largest sensible value, {max}"),
+                );
+            }
+        };
+    let time = |report: &mut dyn FnMut(Severity, &str, String),
+                setting: &str,
+                value: Duration,
+                max: Duration| {
+        if value > max {
+            report(
+                Severity::Error,
+                setting,
+                format!(
+                    "{} is longer than the longest sensible value, {}",
+                    human(value),
+                    human(max)
+                ),
+            );
+        }
+    };
+    const HOUR: Duration = Duration::from_secs(3600);
+    let d = &config.dispatcher;
+    count(
+        report,
+        "dispatcher.concurrency",
+        d.concurrency as u64,
+        100_000,
+    );
+    count(
+        report,
+        "dispatcher.max_attempts",
+        u64::from(d.max_attempts),
+        1_000,
+    );
+    time(report, "dispatcher.backoff_max", d.backoff_max, 24 * HOUR);
+    time(
+        report,
+        "dispatcher.shutdown_grace",
+        d.shutdown_grace,
+        HOUR / 6,
+    );
+    if d.max_queued == Some(0) {
+        report(
+            Severity::Error,
+            "dispatcher.max_queued",
+            "a bound of zero refuses every event; leave it out for no bound".into(),
+        );
+    }
+    count(
+        report,
+        "dispatcher.max_queued",
+        d.max_queued.unwrap_or(0),
+        1_000_000_000,
+    );
+    time(
+        report,
+        "dedup.retention",
+        config.dedup.retention,
+        30 * 24 * HOUR,
+    );
+    count(
+        report,
+        "replay.max_nonces",
+        config.replay.max_nonces as u64,
+        100_000_000,
+    );
+    let store = &config.store;
+    count(
+        report,
+        "store.max_records",
+        store.max_records.unwrap_or(0),
+        1_000_000_000,
+    );
+    count(
+        report,
+        "store.cache_mb",
+        store.cache_mb.unwrap_or(0),
+        65_536,
+    );
+    count(report, "store.spool_max", store.spool_max, 100_000_000);
+    time(
+        report,
+        "store.ownership",
+        store.ownership.unwrap_or_default(),
+        HOUR / 6,
+    );
+    let server = &config.server;
+    count(
+        report,
+        "server.body_limit",
+        server.body_limit as u64,
+        64 << 20,
+    );
+    count(
+        report,
+        "server.max_connections",
+        server.max_connections as u64,
+        1_000_000,
+    );
+    if server.max_connections == 0 {
+        report(
+            Severity::Error,
+            "server.max_connections",
+            "zero connections serve nothing; 1024 is the default".into(),
+        );
+    }
+    for (setting, value, max) in [
+        ("server.header_timeout", server.header_timeout, HOUR / 12),
+        ("server.body_timeout", server.body_timeout, HOUR / 12),
+        ("server.log_interval", server.log_interval, HOUR),
+    ] {
+        if value < Duration::from_millis(100) {
+            report(
+                Severity::Error,
+                setting,
+                format!(
+                    "{} is too short to be useful; use at least 100ms",
+                    human(value)
+                ),
+            );
+        }
+        time(report, setting, value, max);
+    }
+    for (i, route) in config.routes.iter().enumerate() {
+        time(
+            report,
+            &format!("route[{i}].timeout"),
+            route.timeout,
+            HOUR / 6,
+        );
+    }
+}
+
 /// Every problem of `config`, errors first.
 pub fn validate(config: &Config) -> Vec<Problem> {
     let mut problems = Vec::new();
@@ -350,17 +492,41 @@ pub fn validate(config: &Config) -> Vec<Problem> {
             }
         }
         let secured = source.encrypt_key.is_some() || source.verification_token.is_some();
-        if !secured {
+        if !secured && !source.allow_unsigned {
             report(
-                match source.platform {
-                    // WeCom and WeChat cannot work without their token.
-                    Platform::Wecom | Platform::Wechat => Severity::Error,
-                    Platform::Feishu | Platform::Lark => Severity::Warning,
-                },
+                Severity::Error,
                 &format!("source[{i}]"),
-                "neither encrypt_key nor verification_token is set: anyone who knows the URL \
-                 can send events. Set at least one"
-                    .into(),
+                format!(
+                    "source {:?} has neither encrypt_key nor verification_token: anyone who knows \
+                     the URL could send events. Set at least one (both for Feishu), or set \
+                     allow_unsigned = true to accept unauthenticated events on purpose",
+                    source.name
+                ),
+            );
+        } else if !secured {
+            report(
+                Severity::Warning,
+                &at("allow_unsigned"),
+                format!(
+                    "source {:?} accepts unauthenticated events: anyone who knows the URL can \
+                     send them",
+                    source.name
+                ),
+            );
+        } else if source.allow_unsigned {
+            report(
+                Severity::Error,
+                &at("allow_unsigned"),
+                "set together with a secret: remove allow_unsigned, the secret is checked".into(),
+            );
+        }
+        if matches!(source.platform, Platform::Wecom | Platform::Wechat)
+            && source.verification_token.is_none()
+        {
+            report(
+                Severity::Error,
+                &at("verification_token"),
+                "WeCom and WeChat sign every callback with the token; set it".into(),
             );
         }
     }
@@ -401,6 +567,24 @@ pub fn validate(config: &Config) -> Vec<Problem> {
     {
         report(Severity::Error, "server.admin_token", message);
     }
+    let admin_public = config
+        .server
+        .admin_listen
+        .parse::<std::net::SocketAddr>()
+        .is_ok_and(|address| !address.ip().is_loopback());
+    if admin_public && config.server.admin_token.is_none() {
+        report(
+            Severity::Error,
+            "server.admin_token",
+            format!(
+                "server.admin_listen {:?} is reachable from other machines, and the admin API \
+                 shows records and dead letters: set admin_token (e.g. {{ env = \"ONCEGATE_ADMIN_TOKEN\" }}) \
+                 or listen on 127.0.0.1",
+                config.server.admin_listen
+            ),
+        );
+    }
+    bounds(config, &mut report);
     if config.dispatcher.concurrency == 0 {
         report(
             Severity::Error,
@@ -484,6 +668,15 @@ pub fn validate(config: &Config) -> Vec<Problem> {
                 ),
                 Ok(_) => {}
             }
+        }
+        if route.sink == crate::SinkKind::Http && route.secret.is_none() {
+            report(
+                Severity::Warning,
+                &at("secret"),
+                "an http route without a secret sends unsigned requests: the receiver cannot \
+                 tell them from forgeries. Set secret = \"whsec_...\""
+                    .into(),
+            );
         }
         if route.timeout.is_zero() {
             report(
@@ -602,6 +795,7 @@ mod tests {
             verification_token: Some(Secret::Env {
                 env: "ONCEGATE_TEST_UNSET_TOKEN".into(),
             }),
+            allow_unsigned: false,
         };
         let config = Config {
             sources: vec![
@@ -620,5 +814,131 @@ mod tests {
             found.contains(&"source[0].verification_token".to_owned()),
             "{found:?}"
         );
+    }
+
+    fn feishu(encrypt_key: Option<Secret>, token: Option<Secret>) -> SourceConfig {
+        SourceConfig {
+            name: "main".into(),
+            platform: Platform::Feishu,
+            app_id: "cli_1".into(),
+            encrypt_key,
+            verification_token: token,
+            allow_unsigned: false,
+        }
+    }
+
+    #[test]
+    fn an_empty_secret_is_an_error_naming_the_source_and_setting() {
+        let dir = tempfile_dir();
+        let newline = dir.join("newline");
+        std::fs::write(&newline, "\n").expect("write");
+        // An empty environment variable is tested through the binary (crates/cli/tests).
+        for (key, token) in [
+            (
+                Secret::Inline(String::new()),
+                Secret::File {
+                    file: newline.clone(),
+                },
+            ),
+            (
+                Secret::File {
+                    file: newline.clone(),
+                },
+                Secret::Inline("  ".into()),
+            ),
+        ] {
+            let config = Config {
+                sources: vec![feishu(Some(key), Some(token))],
+                ..Config::default()
+            };
+            let problems: Vec<Problem> = validate(&config)
+                .into_iter()
+                .filter(|p| p.severity == Severity::Error)
+                .collect();
+            let settings: Vec<&str> = problems.iter().map(|p| p.setting.as_str()).collect();
+            assert_eq!(
+                settings,
+                ["source[0].encrypt_key", "source[0].verification_token"],
+                "{problems:?}"
+            );
+            assert!(
+                problems.iter().all(|p| p.message.contains("empty")),
+                "{problems:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_source_without_secrets_needs_an_explicit_opt_in() {
+        let mut config = Config {
+            sources: vec![feishu(None, None)],
+            ..Config::default()
+        };
+        assert_eq!(errors(&config), ["source[0]"]);
+        config.sources[0].allow_unsigned = true;
+        assert_eq!(errors(&config), Vec::<String>::new());
+        assert!(
+            validate(&config)
+                .iter()
+                .any(|p| p.setting == "source[0].allow_unsigned" && p.severity == Severity::Warning)
+        );
+        config.sources[0].verification_token = Some(Secret::Inline("t".into()));
+        assert_eq!(errors(&config), ["source[0].allow_unsigned"]);
+    }
+
+    #[test]
+    fn numeric_settings_are_bounded() {
+        let mut config = Config::default();
+        config.dispatcher.concurrency = 3_000_000_000_000_000_000;
+        config.dispatcher.max_attempts = u32::MAX;
+        config.dispatcher.max_queued = Some(0);
+        config.server.body_limit = usize::MAX;
+        config.server.max_connections = 0;
+        config.server.header_timeout = Duration::from_secs(86_400);
+        config.replay.max_nonces = usize::MAX;
+        let mut found = errors(&config);
+        found.sort();
+        found.dedup();
+        assert_eq!(
+            found,
+            [
+                "dispatcher.concurrency",
+                "dispatcher.max_attempts",
+                "dispatcher.max_queued",
+                "replay.max_nonces",
+                "server.body_limit",
+                "server.header_timeout",
+                "server.max_connections",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_public_admin_listener_needs_a_token_and_unsigned_http_routes_warn() {
+        let mut config = Config::default();
+        config.server.admin_listen = "0.0.0.0:9090".into();
+        assert_eq!(errors(&config), ["server.admin_token"]);
+        config.server.admin_token = Some(Secret::Inline("t0ken".into()));
+        assert_eq!(errors(&config), Vec::<String>::new());
+        config.routes.push(crate::RouteConfig {
+            events: vec!["*".into()],
+            sink: crate::SinkKind::Http,
+            url: Some("http://127.0.0.1:1/x".into()),
+            secret: None,
+            path: None,
+            timeout: Duration::from_secs(1),
+            watermark: false,
+        });
+        assert!(
+            validate(&config)
+                .iter()
+                .any(|p| p.setting == "route[0].secret" && p.severity == Severity::Warning)
+        );
+    }
+
+    fn tempfile_dir() -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("oncegate-validate-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        dir
     }
 }

@@ -81,7 +81,8 @@ impl KeyHash {
     /// Parses the 32-character hex form that `Display` prints.
     pub fn from_hex(text: &str) -> Option<Self> {
         let text = text.trim();
-        if text.len() != 32 || !text.is_ascii() {
+        // Only hex digits: `from_str_radix` alone would also take a sign ("+0").
+        if text.len() != 32 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
             return None;
         }
         let mut bytes = [0u8; 16];
@@ -166,5 +167,6 @@ mod tests {
         assert_eq!(KeyHash::from_hex("zz"), None);
         assert_eq!(KeyHash::from_hex(&"g".repeat(32)), None);
         assert_eq!(KeyHash::from_hex(&"é".repeat(16)), None);
+        assert_eq!(KeyHash::from_hex(&format!("+0{}", "0".repeat(30))), None);
     }
 }

@@ -9,6 +9,7 @@ pub mod key;
 pub mod passthrough;
 pub mod queue_index;
 pub mod record;
+pub mod redact;
 pub mod replay;
 pub mod seqwindow;
 pub mod store;

@@ -106,6 +106,12 @@ pub trait DedupStore: Send + Sync + 'static {
     /// Counts by state, for operators and metrics.
     fn stats(&self) -> impl Future<Output = Result<StoreStats, StoreError>> + Send;
 
+    /// Events in the queue, handed-out ones included: for backpressure and the depth gauge,
+    /// so backends whose `stats` is not cheap override it.
+    fn queued(&self) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        async move { self.stats().await.map(|stats| stats.queued) }
+    }
+
     /// Whether the store answers right now: cheap, for readiness probes.
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
         async move { self.stats().await.map(|_| ()) }

@@ -190,12 +190,10 @@ impl<C: Clock + Clone> EmbeddedStore<C> {
         temp: Option<tempfile::TempDir>,
     ) -> Result<Self, OpenError> {
         let path = config.path.clone();
-        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).map_err(|source| OpenError::Io {
-                path: parent.to_path_buf(),
-                source,
-            })?;
-        }
+        oncegate_files::create_parent(&path).map_err(|source| OpenError::Io {
+            path: path.parent().unwrap_or(&path).to_path_buf(),
+            source,
+        })?;
         if !path.exists() {
             create_atomically(&path, config.partitions.max(1))?;
         }
@@ -604,6 +602,8 @@ fn create_atomically(path: &Path, partitions: u16) -> Result<(), OpenError> {
     if creating.exists() {
         std::fs::remove_file(&creating).map_err(io)?;
     }
+    // Created 0600 before redb writes a byte into it: the store holds decrypted messages.
+    oncegate_files::create_private(&creating).map_err(io)?;
     let db = redb::Builder::new()
         .create(&creating)
         .map_err(|e| database(e.to_string()))?;

@@ -4,9 +4,9 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use oncegate_core::{Event, KeyHash, key_for};
-use serde_json::Value;
 
 use crate::crypto::{decrypt_with, same, signature};
+use crate::json::{self, Doc, Outer, Scalar};
 use crate::{FeishuApp, FeishuError, SignedHeaders};
 
 /// A verified, decoded callback.
@@ -33,20 +33,16 @@ pub struct Verified {
     pub keys: Vec<KeyHash>,
 }
 
-fn str_at<'a>(value: &'a Value, path: &[&str]) -> Option<&'a str> {
-    let mut current = value;
-    for part in path {
-        current = current.get(part)?;
-    }
-    current.as_str().filter(|s| !s.is_empty())
-}
+/// The largest unsigned request an app with an encrypt key answers: a URL-verification
+/// challenge is a few hundred bytes.
+pub const UNSIGNED_LIMIT: usize = 4096;
 
 /// `create_time` in ms, µs or s, as a string or number; `ts` as fractional seconds.
-fn lenient_ms(value: Option<&Value>) -> u64 {
+fn lenient_ms(value: &Scalar<'_>) -> u64 {
     let number = match value {
-        Some(Value::String(text)) => text.trim().parse::<f64>().ok(),
-        Some(Value::Number(n)) => n.as_f64(),
-        _ => None,
+        Scalar::Text(text) => text.trim().parse::<f64>().ok(),
+        Scalar::Number(n) => Some(*n),
+        Scalar::Other => None,
     };
     match number {
         Some(n) if n.is_finite() && n > 0.0 => {
@@ -67,83 +63,125 @@ pub(crate) fn open(
     headers: SignedHeaders<'_>,
     body: &[u8],
 ) -> Result<Inbound, FeishuError> {
-    let outer: Value =
-        serde_json::from_slice(body).map_err(|error| FeishuError::NotJson(error.to_string()))?;
-    let signed = match (&app.encrypt_key, headers.signature) {
-        (Some(key), Some(received)) => {
-            let timestamp = headers
-                .timestamp
-                .ok_or(FeishuError::MissingHeader("X-Lark-Request-Timestamp"))?;
-            let nonce = headers
-                .nonce
-                .ok_or(FeishuError::MissingHeader("X-Lark-Request-Nonce"))?;
-            if !same(&signature(timestamp, nonce, key, body), received) {
-                return Err(FeishuError::BadSignature);
-            }
-            true
+    let Some(key) = &app.encrypt_key else {
+        // A token-only (or explicitly unsigned) app: Feishu sends plaintext and no signature
+        // headers; the token in the body is what authenticates it.
+        let outer: Outer<'_> = parse(body)?;
+        if outer.encrypt.is_some() {
+            return Err(FeishuError::NoKey);
         }
-        _ => false,
+        return decode(app, parse(body)?, body);
     };
-    let plain: Value = match outer.get("encrypt") {
-        Some(Value::String(ciphertext)) => {
-            let key = app.aes_key.as_ref().ok_or(FeishuError::NoKey)?;
-            let bytes = decrypt_with(key, ciphertext)?;
-            let value = serde_json::from_slice(&bytes)
+    let Some(received) = headers.signature else {
+        return unsigned_challenge(app, body).ok_or(FeishuError::Unsigned);
+    };
+    let timestamp = headers
+        .timestamp
+        .ok_or(FeishuError::MissingHeader("X-Lark-Request-Timestamp"))?;
+    let nonce = headers
+        .nonce
+        .ok_or(FeishuError::MissingHeader("X-Lark-Request-Nonce"))?;
+    // The signature covers the raw bytes: nothing is parsed or decrypted before it holds.
+    if !same(&signature(timestamp, nonce, key, body), received) {
+        return Err(FeishuError::BadSignature);
+    }
+    let outer: Outer<'_> = parse(body)?;
+    match outer.encrypt {
+        Some(Scalar::Text(ciphertext)) => {
+            let aes = app.aes_key.as_ref().ok_or(FeishuError::NoKey)?;
+            let plain = decrypt_with(aes, &ciphertext)?;
+            let doc = serde_json::from_slice(&plain)
                 .map_err(|error| FeishuError::NotJson(format!("decrypted body: {error}")))?;
-            return decode(app, value, Bytes::from(bytes), signed);
+            decode(app, doc, &plain)
         }
-        Some(_) => {
-            return Err(FeishuError::UnknownEnvelope(
-                "\"encrypt\" must be a string".into(),
-            ));
-        }
-        None => outer,
-    };
-    decode(app, plain, Bytes::copy_from_slice(body), signed)
+        Some(_) => Err(FeishuError::UnknownEnvelope(
+            "\"encrypt\" must be a string".into(),
+        )),
+        None => decode(app, parse(body)?, body),
+    }
 }
 
-fn decode(
-    app: &FeishuApp,
-    value: Value,
-    payload: Bytes,
-    signed: bool,
-) -> Result<Inbound, FeishuError> {
-    let check_token = |token: Option<&str>| match &app.verification_token {
-        Some(expected) if !token.is_some_and(|t| same_token(expected, t)) => {
-            Err(FeishuError::BadToken)
-        }
-        _ => Ok(()),
+fn parse<'a, T: serde::Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, FeishuError> {
+    serde_json::from_slice(bytes).map_err(|error| FeishuError::NotJson(error.to_string()))
+}
+
+/// The one request an app with an encrypt key may send without a signature: the challenge.
+/// Every failure here is the same `None`, so that an unauthenticated caller learns nothing
+/// about why (no padding or parse oracle).
+fn unsigned_challenge(app: &FeishuApp, body: &[u8]) -> Option<Inbound> {
+    if body.len() > UNSIGNED_LIMIT {
+        return None;
+    }
+    let outer: Outer<'_> = serde_json::from_slice(body).ok()?;
+    let plain = match outer.encrypt {
+        Some(Scalar::Text(ciphertext)) => decrypt_with(app.aes_key.as_ref()?, &ciphertext).ok()?,
+        _ => return None,
     };
-    // The challenge is the one request an app with an encrypt key may send unsigned.
-    if str_at(&value, &["type"]) == Some("url_verification") {
-        check_token(str_at(&value, &["token"]))?;
-        let challenge = str_at(&value, &["challenge"]).ok_or_else(|| {
+    let doc: Doc<'_> = serde_json::from_slice(&plain).ok()?;
+    if doc.kind.text() != Some("url_verification") || !token_ok(app, &doc.token) {
+        return None;
+    }
+    Some(Inbound::Challenge {
+        challenge: doc.challenge.text()?.to_owned(),
+    })
+}
+
+fn token_ok(app: &FeishuApp, token: &Scalar<'_>) -> bool {
+    match &app.verification_token {
+        Some(expected) => token.text().is_some_and(|t| same_token(expected, t)),
+        None => true,
+    }
+}
+
+fn check_token(app: &FeishuApp, token: &Scalar<'_>) -> Result<(), FeishuError> {
+    if token_ok(app, token) {
+        Ok(())
+    } else {
+        Err(FeishuError::BadToken)
+    }
+}
+
+/// The payload that is stored and forwarded: the document without its verification token.
+fn payload(json: &[u8], token: &Scalar<'_>) -> Result<Bytes, FeishuError> {
+    if matches!(token, Scalar::Other) {
+        return Ok(Bytes::copy_from_slice(json));
+    }
+    json::without_token(json)
+        .map(Bytes::from)
+        .map_err(|error| FeishuError::NotJson(error.to_string()))
+}
+
+fn decode(app: &FeishuApp, doc: Doc<'_>, json: &[u8]) -> Result<Inbound, FeishuError> {
+    if doc.kind.text() == Some("url_verification") {
+        check_token(app, &doc.token)?;
+        let challenge = doc.challenge.text().ok_or_else(|| {
             FeishuError::UnknownEnvelope("url_verification without a challenge".into())
         })?;
         return Ok(Inbound::Challenge {
             challenge: challenge.to_owned(),
         });
     }
-    if app.encrypt_key.is_some() && !signed {
-        return Err(FeishuError::MissingHeader("X-Lark-Signature"));
-    }
-    if value.get("schema").is_some() || value.get("header").is_some() {
-        check_token(str_at(&value, &["header", "token"]))?;
-        let header = &value["header"];
-        let event_id = str_at(header, &["event_id"]).ok_or_else(|| {
+    let event = doc.event.unwrap_or_default();
+    if let Some(header) = &doc.header {
+        check_token(app, &header.token)?;
+        let event_id = header.event_id.text().ok_or_else(|| {
             FeishuError::UnknownEnvelope("schema 2.0 envelope without header.event_id".into())
         })?;
-        let event_type = str_at(header, &["event_type"]).ok_or_else(|| {
+        let event_type = header.event_type.text().ok_or_else(|| {
             FeishuError::UnknownEnvelope("schema 2.0 envelope without header.event_type".into())
         })?;
-        check_app(app, str_at(header, &["app_id"]))?;
-        let event = &value["event"];
-        let order_key = str_at(event, &["message", "chat_id"])
-            .or_else(|| str_at(event, &["context", "open_chat_id"]))
-            .or_else(|| str_at(event, &["chat_id"]))
-            .or_else(|| str_at(event, &["open_chat_id"]));
+        check_app(app, &header.app_id, "header.app_id")?;
+        let message = event.message.unwrap_or_default();
+        let order_key = message
+            .chat_id
+            .text()
+            .or_else(|| event.context.as_ref().and_then(|c| c.open_chat_id.text()))
+            .or_else(|| event.chat_id.text())
+            .or_else(|| event.open_chat_id.text());
         let mut keys = vec![key_for(&app.source, &app.app_id, "event_id", event_id)];
-        if let Some(message_id) = str_at(event, &["message", "message_id"])
+        if let Some(message_id) = message
+            .message_id
+            .text()
             .filter(|_| event_type == "im.message.receive_v1")
         {
             keys.push(key_for(&app.source, &app.app_id, "message_id", message_id));
@@ -152,12 +190,12 @@ fn decode(
             event: Event {
                 source: app.source.clone(),
                 app: app.app_id.clone(),
-                tenant: str_at(header, &["tenant_key"]).map(Arc::from),
+                tenant: header.tenant_key.text().map(Arc::from),
                 event_id: event_id.to_owned(),
                 event_type: Arc::from(event_type),
-                created_at_ms: lenient_ms(header.get("create_time")),
+                created_at_ms: lenient_ms(&header.create_time),
                 order_key: order_key.map(str::to_owned),
-                payload,
+                payload: payload(json, &header.token)?,
             },
             keys,
         };
@@ -169,23 +207,29 @@ fn decode(
             },
         );
     }
-    if let Some(uuid) = str_at(&value, &["uuid"]) {
-        check_token(str_at(&value, &["token"]))?;
-        let event = &value["event"];
-        let event_type = str_at(event, &["type"])
+    if doc.schema.text().is_some() {
+        return Err(FeishuError::UnknownEnvelope(
+            "schema 2.0 envelope without a header".into(),
+        ));
+    }
+    if let Some(uuid) = doc.uuid.text() {
+        check_token(app, &doc.token)?;
+        let event_type = event
+            .kind
+            .text()
             .ok_or_else(|| FeishuError::UnknownEnvelope("v1 envelope without event.type".into()))?;
-        check_app(app, str_at(event, &["app_id"]))?;
-        let order_key = str_at(event, &["open_chat_id"]).or_else(|| str_at(event, &["chat_id"]));
+        check_app(app, &event.app_id, "event.app_id")?;
+        let order_key = event.open_chat_id.text().or_else(|| event.chat_id.text());
         return Ok(Inbound::Event(Verified {
             event: Event {
                 source: app.source.clone(),
                 app: app.app_id.clone(),
-                tenant: str_at(event, &["tenant_key"]).map(Arc::from),
+                tenant: event.tenant_key.text().map(Arc::from),
                 event_id: uuid.to_owned(),
                 event_type: Arc::from(event_type),
-                created_at_ms: lenient_ms(value.get("ts")),
+                created_at_ms: lenient_ms(&doc.ts),
                 order_key: order_key.map(str::to_owned),
-                payload,
+                payload: payload(json, &doc.token)?,
             },
             keys: vec![key_for(&app.source, &app.app_id, "event_id", uuid)],
         }));
@@ -200,13 +244,15 @@ fn same_token(expected: &str, got: &str) -> bool {
     expected.len() == got.len() && bool::from(expected.as_bytes().ct_eq(got.as_bytes()))
 }
 
-fn check_app(app: &FeishuApp, got: Option<&str>) -> Result<(), FeishuError> {
-    match got {
-        Some(got) if got != &*app.app_id => Err(FeishuError::WrongApp {
+/// The event must name this source's app: an event without an app id could be any app's.
+fn check_app(app: &FeishuApp, got: &Scalar<'_>, field: &'static str) -> Result<(), FeishuError> {
+    match got.text() {
+        Some(got) if got == &*app.app_id => Ok(()),
+        Some(got) => Err(FeishuError::WrongApp {
             expected: app.app_id.to_string(),
             got: got.to_owned(),
         }),
-        _ => Ok(()),
+        None => Err(FeishuError::MissingApp(field)),
     }
 }
 
@@ -222,6 +268,7 @@ mod tests {
             key.map(str::to_owned),
             Some("vtoken".into()),
         )
+        .expect("app")
     }
 
     fn message(event_id: &str, message_id: &str, chat: &str) -> String {
@@ -281,7 +328,7 @@ mod tests {
         );
         assert_eq!(
             app.open(SignedHeaders::default(), &body),
-            Err(FeishuError::MissingHeader("X-Lark-Signature"))
+            Err(FeishuError::Unsigned)
         );
         let no_nonce = SignedHeaders {
             nonce: None,
@@ -296,9 +343,10 @@ mod tests {
             "cli_test",
             Some("ekey".into()),
             Some("other-token".into()),
-        );
+        )
+        .expect("app");
         assert_eq!(other.open(headers(&sig), &body), Err(FeishuError::BadToken));
-        let wrong_key = FeishuApp::new(false, "cli_test", Some("nope".into()), None);
+        let wrong_key = FeishuApp::new(false, "cli_test", Some("nope".into()), None).expect("app");
         let (body2, sig2) = {
             let (b, s) = wrong_key.seal(br#"{"x":1}"#, "1", "2", [0; 16]);
             (b, s.expect("sig"))
@@ -312,8 +360,14 @@ mod tests {
             &body2,
         );
         assert_eq!(bad, Err(FeishuError::BadSignature));
-        assert!(matches!(
+        // The signature is checked before the body is read at all.
+        assert_eq!(
             app.open(headers("x"), b"not json"),
+            Err(FeishuError::BadSignature)
+        );
+        let sig = signature("1700000000", "nonce-1", "ekey", b"not json");
+        assert!(matches!(
+            app.open(headers(&sig), b"not json"),
             Err(FeishuError::NotJson(_))
         ));
     }
@@ -396,5 +450,102 @@ mod tests {
         );
         assert_eq!(c.event.order_key.as_deref(), Some("oc_9"));
         assert_eq!(c.keys.len(), 1);
+    }
+
+    #[test]
+    fn every_unsigned_failure_looks_the_same_and_only_the_challenge_passes() {
+        let app = app(Some("ekey"));
+        let challenge = r#"{"challenge":"c1","token":"vtoken","type":"url_verification"}"#;
+        let seal = |plain: &[u8]| {
+            serde_json::json!({"encrypt": crate::encrypt("ekey", plain, [5; 16])}).to_string()
+        };
+        assert_eq!(
+            app.open(
+                SignedHeaders::default(),
+                seal(challenge.as_bytes()).as_bytes()
+            ),
+            Ok(Inbound::Challenge {
+                challenge: "c1".into()
+            })
+        );
+        // A captured event body, and the tampered variants a padding-oracle attack sends.
+        let (event_body, _) = sealed(&app, &message("ev1", "om_1", "oc"));
+        let mut bad_padding = event_body.clone();
+        let last = bad_padding.len() - 4;
+        bad_padding[last] = if bad_padding[last] == b'A' {
+            b'B'
+        } else {
+            b'A'
+        };
+        let not_json = seal(b"not json at all");
+        let wrong_token = seal(challenge.replace("vtoken", "x").as_bytes());
+        let big = seal(
+            format!(
+                "{{\"type\":\"url_verification\",\"challenge\":\"{}\",\"token\":\"vtoken\"}}",
+                "c".repeat(UNSIGNED_LIMIT)
+            )
+            .as_bytes(),
+        );
+        for body in [
+            event_body.clone(),
+            bad_padding,
+            not_json.into_bytes(),
+            wrong_token.into_bytes(),
+            big.into_bytes(),
+            b"{\"encrypt\":\"***\"}".to_vec(),
+            b"{".to_vec(),
+            challenge.as_bytes().to_vec(),
+        ] {
+            let refused = app.open(SignedHeaders::default(), &body);
+            assert_eq!(
+                refused,
+                Err(FeishuError::Unsigned),
+                "{}",
+                String::from_utf8_lossy(&body)
+            );
+        }
+    }
+
+    #[test]
+    fn the_verification_token_never_reaches_the_payload() {
+        for key in [Some("ekey"), None] {
+            let app = app(key);
+            let plain = message("ev3", "om_3", "oc");
+            let (body, sig) = match key {
+                Some(_) => sealed(&app, &plain),
+                None => (plain.clone().into_bytes(), String::new()),
+            };
+            let headers = if key.is_some() {
+                headers(&sig)
+            } else {
+                SignedHeaders::default()
+            };
+            let Ok(Inbound::Event(v)) = app.open(headers, &body) else {
+                panic!("event")
+            };
+            let payload = std::str::from_utf8(&v.event.payload).expect("utf8");
+            assert!(!payload.contains("vtoken"), "{payload}");
+            assert!(payload.contains("\"event_id\":\"ev3\""), "{payload}");
+        }
+        let v1 = r#"{"ts":"1502199207","uuid":"u1","token":"vtoken","type":"event_callback","event":{"type":"t","app_id":"cli_test"}}"#;
+        let Ok(Inbound::Event(v)) = app(None).open(SignedHeaders::default(), v1.as_bytes()) else {
+            panic!("v1")
+        };
+        assert!(!v.event.payload.windows(6).any(|w| w == b"vtoken"));
+    }
+
+    #[test]
+    fn an_event_without_an_app_id_is_refused() {
+        let app = app(None);
+        let body = message("ev4", "om_4", "oc").replace("\"app_id\":\"cli_test\",", "");
+        assert!(!body.contains("app_id"), "{body}");
+        assert_eq!(
+            app.open(SignedHeaders::default(), body.as_bytes()),
+            Err(FeishuError::MissingApp("header.app_id"))
+        );
+        assert_eq!(
+            FeishuApp::new(false, "a", Some(" ".into()), None).err(),
+            Some(FeishuError::EmptySecret("encrypt key"))
+        );
     }
 }

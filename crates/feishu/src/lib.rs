@@ -5,11 +5,12 @@
 
 mod crypto;
 mod envelope;
+mod json;
 
 use std::sync::Arc;
 
 pub use crypto::{decrypt, encrypt, legacy_card_signature, signature};
-pub use envelope::{Inbound, Verified};
+pub use envelope::{Inbound, UNSIGNED_LIMIT, Verified};
 
 /// The request headers Feishu signs with.
 pub const HEADER_TIMESTAMP: &str = "x-lark-request-timestamp";
@@ -44,6 +45,18 @@ pub enum FeishuError {
     /// The JSON is neither a challenge, a schema 2.0 nor a v1 envelope.
     #[error("unknown envelope: {0}")]
     UnknownEnvelope(String),
+    /// A request without a signature that is not a valid URL-verification challenge. One
+    /// answer for every such failure, so that unauthenticated callers learn nothing.
+    #[error(
+        "unsigned request: with an encrypt key configured, only the URL-verification challenge may come without X-Lark-Signature"
+    )]
+    Unsigned,
+    /// The event names no app.
+    #[error("the event has no {0}: every event must name the app it is for")]
+    MissingApp(&'static str),
+    /// A secret given to the app is empty.
+    #[error("the {0} is empty: an empty secret would switch its check off")]
+    EmptySecret(&'static str),
     /// The event is for another app.
     #[error("event is for app {got}, but this source is configured for {expected}")]
     WrongApp {
@@ -58,9 +71,10 @@ impl FeishuError {
     /// The HTTP status to answer with: 401 for authentication failures, 400 for bad bodies.
     pub fn status(&self) -> u16 {
         match self {
-            FeishuError::BadSignature | FeishuError::MissingHeader(_) | FeishuError::BadToken => {
-                401
-            }
+            FeishuError::BadSignature
+            | FeishuError::MissingHeader(_)
+            | FeishuError::BadToken
+            | FeishuError::Unsigned => 401,
             _ => 400,
         }
     }
@@ -76,6 +90,9 @@ impl FeishuError {
             FeishuError::BadCiphertext(_) => "bad_ciphertext",
             FeishuError::UnknownEnvelope(_) => "unknown_envelope",
             FeishuError::WrongApp { .. } => "wrong_app",
+            FeishuError::Unsigned => "unsigned",
+            FeishuError::MissingApp(_) => "missing_app",
+            FeishuError::EmptySecret(_) => "empty_secret",
         }
     }
 }
@@ -102,20 +119,28 @@ pub struct FeishuApp {
 }
 
 impl FeishuApp {
-    /// An app; `lark` selects the international platform's source name.
+    /// An app; `lark` selects the international platform's source name. An empty secret is
+    /// refused: leave it out (`None`) to go without it.
     pub fn new(
         lark: bool,
         app_id: &str,
         encrypt_key: Option<String>,
         verification_token: Option<String>,
-    ) -> Self {
-        Self {
+    ) -> Result<Self, FeishuError> {
+        let blank = |value: &Option<String>| value.as_ref().is_some_and(|v| v.trim().is_empty());
+        if blank(&encrypt_key) {
+            return Err(FeishuError::EmptySecret("encrypt key"));
+        }
+        if blank(&verification_token) {
+            return Err(FeishuError::EmptySecret("verification token"));
+        }
+        Ok(Self {
             source: Arc::from(if lark { "lark" } else { "feishu" }),
             app_id: Arc::from(app_id),
             aes_key: encrypt_key.as_deref().map(crypto::aes_key),
-            encrypt_key: encrypt_key.filter(|k| !k.is_empty()),
-            verification_token: verification_token.filter(|t| !t.is_empty()),
-        }
+            encrypt_key,
+            verification_token,
+        })
     }
 
     /// The source name, `feishu` or `lark`.

@@ -40,7 +40,7 @@ impl Handler for Replier {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let app = FeishuApp::new(false, "cli_example", Some("example-key".into()), None);
+    let app = FeishuApp::new(false, "cli_example", Some("example-key".into()), None)?;
     let store = MemoryStore::with_clock(MemoryConfig::default(), SystemClock);
     let runs = Arc::new(AtomicUsize::new(0));
     let gateway = Gateway::new(
@@ -51,6 +51,7 @@ async fn main() -> anyhow::Result<()> {
             timing: Timing::default(),
             body_limit: 1 << 20,
             admin_token: None,
+            ..GatewayParts::default()
         },
     )
     .route(
@@ -95,6 +96,6 @@ async fn main() -> anyhow::Result<()> {
     println!("the handler ran {} time(s)", runs.load(Ordering::SeqCst));
     shutdown.cancel();
     server.await??;
-    dispatcher.await?;
+    dispatcher.await??;
     Ok(())
 }

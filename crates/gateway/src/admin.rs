@@ -10,6 +10,7 @@ use axum::routing::get;
 use oncegate_core::{KeyHash, RecordState, Store};
 use serde::Deserialize;
 use serde_json::json;
+use subtle::ConstantTimeEq;
 
 use crate::Shared;
 
@@ -29,11 +30,17 @@ fn authorized<S>(shared: &Shared<S>, headers: &HeaderMap) -> Result<(), Response
     let Some(token) = &shared.admin_token else {
         return Ok(());
     };
+    // RFC 9110: the scheme is case-insensitive; the token is compared in constant time.
     let given = headers
         .get("authorization")
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    if given == Some(token.as_str()) {
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, given)| given.trim());
+    let matches = given.is_some_and(|given| {
+        given.len() == token.len() && bool::from(given.as_bytes().ct_eq(token.as_bytes()))
+    });
+    if matches {
         Ok(())
     } else {
         Err((
@@ -45,6 +52,20 @@ fn authorized<S>(shared: &Shared<S>, headers: &HeaderMap) -> Result<(), Response
 }
 
 async fn readyz<S: Store>(State(shared): State<Arc<Shared<S>>>) -> Response {
+    if let Some(failure) = shared.failure.get() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {failure}"),
+        )
+            .into_response();
+    }
+    if crate::ingress::queue_full(&shared) {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: the queue is full (dispatcher.max_queued)",
+        )
+            .into_response();
+    }
     match (shared.store.ping().await, &shared.spool) {
         (Ok(()), _) => (StatusCode::OK, "ready").into_response(),
         // Requests are still taken (into the spool), so stay in the load balancer.
@@ -82,11 +103,22 @@ struct RecordQuery {
 async fn record<S: Store>(
     State(shared): State<Arc<Shared<S>>>,
     headers: HeaderMap,
-    Query(query): Query<RecordQuery>,
+    uri: axum::http::Uri,
 ) -> Response {
+    // The token first: an unauthenticated caller learns nothing, not even how queries parse.
     if let Err(denied) = authorized(&shared, &headers) {
         return denied;
     }
+    let query = match Query::<RecordQuery>::try_from_uri(&uri) {
+        Ok(Query(query)) => query,
+        Err(error) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                axum::Json(json!({"error": format!("{error}; use ?key=<32 hex characters>[&partition=N]")})),
+            )
+                .into_response();
+        }
+    };
     let Some(key) = KeyHash::from_hex(&query.key) else {
         return (
             StatusCode::BAD_REQUEST,

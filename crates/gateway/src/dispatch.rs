@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use oncegate_core::{
     Claim, Delivery, FenceCheck, KeyHash, Lease, QueueId, Store, WatermarkOutcome, key_for,
 };
@@ -25,7 +26,12 @@ const STORE_BACKOFF: Duration = Duration::from_millis(500);
 
 type Held = Arc<Mutex<HashMap<QueueId, Lease>>>;
 
-pub(crate) async fn run<S: Store>(shared: Arc<Shared<S>>, shutdown: CancellationToken) {
+/// Runs every partition until shutdown; a partition loop that panics stops the gateway (the
+/// reason is returned) instead of leaving its chats undelivered behind a ready gateway.
+pub(crate) async fn run<S: Store>(
+    shared: Arc<Shared<S>>,
+    shutdown: CancellationToken,
+) -> Result<(), String> {
     let permits = Arc::new(Semaphore::new(shared.timing.dispatcher.concurrency.max(1)));
     let held: Held = Arc::default();
     let mut partitions = JoinSet::new();
@@ -38,7 +44,13 @@ pub(crate) async fn run<S: Store>(shared: Arc<Shared<S>>, shutdown: Cancellation
             shutdown.clone(),
         ));
     }
-    while partitions.join_next().await.is_some() {}
+    let mut failed = None;
+    while let Some(ended) = partitions.join_next().await {
+        if ended.is_err() || !shutdown.is_cancelled() {
+            failed.get_or_insert_with(|| "a partition loop panicked".to_owned());
+            shutdown.cancel();
+        }
+    }
     // Leases of handlers that did not finish within the grace: give them back so that another
     // worker (or this one after a restart) can take them at once.
     let left: Vec<(QueueId, Lease)> = lock(&held).drain().collect();
@@ -46,6 +58,7 @@ pub(crate) async fn run<S: Store>(shared: Arc<Shared<S>>, shutdown: Cancellation
         let _ = shared.store.release(&lease).await;
         let _ = shared.store.retry(id, 0).await;
     }
+    failed.map_or(Ok(()), Err)
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -70,7 +83,9 @@ async fn partition_loop<S: Store>(
         let pulled = match shared.store.pull(partition, free).await {
             Ok(pulled) => pulled,
             Err(error) => {
-                tracing::warn!(%error, partition, "pull failed; backing off");
+                shared
+                    .summaries
+                    .note("pull_failed", None, &error.to_string());
                 tokio::select! {
                     _ = tokio::time::sleep(STORE_BACKOFF) => {}
                     _ = shutdown.cancelled() => break,
@@ -119,7 +134,11 @@ async fn partition_loop<S: Store>(
 
 /// Repeats a store call that must happen (the queue entry stays handed out until it does)
 /// until the store answers, backing off; the dispatcher pauses here while the store is down.
-async fn insist<T, Fut>(what: &str, mut call: impl FnMut() -> Fut) -> T
+async fn insist<T, Fut>(
+    summaries: &crate::Summaries,
+    what: &'static str,
+    mut call: impl FnMut() -> Fut,
+) -> T
 where
     Fut: std::future::Future<Output = Result<T, oncegate_core::StoreError>>,
 {
@@ -128,7 +147,7 @@ where
         match call().await {
             Ok(value) => return value,
             Err(error) => {
-                tracing::warn!(%error, ?delay, "{what} failed; trying again");
+                summaries.note(what, None, &format!("{what} failed, trying again: {error}"));
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(5));
             }
@@ -150,6 +169,7 @@ async fn handle<S: Store>(shared: &Shared<S>, delivery: Delivery, held: &Held) {
     let stats = &shared.stats;
     let store = &shared.store;
     let timing = &shared.timing;
+    let summaries = &shared.summaries;
     let lease = match store
         .claim(&delivery.key, delivery.id.partition, timing.lease)
         .await
@@ -158,16 +178,22 @@ async fn handle<S: Store>(shared: &Shared<S>, delivery: Delivery, held: &Held) {
         Ok(Claim::Done { .. }) => {
             // Completed before a crash that came before the ack.
             stats.bump(&stats.already_done, "oncegate_already_done_total");
-            insist("ack", || store.ack(delivery.id)).await;
+            insist(&shared.summaries, "ack", || store.ack(delivery.id)).await;
             return;
         }
         Ok(Claim::InFlight { until_ms }) => {
-            insist("retry", || store.retry(delivery.id, until_ms)).await;
+            insist(&shared.summaries, "retry", || {
+                store.retry(delivery.id, until_ms)
+            })
+            .await;
             return;
         }
         Err(error) => {
-            tracing::warn!(%error, "claim failed; retrying later");
-            insist("retry", || store.retry(delivery.id, shared.now_ms() + 1000)).await;
+            summaries.note("claim_failed", None, &error.to_string());
+            insist(&shared.summaries, "retry", || {
+                store.retry(delivery.id, shared.now_ms() + 1000)
+            })
+            .await;
             return;
         }
     };
@@ -193,9 +219,12 @@ async fn handle<S: Store>(shared: &Shared<S>, delivery: Delivery, held: &Held) {
             }
             Ok(WatermarkOutcome::Accepted { .. }) => {}
             Err(error) => {
-                insist("release", || store.release(&lease)).await;
-                insist("retry", || store.retry(delivery.id, shared.now_ms() + 1000)).await;
-                tracing::warn!(%error, "watermark failed; retrying later");
+                insist(&shared.summaries, "release", || store.release(&lease)).await;
+                insist(&shared.summaries, "retry", || {
+                    store.retry(delivery.id, shared.now_ms() + 1000)
+                })
+                .await;
+                summaries.note("watermark_failed", None, &error.to_string());
                 return;
             }
         }
@@ -206,9 +235,15 @@ async fn handle<S: Store>(shared: &Shared<S>, delivery: Delivery, held: &Held) {
         id: &id,
         event,
         attempt: delivery.attempt,
+        wants_answer: false,
     };
     let result = {
-        let deliver = route.sink.deliver(outgoing);
+        // A handler that panics fails this attempt; it must not take the dispatcher with it.
+        let deliver = std::panic::AssertUnwindSafe(route.sink.deliver(outgoing))
+            .catch_unwind()
+            .map(|result| {
+                result.unwrap_or_else(|_| Err(SinkError::Transient("the handler panicked".into())))
+            });
         tokio::pin!(deliver);
         let mut renew = tokio::time::interval(timing.renew_every);
         renew.tick().await;
@@ -230,14 +265,16 @@ async fn handle<S: Store>(shared: &Shared<S>, delivery: Delivery, held: &Held) {
     };
     lock(held).remove(&delivery.id);
     match result {
-        Ok(outcome) => {
+        Ok(_) => {
+            // Nobody reads an event's answer: keeping it would only hold memory for the whole
+            // retention.
             stats.bump(&stats.delivered, "oncegate_delivered_total");
-            finish(shared, &delivery, &lease, outcome).await;
+            finish(shared, &delivery, &lease, None).await;
         }
         Err(SinkError::Transient(reason))
             if delivery.attempt + 1 < timing.dispatcher.max_attempts =>
         {
-            insist("release", || store.release(&lease)).await;
+            insist(&shared.summaries, "release", || store.release(&lease)).await;
             let delay = backoff(
                 timing.dispatcher.backoff_base,
                 timing.dispatcher.backoff_max,
@@ -246,13 +283,13 @@ async fn handle<S: Store>(shared: &Shared<S>, delivery: Delivery, held: &Held) {
             let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
             tracing::info!(event_id = %event.event_id, attempt = delivery.attempt, %reason, ?delay, "delivery failed; retrying");
             stats.bump(&stats.retries, "oncegate_retries_total");
-            insist("retry", || {
+            insist(&shared.summaries, "retry", || {
                 store.retry(delivery.id, shared.now_ms().saturating_add(delay_ms))
             })
             .await;
         }
         Err(error) => {
-            insist("release", || store.release(&lease)).await;
+            insist(&shared.summaries, "release", || store.release(&lease)).await;
             let reason = match error {
                 SinkError::Transient(reason) => {
                     format!("gave up after {} attempts: {reason}", delivery.attempt + 1)
@@ -261,7 +298,10 @@ async fn handle<S: Store>(shared: &Shared<S>, delivery: Delivery, held: &Held) {
             };
             tracing::warn!(event_id = %event.event_id, %reason, "dead-lettered");
             stats.bump(&stats.dead_letters, "oncegate_dead_letters_total");
-            insist("dead letter", || store.dead_letter(delivery.id, &reason)).await;
+            insist(&shared.summaries, "dead letter", || {
+                store.dead_letter(delivery.id, &reason)
+            })
+            .await;
         }
     }
 }
@@ -287,8 +327,12 @@ async fn finish<S: Store>(
         Err(error) => {
             // Not recorded: after a retry the claim sees Pending again and runs it once more,
             // with the same idempotency key.
-            tracing::warn!(%error, "complete failed; the event will run again");
-            insist("retry", || {
+            shared.summaries.note(
+                "complete_failed",
+                None,
+                &format!("complete failed, the event will run again: {error}"),
+            );
+            insist(&shared.summaries, "retry", || {
                 shared.store.retry(delivery.id, shared.now_ms() + 1000)
             })
             .await;

@@ -1,11 +1,13 @@
 //! `POST /webhook/<source>`: guard, decode, admit, answer.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use axum::Router;
-use axum::body::{Body, Bytes};
-use axum::extract::{Path, State};
+use axum::body::Bytes;
+use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -14,6 +16,7 @@ use oncegate_core::store::millis;
 use oncegate_core::{Admission, Claim, FenceCheck, Nonce, Store, StoreError, key_for};
 use oncegate_feishu::{Inbound, SignedHeaders, Verified};
 use serde_json::json;
+use tokio_util::sync::CancellationToken;
 
 use crate::sink::Outgoing;
 use crate::spooling;
@@ -21,10 +24,13 @@ use crate::{Shared, Source};
 
 /// Feishu waits 3 s for a card answer; leave room for the way back.
 const CARD_DEADLINE: Duration = Duration::from_millis(2_500);
+/// How often the queue depth is read from the store.
+const QUEUE_SAMPLE: Duration = Duration::from_millis(250);
 
 pub(crate) fn router<S: Store>(shared: Arc<Shared<S>>) -> Router {
     Router::new()
         .route("/webhook/{source}", post(webhook::<S>))
+        .fallback(not_found)
         .with_state(shared)
 }
 
@@ -40,32 +46,84 @@ fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
+/// A refused request: counted, summarized in the log (never one line per request), answered.
+fn refused<S>(
+    shared: &Shared<S>,
+    peer: Option<SocketAddr>,
+    kind: &'static str,
+    status: StatusCode,
+    message: String,
+) -> Response {
+    let stats = &shared.stats;
+    stats.bump(&stats.bad_requests, "oncegate_bad_requests_total");
+    metrics::counter!("oncegate_refused_total", "reason" => kind).increment(1);
+    shared.summaries.note(kind, peer, &message);
+    refuse(status, message)
+}
+
 async fn webhook<S: Store>(
     State(shared): State<Arc<Shared<S>>>,
     Path(name): Path<String>,
-    headers: HeaderMap,
-    body: Body,
+    request: Request,
 ) -> Response {
+    let (parts, body) = request.into_parts();
+    let peer = crate::server::peer(&parts.extensions);
+    let headers = parts.headers;
     let stats = &shared.stats;
     stats.bump(&stats.requests, "oncegate_requests_total");
     let Some(source) = shared.sources.get(&name) else {
-        stats.bump(&stats.bad_requests, "oncegate_bad_requests_total");
-        let mut names: Vec<&str> = shared.sources.keys().map(String::as_str).collect();
-        names.sort_unstable();
-        return refuse(
+        // The configured names are not told: they are part of what an attacker looks for.
+        return refused(
+            &shared,
+            peer,
+            "unknown_source",
             StatusCode::NOT_FOUND,
-            format!("no source named {name:?}; configured: {}", names.join(", ")),
+            "no such source: check the URL against the [[source]] names of the configuration"
+                .into(),
         );
     };
-    let body: Bytes = match axum::body::to_bytes(body, shared.body_limit).await {
-        Ok(body) => body,
-        Err(_) => {
-            stats.bump(&stats.bad_requests, "oncegate_bad_requests_total");
-            return refuse(
+    let too_large = || {
+        format!(
+            "body larger than {} bytes (server.body_limit)",
+            shared.body_limit
+        )
+    };
+    // A declared length over the limit is answered at once, before any of the body is read.
+    let declared = header(&headers, "content-length").and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|length| length > shared.body_limit as u64) {
+        return refused(
+            &shared,
+            peer,
+            "too_large",
+            StatusCode::PAYLOAD_TOO_LARGE,
+            too_large(),
+        );
+    }
+    let body = tokio::time::timeout(
+        shared.limits.body_timeout,
+        axum::body::to_bytes(body, shared.body_limit),
+    )
+    .await;
+    let body: Bytes = match body {
+        Ok(Ok(body)) => body,
+        Ok(Err(_)) => {
+            return refused(
+                &shared,
+                peer,
+                "too_large",
                 StatusCode::PAYLOAD_TOO_LARGE,
+                too_large(),
+            );
+        }
+        Err(_) => {
+            return refused(
+                &shared,
+                peer,
+                "slow_body",
+                StatusCode::REQUEST_TIMEOUT,
                 format!(
-                    "body larger than {} bytes (server.body_limit)",
-                    shared.body_limit
+                    "the body did not arrive within {:?} (server.body_timeout)",
+                    shared.limits.body_timeout
                 ),
             );
         }
@@ -78,10 +136,8 @@ async fn webhook<S: Store>(
     let inbound = match source.app.open(signed, &body) {
         Ok(inbound) => inbound,
         Err(error) => {
-            stats.bump(&stats.bad_requests, "oncegate_bad_requests_total");
-            metrics::counter!("oncegate_refused_total", "reason" => error.label()).increment(1);
             let status = StatusCode::from_u16(error.status()).unwrap_or(StatusCode::BAD_REQUEST);
-            return refuse(status, error.to_string());
+            return refused(&shared, peer, error.label(), status, error.to_string());
         }
     };
     if let Inbound::Challenge { challenge } = inbound {
@@ -94,25 +150,28 @@ async fn webhook<S: Store>(
     let now_secs = shared.now_ms() / 1000;
     let nonce = match check_replay(source, &signed, now_secs) {
         Ok(nonce) => nonce,
-        Err(response) => {
-            let counter = match response.status() {
-                StatusCode::CONFLICT => &stats.replays_rejected,
-                StatusCode::UNAUTHORIZED => &stats.stale_timestamps,
+        Err((kind, status, message)) => {
+            let counter = match kind {
+                "replayed" => &stats.replays_rejected,
+                "stale_timestamp" => &stats.stale_timestamps,
                 _ => &stats.bad_requests,
             };
             stats.bump(counter, "oncegate_guard_refused_total");
-            return response;
+            metrics::counter!("oncegate_refused_total", "reason" => kind).increment(1);
+            shared.summaries.note(kind, peer, &message);
+            return refuse(status, message);
         }
     };
     let response = match inbound {
-        Inbound::Event(verified) => {
+        Inbound::Event(mut verified) => {
+            clamp_creation_time(&shared, &mut verified.event);
             // The nonce goes to the store too: a store shared by several gateways refuses a
             // replay that reaches another gateway.
             let nonce = nonce.map(|nonce| Nonce {
                 key: key_for(&verified.event.source, &verified.event.app, "nonce", nonce),
                 window_ms: millis(source.nonce_window),
             });
-            admit(&shared, verified, nonce).await
+            admit(&shared, verified, nonce, peer).await
         }
         Inbound::Card(verified) => card(&shared, verified).await,
         Inbound::Challenge { .. } => refuse(StatusCode::INTERNAL_SERVER_ERROR, "unreachable"),
@@ -123,6 +182,60 @@ async fn webhook<S: Store>(
         lock(guard).remember(nonce, now_secs);
     }
     response
+}
+
+/// A creation time further ahead than the allowed skew is a forgery or a broken clock: taken
+/// as is it would lift the chat's watermark so far that every later event looks stale.
+fn clamp_creation_time<S: Store>(shared: &Shared<S>, event: &mut oncegate_core::Event) {
+    let now_ms = shared.now_ms();
+    if event.created_at_ms > now_ms.saturating_add(millis(shared.max_future)) {
+        metrics::counter!("oncegate_future_creation_times_total").increment(1);
+        shared.summaries.note(
+            "future_creation_time",
+            None,
+            &format!(
+                "event {:?} was created {} ms in the future; taken as now",
+                event.event_id,
+                event.created_at_ms.saturating_sub(now_ms)
+            ),
+        );
+        event.created_at_ms = now_ms;
+    }
+}
+
+/// Samples the store's queue depth for the `dispatcher.max_queued` bound, `/readyz` and the
+/// `oncegate_queue_depth` gauge.
+pub(crate) async fn watch_queue<S: Store>(shared: Arc<Shared<S>>, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(QUEUE_SAMPLE);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.cancelled() => return,
+        }
+        match shared.store.queued().await {
+            Ok(depth) => {
+                shared.queued.store(depth, Ordering::Relaxed);
+                metrics::gauge!("oncegate_queue_depth").set(depth as f64);
+            }
+            Err(error) => shared
+                .summaries
+                .note("queue_depth_failed", None, &error.to_string()),
+        }
+    }
+}
+
+/// Whether the queue holds as many events as `dispatcher.max_queued` allows.
+pub(crate) fn queue_full<S>(shared: &Shared<S>) -> bool {
+    shared
+        .max_queued
+        .is_some_and(|max| shared.queued.load(Ordering::Relaxed) >= max)
+}
+
+async fn not_found() -> Response {
+    refuse(
+        StatusCode::NOT_FOUND,
+        "callbacks are posted to /webhook/<source name>",
+    )
 }
 
 fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -153,12 +266,11 @@ fn warn_saturated(now_secs: u64) {
 }
 
 /// Checks timestamp and nonce; returns the nonce to remember after admission.
-#[allow(clippy::result_large_err)]
 fn check_replay<'a>(
     source: &Source,
     signed: &SignedHeaders<'a>,
     now_secs: u64,
-) -> Result<Option<&'a str>, Response> {
+) -> Result<Option<&'a str>, (&'static str, StatusCode, String)> {
     let Some(guard) = &source.replay else {
         return Ok(None);
     };
@@ -166,22 +278,28 @@ fn check_replay<'a>(
         return Ok(None);
     };
     let Ok(timestamp) = timestamp.trim().parse::<u64>() else {
-        return Err(refuse(
+        return Err((
+            "bad_timestamp",
             StatusCode::BAD_REQUEST,
-            format!("X-Lark-Request-Timestamp {timestamp:?} is not unix seconds"),
+            format!(
+                "X-Lark-Request-Timestamp {:?} is not unix seconds",
+                timestamp.chars().take(40).collect::<String>()
+            ),
         ));
     };
     match lock(guard).check(timestamp, nonce, now_secs) {
         ReplayVerdict::Fresh => Ok(Some(nonce)),
-        ReplayVerdict::Stale { skew_secs } => Err(refuse(
+        ReplayVerdict::Stale { skew_secs } => Err((
+            "stale_timestamp",
             StatusCode::UNAUTHORIZED,
             format!(
                 "request timestamp is {skew_secs} s from now, outside the allowed skew (replay.max_skew)"
             ),
         )),
-        ReplayVerdict::Replayed => Err(refuse(
+        ReplayVerdict::Replayed => Err((
+            "replayed",
             StatusCode::CONFLICT,
-            "replayed request: this nonce was already handled within the replay window",
+            "replayed request: this nonce was already handled within the replay window".into(),
         )),
         // The nonce memory is full: let the request through unremembered rather than refuse
         // the platform. A replay of an admitted event is still a duplicate at admission; only
@@ -194,8 +312,22 @@ fn check_replay<'a>(
     }
 }
 
-async fn admit<S: Store>(shared: &Shared<S>, verified: Verified, nonce: Option<Nonce>) -> Response {
+async fn admit<S: Store>(
+    shared: &Shared<S>,
+    verified: Verified,
+    nonce: Option<Nonce>,
+    peer: Option<SocketAddr>,
+) -> Response {
     let stats = &shared.stats;
+    if queue_full(shared) {
+        stats.bump(&stats.store_unavailable, "oncegate_queue_full_total");
+        let message = format!(
+            "the queue holds {} events (dispatcher.max_queued): nothing was recorded, retry later",
+            shared.queued.load(Ordering::Relaxed)
+        );
+        shared.summaries.note("queue_full", peer, &message);
+        return refuse(StatusCode::SERVICE_UNAVAILABLE, message);
+    }
     let partition = verified.event.partition(shared.store.partitions());
     // With a spool, a copy is kept for it in case the store cannot admit; and while earlier
     // admissions still wait there, this one queues behind them so that chats keep their order.
@@ -225,6 +357,7 @@ async fn admit<S: Store>(shared: &Shared<S>, verified: Verified, nonce: Option<N
         }
         Ok(Admission::Admitted { .. }) => {
             stats.bump(&stats.admitted, "oncegate_admitted_total");
+            shared.queued.fetch_add(1, Ordering::Relaxed);
             shared.wake(partition);
             answer(StatusCode::OK, json!({ "msg": "success" }))
         }
@@ -243,8 +376,13 @@ async fn admit<S: Store>(shared: &Shared<S>, verified: Verified, nonce: Option<N
         }
         Err(error) => {
             stats.bump(&stats.store_unavailable, "oncegate_store_unavailable_total");
-            tracing::warn!(%error, "admit failed; answering 503 so that the platform retries");
-            refuse(StatusCode::SERVICE_UNAVAILABLE, error.to_string())
+            let message = error.to_string();
+            shared.summaries.note(
+                "admit_failed",
+                peer,
+                &format!("admit failed, answered 503 so that the platform retries: {message}"),
+            );
+            refuse(StatusCode::SERVICE_UNAVAILABLE, message)
         }
     }
 }
@@ -267,8 +405,13 @@ async fn to_spool<S: Store>(
         }
         Err(error) => {
             stats.bump(&stats.store_unavailable, "oncegate_store_unavailable_total");
-            tracing::warn!(%error, "cannot spool; answering 503 so that the platform retries");
-            refuse(StatusCode::SERVICE_UNAVAILABLE, error.to_string())
+            let message = error.to_string();
+            shared.summaries.note(
+                "spool_failed",
+                None,
+                &format!("cannot spool, answered 503 so that the platform retries: {message}"),
+            );
+            refuse(StatusCode::SERVICE_UNAVAILABLE, message)
         }
     }
 }
@@ -304,6 +447,7 @@ async fn card<S: Store>(shared: &Shared<S>, verified: Verified) -> Response {
         id: &id,
         event: &verified.event,
         attempt: 0,
+        wants_answer: true,
     };
     let result = tokio::time::timeout(CARD_DEADLINE, route.sink.deliver(outgoing)).await;
     match result {

@@ -7,12 +7,15 @@
 mod admin;
 mod dispatch;
 mod ingress;
+mod server;
 pub mod sink;
 mod spooling;
 pub mod stats;
+mod summary;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use oncegate_config::{Config, DispatcherConfig, Platform, SinkKind};
@@ -24,8 +27,10 @@ use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+pub use server::ServerLimits;
 pub use sink::{Handler, HandlerSink, HttpSink, LinesSink, Outgoing, SharedSink, Sink, SinkError};
 pub use stats::{Stats, StatsSnapshot};
+pub use summary::Summaries;
 
 /// Why a gateway could not be built or run.
 #[derive(Debug, thiserror::Error)]
@@ -39,6 +44,9 @@ pub enum GatewayError {
     /// A listener failed.
     #[error("server: {0}")]
     Io(#[from] std::io::Error),
+    /// A background task ended before shutdown: the gateway cannot deliver anymore.
+    #[error("{0}; the gateway stops so that it is restarted")]
+    Stopped(String),
 }
 
 /// One configured source with its replay guard.
@@ -104,6 +112,18 @@ pub(crate) struct Shared<S> {
     pub(crate) spool: Option<Arc<Spool>>,
     /// Woken when the spool gets an admission.
     pub(crate) spooled: Notify,
+    /// Connection bounds and deadlines.
+    pub(crate) limits: ServerLimits,
+    /// Rate-limited log lines for refusals and repeated failures.
+    pub(crate) summaries: Arc<Summaries>,
+    /// Beyond this many queued events ingress answers 503.
+    pub(crate) max_queued: Option<u64>,
+    /// Queued events, as last sampled from the store plus admits since.
+    pub(crate) queued: AtomicU64,
+    /// Creation times further ahead than this are clamped to now.
+    pub(crate) max_future: Duration,
+    /// Set when a background task ended early: readiness fails from then on.
+    pub(crate) failure: OnceLock<String>,
 }
 
 impl<S: Store> Shared<S> {
@@ -119,6 +139,12 @@ impl<S: Store> Shared<S> {
         if let Some(notify) = self.wake.get(usize::from(partition)) {
             notify.notify_one();
         }
+    }
+
+    /// Marks the gateway as broken (readiness fails) and says why, once.
+    pub(crate) fn fail(&self, reason: String) {
+        tracing::error!("{reason}");
+        let _ = self.failure.set(reason);
     }
 }
 
@@ -147,6 +173,28 @@ pub struct GatewayParts {
     pub body_limit: usize,
     /// Admin bearer token.
     pub admin_token: Option<String>,
+    /// Connection bounds and deadlines.
+    pub limits: ServerLimits,
+    /// Beyond this many queued events ingress answers 503; `None`: no bound.
+    pub max_queued: Option<u64>,
+    /// How often refusals and repeated failures are summarized in the log.
+    pub log_interval: Duration,
+}
+
+impl Default for GatewayParts {
+    fn default() -> Self {
+        let config = Config::default();
+        Self {
+            sources: Vec::new(),
+            replay: Some((config.replay.max_skew, config.replay.max_nonces)),
+            timing: Timing::default(),
+            body_limit: config.server.body_limit,
+            admin_token: None,
+            limits: ServerLimits::default(),
+            max_queued: None,
+            log_interval: config.server.log_interval,
+        }
+    }
 }
 
 impl<S: Store> Gateway<S> {
@@ -185,6 +233,14 @@ impl<S: Store> Gateway<S> {
                 metrics_render: None,
                 spool: None,
                 spooled: Notify::new(),
+                limits: parts.limits,
+                summaries: Arc::new(Summaries::new(parts.log_interval)),
+                max_queued: parts.max_queued,
+                queued: AtomicU64::new(0),
+                max_future: parts
+                    .replay
+                    .map_or(Duration::from_secs(300), |(skew, _)| skew),
+                failure: OnceLock::new(),
             }),
         }
     }
@@ -229,13 +285,17 @@ impl<S: Store> Gateway<S> {
 
     /// Builds the gateway a configuration describes, on `store`.
     pub async fn from_config(config: &Config, store: S) -> Result<Self, GatewayError> {
-        let resolve =
-            |secret: &Option<oncegate_config::Secret>| -> Result<Option<String>, GatewayError> {
-                secret
-                    .as_ref()
-                    .map(|s| s.resolve().map_err(GatewayError::Config))
-                    .transpose()
-            };
+        let resolve = |secret: &Option<oncegate_config::Secret>,
+                       setting: &str|
+         -> Result<Option<String>, GatewayError> {
+            secret
+                .as_ref()
+                .map(|s| {
+                    s.resolve()
+                        .map_err(|message| GatewayError::Config(format!("{setting}: {message}")))
+                })
+                .transpose()
+        };
         let mut sources = Vec::new();
         for source in &config.sources {
             let lark = match source.platform {
@@ -248,15 +308,20 @@ impl<S: Store> Gateway<S> {
                     )));
                 }
             };
-            sources.push((
-                source.name.clone(),
-                FeishuApp::new(
-                    lark,
-                    &source.app_id,
-                    resolve(&source.encrypt_key)?,
-                    resolve(&source.verification_token)?,
-                ),
-            ));
+            let at = |field: &str| format!("source {:?} {field}", source.name);
+            let encrypt_key = resolve(&source.encrypt_key, &at("encrypt_key"))?;
+            let verification_token =
+                resolve(&source.verification_token, &at("verification_token"))?;
+            if encrypt_key.is_none() && verification_token.is_none() && !source.allow_unsigned {
+                return Err(GatewayError::Config(format!(
+                    "source {:?} has no secret: set encrypt_key and verification_token, or \
+                     allow_unsigned = true",
+                    source.name
+                )));
+            }
+            let app = FeishuApp::new(lark, &source.app_id, encrypt_key, verification_token)
+                .map_err(|error| GatewayError::Config(format!("{}: {error}", at("secret"))))?;
+            sources.push((source.name.clone(), app));
         }
         let parts = GatewayParts {
             sources,
@@ -271,7 +336,15 @@ impl<S: Store> Gateway<S> {
                 dispatcher: config.dispatcher.clone(),
             },
             body_limit: config.server.body_limit,
-            admin_token: resolve(&config.server.admin_token)?,
+            admin_token: resolve(&config.server.admin_token, "server.admin_token")?,
+            limits: ServerLimits {
+                max_connections: config.server.max_connections,
+                header_timeout: config.server.header_timeout,
+                body_timeout: config.server.body_timeout,
+                shutdown_grace: config.dispatcher.shutdown_grace,
+            },
+            max_queued: config.dispatcher.max_queued,
+            log_interval: config.server.log_interval,
         };
         let mut gateway = Self::new(store, parts);
         for route in &config.routes {
@@ -283,7 +356,7 @@ impl<S: Store> Gateway<S> {
                         })?;
                         Arc::new(HttpSink::new(
                             url,
-                            resolve(&route.secret)?.as_deref(),
+                            resolve(&route.secret, "route secret")?.as_deref(),
                             route.timeout,
                         )?)
                     }
@@ -312,29 +385,74 @@ impl<S: Store> Gateway<S> {
     }
 
     /// Serves callbacks on `listener` and the admin API on `admin` until `shutdown` is
-    /// cancelled; requests in progress finish first.
+    /// cancelled; requests in progress may finish within the shutdown grace.
     pub async fn serve(
         &self,
         listener: TcpListener,
         admin: TcpListener,
         shutdown: CancellationToken,
     ) -> Result<(), GatewayError> {
-        let webhooks = axum::serve(listener, ingress::router(self.shared.clone()))
-            .with_graceful_shutdown(shutdown.clone().cancelled_owned());
-        let admin = axum::serve(admin, admin::router(self.shared.clone()))
-            .with_graceful_shutdown(shutdown.cancelled_owned());
-        let (a, b) = tokio::join!(webhooks.into_future(), admin.into_future());
+        let shared = &self.shared;
+        let webhooks = server::serve(
+            "webhooks",
+            listener,
+            ingress::router(shared.clone()),
+            shared.limits.clone(),
+            shared.summaries.clone(),
+            shutdown.clone(),
+        );
+        let admin = server::serve(
+            "admin",
+            admin,
+            admin::router(shared.clone()),
+            shared.limits.clone(),
+            shared.summaries.clone(),
+            shutdown.clone(),
+        );
+        let (a, b, (), ()) = tokio::join!(
+            webhooks,
+            admin,
+            ingress::watch_queue(shared.clone(), shutdown.clone()),
+            shared.summaries.run(shutdown.clone()),
+        );
         a?;
         b?;
         Ok(())
     }
 
     /// Runs the dispatcher until `shutdown` is cancelled, then lets running handlers finish
-    /// within the shutdown grace and releases what is left.
-    pub async fn dispatch(&self, shutdown: CancellationToken) {
-        tokio::join!(
-            dispatch::run(self.shared.clone(), shutdown.clone()),
-            spooling::drain(self.shared.clone(), shutdown),
+    /// within the shutdown grace and releases what is left. If one of its tasks ends early
+    /// (a panic), readiness fails, `shutdown` is cancelled and the reason is returned.
+    pub async fn dispatch(&self, shutdown: CancellationToken) -> Result<(), GatewayError> {
+        let shared = &self.shared;
+        let supervised = |name: &'static str, task: tokio::task::JoinHandle<Result<(), String>>| {
+            let (shared, shutdown) = (shared.clone(), shutdown.clone());
+            async move {
+                let ended = task.await;
+                let reason = match ended {
+                    Ok(Ok(())) if shutdown.is_cancelled() => return Ok(()),
+                    Ok(Ok(())) => format!("the {name} stopped before shutdown"),
+                    Ok(Err(reason)) => format!("the {name} stopped: {reason}"),
+                    Err(error) if error.is_panic() => format!("the {name} panicked"),
+                    Err(_) => format!("the {name} was cancelled"),
+                };
+                shared.fail(reason.clone());
+                shutdown.cancel();
+                Err(GatewayError::Stopped(reason))
+            }
+        };
+        let dispatcher = tokio::spawn(dispatch::run(shared.clone(), shutdown.clone()));
+        let drain = {
+            let (shared, shutdown) = (shared.clone(), shutdown.clone());
+            tokio::spawn(async move {
+                spooling::drain(shared, shutdown).await;
+                Ok(())
+            })
+        };
+        let (a, b) = tokio::join!(
+            supervised("dispatcher", dispatcher),
+            supervised("spool drain", drain),
         );
+        a.and(b)
     }
 }

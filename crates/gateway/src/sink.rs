@@ -35,6 +35,9 @@ pub struct Outgoing<'a> {
     pub event: &'a Event,
     /// Attempts before this one.
     pub attempt: u32,
+    /// Whether the answer is used (card replies); otherwise it is read only to reuse the
+    /// connection and thrown away.
+    pub wants_answer: bool,
 }
 
 /// The boxed future a sink returns.
@@ -114,11 +117,18 @@ pub fn envelope(outgoing: &Outgoing<'_>) -> Vec<u8> {
     serde_json::to_vec(&doc).unwrap_or_default()
 }
 
-/// POSTs the envelope with Standard Webhooks headers and an `Idempotency-Key`.
+/// The largest answer read from a downstream: card replies are small (Feishu limits them to
+/// a few tens of KiB); a larger answer to a card is a failure, to an event it is not read.
+pub const MAX_ANSWER: usize = 64 * 1024;
+
+/// POSTs the envelope with Standard Webhooks headers and an `Idempotency-Key`. Never follows
+/// redirects: a 3xx would turn the signed POST into a GET, or post it somewhere else.
 #[derive(Debug)]
 pub struct HttpSink {
     client: reqwest::Client,
     url: String,
+    /// The URL as it may be shown: no userinfo, no query.
+    shown: String,
     secret: Option<Vec<u8>>,
     timeout: Duration,
 }
@@ -160,11 +170,13 @@ impl HttpSink {
         let client = reqwest::Client::builder()
             .timeout(timeout)
             .pool_max_idle_per_host(64)
+            .redirect(reqwest::redirect::Policy::none())
             .build()
-            .map_err(|error| SinkSetupError::Client(error.to_string()))?;
+            .map_err(|error| SinkSetupError::Client(error.without_url().to_string()))?;
         Ok(Self {
             client,
             url: url.to_owned(),
+            shown: oncegate_core::redact::url(url),
             secret,
             timeout,
         })
@@ -189,6 +201,11 @@ impl HttpSink {
 pub fn classify(status: u16) -> Result<(), SinkError> {
     match status {
         200..=299 => Ok(()),
+        300..=399 => Err(SinkError::Permanent(format!(
+            "downstream answered {status}, a redirect: oncegate never follows redirects (the \
+             signed POST would become a GET or go elsewhere); point the route's url at the \
+             final address"
+        ))),
         408 | 429 | 500..=599 => Err(SinkError::Transient(format!(
             "downstream answered {status}"
         ))),
@@ -220,18 +237,57 @@ impl Sink for HttpSink {
                 if error.is_timeout() {
                     SinkError::Transient(format!("no answer within {:?}", self.timeout))
                 } else {
-                    SinkError::Transient(format!("cannot reach {}: {error}", self.url))
+                    SinkError::Transient(format!(
+                        "cannot reach {}: {}",
+                        self.shown,
+                        error.without_url()
+                    ))
                 }
             })?;
             let status = response.status().as_u16();
             classify(status)?;
-            let answer = response
-                .bytes()
-                .await
-                .map_err(|error| SinkError::Transient(format!("reading the answer: {error}")))?;
-            Ok((!answer.is_empty()).then_some(answer))
+            let answer = read_capped(response).await;
+            match answer {
+                Ok(answer) if outgoing.wants_answer => Ok((!answer.is_empty()).then_some(answer)),
+                Ok(_) | Err(AnswerError::TooLarge) if !outgoing.wants_answer => Ok(None),
+                Err(AnswerError::TooLarge) => Err(SinkError::Permanent(format!(
+                    "the answer is larger than {MAX_ANSWER} bytes"
+                ))),
+                Err(AnswerError::Read(reason)) if outgoing.wants_answer => Err(
+                    SinkError::Transient(format!("reading the answer: {reason}")),
+                ),
+                // The status said it was delivered; a broken answer nobody reads changes nothing.
+                Err(AnswerError::Read(_)) | Ok(_) => Ok(None),
+            }
         })
     }
+}
+
+enum AnswerError {
+    TooLarge,
+    Read(String),
+}
+
+/// The answer's body, at most [`MAX_ANSWER`] bytes of it; a larger one is not read further.
+async fn read_capped(mut response: reqwest::Response) -> Result<Bytes, AnswerError> {
+    if response
+        .content_length()
+        .is_some_and(|length| length > MAX_ANSWER as u64)
+    {
+        return Err(AnswerError::TooLarge);
+    }
+    let mut answer = bytes::BytesMut::new();
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|error| AnswerError::Read(error.without_url().to_string()))?
+    {
+        if answer.len() + chunk.len() > MAX_ANSWER {
+            return Err(AnswerError::TooLarge);
+        }
+        answer.extend_from_slice(&chunk);
+    }
+    Ok(answer.freeze())
 }
 
 /// Writes one JSON line per event to standard output or a file.
@@ -256,23 +312,12 @@ impl LinesSink {
 
     /// Lines appended to `path`.
     pub async fn file(path: &Path) -> Result<Self, SinkSetupError> {
-        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            tokio::fs::create_dir_all(parent)
-                .await
-                .map_err(|source| SinkSetupError::File {
-                    path: parent.display().to_string(),
-                    source,
-                })?;
-        }
-        let file = tokio::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .await
-            .map_err(|source| SinkSetupError::File {
-                path: path.display().to_string(),
-                source,
-            })?;
+        // 0600 in a 0700 folder when created: the lines hold decrypted messages.
+        let file = oncegate_files::open_append(path).map_err(|source| SinkSetupError::File {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let file = tokio::fs::File::from_std(file);
         Ok(Self {
             out: Mutex::new(Output::File(file)),
         })
@@ -338,6 +383,7 @@ mod tests {
                 id: "msg_1",
                 event,
                 attempt: 2,
+                wants_answer: false,
             };
             serde_json::from_slice(&envelope(&outgoing)).expect("json")
         };
@@ -363,5 +409,6 @@ mod tests {
         assert!(matches!(classify(408), Err(SinkError::Transient(_))));
         assert!(matches!(classify(422), Err(SinkError::Permanent(_))));
         assert!(matches!(classify(301), Err(SinkError::Permanent(_))));
+        assert!(matches!(classify(307), Err(SinkError::Permanent(r)) if r.contains("redirect")));
     }
 }

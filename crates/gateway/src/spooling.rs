@@ -48,6 +48,8 @@ pub(crate) async fn put(
 /// Hands spooled admissions to the store until `shutdown`; backs off while it cannot.
 pub(crate) async fn drain<S: Store>(shared: Arc<Shared<S>>, shutdown: CancellationToken) {
     let Some(spool) = shared.spool.clone() else {
+        // Nothing to drain: done when the gateway is (returning early would read as a crash).
+        shutdown.cancelled().await;
         return;
     };
     let mut backoff = BACKOFF_MIN;

@@ -107,7 +107,7 @@ impl Handler for Count {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unavailable_store_gets_503_and_the_retry_is_admitted_once() {
-    let app = FeishuApp::new(false, "cli_outage", Some("k".into()), None);
+    let app = FeishuApp::new(false, "cli_outage", Some("k".into()), None).expect("app");
     let store = Switchable {
         inner: MemoryStore::with_clock(MemoryConfig::default(), SystemClock),
         down: AtomicBool::new(true),
@@ -121,6 +121,7 @@ async fn an_unavailable_store_gets_503_and_the_retry_is_admitted_once() {
             timing: Timing::default(),
             body_limit: 1 << 16,
             admin_token: None,
+            ..GatewayParts::default()
         },
     )
     .route(&["*"], Arc::new(HandlerSink(Count(handled.clone()))), false)
@@ -178,5 +179,5 @@ async fn an_unavailable_store_gets_503_and_the_retry_is_admitted_once() {
     assert_eq!(handled.load(Ordering::SeqCst), 1);
     shutdown.cancel();
     serving.await.expect("join").expect("serve");
-    dispatching.await.expect("join");
+    dispatching.await.expect("join").expect("dispatcher");
 }

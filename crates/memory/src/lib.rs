@@ -667,6 +667,14 @@ impl<C: Clock> DedupStore for MemoryStore<C> {
             .filter(|record| record.is_live(now_ms)))
     }
 
+    async fn queued(&self) -> Result<u64, StoreError> {
+        Ok(self
+            .partitions
+            .iter()
+            .map(|partition| lock(partition).order.len() as u64)
+            .sum())
+    }
+
     async fn stats(&self) -> Result<StoreStats, StoreError> {
         let now_ms = self.clock.now_ms();
         let mut stats = StoreStats {

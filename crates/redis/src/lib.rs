@@ -300,7 +300,7 @@ impl<C: Clock> RedisStore<C> {
     /// called from any runtime, or from several.
     pub fn connect_with_clock(config: RedisConfig, clock: C) -> Result<Self, ConnectError> {
         let connect_error = |message: String| ConnectError::Connect {
-            url: config.url.clone(),
+            url: oncegate_core::redact::url(&config.url),
             message,
         };
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -1014,6 +1014,19 @@ impl<C: Clock> DedupStore for RedisStore<C> {
                 .await
                 .map_err(unavailable)?;
             Ok(())
+        })
+        .await
+    }
+
+    /// The streams' lengths, one pipelined round trip: entries stay in a stream until acked.
+    async fn queued(&self) -> Result<u64, StoreError> {
+        self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
+            let mut pipe = redis::pipe();
+            for partition in 0..inner.partitions {
+                pipe.cmd("XLEN").arg(inner.stream(partition));
+            }
+            let lengths: Vec<u64> = pipe.query_async(&mut conn).await.map_err(unavailable)?;
+            Ok(lengths.iter().sum())
         })
         .await
     }

@@ -111,9 +111,8 @@ impl Spool {
             path: path.to_path_buf(),
             message,
         };
-        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).map_err(|e| io(e.to_string()))?;
-        }
+        // Created 0600 in a 0700 folder: spooled admissions are decrypted events.
+        oncegate_files::create_private(path).map_err(|e| io(e.to_string()))?;
         let db = Database::create(path).map_err(|e| io(e.to_string()))?;
         let txn = db.begin_write().map_err(|e| io(e.to_string()))?;
         let (len, next) = {

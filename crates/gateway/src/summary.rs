@@ -1,0 +1,83 @@
+//! Log lines for what happens often: refused requests and repeated failures are counted per
+//! kind and written as one summary per interval, never one line per request, so that an attack
+//! leaves a trace and an outage does not flood the log.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+/// The longest message kept per kind; messages may quote what a client sent.
+const MAX_MESSAGE: usize = 200;
+
+#[derive(Debug, Default)]
+struct Entry {
+    count: u64,
+    last_peer: Option<SocketAddr>,
+    last_message: String,
+}
+
+/// Counts of refusals and failures since the last summary, by kind.
+#[derive(Debug)]
+pub struct Summaries {
+    interval: Duration,
+    pending: Mutex<BTreeMap<&'static str, Entry>>,
+}
+
+impl Summaries {
+    /// Summaries written every `interval`.
+    pub fn new(interval: Duration) -> Self {
+        Self {
+            interval,
+            pending: Mutex::default(),
+        }
+    }
+
+    /// Counts one occurrence of `kind`; `message` says what was wrong (never a payload or a
+    /// secret).
+    pub fn note(&self, kind: &'static str, peer: Option<SocketAddr>, message: &str) {
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = pending.entry(kind).or_default();
+        entry.count += 1;
+        if peer.is_some() {
+            entry.last_peer = peer;
+        }
+        if entry.last_message != message {
+            entry.last_message = message.chars().take(MAX_MESSAGE).collect();
+        }
+    }
+
+    /// Writes one line per kind seen since the last call and forgets them.
+    pub fn flush(&self) {
+        let drained = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()));
+        for (kind, entry) in drained {
+            let peer = entry
+                .last_peer
+                .map_or_else(|| "-".to_owned(), |peer| peer.to_string());
+            tracing::warn!(
+                kind,
+                count = entry.count,
+                last_from = %peer,
+                last = ?entry.last_message,
+                "{} × {kind} in the last {:?}",
+                entry.count,
+                self.interval
+            );
+        }
+    }
+
+    /// Flushes every interval until `shutdown`, and once more then.
+    pub async fn run(&self, shutdown: CancellationToken) {
+        let mut tick = tokio::time::interval(self.interval);
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                _ = tick.tick() => self.flush(),
+                _ = shutdown.cancelled() => break,
+            }
+        }
+        self.flush();
+    }
+}
