@@ -1,5 +1,5 @@
 //! When the store cannot admit, the gateway answers 503 and records nothing; the platform's
-//! retry after the outage is admitted once.
+//! retry after the outage is admitted once. When the dispatcher dies, the gateway says so.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -20,6 +20,8 @@ use tokio_util::sync::CancellationToken;
 struct Switchable {
     inner: MemoryStore,
     down: AtomicBool,
+    /// Makes `pull` panic: a bug in the dispatcher's path, as a test can cause it.
+    panic_pull: AtomicBool,
 }
 
 impl DedupStore for Switchable {
@@ -69,6 +71,10 @@ impl EventQueue for Switchable {
         self.inner.partitions()
     }
     async fn pull(&self, partition: u16, max: usize) -> Result<Vec<Delivery>, StoreError> {
+        assert!(
+            !self.panic_pull.load(Ordering::SeqCst),
+            "pull panics, as the test asked"
+        );
         self.inner.pull(partition, max).await
     }
     async fn ack(&self, id: QueueId) -> Result<bool, StoreError> {
@@ -111,6 +117,7 @@ async fn an_unavailable_store_gets_503_and_the_retry_is_admitted_once() {
     let store = Switchable {
         inner: MemoryStore::with_clock(MemoryConfig::default(), SystemClock),
         down: AtomicBool::new(true),
+        panic_pull: AtomicBool::new(false),
     };
     let handled = Arc::new(AtomicUsize::new(0));
     let gateway = Gateway::new(
@@ -140,7 +147,7 @@ async fn an_unavailable_store_gets_503_and_the_retry_is_admitted_once() {
     };
     let _ = rustls::crypto::ring::default_provider().install_default();
     let client = reqwest::Client::new();
-    let message = r#"{"schema":"2.0","header":{"event_id":"ev_outage","event_type":"im.chat.updated_v1","create_time":"1700000000000"},"event":{"chat_id":"oc_1"}}"#;
+    let message = r#"{"schema":"2.0","header":{"event_id":"ev_outage","event_type":"im.chat.updated_v1","create_time":"1700000000000","app_id":"cli_outage"},"event":{"chat_id":"oc_1"}}"#;
     let send = |nonce: &'static str| {
         let (client, url, app) = (client.clone(), url.clone(), app.clone());
         async move {
@@ -180,4 +187,108 @@ async fn an_unavailable_store_gets_503_and_the_retry_is_admitted_once() {
     shutdown.cancel();
     serving.await.expect("join").expect("serve");
     dispatching.await.expect("join").expect("dispatcher");
+}
+
+struct Panics;
+
+impl Handler for Panics {
+    async fn handle(&self, _: &Event, _: &str, _: u32) -> Result<Option<Bytes>, SinkError> {
+        panic!("a handler bug")
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dying_dispatcher_fails_readiness_and_stops_the_gateway_and_a_panicking_handler_does_not()
+{
+    let store = Switchable {
+        inner: MemoryStore::with_clock(
+            MemoryConfig {
+                partitions: 2,
+                ..MemoryConfig::default()
+            },
+            SystemClock,
+        ),
+        down: AtomicBool::new(false),
+        panic_pull: AtomicBool::new(false),
+    };
+    let mut timing = Timing::default();
+    timing.dispatcher.max_attempts = 2;
+    timing.dispatcher.backoff_base = Duration::from_millis(10);
+    timing.dispatcher.backoff_max = Duration::from_millis(10);
+    let gateway = Gateway::new(
+        store,
+        GatewayParts {
+            timing,
+            ..GatewayParts::default()
+        },
+    )
+    .route(&["*"], Arc::new(HandlerSink(Panics)), false)
+    .expect("route");
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let admin = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let ready = format!("http://{}/readyz", admin.local_addr().expect("addr"));
+    let shutdown = CancellationToken::new();
+    let serving = {
+        let (gateway, shutdown) = (gateway.clone(), shutdown.clone());
+        tokio::spawn(async move { gateway.serve(listener, admin, shutdown).await })
+    };
+    let dispatching = {
+        let (gateway, shutdown) = (gateway.clone(), shutdown.clone());
+        tokio::spawn(async move { gateway.dispatch(shutdown).await })
+    };
+    let event = Event {
+        source: "feishu".into(),
+        app: "cli_x".into(),
+        tenant: None,
+        event_id: "e1".into(),
+        event_type: "t".into(),
+        created_at_ms: 1,
+        order_key: Some("oc".into()),
+        payload: Bytes::from_static(b"{}"),
+    };
+    let key = oncegate_core::key_for("feishu", "cli_x", "event_id", "e1");
+    let store = gateway.store();
+    store
+        .admit(event, &[key], Duration::from_secs(3600))
+        .await
+        .expect("admit");
+    // The panicking handler fails its attempts and is dead-lettered; the dispatcher lives on.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while store
+        .dead_letters(10)
+        .await
+        .expect("dead letters")
+        .is_empty()
+    {
+        assert!(std::time::Instant::now() < deadline, "never dead-lettered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let letters = store.dead_letters(10).await.expect("dead letters");
+    assert!(
+        letters[0].reason.contains("panicked"),
+        "{}",
+        letters[0].reason
+    );
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = reqwest::Client::new();
+    let status = client.get(&ready).send().await.expect("readyz").status();
+    assert_eq!(status, 200);
+    assert!(!dispatching.is_finished());
+
+    store.panic_pull.store(true, Ordering::SeqCst);
+    let ended = tokio::time::timeout(Duration::from_secs(10), dispatching)
+        .await
+        .expect("the dispatcher stops")
+        .expect("join");
+    let error = ended
+        .expect_err("a dead dispatcher is an error")
+        .to_string();
+    assert!(error.contains("dispatcher"), "{error}");
+    // Serving stopped too (the shutdown was cancelled), so a supervisor restarts the process.
+    tokio::time::timeout(Duration::from_secs(15), serving)
+        .await
+        .expect("serving stops")
+        .expect("join")
+        .expect("serve");
+    assert!(shutdown.is_cancelled());
 }

@@ -1,0 +1,689 @@
+//! The security rules at the process edge, through the real `oncegate` binary: secrets, the
+//! unsigned path, slow and many sockets, signals, what is logged, stored and forwarded, and the
+//! files it creates.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use oncegate_feishu::FeishuApp;
+
+const APP_ID: &str = "cli_hard";
+const KEY: &str = "hardening-key";
+const TOKEN: &str = "hardening-token";
+
+fn oncegate() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_oncegate"))
+}
+
+/// A running `oncegate serve`, with its stderr collected.
+struct Serve {
+    child: Child,
+    base: String,
+    admin: String,
+    stderr: Arc<Mutex<Vec<String>>>,
+}
+
+impl Serve {
+    /// Starts the gateway on `dir/oncegate.toml` made of `sections` and a Feishu source; the
+    /// `[server]` section gets loopback listeners on free ports before `server`'s lines.
+    fn start(dir: &Path, server: &str, sections: &str) -> Self {
+        let config = dir.join("oncegate.toml");
+        std::fs::write(
+            &config,
+            format!(
+                r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+{server}
+
+[[source]]
+name = "main"
+platform = "feishu"
+app_id = "{APP_ID}"
+encrypt_key = "{KEY}"
+verification_token = "{TOKEN}"
+
+{sections}
+"#
+            ),
+        )
+        .expect("config");
+        let mut child = oncegate()
+            .args(["serve", "--config"])
+            .arg(&config)
+            .current_dir(dir)
+            .env(
+                "ONCEGATE_LOG",
+                std::env::var("E2E_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start oncegate serve");
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        {
+            let lines = stderr.clone();
+            let pipe = child.stderr.take().expect("stderr");
+            std::thread::spawn(move || {
+                for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                    lines.lock().expect("stderr").push(line);
+                }
+            });
+        }
+        let mut reader = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut line = String::new();
+        reader.read_line(&mut line).expect("first line");
+        let urls: Vec<String> = line
+            .split_whitespace()
+            .filter(|w| w.starts_with("http://"))
+            .map(|w| w.trim_end_matches(',').to_owned())
+            .collect();
+        assert_eq!(
+            urls.len(),
+            2,
+            "first line {line:?}, stderr {:?}",
+            stderr.lock()
+        );
+        std::thread::spawn(move || for _ in reader.lines() {});
+        Self {
+            child,
+            base: urls[0].clone(),
+            admin: urls[1].clone(),
+            stderr,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("{}/webhook/main", self.base)
+    }
+
+    fn addr(&self) -> String {
+        self.base.trim_start_matches("http://").to_owned()
+    }
+
+    fn stderr(&self) -> String {
+        self.stderr.lock().expect("stderr").join("\n")
+    }
+
+    fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    }
+
+    /// Waits for the process to end, at most `limit`; the exit status and how long it took.
+    fn wait_exit(&mut self, limit: Duration) -> (std::process::ExitStatus, Duration) {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return (status, start.elapsed());
+            }
+            assert!(start.elapsed() < limit, "still running after {limit:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn app() -> FeishuApp {
+    FeishuApp::new(false, APP_ID, Some(KEY.into()), Some(TOKEN.into())).expect("app")
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn message(event_id: &str, chat: &str, create_time: &str) -> String {
+    serde_json::json!({
+        "schema": "2.0",
+        "header": {"event_id": event_id, "token": TOKEN, "create_time": create_time,
+                   "event_type": "im.message.receive_v1", "tenant_key": "t", "app_id": APP_ID},
+        "event": {"message": {"message_id": format!("om_{event_id}"), "chat_id": chat}}
+    })
+    .to_string()
+}
+
+/// Posts `plain` signed and encrypted as Feishu would; the status and body.
+async fn post_signed(client: &reqwest::Client, url: &str, plain: &str) -> (u16, String) {
+    let timestamp = now_secs().to_string();
+    let nonce = format!("{:016x}", fastrand::u64(..));
+    let mut iv = [0u8; 16];
+    fastrand::fill(&mut iv);
+    let (body, signature) = app().seal(plain.as_bytes(), &timestamp, &nonce, iv);
+    let response = client
+        .post(url)
+        .header("x-lark-request-timestamp", &timestamp)
+        .header("x-lark-request-nonce", &nonce)
+        .header("x-lark-signature", signature.expect("signed"))
+        .body(body)
+        .send()
+        .await
+        .expect("post");
+    let status = response.status().as_u16();
+    (status, response.text().await.unwrap_or_default())
+}
+
+async fn post_unsigned(client: &reqwest::Client, url: &str, body: Vec<u8>) -> (u16, String) {
+    let response = client.post(url).body(body).send().await.expect("post");
+    let status = response.status().as_u16();
+    (status, response.text().await.unwrap_or_default())
+}
+
+fn client() -> reqwest::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::new()
+}
+
+async fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// A file route to `dir/events.jsonl`.
+fn file_route(dir: &Path, extra: &str) -> String {
+    format!(
+        "[[route]]\nevents = [\"*\"]\nsink = \"file\"\npath = \"{}\"\n{extra}\n",
+        dir.join("out/events.jsonl").display()
+    )
+}
+
+fn lines(dir: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(dir.join("out/events.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json line"))
+        .collect()
+}
+
+#[test]
+fn an_empty_secret_stops_check_config_and_serve_naming_source_and_setting() {
+    let dir = tempfile::tempdir().expect("dir");
+    let blank = dir.path().join("blank");
+    std::fs::write(&blank, "\n").expect("write");
+    let config = dir.path().join("oncegate.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[[source]]
+name = "main"
+platform = "feishu"
+app_id = "cli_x"
+encrypt_key = {{ env = "ONCEGATE_TEST_BLANK_KEY" }}
+verification_token = {{ file = "{}" }}
+"#,
+            blank.display()
+        ),
+    )
+    .expect("config");
+    let checked = oncegate()
+        .arg("check-config")
+        .arg(&config)
+        .env("ONCEGATE_TEST_BLANK_KEY", "")
+        .output()
+        .expect("check-config");
+    let out = String::from_utf8_lossy(&checked.stdout);
+    assert_eq!(checked.status.code(), Some(1), "{out}");
+    assert!(
+        out.contains("source[0].encrypt_key")
+            && out.contains("ONCEGATE_TEST_BLANK_KEY is empty")
+            && out.contains("source[0].verification_token"),
+        "{out}"
+    );
+    let served = oncegate()
+        .args(["serve", "--config"])
+        .arg(&config)
+        .current_dir(dir.path())
+        .env("ONCEGATE_TEST_BLANK_KEY", "")
+        .output()
+        .expect("serve");
+    let err = String::from_utf8_lossy(&served.stderr);
+    assert!(!served.status.success(), "serve started: {err}");
+    assert!(
+        err.contains("source[0].encrypt_key") && err.contains("empty"),
+        "{err}"
+    );
+    assert!(served.stdout.is_empty(), "serve must not listen");
+
+    // No secret at all: refused without the explicit opt-in.
+    std::fs::write(
+        &config,
+        "[[source]]\nname = \"main\"\nplatform = \"feishu\"\napp_id = \"cli_x\"\n",
+    )
+    .expect("config");
+    let checked = oncegate()
+        .arg("check-config")
+        .arg(&config)
+        .output()
+        .expect("run");
+    let out = String::from_utf8_lossy(&checked.stdout);
+    assert_eq!(checked.status.code(), Some(1), "{out}");
+    assert!(out.contains("allow_unsigned = true"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_unsigned_failure_gets_one_answer_and_a_summary_line() {
+    let dir = tempfile::tempdir().expect("dir");
+    let gateway = Serve::start(
+        dir.path(),
+        "log_interval = \"500ms\"",
+        &file_route(dir.path(), ""),
+    );
+    let client = client();
+    let seal = |plain: &[u8]| {
+        serde_json::json!({"encrypt": oncegate_feishu::encrypt(KEY, plain, [9; 16])})
+            .to_string()
+            .into_bytes()
+    };
+    let challenge =
+        format!(r#"{{"challenge":"ch-1","token":"{TOKEN}","type":"url_verification"}}"#);
+    let (status, body) = post_unsigned(&client, &gateway.url(), seal(challenge.as_bytes())).await;
+    assert_eq!((status, body.as_str()), (200, r#"{"challenge":"ch-1"}"#));
+    // What a padding-oracle attacker sends: a captured event, tampered ciphertexts, garbage.
+    let captured = seal(message("ev1", "oc", "1").as_bytes());
+    let mut tampered = captured.clone();
+    let at = tampered.len() - 5;
+    tampered[at] = if tampered[at] == b'A' { b'B' } else { b'A' };
+    let bodies = [
+        captured,
+        tampered,
+        seal(b"not json"),
+        seal(challenge.replace(TOKEN, "wrong").as_bytes()),
+        b"{\"encrypt\":\"!!!\"}".to_vec(),
+        b"not json".to_vec(),
+        message("ev2", "oc", "1").into_bytes(),
+        vec![b'{'; 5000],
+    ];
+    let mut answers = std::collections::HashSet::new();
+    for body in &bodies {
+        for _ in 0..5 {
+            answers.insert(post_unsigned(&client, &gateway.url(), body.clone()).await);
+        }
+    }
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    let (status, body) = answers.into_iter().next().expect("one");
+    assert_eq!(status, 401, "{body}");
+    assert!(body.contains("unsigned request"), "{body}");
+    // Nothing was admitted, and the log has one summary for the 40 refusals, not 40 lines.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert!(lines(dir.path()).is_empty());
+    let log = gateway.stderr();
+    let summaries: Vec<&str> = log.lines().filter(|l| l.contains("unsigned")).collect();
+    assert_eq!(summaries.len(), 1, "{log}");
+    assert!(summaries[0].contains("40 × unsigned"), "{log}");
+    assert!(
+        summaries[0].contains("127.0.0.1"),
+        "the last address: {log}"
+    );
+    assert!(!log.contains(KEY) && !log.contains(TOKEN), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_and_idle_sockets_are_cut_off_and_connections_are_bounded() {
+    let dir = tempfile::tempdir().expect("dir");
+    let gateway = Serve::start(
+        dir.path(),
+        "header_timeout = \"700ms\"\nbody_timeout = \"700ms\"\nmax_connections = 8\nbody_limit = 65536",
+        &file_route(dir.path(), ""),
+    );
+    let addr = gateway.addr();
+    let connect = || {
+        let stream = TcpStream::connect(&addr).expect("connect");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        stream
+    };
+    // Reads until the gateway closes; what it sent and how long it took.
+    let until_closed = |mut stream: TcpStream| {
+        let start = Instant::now();
+        let mut got = Vec::new();
+        let _ = stream.read_to_end(&mut got);
+        (String::from_utf8_lossy(&got).into_owned(), start.elapsed())
+    };
+    // An idle connection, and one that stops halfway through its headers.
+    let idle = connect();
+    let mut half_headers = connect();
+    half_headers
+        .write_all(b"POST /webhook/main HTTP/1.1\r\nHost: x\r\nX-Slow: aaaa")
+        .expect("write");
+    for stream in [idle, half_headers] {
+        let (_, took) = until_closed(stream);
+        assert!(took < Duration::from_secs(3), "held for {took:?}");
+    }
+    // A body that stops halfway: 408 after the body deadline.
+    let mut half_body = connect();
+    half_body
+        .write_all(b"POST /webhook/main HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"a\":")
+        .expect("write");
+    let (answer, took) = until_closed(half_body);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(took < Duration::from_secs(3), "held for {took:?}");
+    // A declared length over the limit: 413 at once, before any body is sent.
+    let mut declared = connect();
+    declared
+        .write_all(b"POST /webhook/main HTTP/1.1\r\nHost: x\r\nContent-Length: 999999999\r\n\r\n")
+        .expect("write");
+    let mut head = [0u8; 12];
+    let start = Instant::now();
+    declared.read_exact(&mut head).expect("answer");
+    assert_eq!(&head, b"HTTP/1.1 413");
+    assert!(start.elapsed() < Duration::from_millis(500));
+    drop(declared);
+    // Twelve connections at once: eight are held open, the others closed at once and counted.
+    let held: Vec<TcpStream> = (0..12)
+        .map(|_| {
+            let mut stream = connect();
+            stream
+                .write_all(b"POST /webhook/main HTTP/1.1\r\n")
+                .expect("write");
+            stream
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let closed = held
+        .iter()
+        .filter(|stream| {
+            let mut stream: &TcpStream = stream;
+            stream
+                .set_read_timeout(Some(Duration::from_millis(20)))
+                .expect("timeout");
+            // Closed: an end of stream, or a reset (the request line was never read).
+            match stream.read(&mut [0u8; 1]) {
+                Ok(n) => n == 0,
+                Err(error) => !matches!(
+                    error.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ),
+            }
+        })
+        .count();
+    // A slot of a connection above may still be closing: then one more is closed.
+    assert!((4..=5).contains(&closed), "{closed} of 12 closed at once");
+    // Once the slots are free again a real event gets through.
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    let (status, body) = post_signed(&client(), &gateway.url(), &message("ok", "oc", "1")).await;
+    assert_eq!(status, 200, "{body}");
+    let refused = format!("oncegate_connections_refused_total{{listener=\"webhooks\"}} {closed}");
+    let metrics = client()
+        .get(format!("{}/metrics", gateway.admin))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(metrics.contains(&refused), "{refused}: {metrics}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_ends_within_its_grace_and_a_second_signal_exits_at_once() {
+    let dir = tempfile::tempdir().expect("dir");
+    let sections = format!(
+        "[dispatcher]\nshutdown_grace = \"1s\"\n\n{}",
+        file_route(dir.path(), "")
+    );
+    let mut gateway = Serve::start(dir.path(), "body_timeout = \"60s\"", &sections);
+    // A client that sent its headers and trickles nothing more of its body.
+    let mut slow = TcpStream::connect(gateway.addr()).expect("connect");
+    slow.write_all(b"POST /webhook/main HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        .expect("write");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    gateway.signal("TERM");
+    let (status, took) = gateway.wait_exit(Duration::from_secs(10));
+    assert!(status.success(), "{status:?}: {}", gateway.stderr());
+    assert!(took < Duration::from_secs(4), "shutdown took {took:?}");
+    drop(slow);
+
+    // A second signal while the first shutdown waits: the process exits at once.
+    let dir = tempfile::tempdir().expect("dir");
+    let sections = format!(
+        "[dispatcher]\nshutdown_grace = \"60s\"\n\n{}",
+        file_route(dir.path(), "")
+    );
+    let mut gateway = Serve::start(dir.path(), "body_timeout = \"60s\"", &sections);
+    let mut slow = TcpStream::connect(gateway.addr()).expect("connect");
+    slow.write_all(b"POST /webhook/main HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        .expect("write");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    gateway.signal("TERM");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        gateway.child.try_wait().expect("wait").is_none(),
+        "waits for the grace"
+    );
+    gateway.signal("INT");
+    let (status, took) = gateway.wait_exit(Duration::from_secs(5));
+    assert!(!status.success(), "{status:?}");
+    assert!(took < Duration::from_secs(1), "{took:?}");
+    assert!(
+        gateway.stderr().contains("second signal"),
+        "{}",
+        gateway.stderr()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_and_credentials_are_never_stored_forwarded_or_logged() {
+    let dir = tempfile::tempdir().expect("dir");
+    // An HTTP route whose URL carries credentials and points nowhere (port 9), so its events
+    // are dead-lettered with a reason; a file route for the rest.
+    let sections = format!(
+        r#"[dispatcher]
+max_attempts = 1
+
+[[route]]
+events = ["im.chat.*"]
+sink = "http"
+url = "http://user:hunter2@127.0.0.1:9/in?api_key=s3cr3t"
+timeout = "1s"
+
+{}"#,
+        file_route(dir.path(), "")
+    );
+    let gateway = Serve::start(dir.path(), "", &sections);
+    let client = client();
+    let (status, body) = post_signed(&client, &gateway.url(), &message("m1", "oc", "1")).await;
+    assert_eq!(status, 200, "{body}");
+    let chat = message("c1", "oc", "1").replace("im.message.receive_v1", "im.chat.updated_v1");
+    let (status, body) = post_signed(&client, &gateway.url(), &chat).await;
+    assert_eq!(status, 200, "{body}");
+    wait_until("a line", Duration::from_secs(10), || {
+        !lines(dir.path()).is_empty()
+    })
+    .await;
+    let written = std::fs::read_to_string(dir.path().join("out/events.jsonl")).expect("read");
+    assert!(written.contains("\"event_id\":\"m1\""), "{written}");
+    assert!(
+        !written.contains(TOKEN),
+        "the token is forwarded: {written}"
+    );
+    let dead = || async {
+        client
+            .get(format!("{}/admin/dead-letters", gateway.admin))
+            .send()
+            .await
+            .expect("dead letters")
+            .text()
+            .await
+            .expect("text")
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut letters = dead().await;
+    while !letters.contains("c1") {
+        assert!(Instant::now() < deadline, "never dead-lettered: {letters}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        letters = dead().await;
+    }
+    assert!(letters.contains("127.0.0.1:9/in"), "{letters}");
+    for leak in ["hunter2", "s3cr3t", "user:"] {
+        assert!(!letters.contains(leak), "{leak} in {letters}");
+        assert!(
+            !gateway.stderr().contains(leak),
+            "{leak} in {}",
+            gateway.stderr()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_far_future_creation_time_does_not_poison_the_watermark() {
+    let dir = tempfile::tempdir().expect("dir");
+    let gateway = Serve::start(dir.path(), "", &file_route(dir.path(), "watermark = true"));
+    let client = client();
+    let now_ms = now_secs() * 1000;
+    for (id, created) in [
+        ("far", "1e308".to_owned()),
+        ("next", (now_ms + 1000).to_string()),
+    ] {
+        let (status, body) =
+            post_signed(&client, &gateway.url(), &message(id, "oc_w", &created)).await;
+        assert_eq!(status, 200, "{body}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    wait_until("both events", Duration::from_secs(10), || {
+        lines(dir.path()).len() == 2
+    })
+    .await;
+    let written = lines(dir.path());
+    assert!(written[0]["created_at_ms"].as_u64().expect("ms") <= now_ms + 60_000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_answers_503_and_records_nothing() {
+    let dir = tempfile::tempdir().expect("dir");
+    // A downstream that never answers within the test: every event stays queued.
+    let hung = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let hung_addr = hung.local_addr().expect("addr");
+    let sections = format!(
+        "[dispatcher]\nmax_queued = 3\n\n[[route]]\nevents = [\"*\"]\nsink = \"http\"\nurl = \"http://{hung_addr}/\"\ntimeout = \"5m\"\n"
+    );
+    let gateway = Serve::start(dir.path(), "", &sections);
+    let client = client();
+    let mut statuses = Vec::new();
+    for i in 0..6 {
+        let (status, _) = post_signed(
+            &client,
+            &gateway.url(),
+            &message(&format!("q{i}"), &format!("oc{i}"), "1"),
+        )
+        .await;
+        statuses.push(status);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert_eq!(statuses, [200, 200, 200, 503, 503, 503]);
+    let ready = client
+        .get(format!("{}/readyz", gateway.admin))
+        .send()
+        .await
+        .expect("readyz");
+    assert_eq!(ready.status().as_u16(), 503);
+    assert!(ready.text().await.expect("text").contains("max_queued"));
+    let stats: serde_json::Value = client
+        .get(format!("{}/admin/stats", gateway.admin))
+        .send()
+        .await
+        .expect("stats")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(stats["gateway"]["admitted"], 3, "{stats}");
+    drop(hung);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_are_created_for_the_owner_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("dir");
+    let sections = format!(
+        "[store]\npath = \"{}\"\n\n{}",
+        dir.path().join("state/oncegate.redb").display(),
+        file_route(dir.path(), "")
+    );
+    let gateway = Serve::start(dir.path(), "", &sections);
+    let (status, _) = post_signed(&client(), &gateway.url(), &message("f1", "oc", "1")).await;
+    assert_eq!(status, 200);
+    wait_until("a line", Duration::from_secs(10), || {
+        !lines(dir.path()).is_empty()
+    })
+    .await;
+    let mode = |p: &str| {
+        std::fs::metadata(dir.path().join(p))
+            .expect("metadata")
+            .permissions()
+            .mode()
+            & 0o777
+    };
+    assert_eq!(
+        [
+            mode("state"),
+            mode("state/oncegate.redb"),
+            mode("out"),
+            mode("out/events.jsonl")
+        ],
+        [0o700, 0o600, 0o700, 0o600]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_token_is_checked_first_in_constant_time_and_any_case() {
+    let dir = tempfile::tempdir().expect("dir");
+    let gateway = Serve::start(
+        dir.path(),
+        "admin_token = \"adm1n-t0ken\"",
+        &file_route(dir.path(), ""),
+    );
+    let client = client();
+    let get = |path: &str, auth: Option<&str>| {
+        let mut request = client.get(format!("{}{path}", gateway.admin));
+        if let Some(auth) = auth {
+            request = request.header("authorization", auth);
+        }
+        async move {
+            let response = request.send().await.expect("get");
+            (
+                response.status().as_u16(),
+                response.text().await.unwrap_or_default(),
+            )
+        }
+    };
+    // Unauthenticated: 401 before the query is even read.
+    assert_eq!(get("/admin/record?nonsense", None).await.0, 401);
+    assert_eq!(get("/admin/stats", Some("Bearer wrong")).await.0, 401);
+    assert_eq!(get("/admin/stats", Some("bearer adm1n-t0ken")).await.0, 200);
+    assert_eq!(get("/admin/stats", Some("BEARER adm1n-t0ken")).await.0, 200);
+    let (status, body) = get(
+        &format!("/admin/record?key=+0{}", "0".repeat(30)),
+        Some("Bearer adm1n-t0ken"),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    let (status, body) = get("/admin/record", Some("Bearer adm1n-t0ken")).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("key="), "{body}");
+}
