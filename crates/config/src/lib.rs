@@ -450,7 +450,18 @@ pub fn load(
         })?,
         None => String::new(),
     };
-    let mut table: toml::Table = toml::from_str(&text).map_err(|error| LoadError::Parse {
+    load_str(&text, &origin, env)
+}
+
+/// Reads configuration text (`origin` names it in errors) and applies `ONCEGATE_*` variables
+/// from `env`, as [`load`] does for a file.
+pub fn load_str(
+    text: &str,
+    origin: &Path,
+    env: impl IntoIterator<Item = (String, String)>,
+) -> Result<Config, LoadError> {
+    let origin = origin.to_path_buf();
+    let mut table: toml::Table = toml::from_str(text).map_err(|error| LoadError::Parse {
         path: origin.clone(),
         message: error.to_string(),
     })?;

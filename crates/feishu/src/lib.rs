@@ -51,6 +51,9 @@ pub enum FeishuError {
         "unsigned request: with an encrypt key configured, only the URL-verification challenge may come without X-Lark-Signature"
     )]
     Unsigned,
+    /// The timestamp header is not unix seconds.
+    #[error("X-Lark-Request-Timestamp {0:?} is not unix seconds")]
+    BadTimestamp(String),
     /// The event names no app.
     #[error("the event has no {0}: every event must name the app it is for")]
     MissingApp(&'static str),
@@ -91,6 +94,7 @@ impl FeishuError {
             FeishuError::UnknownEnvelope(_) => "unknown_envelope",
             FeishuError::WrongApp { .. } => "wrong_app",
             FeishuError::Unsigned => "unsigned",
+            FeishuError::BadTimestamp(_) => "bad_timestamp",
             FeishuError::MissingApp(_) => "missing_app",
             FeishuError::EmptySecret(_) => "empty_secret",
         }
@@ -106,6 +110,22 @@ pub struct SignedHeaders<'a> {
     pub nonce: Option<&'a str>,
     /// `X-Lark-Signature`.
     pub signature: Option<&'a str>,
+}
+
+impl<'a> SignedHeaders<'a> {
+    /// The replay stamp (timestamp in unix seconds, nonce), when both headers came; a
+    /// timestamp that is not unix seconds is an error that says so.
+    pub fn stamp(&self) -> Result<Option<(u64, &'a str)>, FeishuError> {
+        let (Some(timestamp), Some(nonce)) = (self.timestamp, self.nonce) else {
+            return Ok(None);
+        };
+        match timestamp.trim().parse::<u64>() {
+            Ok(seconds) => Ok(Some((seconds, nonce))),
+            Err(_) => Err(FeishuError::BadTimestamp(
+                timestamp.chars().take(40).collect(),
+            )),
+        }
+    }
 }
 
 /// One configured Feishu or Lark app.

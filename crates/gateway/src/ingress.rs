@@ -274,18 +274,10 @@ fn check_replay<'a>(
     let Some(guard) = &source.replay else {
         return Ok(None);
     };
-    let (Some(timestamp), Some(nonce)) = (signed.timestamp, signed.nonce) else {
-        return Ok(None);
-    };
-    let Ok(timestamp) = timestamp.trim().parse::<u64>() else {
-        return Err((
-            "bad_timestamp",
-            StatusCode::BAD_REQUEST,
-            format!(
-                "X-Lark-Request-Timestamp {:?} is not unix seconds",
-                timestamp.chars().take(40).collect::<String>()
-            ),
-        ));
+    let (timestamp, nonce) = match signed.stamp() {
+        Ok(Some(stamp)) => stamp,
+        Ok(None) => return Ok(None),
+        Err(error) => return Err((error.label(), StatusCode::BAD_REQUEST, error.to_string())),
     };
     match lock(guard).check(timestamp, nonce, now_secs) {
         ReplayVerdict::Fresh => Ok(Some(nonce)),

@@ -1,0 +1,138 @@
+//! Fuzz targets for every decoder that takes outside bytes. Each is a plain function of the
+//! input: `fuzz/` runs them under libFuzzer, and `tests/corpus.rs` runs them over the seed
+//! corpus and every saved crash, so that a crash once found stays a regression test.
+//!
+//! A target fails by panicking: on a crash of the code under test, or on a broken invariant it
+//! asserts.
+
+use oncegate_core::replay::{ReplayGuard, ReplayVerdict};
+use oncegate_feishu::{FeishuApp, FeishuError, Inbound, SignedHeaders};
+
+/// Every target, by the name of its corpus folder.
+pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+    ("feishu_envelope", feishu_envelope),
+    ("feishu_decrypt", feishu_decrypt),
+    ("replay_stamp", replay_stamp),
+    ("config", config),
+];
+
+const KEY: &str = "fuzz-encrypt-key";
+const TOKEN: &str = "fuzz-token";
+const TIMESTAMP: &str = "1700000000";
+const NONCE: &str = "fuzz-nonce";
+
+/// The Feishu decoder. The first byte chooses the case: bit 0 an app with an encrypt key,
+/// bit 1 a request signed with it, bit 2 the rest sealed (encrypted) first, so that the fuzzer
+/// explores decrypted documents without having to learn AES. The rest is the body.
+pub fn feishu_envelope(data: &[u8]) {
+    let Some((&mode, rest)) = data.split_first() else {
+        return;
+    };
+    let keyed = mode & 1 != 0;
+    let Ok(app) = FeishuApp::new(
+        false,
+        "cli_fuzz",
+        keyed.then(|| KEY.to_owned()),
+        Some(TOKEN.into()),
+    ) else {
+        panic!("a valid app");
+    };
+    let body = if mode & 4 != 0 && keyed {
+        app.seal(rest, TIMESTAMP, NONCE, [7; 16]).0
+    } else {
+        rest.to_vec()
+    };
+    let signature = oncegate_feishu::signature(TIMESTAMP, NONCE, KEY, &body);
+    let headers = if mode & 2 != 0 {
+        SignedHeaders {
+            timestamp: Some(TIMESTAMP),
+            nonce: Some(NONCE),
+            signature: Some(&signature),
+        }
+    } else {
+        SignedHeaders::default()
+    };
+    let opened = app.open(headers, &body);
+    if keyed && headers.signature.is_none() {
+        // The unsigned path has exactly two answers: the challenge, or the one refusal.
+        assert!(
+            matches!(
+                opened,
+                Ok(Inbound::Challenge { .. }) | Err(FeishuError::Unsigned)
+            ),
+            "the unsigned path told more: {opened:?}"
+        );
+    }
+    if let Ok(Inbound::Event(verified) | Inbound::Card(verified)) = &opened {
+        assert!(!verified.keys.is_empty(), "an event without keys");
+    }
+    if let Err(error) = &opened {
+        let _ = (error.status(), error.label(), error.to_string());
+    }
+}
+
+/// AES-256-CBC with the key derived from an encrypt key: decryption of any text, and the round
+/// trip of any plaintext. The first byte is the key's length (mod 32).
+pub fn feishu_decrypt(data: &[u8]) {
+    let Some((&length, rest)) = data.split_first() else {
+        return;
+    };
+    let split = usize::from(length % 32).min(rest.len());
+    let (key, text) = rest.split_at(split);
+    let key = String::from_utf8_lossy(key);
+    let _ = oncegate_feishu::decrypt(&key, &String::from_utf8_lossy(text));
+    let sealed = oncegate_feishu::encrypt(&key, text, [3; 16]);
+    assert_eq!(
+        oncegate_feishu::decrypt(&key, &sealed).ok().as_deref(),
+        Some(text),
+        "round trip"
+    );
+}
+
+/// The replay stamp (timestamp and nonce headers) and the guard that checks it: lines of
+/// `timestamp nonce now` run through parse, check and remember.
+pub fn replay_stamp(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let mut guard = ReplayGuard::new(300, 64);
+    for line in text.lines().take(256) {
+        let mut parts = line.splitn(3, ' ');
+        let headers = SignedHeaders {
+            timestamp: parts.next(),
+            nonce: parts.next(),
+            signature: None,
+        };
+        let now = parts
+            .next()
+            .and_then(|n| n.trim().parse::<u64>().ok())
+            .unwrap_or(1_700_000_000);
+        let Ok(Some((timestamp, nonce))) = headers.stamp() else {
+            continue;
+        };
+        match guard.check(timestamp, nonce, now) {
+            ReplayVerdict::Fresh => {
+                guard.remember(nonce, now);
+                assert_eq!(
+                    guard.check(timestamp, nonce, now),
+                    ReplayVerdict::Replayed,
+                    "a remembered nonce is a replay"
+                );
+            }
+            ReplayVerdict::Stale { .. } | ReplayVerdict::Replayed | ReplayVerdict::Saturated => {}
+        }
+    }
+}
+
+/// The configuration loader: TOML text, then after a NUL byte `NAME=value` lines taken as the
+/// environment; whatever loads is validated.
+pub fn config(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let (toml, env) = text.split_once('\0').unwrap_or((&text, ""));
+    let env: Vec<(String, String)> = env
+        .lines()
+        .filter_map(|line| line.split_once('='))
+        .map(|(name, value)| (name.to_owned(), value.to_owned()))
+        .collect();
+    if let Ok(config) = oncegate_config::load_str(toml, std::path::Path::new("fuzz.toml"), env) {
+        let _ = oncegate_config::validate(&config);
+    }
+}
