@@ -8,8 +8,11 @@
 use oncegate_core::replay::{ReplayGuard, ReplayVerdict};
 use oncegate_feishu::{FeishuApp, FeishuError, Inbound, SignedHeaders};
 
+/// A fuzz target: one input, a panic on failure.
+pub type Target = fn(&[u8]);
+
 /// Every target, by the name of its corpus folder.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Target)] = &[
     ("feishu_envelope", feishu_envelope),
     ("feishu_decrypt", feishu_decrypt),
     ("replay_stamp", replay_stamp),
