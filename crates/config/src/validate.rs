@@ -40,6 +40,14 @@ fn human(duration: Duration) -> String {
     humantime::format_duration(duration).to_string()
 }
 
+/// How a URL that is refused is named in messages: by its scheme, never with its credentials.
+fn scheme_of(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, _)) => format!("a {:?} URL", scheme.chars().take(16).collect::<String>()),
+        None => "the value (no scheme://)".to_owned(),
+    }
+}
+
 /// The largest value each numeric setting may take: beyond these a setting is a typo, and some
 /// (a concurrency of 3e18) would make the gateway fail at run time instead of at start.
 fn bounds(config: &Config, report: &mut impl FnMut(Severity, &str, String)) {
@@ -423,7 +431,8 @@ pub fn validate(config: &Config) -> Vec<Problem> {
             Some(url) if !(url.starts_with("redis://") || url.starts_with("rediss://")) => report(
                 Severity::Error,
                 "store.url",
-                format!("{url:?} is not a redis:// or rediss:// URL"),
+                // Not the URL itself: it may carry a password.
+                format!("{} is not a redis:// or rediss:// URL", scheme_of(url)),
             ),
             Some(_) => {
                 if config.store.path.is_some() {
@@ -632,7 +641,7 @@ pub fn validate(config: &Config) -> Vec<Problem> {
                 Some(url) => report(
                     Severity::Error,
                     &at("url"),
-                    format!("{url:?} is not an http:// or https:// URL"),
+                    format!("{} is not an http:// or https:// URL", scheme_of(url)),
                 ),
                 None => report(
                     Severity::Error,

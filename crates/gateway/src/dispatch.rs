@@ -200,7 +200,7 @@ async fn handle<S: Store>(shared: &Shared<S>, delivery: Delivery, held: &Held) {
     let event = &delivery.event;
     let Some(route) = shared.route_for(&event.event_type) else {
         stats.bump(&stats.unrouted, "oncegate_unrouted_total");
-        finish(shared, &delivery, &lease, None).await;
+        finish(shared, &delivery, &lease).await;
         return;
     };
     if route.watermark
@@ -214,7 +214,7 @@ async fn handle<S: Store>(shared: &Shared<S>, delivery: Delivery, held: &Held) {
             Ok(WatermarkOutcome::Stale { current }) => {
                 tracing::info!(event_id = %event.event_id, current, created = event.created_at_ms, "stale event dropped");
                 stats.bump(&stats.stale_dropped, "oncegate_stale_dropped_total");
-                finish(shared, &delivery, &lease, None).await;
+                finish(shared, &delivery, &lease).await;
                 return;
             }
             Ok(WatermarkOutcome::Accepted { .. }) => {}
@@ -269,7 +269,7 @@ async fn handle<S: Store>(shared: &Shared<S>, delivery: Delivery, held: &Held) {
             // Nobody reads an event's answer: keeping it would only hold memory for the whole
             // retention.
             stats.bump(&stats.delivered, "oncegate_delivered_total");
-            finish(shared, &delivery, &lease, None).await;
+            finish(shared, &delivery, &lease).await;
         }
         Err(SinkError::Transient(reason))
             if delivery.attempt + 1 < timing.dispatcher.max_attempts =>
@@ -307,36 +307,19 @@ async fn handle<S: Store>(shared: &Shared<S>, delivery: Delivery, held: &Held) {
 }
 
 /// Complete (the holder's compare-and-set) and ack.
-async fn finish<S: Store>(
-    shared: &Shared<S>,
-    delivery: &Delivery,
-    lease: &Lease,
-    outcome: Option<bytes::Bytes>,
-) {
+async fn finish<S: Store>(shared: &Shared<S>, delivery: &Delivery, lease: &Lease) {
     let stats = &shared.stats;
-    match shared
-        .store
-        .complete_and_ack(lease, shared.timing.retention, outcome, delivery.id)
-        .await
-    {
-        Ok(FenceCheck::Accepted) => {}
-        Ok(FenceCheck::Rejected) => {
-            stats.bump(&stats.fenced, "oncegate_fenced_total");
-            tracing::warn!(event_id = %delivery.event.event_id, "completion refused: the lease was taken over");
-        }
-        Err(error) => {
-            // Not recorded: after a retry the claim sees Pending again and runs it once more,
-            // with the same idempotency key.
-            shared.summaries.note(
-                "complete_failed",
-                None,
-                &format!("complete failed, the event will run again: {error}"),
-            );
-            insist(&shared.summaries, "retry", || {
-                shared.store.retry(delivery.id, shared.now_ms() + 1000)
-            })
-            .await;
-        }
+    // The handler has run: insist on recording it (the store may be restarting). Giving up here
+    // would run the event again; if the lease is taken over meanwhile, the fence refuses it.
+    let fence = insist(&shared.summaries, "complete", || {
+        shared
+            .store
+            .complete_and_ack(lease, shared.timing.retention, None, delivery.id)
+    })
+    .await;
+    if fence == FenceCheck::Rejected {
+        stats.bump(&stats.fenced, "oncegate_fenced_total");
+        tracing::warn!(event_id = %delivery.event.event_id, "completion refused: the lease was taken over");
     }
 }
 

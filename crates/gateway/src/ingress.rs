@@ -24,8 +24,10 @@ use crate::{Shared, Source};
 
 /// Feishu waits 3 s for a card answer; leave room for the way back.
 const CARD_DEADLINE: Duration = Duration::from_millis(2_500);
-/// How often the queue depth is read from the store.
+/// How often the queue depth is read from the store when `dispatcher.max_queued` bounds it,
+/// and when it only feeds the gauge.
 const QUEUE_SAMPLE: Duration = Duration::from_millis(250);
+const QUEUE_GAUGE_SAMPLE: Duration = Duration::from_secs(5);
 
 pub(crate) fn router<S: Store>(shared: Arc<Shared<S>>) -> Router {
     Router::new()
@@ -206,7 +208,12 @@ fn clamp_creation_time<S: Store>(shared: &Shared<S>, event: &mut oncegate_core::
 /// Samples the store's queue depth for the `dispatcher.max_queued` bound, `/readyz` and the
 /// `oncegate_queue_depth` gauge.
 pub(crate) async fn watch_queue<S: Store>(shared: Arc<Shared<S>>, shutdown: CancellationToken) {
-    let mut tick = tokio::time::interval(QUEUE_SAMPLE);
+    let period = if shared.max_queued.is_some() {
+        QUEUE_SAMPLE
+    } else {
+        QUEUE_GAUGE_SAMPLE
+    };
+    let mut tick = tokio::time::interval(period);
     loop {
         tokio::select! {
             _ = tick.tick() => {}
