@@ -687,3 +687,70 @@ async fn the_admin_token_is_checked_first_in_constant_time_and_any_case() {
     assert_eq!(status, 400, "{body}");
     assert!(body.contains("key="), "{body}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_events_downstream_answer_is_not_kept() {
+    // A downstream that answers every event with 200 KiB.
+    let app = axum::Router::new().route(
+        "/in",
+        axum::routing::post(|| async { vec![b'a'; 200 * 1024] }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let dir = tempfile::tempdir().expect("dir");
+    let sections = format!(
+        "[[route]]\nevents = [\"*\"]\nsink = \"http\"\nurl = \"http://{addr}/in\"\nsecret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\n"
+    );
+    let gateway = Serve::start(dir.path(), "", &sections);
+    let client = client();
+    let (status, _) = post_signed(&client, &gateway.url(), &message("big", "oc", "1")).await;
+    assert_eq!(status, 200);
+    let key = oncegate_core::key_for("feishu", APP_ID, "event_id", "big");
+    let record = || async {
+        client
+            .get(format!("{}/admin/record?key={key}", gateway.admin))
+            .send()
+            .await
+            .expect("record")
+            .json::<serde_json::Value>()
+            .await
+            .expect("json")
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut found = record().await;
+    while found["record"]["state"] != "completed" {
+        assert!(Instant::now() < deadline, "never completed: {found}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        found = record().await;
+    }
+    assert_eq!(
+        found["record"]["outcome_bytes"],
+        serde_json::Value::Null,
+        "{found}"
+    );
+}
+
+#[test]
+fn a_redis_password_never_reaches_the_startup_error() {
+    let dir = tempfile::tempdir().expect("dir");
+    let config = dir.path().join("oncegate.toml");
+    // Nothing listens on port 1: the connection fails at start.
+    std::fs::write(
+        &config,
+        "[store]\nbackend = \"redis\"\nurl = \"redis://:hunter2@127.0.0.1:1/0\"\n\n[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n",
+    )
+    .expect("config");
+    let served = oncegate()
+        .args(["serve", "--config"])
+        .arg(&config)
+        .current_dir(dir.path())
+        .output()
+        .expect("serve");
+    let err = String::from_utf8_lossy(&served.stderr);
+    assert!(!served.status.success(), "{err}");
+    assert!(err.contains("127.0.0.1:1"), "{err}");
+    assert!(!err.contains("hunter2"), "{err}");
+}
