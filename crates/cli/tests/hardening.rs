@@ -439,36 +439,34 @@ async fn slow_and_idle_sockets_are_cut_off_and_connections_are_bounded() {
     assert!(metrics.contains(&refused), "{refused}: {metrics}");
 }
 
+/// A gateway with `grace` and a client that sent its headers and trickles nothing more of its
+/// body.
+async fn with_a_stuck_client(dir: &Path, grace: &str) -> (Serve, TcpStream) {
+    let sections = format!(
+        "[dispatcher]\nshutdown_grace = \"{grace}\"\n\n{}",
+        file_route(dir, "")
+    );
+    let gateway = Serve::start(dir, "body_timeout = \"60s\"", &sections);
+    let mut stuck = TcpStream::connect(gateway.addr()).expect("connect");
+    stuck
+        .write_all(b"POST /webhook/main HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        .expect("write");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    (gateway, stuck)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_ends_within_its_grace_and_a_second_signal_exits_at_once() {
     let dir = tempfile::tempdir().expect("dir");
-    let sections = format!(
-        "[dispatcher]\nshutdown_grace = \"1s\"\n\n{}",
-        file_route(dir.path(), "")
-    );
-    let mut gateway = Serve::start(dir.path(), "body_timeout = \"60s\"", &sections);
-    // A client that sent its headers and trickles nothing more of its body.
-    let mut slow = TcpStream::connect(gateway.addr()).expect("connect");
-    slow.write_all(b"POST /webhook/main HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
-        .expect("write");
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (mut gateway, _stuck) = with_a_stuck_client(dir.path(), "1s").await;
     gateway.signal("TERM");
     let (status, took) = gateway.wait_exit(Duration::from_secs(10));
     assert!(status.success(), "{status:?}: {}", gateway.stderr());
     assert!(took < Duration::from_secs(4), "shutdown took {took:?}");
-    drop(slow);
 
     // A second signal while the first shutdown waits: the process exits at once.
     let dir = tempfile::tempdir().expect("dir");
-    let sections = format!(
-        "[dispatcher]\nshutdown_grace = \"60s\"\n\n{}",
-        file_route(dir.path(), "")
-    );
-    let mut gateway = Serve::start(dir.path(), "body_timeout = \"60s\"", &sections);
-    let mut slow = TcpStream::connect(gateway.addr()).expect("connect");
-    slow.write_all(b"POST /webhook/main HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
-        .expect("write");
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (mut gateway, _stuck) = with_a_stuck_client(dir.path(), "60s").await;
     gateway.signal("TERM");
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(

@@ -373,17 +373,26 @@ async fn admit<S: Store>(
             };
             to_spool(shared, spool, event, keys, nonce).await
         }
-        Err(error) => {
-            stats.bump(&stats.store_unavailable, "oncegate_store_unavailable_total");
-            let message = error.to_string();
-            shared.summaries.note(
-                "admit_failed",
-                peer,
-                &format!("admit failed, answered 503 so that the platform retries: {message}"),
-            );
-            refuse(StatusCode::SERVICE_UNAVAILABLE, message)
-        }
+        Err(error) => unavailable(shared, "admit_failed", peer, &error),
     }
+}
+
+/// 503: nothing was recorded and the platform retries; counted and summarized.
+fn unavailable<S>(
+    shared: &Shared<S>,
+    kind: &'static str,
+    peer: Option<SocketAddr>,
+    error: &dyn std::fmt::Display,
+) -> Response {
+    let stats = &shared.stats;
+    stats.bump(&stats.store_unavailable, "oncegate_store_unavailable_total");
+    let message = error.to_string();
+    shared.summaries.note(
+        kind,
+        peer,
+        &format!("{kind}, answered 503 so that the platform retries: {message}"),
+    );
+    refuse(StatusCode::SERVICE_UNAVAILABLE, message)
 }
 
 /// Accepts an admission into the spool: 200 once it is on disk, 503 if the spool is full or
@@ -402,16 +411,7 @@ async fn to_spool<S: Store>(
             shared.spooled.notify_one();
             answer(StatusCode::OK, json!({ "msg": "success", "spooled": true }))
         }
-        Err(error) => {
-            stats.bump(&stats.store_unavailable, "oncegate_store_unavailable_total");
-            let message = error.to_string();
-            shared.summaries.note(
-                "spool_failed",
-                None,
-                &format!("cannot spool, answered 503 so that the platform retries: {message}"),
-            );
-            refuse(StatusCode::SERVICE_UNAVAILABLE, message)
-        }
+        Err(error) => unavailable(shared, "spool_failed", None, &error),
     }
 }
 

@@ -102,6 +102,38 @@ impl WatermarkStore for Switchable {
     }
 }
 
+/// A gateway serving and dispatching on loopback, until `shutdown`.
+struct Running {
+    webhooks: String,
+    admin: String,
+    shutdown: CancellationToken,
+    serving: tokio::task::JoinHandle<Result<(), oncegate_gateway::GatewayError>>,
+    dispatching: tokio::task::JoinHandle<Result<(), oncegate_gateway::GatewayError>>,
+}
+
+async fn run(gateway: &Gateway<Switchable>) -> Running {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let admin = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let webhooks = format!("http://{}", listener.local_addr().expect("addr"));
+    let admin_url = format!("http://{}", admin.local_addr().expect("addr"));
+    let shutdown = CancellationToken::new();
+    let serving = {
+        let (gateway, shutdown) = (gateway.clone(), shutdown.clone());
+        tokio::spawn(async move { gateway.serve(listener, admin, shutdown).await })
+    };
+    let dispatching = {
+        let (gateway, shutdown) = (gateway.clone(), shutdown.clone());
+        tokio::spawn(async move { gateway.dispatch(shutdown).await })
+    };
+    Running {
+        webhooks,
+        admin: admin_url,
+        shutdown,
+        serving,
+        dispatching,
+    }
+}
+
 struct Count(Arc<AtomicUsize>);
 
 impl Handler for Count {
@@ -133,18 +165,14 @@ async fn an_unavailable_store_gets_503_and_the_retry_is_admitted_once() {
     )
     .route(&["*"], Arc::new(HandlerSink(Count(handled.clone()))), false)
     .expect("route");
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let admin = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let url = format!("http://{}/webhook/s", listener.local_addr().expect("addr"));
-    let shutdown = CancellationToken::new();
-    let serving = {
-        let (gateway, shutdown) = (gateway.clone(), shutdown.clone());
-        tokio::spawn(async move { gateway.serve(listener, admin, shutdown).await })
-    };
-    let dispatching = {
-        let (gateway, shutdown) = (gateway.clone(), shutdown.clone());
-        tokio::spawn(async move { gateway.dispatch(shutdown).await })
-    };
+    let Running {
+        webhooks,
+        admin: _,
+        shutdown,
+        serving,
+        dispatching,
+    } = run(&gateway).await;
+    let url = format!("{webhooks}/webhook/s");
     let _ = rustls::crypto::ring::default_provider().install_default();
     let client = reqwest::Client::new();
     let message = r#"{"schema":"2.0","header":{"event_id":"ev_outage","event_type":"im.chat.updated_v1","create_time":"1700000000000","app_id":"cli_outage"},"event":{"chat_id":"oc_1"}}"#;
@@ -224,18 +252,14 @@ async fn a_dying_dispatcher_fails_readiness_and_stops_the_gateway_and_a_panickin
     )
     .route(&["*"], Arc::new(HandlerSink(Panics)), false)
     .expect("route");
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let admin = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let ready = format!("http://{}/readyz", admin.local_addr().expect("addr"));
-    let shutdown = CancellationToken::new();
-    let serving = {
-        let (gateway, shutdown) = (gateway.clone(), shutdown.clone());
-        tokio::spawn(async move { gateway.serve(listener, admin, shutdown).await })
-    };
-    let dispatching = {
-        let (gateway, shutdown) = (gateway.clone(), shutdown.clone());
-        tokio::spawn(async move { gateway.dispatch(shutdown).await })
-    };
+    let Running {
+        webhooks: _,
+        admin,
+        shutdown,
+        serving,
+        dispatching,
+    } = run(&gateway).await;
+    let ready = format!("{admin}/readyz");
     let event = Event {
         source: "feishu".into(),
         app: "cli_x".into(),
