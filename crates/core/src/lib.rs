@@ -12,6 +12,7 @@ pub mod record;
 pub mod redact;
 pub mod replay;
 pub mod seqwindow;
+pub mod source;
 pub mod store;
 pub mod transition;
 
@@ -21,5 +22,9 @@ pub use key::{KeyHash, key_for};
 pub use record::{
     Admission, Claim, DeadLetter, Delivery, FenceCheck, FencingToken, Lease, Nonce, QueueId,
     Record, RecordState, StoreStats, WatermarkOutcome,
+};
+pub use source::{
+    Accepted, Admit, Callback, Decoded, Headers, Keys, Method, Refusal, RefusalKind, Reply, Stamp,
+    WebhookSource,
 };
 pub use store::{DedupStore, EventQueue, Store, StoreError, WatermarkStore};

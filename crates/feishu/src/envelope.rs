@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use oncegate_core::{Event, KeyHash, key_for};
+use oncegate_core::{Event, Keys, key_for};
 
 use crate::crypto::{decrypt_with, same, signature};
 use crate::json::{self, Doc, Outer, Scalar};
@@ -30,7 +30,7 @@ pub struct Verified {
     /// The normalized event; its payload is the decrypted JSON.
     pub event: Event,
     /// Dedup keys: the event id, plus the message id for received messages.
-    pub keys: Vec<KeyHash>,
+    pub keys: Keys,
 }
 
 /// The largest unsigned request an app with an encrypt key answers: a URL-verification
@@ -178,13 +178,13 @@ fn decode(app: &FeishuApp, doc: Doc<'_>, json: &[u8]) -> Result<Inbound, FeishuE
             .or_else(|| event.context.as_ref().and_then(|c| c.open_chat_id.text()))
             .or_else(|| event.chat_id.text())
             .or_else(|| event.open_chat_id.text());
-        let mut keys = vec![key_for(&app.source, &app.app_id, "event_id", event_id)];
+        let mut keys = Keys::new(key_for(&app.source, &app.app_id, "event_id", event_id));
         if let Some(message_id) = message
             .message_id
             .text()
             .filter(|_| event_type == "im.message.receive_v1")
         {
-            keys.push(key_for(&app.source, &app.app_id, "message_id", message_id));
+            keys = keys.with(key_for(&app.source, &app.app_id, "message_id", message_id));
         }
         let verified = Verified {
             event: Event {
@@ -231,7 +231,7 @@ fn decode(app: &FeishuApp, doc: Doc<'_>, json: &[u8]) -> Result<Inbound, FeishuE
                 order_key: order_key.map(str::to_owned),
                 payload: payload(json, &doc.token)?,
             },
-            keys: vec![key_for(&app.source, &app.app_id, "event_id", uuid)],
+            keys: Keys::new(key_for(&app.source, &app.app_id, "event_id", uuid)),
         }));
     }
     Err(FeishuError::UnknownEnvelope(
@@ -307,8 +307,8 @@ mod tests {
         assert_eq!(verified.event.created_at_ms, 1_608_725_989_000);
         assert_eq!(verified.event.tenant.as_deref(), Some("t1"));
         assert_eq!(
-            verified.keys,
-            vec![
+            verified.keys.as_slice(),
+            [
                 key_for("feishu", "cli_test", "event_id", "ev1"),
                 key_for("feishu", "cli_test", "message_id", "om_1"),
             ]
@@ -449,7 +449,7 @@ mod tests {
             "microseconds read leniently"
         );
         assert_eq!(c.event.order_key.as_deref(), Some("oc_9"));
-        assert_eq!(c.keys.len(), 1);
+        assert_eq!(c.keys.as_slice().len(), 1);
     }
 
     #[test]

@@ -6,6 +6,7 @@
 mod crypto;
 mod envelope;
 mod json;
+mod source;
 
 use std::sync::Arc;
 

@@ -67,7 +67,10 @@ pub fn feishu_envelope(data: &[u8]) {
         );
     }
     if let Ok(Inbound::Event(verified) | Inbound::Card(verified)) = &opened {
-        assert!(!verified.keys.is_empty(), "an event without keys");
+        assert!(
+            !verified.keys.as_slice().is_empty(),
+            "an event without keys"
+        );
     }
     if let Err(error) = &opened {
         let _ = (error.status(), error.label(), error.to_string());

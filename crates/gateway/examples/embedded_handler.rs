@@ -46,7 +46,7 @@ async fn main() -> anyhow::Result<()> {
     let gateway = Gateway::new(
         store,
         GatewayParts {
-            sources: vec![("bot".into(), app.clone())],
+            sources: vec![("bot".into(), Arc::new(app.clone()))],
             replay: Some((Duration::from_secs(300), 100_000)),
             timing: Timing::default(),
             body_limit: 1 << 20,

@@ -59,7 +59,7 @@ async fn readyz<S: Store>(State(shared): State<Arc<Shared<S>>>) -> Response {
         )
             .into_response();
     }
-    if crate::ingress::queue_full(&shared) {
+    if crate::admission::queue_full(&shared) {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
             "not ready: the queue is full (dispatcher.max_queued)",

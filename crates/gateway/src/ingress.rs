@@ -1,66 +1,82 @@
-//! `POST /webhook/<source>`: guard, decode, admit, answer.
+//! `/webhook/<source>`: read the callback within its bounds, let the source decode it, check
+//! the replay stamp, admit, answer. Every refusal is mapped to HTTP here and nowhere else.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Path, Request, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::any;
 use oncegate_core::replay::ReplayVerdict;
 use oncegate_core::store::millis;
-use oncegate_core::{Admission, Claim, FenceCheck, Nonce, Store, StoreError, key_for};
-use oncegate_feishu::{Inbound, SignedHeaders, Verified};
+use oncegate_core::{
+    Callback, Decoded, Headers, Method, Nonce, Refusal, RefusalKind, Reply, Stamp, Store, key_for,
+};
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
 
-use crate::sink::Outgoing;
-use crate::spooling;
-use crate::{Shared, Source};
-
-/// Feishu waits 3 s for a card answer; leave room for the way back.
-const CARD_DEADLINE: Duration = Duration::from_millis(2_500);
-/// How often the queue depth is read from the store when `dispatcher.max_queued` bounds it,
-/// and when it only feeds the gauge.
-const QUEUE_SAMPLE: Duration = Duration::from_millis(250);
-const QUEUE_GAUGE_SAMPLE: Duration = Duration::from_secs(5);
+use crate::{Shared, Source, admission, sync_call};
 
 pub(crate) fn router<S: Store>(shared: Arc<Shared<S>>) -> Router {
     Router::new()
-        .route("/webhook/{source}", post(webhook::<S>))
+        .route("/webhook/{source}", any(webhook::<S>))
         .fallback(not_found)
         .with_state(shared)
 }
 
-fn answer(status: StatusCode, body: serde_json::Value) -> Response {
-    (status, axum::Json(body)).into_response()
+/// The HTTP status of each kind of refusal: the one place where refusals meet HTTP.
+fn status(kind: RefusalKind) -> StatusCode {
+    match kind {
+        RefusalKind::Unauthenticated | RefusalKind::Stale => StatusCode::UNAUTHORIZED,
+        RefusalKind::BadInput => StatusCode::BAD_REQUEST,
+        RefusalKind::NotFound => StatusCode::NOT_FOUND,
+        RefusalKind::Method => StatusCode::METHOD_NOT_ALLOWED,
+        RefusalKind::Timeout => StatusCode::REQUEST_TIMEOUT,
+        RefusalKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        RefusalKind::Replayed => StatusCode::CONFLICT,
+        RefusalKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        RefusalKind::Handler => StatusCode::BAD_GATEWAY,
+        RefusalKind::HandlerTimeout => StatusCode::GATEWAY_TIMEOUT,
+    }
 }
 
-fn refuse(status: StatusCode, message: impl Into<String>) -> Response {
-    answer(status, json!({ "error": message.into() }))
-}
-
-fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
-    headers.get(name).and_then(|v| v.to_str().ok())
-}
-
-/// A refused request: counted, summarized in the log (never one line per request), answered.
-fn refused<S>(
-    shared: &Shared<S>,
-    peer: Option<SocketAddr>,
-    kind: &'static str,
-    status: StatusCode,
-    message: String,
-) -> Response {
+/// A refused request: counted by its kind, summarized in the log (never one line per
+/// request), answered with its status and message.
+fn refused<S>(shared: &Shared<S>, peer: Option<SocketAddr>, refusal: Refusal) -> Response {
     let stats = &shared.stats;
-    stats.bump(&stats.bad_requests, "oncegate_bad_requests_total");
-    metrics::counter!("oncegate_refused_total", "reason" => kind).increment(1);
-    shared.summaries.note(kind, peer, &message);
-    refuse(status, message)
+    match refusal.kind {
+        RefusalKind::Replayed => {
+            stats.bump(&stats.replays_rejected, "oncegate_guard_refused_total")
+        }
+        RefusalKind::Stale => stats.bump(&stats.stale_timestamps, "oncegate_guard_refused_total"),
+        // Counted where they happen (store, queue bound, handler).
+        RefusalKind::Unavailable | RefusalKind::Handler | RefusalKind::HandlerTimeout => {}
+        _ => stats.bump(&stats.bad_requests, "oncegate_bad_requests_total"),
+    }
+    metrics::counter!("oncegate_refused_total", "reason" => refusal.label).increment(1);
+    shared.summaries.note(refusal.label, peer, &refusal.message);
+    let body = json!({ "error": refusal.message });
+    (status(refusal.kind), axum::Json(body)).into_response()
+}
+
+fn reply(reply: Reply) -> Response {
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, reply.content_type)],
+        reply.body,
+    )
+        .into_response()
+}
+
+/// The request headers as a source reads them.
+struct HttpHeaders<'a>(&'a HeaderMap);
+
+impl Headers for HttpHeaders<'_> {
+    fn get(&self, name: &str) -> Option<&str> {
+        self.0.get(name).and_then(|v| v.to_str().ok())
+    }
 }
 
 async fn webhook<S: Store>(
@@ -70,179 +86,123 @@ async fn webhook<S: Store>(
 ) -> Response {
     let (parts, body) = request.into_parts();
     let peer = crate::server::peer(&parts.extensions);
-    let headers = parts.headers;
     let stats = &shared.stats;
     stats.bump(&stats.requests, "oncegate_requests_total");
     let Some(source) = shared.sources.get(&name) else {
         // The configured names are not told: they are part of what an attacker looks for.
-        return refused(
-            &shared,
-            peer,
+        let refusal = Refusal::new(
+            RefusalKind::NotFound,
             "unknown_source",
-            StatusCode::NOT_FOUND,
-            "no such source: check the URL against the [[source]] names of the configuration"
-                .into(),
+            "no such source: check the URL against the [[source]] names of the configuration",
         );
+        return refused(&shared, peer, refusal);
     };
-    let too_large = || {
-        format!(
-            "body larger than {} bytes (server.body_limit)",
-            shared.body_limit
-        )
-    };
-    // A declared length over the limit is answered at once, before any of the body is read.
-    let declared = header(&headers, "content-length").and_then(|v| v.trim().parse::<u64>().ok());
-    if declared.is_some_and(|length| length > shared.body_limit as u64) {
-        return refused(
-            &shared,
-            peer,
-            "too_large",
-            StatusCode::PAYLOAD_TOO_LARGE,
-            too_large(),
-        );
-    }
-    let body = tokio::time::timeout(
-        shared.limits.body_timeout,
-        axum::body::to_bytes(body, shared.body_limit),
-    )
-    .await;
-    let body: Bytes = match body {
-        Ok(Ok(body)) => body,
-        Ok(Err(_)) => {
-            return refused(
-                &shared,
-                peer,
-                "too_large",
-                StatusCode::PAYLOAD_TOO_LARGE,
-                too_large(),
-            );
-        }
-        Err(_) => {
-            return refused(
-                &shared,
-                peer,
-                "slow_body",
-                StatusCode::REQUEST_TIMEOUT,
-                format!(
-                    "the body did not arrive within {:?} (server.body_timeout)",
-                    shared.limits.body_timeout
-                ),
-            );
+    let method = match parts.method {
+        axum::http::Method::GET => Method::Get,
+        axum::http::Method::POST => Method::Post,
+        _ => {
+            let refusal = Refusal::new(RefusalKind::Method, "method", "use GET or POST");
+            return refused(&shared, peer, refusal);
         }
     };
-    let signed = SignedHeaders {
-        timestamp: header(&headers, oncegate_feishu::HEADER_TIMESTAMP),
-        nonce: header(&headers, oncegate_feishu::HEADER_NONCE),
-        signature: header(&headers, oncegate_feishu::HEADER_SIGNATURE),
+    let body = match read_body(&shared, &parts.headers, body).await {
+        Ok(body) => body,
+        Err(refusal) => return refused(&shared, peer, refusal),
     };
-    let inbound = match source.app.open(signed, &body) {
-        Ok(inbound) => inbound,
-        Err(error) => {
-            let status = StatusCode::from_u16(error.status()).unwrap_or(StatusCode::BAD_REQUEST);
-            return refused(&shared, peer, error.label(), status, error.to_string());
+    let decoded = source.decoder.decode(&Callback {
+        method,
+        query: parts.uri.query(),
+        headers: &HttpHeaders(&parts.headers),
+        body: &body,
+    });
+    let decoded = match decoded {
+        Ok(decoded) => decoded,
+        Err(refusal) => return refused(&shared, peer, refusal),
+    };
+    let (mut admit, stamp, sync) = match decoded {
+        Decoded::Challenge(answer) => {
+            stats.bump(&stats.challenges, "oncegate_challenges_total");
+            return reply(answer);
         }
+        Decoded::Admit { admit, stamp } => (admit, stamp, false),
+        Decoded::Sync { admit, stamp } => (admit, stamp, true),
     };
-    if let Inbound::Challenge { challenge } = inbound {
-        stats.bump(&stats.challenges, "oncegate_challenges_total");
-        return answer(StatusCode::OK, json!({ "challenge": challenge }));
-    }
     // The replay guard runs after the signature: unauthenticated requests never take nonce
     // memory. A nonce is remembered only once its event is admitted (or known), so a nonce can
     // never make the gateway drop an event it has not admitted.
     let now_secs = shared.now_ms() / 1000;
-    let nonce = match check_replay(source, &signed, now_secs) {
-        Ok(nonce) => nonce,
-        Err((kind, status, message)) => {
-            let counter = match kind {
-                "replayed" => &stats.replays_rejected,
-                "stale_timestamp" => &stats.stale_timestamps,
-                _ => &stats.bad_requests,
-            };
-            stats.bump(counter, "oncegate_guard_refused_total");
-            metrics::counter!("oncegate_refused_total", "reason" => kind).increment(1);
-            shared.summaries.note(kind, peer, &message);
-            return refuse(status, message);
-        }
+    let stamp = match check_replay(source, stamp, now_secs) {
+        Ok(stamp) => stamp,
+        Err(refusal) => return refused(&shared, peer, refusal),
     };
-    let response = match inbound {
-        Inbound::Event(mut verified) => {
-            clamp_creation_time(&shared, &mut verified.event);
-            // The nonce goes to the store too: a store shared by several gateways refuses a
-            // replay that reaches another gateway.
-            let nonce = nonce.map(|nonce| Nonce {
-                key: key_for(&verified.event.source, &verified.event.app, "nonce", nonce),
-                window_ms: millis(source.nonce_window),
-            });
-            admit(&shared, verified, nonce, peer).await
-        }
-        Inbound::Card(verified) => card(&shared, verified).await,
-        Inbound::Challenge { .. } => refuse(StatusCode::INTERNAL_SERVER_ERROR, "unreachable"),
-    };
-    if response.status().is_success()
-        && let (Some(nonce), Some(guard)) = (nonce, &source.replay)
-    {
-        lock(guard).remember(nonce, now_secs);
-    }
-    response
-}
-
-/// A creation time further ahead than the allowed skew is a forgery or a broken clock: taken
-/// as is it would lift the chat's watermark so far that every later event looks stale.
-fn clamp_creation_time<S: Store>(shared: &Shared<S>, event: &mut oncegate_core::Event) {
-    let now_ms = shared.now_ms();
-    if event.created_at_ms > now_ms.saturating_add(millis(shared.max_future)) {
-        metrics::counter!("oncegate_future_creation_times_total").increment(1);
-        shared.summaries.note(
-            "future_creation_time",
-            None,
-            &format!(
-                "event {:?} was created {} ms in the future; taken as now",
-                event.event_id,
-                event.created_at_ms.saturating_sub(now_ms)
-            ),
-        );
-        event.created_at_ms = now_ms;
-    }
-}
-
-/// Samples the store's queue depth for the `dispatcher.max_queued` bound, `/readyz` and the
-/// `oncegate_queue_depth` gauge.
-pub(crate) async fn watch_queue<S: Store>(shared: Arc<Shared<S>>, shutdown: CancellationToken) {
-    let period = if shared.max_queued.is_some() {
-        QUEUE_SAMPLE
+    let answered = if sync {
+        sync_call::call(&shared, admit)
+            .await
+            .map(|result| source.decoder.sync_reply(result))
     } else {
-        QUEUE_GAUGE_SAMPLE
+        // The nonce goes to the store too: a store shared by several gateways refuses a
+        // replay that reaches another gateway.
+        admit.nonce = stamp.as_ref().map(|stamp| Nonce {
+            key: key_for(&admit.event.source, &admit.event.app, "nonce", &stamp.nonce),
+            window_ms: millis(source.nonce_window),
+        });
+        admission::admit(&shared, admit, peer)
+            .await
+            .map(|how| source.decoder.accepted(how))
     };
-    let mut tick = tokio::time::interval(period);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = shutdown.cancelled() => return,
-        }
-        match shared.store.queued().await {
-            Ok(depth) => {
-                shared.queued.store(depth, Ordering::Relaxed);
-                metrics::gauge!("oncegate_queue_depth").set(depth as f64);
+    match answered {
+        Ok(answer) => {
+            if let (Some(stamp), Some(guard)) = (stamp, &source.replay) {
+                lock(guard).remember(&stamp.nonce, now_secs);
             }
-            Err(error) => shared
-                .summaries
-                .note("queue_depth_failed", None, &error.to_string()),
+            reply(answer)
         }
+        Err(refusal) => refused(&shared, peer, refusal),
     }
 }
 
-/// Whether the queue holds as many events as `dispatcher.max_queued` allows.
-pub(crate) fn queue_full<S>(shared: &Shared<S>) -> bool {
-    shared
-        .max_queued
-        .is_some_and(|max| shared.queued.load(Ordering::Relaxed) >= max)
+/// The body, within `server.body_limit` and `server.body_timeout`; a declared length over the
+/// limit is refused before any of the body is read.
+async fn read_body<S>(
+    shared: &Shared<S>,
+    headers: &HeaderMap,
+    body: axum::body::Body,
+) -> Result<Bytes, Refusal> {
+    let too_large = || {
+        Refusal::new(
+            RefusalKind::TooLarge,
+            "too_large",
+            format!(
+                "body larger than {} bytes (server.body_limit)",
+                shared.body_limit
+            ),
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|length| length > shared.body_limit as u64) {
+        return Err(too_large());
+    }
+    let read = axum::body::to_bytes(body, shared.body_limit);
+    match tokio::time::timeout(shared.limits.body_timeout, read).await {
+        Ok(Ok(body)) => Ok(body),
+        Ok(Err(_)) => Err(too_large()),
+        Err(_) => Err(Refusal::new(
+            RefusalKind::Timeout,
+            "slow_body",
+            format!(
+                "the body did not arrive within {:?} (server.body_timeout)",
+                shared.limits.body_timeout
+            ),
+        )),
+    }
 }
 
 async fn not_found() -> Response {
-    refuse(
-        StatusCode::NOT_FOUND,
-        "callbacks are posted to /webhook/<source name>",
-    )
+    let body = json!({ "error": "callbacks go to /webhook/<source name>" });
+    (StatusCode::NOT_FOUND, axum::Json(body)).into_response()
 }
 
 fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -253,16 +213,12 @@ fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// Says once a minute, not once a request, that the nonce memory is full.
 fn warn_saturated(now_secs: u64) {
-    static LAST: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let last = LAST.load(std::sync::atomic::Ordering::Relaxed);
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let last = LAST.load(Ordering::Relaxed);
     if now_secs >= last + 60
         && LAST
-            .compare_exchange(
-                last,
-                now_secs,
-                std::sync::atomic::Ordering::Relaxed,
-                std::sync::atomic::Ordering::Relaxed,
-            )
+            .compare_exchange(last, now_secs, Ordering::Relaxed, Ordering::Relaxed)
             .is_ok()
     {
         tracing::warn!(
@@ -272,34 +228,25 @@ fn warn_saturated(now_secs: u64) {
     }
 }
 
-/// Checks timestamp and nonce; returns the nonce to remember after admission.
-fn check_replay<'a>(
+/// Checks the stamp's timestamp and nonce; returns the stamp to remember after admission.
+fn check_replay(
     source: &Source,
-    signed: &SignedHeaders<'a>,
+    stamp: Option<Stamp>,
     now_secs: u64,
-) -> Result<Option<&'a str>, (&'static str, StatusCode, String)> {
-    let Some(guard) = &source.replay else {
+) -> Result<Option<Stamp>, Refusal> {
+    let (Some(guard), Some(stamp)) = (&source.replay, stamp) else {
         return Ok(None);
     };
-    let (timestamp, nonce) = match signed.stamp() {
-        Ok(Some(stamp)) => stamp,
-        Ok(None) => return Ok(None),
-        Err(error) => return Err((error.label(), StatusCode::BAD_REQUEST, error.to_string())),
-    };
-    match lock(guard).check(timestamp, nonce, now_secs) {
-        ReplayVerdict::Fresh => Ok(Some(nonce)),
-        ReplayVerdict::Stale { skew_secs } => Err((
+    match lock(guard).check(stamp.timestamp_secs, &stamp.nonce, now_secs) {
+        ReplayVerdict::Fresh => Ok(Some(stamp)),
+        ReplayVerdict::Stale { skew_secs } => Err(Refusal::new(
+            RefusalKind::Stale,
             "stale_timestamp",
-            StatusCode::UNAUTHORIZED,
             format!(
                 "request timestamp is {skew_secs} s from now, outside the allowed skew (replay.max_skew)"
             ),
         )),
-        ReplayVerdict::Replayed => Err((
-            "replayed",
-            StatusCode::CONFLICT,
-            "replayed request: this nonce was already handled within the replay window".into(),
-        )),
+        ReplayVerdict::Replayed => Err(admission::replayed()),
         // The nonce memory is full: let the request through unremembered rather than refuse
         // the platform. A replay of an admitted event is still a duplicate at admission; only
         // its 409 is lost. Counted, so that replay.max_nonces can be raised.
@@ -309,182 +256,4 @@ fn check_replay<'a>(
             Ok(None)
         }
     }
-}
-
-async fn admit<S: Store>(
-    shared: &Shared<S>,
-    verified: Verified,
-    nonce: Option<Nonce>,
-    peer: Option<SocketAddr>,
-) -> Response {
-    let stats = &shared.stats;
-    if queue_full(shared) {
-        stats.bump(&stats.store_unavailable, "oncegate_queue_full_total");
-        let message = format!(
-            "the queue holds {} events (dispatcher.max_queued): nothing was recorded, retry later",
-            shared.queued.load(Ordering::Relaxed)
-        );
-        shared.summaries.note("queue_full", peer, &message);
-        return refuse(StatusCode::SERVICE_UNAVAILABLE, message);
-    }
-    let partition = verified.event.partition(shared.store.partitions());
-    // With a spool, a copy is kept for it in case the store cannot admit; and while earlier
-    // admissions still wait there, this one queues behind them so that chats keep their order.
-    let fallback = match &shared.spool {
-        Some(spool) if !spool.is_empty() => {
-            return to_spool(shared, spool, verified.event, verified.keys, nonce).await;
-        }
-        Some(spool) => Some((spool, verified.event.clone(), verified.keys.clone())),
-        None => None,
-    };
-    match shared
-        .store
-        .admit_with_nonce(
-            verified.event,
-            &verified.keys,
-            shared.timing.retention,
-            nonce,
-        )
-        .await
-    {
-        Ok(Admission::Replayed) => {
-            stats.bump(&stats.replays_rejected, "oncegate_guard_refused_total");
-            refuse(
-                StatusCode::CONFLICT,
-                "replayed request: this nonce was already handled within the replay window",
-            )
-        }
-        Ok(Admission::Admitted { .. }) => {
-            stats.bump(&stats.admitted, "oncegate_admitted_total");
-            shared.queued.fetch_add(1, Ordering::Relaxed);
-            shared.wake(partition);
-            answer(StatusCode::OK, json!({ "msg": "success" }))
-        }
-        Ok(Admission::Duplicate { .. }) => {
-            stats.bump(&stats.duplicates, "oncegate_duplicates_total");
-            answer(
-                StatusCode::OK,
-                json!({ "msg": "success", "duplicate": true }),
-            )
-        }
-        Err(StoreError::Unavailable(_)) if fallback.is_some() => {
-            let Some((spool, event, keys)) = fallback else {
-                return refuse(StatusCode::INTERNAL_SERVER_ERROR, "unreachable");
-            };
-            to_spool(shared, spool, event, keys, nonce).await
-        }
-        Err(error) => unavailable(shared, "admit_failed", peer, &error),
-    }
-}
-
-/// 503: nothing was recorded and the platform retries; counted and summarized.
-fn unavailable<S>(
-    shared: &Shared<S>,
-    kind: &'static str,
-    peer: Option<SocketAddr>,
-    error: &dyn std::fmt::Display,
-) -> Response {
-    let stats = &shared.stats;
-    stats.bump(&stats.store_unavailable, "oncegate_store_unavailable_total");
-    let message = error.to_string();
-    shared.summaries.note(
-        kind,
-        peer,
-        &format!("{kind}, answered 503 so that the platform retries: {message}"),
-    );
-    refuse(StatusCode::SERVICE_UNAVAILABLE, message)
-}
-
-/// Accepts an admission into the spool: 200 once it is on disk, 503 if the spool is full or
-/// cannot be written (the platform retries).
-async fn to_spool<S: Store>(
-    shared: &Shared<S>,
-    spool: &std::sync::Arc<oncegate_spool::Spool>,
-    event: oncegate_core::Event,
-    keys: Vec<oncegate_core::KeyHash>,
-    nonce: Option<Nonce>,
-) -> Response {
-    let stats = &shared.stats;
-    match spooling::put(spool, event, keys, millis(shared.timing.retention), nonce).await {
-        Ok(()) => {
-            stats.bump(&stats.spooled, "oncegate_spooled_total");
-            shared.spooled.notify_one();
-            answer(StatusCode::OK, json!({ "msg": "success", "spooled": true }))
-        }
-        Err(error) => unavailable(shared, "spool_failed", None, &error),
-    }
-}
-
-/// Card callbacks are synchronous and never re-delivered: claim the event id, ask the route's
-/// sink, store its answer, and return it. A repeated click with the same event id gets the
-/// stored answer, not a second call.
-async fn card<S: Store>(shared: &Shared<S>, verified: Verified) -> Response {
-    let stats = &shared.stats;
-    stats.bump(&stats.cards, "oncegate_cards_total");
-    let Some(route) = shared.route_for(&verified.event.event_type) else {
-        stats.bump(&stats.unrouted, "oncegate_unrouted_total");
-        return answer(StatusCode::OK, json!({}));
-    };
-    let key = verified.keys[0];
-    let partition = verified.event.partition(shared.store.partitions());
-    let claim = match shared.store.claim(&key, partition, CARD_DEADLINE * 2).await {
-        Ok(claim) => claim,
-        Err(error) => return refuse(StatusCode::SERVICE_UNAVAILABLE, error.to_string()),
-    };
-    let lease = match claim {
-        Claim::Acquired(lease) => lease,
-        Claim::Done { outcome } => return stored_answer(outcome),
-        Claim::InFlight { .. } => {
-            return refuse(
-                StatusCode::CONFLICT,
-                "this card action is being answered already",
-            );
-        }
-    };
-    let id = format!("msg_{key}");
-    let outgoing = Outgoing {
-        id: &id,
-        event: &verified.event,
-        attempt: 0,
-        wants_answer: true,
-    };
-    let result = tokio::time::timeout(CARD_DEADLINE, route.sink.deliver(outgoing)).await;
-    match result {
-        Ok(Ok(outcome)) => {
-            let outcome = outcome.unwrap_or_else(|| Bytes::from_static(b"{}"));
-            if let Ok(FenceCheck::Rejected) = shared
-                .store
-                .complete(&lease, shared.timing.retention, Some(outcome.clone()))
-                .await
-            {
-                stats.bump(&stats.fenced, "oncegate_fenced_total");
-            }
-            stats.bump(&stats.delivered, "oncegate_delivered_total");
-            stored_answer(Some(outcome))
-        }
-        Ok(Err(error)) => {
-            let _ = shared.store.release(&lease).await;
-            refuse(
-                StatusCode::BAD_GATEWAY,
-                format!("card handler failed: {error}"),
-            )
-        }
-        Err(_) => {
-            let _ = shared.store.release(&lease).await;
-            refuse(
-                StatusCode::GATEWAY_TIMEOUT,
-                "card handler did not answer within 2.5 s",
-            )
-        }
-    }
-}
-
-fn stored_answer(outcome: Option<Bytes>) -> Response {
-    let body = outcome.unwrap_or_else(|| Bytes::from_static(b"{}"));
-    (
-        StatusCode::OK,
-        [(axum::http::header::CONTENT_TYPE, "application/json")],
-        body,
-    )
-        .into_response()
 }

@@ -5,23 +5,25 @@
 //! library use), then run [`Gateway::serve`] and [`Gateway::dispatch`] until shutdown.
 
 mod admin;
+mod admission;
 mod dispatch;
 mod ingress;
+mod registry;
 mod server;
 pub mod sink;
 mod spooling;
 pub mod stats;
 mod summary;
+mod sync_call;
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use oncegate_config::{Config, DispatcherConfig, Platform, SinkKind};
+use oncegate_config::{Config, DispatcherConfig, SinkKind};
 use oncegate_core::replay::ReplayGuard;
-use oncegate_core::{Clock, Store, SystemClock};
-use oncegate_feishu::FeishuApp;
+use oncegate_core::{Clock, Store, SystemClock, WebhookSource};
 pub use oncegate_spool::Spool;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
@@ -49,9 +51,12 @@ pub enum GatewayError {
     Stopped(String),
 }
 
+/// A platform's webhook receiver, shared.
+pub type SharedSource = Arc<dyn WebhookSource>;
+
 /// One configured source with its replay guard.
 pub(crate) struct Source {
-    pub(crate) app: FeishuApp,
+    pub(crate) decoder: SharedSource,
     pub(crate) replay: Option<Mutex<ReplayGuard>>,
     /// How long a nonce must be remembered: twice the allowed skew.
     pub(crate) nonce_window: Duration,
@@ -164,7 +169,7 @@ impl<S> Clone for Gateway<S> {
 /// What `Gateway::new` needs besides the store.
 pub struct GatewayParts {
     /// Named sources: `/webhook/<name>`.
-    pub sources: Vec<(String, FeishuApp)>,
+    pub sources: Vec<(String, SharedSource)>,
     /// Replay guard: allowed skew and nonces per generation; `None` turns it off.
     pub replay: Option<(Duration, usize)>,
     /// Timing.
@@ -204,7 +209,7 @@ impl<S: Store> Gateway<S> {
         let sources = parts
             .sources
             .into_iter()
-            .map(|(name, app)| {
+            .map(|(name, decoder)| {
                 let replay = parts
                     .replay
                     .map(|(skew, nonces)| Mutex::new(ReplayGuard::new(skew.as_secs(), nonces)));
@@ -212,7 +217,7 @@ impl<S: Store> Gateway<S> {
                 (
                     name,
                     Source {
-                        app,
+                        decoder,
                         replay,
                         nonce_window,
                     },
@@ -298,16 +303,6 @@ impl<S: Store> Gateway<S> {
         };
         let mut sources = Vec::new();
         for source in &config.sources {
-            let lark = match source.platform {
-                Platform::Feishu => false,
-                Platform::Lark => true,
-                other => {
-                    return Err(GatewayError::Config(format!(
-                        "source {:?}: platform {other:?} is not supported by this version yet",
-                        source.name
-                    )));
-                }
-            };
             let at = |field: &str| format!("source {:?} {field}", source.name);
             let encrypt_key = resolve(&source.encrypt_key, &at("encrypt_key"))?;
             let verification_token =
@@ -319,9 +314,11 @@ impl<S: Store> Gateway<S> {
                     source.name
                 )));
             }
-            let app = FeishuApp::new(lark, &source.app_id, encrypt_key, verification_token)
-                .map_err(|error| GatewayError::Config(format!("{}: {error}", at("secret"))))?;
-            sources.push((source.name.clone(), app));
+            let secrets = registry::Secrets {
+                encrypt_key,
+                verification_token,
+            };
+            sources.push((source.name.clone(), registry::source(source, secrets)?));
         }
         let parts = GatewayParts {
             sources,
@@ -412,7 +409,7 @@ impl<S: Store> Gateway<S> {
         let (a, b, (), ()) = tokio::join!(
             webhooks,
             admin,
-            ingress::watch_queue(shared.clone(), shutdown.clone()),
+            admission::watch_queue(shared.clone(), shutdown.clone()),
             shared.summaries.run(shutdown.clone()),
         );
         a?;

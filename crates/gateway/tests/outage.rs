@@ -155,7 +155,7 @@ async fn an_unavailable_store_gets_503_and_the_retry_is_admitted_once() {
     let gateway = Gateway::new(
         store,
         GatewayParts {
-            sources: vec![("s".into(), app.clone())],
+            sources: vec![("s".into(), Arc::new(app.clone()))],
             replay: Some((Duration::from_secs(300), 1000)),
             timing: Timing::default(),
             body_limit: 1 << 16,

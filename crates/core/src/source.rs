@@ -1,0 +1,237 @@
+//! The seams between transports, platforms and the store: what a platform decodes a callback
+//! into ([`Decoded`], carrying an [`Admit`]), why it refuses one ([`Refusal`]), and the trait a
+//! platform implements to receive webhooks ([`WebhookSource`]). No I/O: the gateway speaks HTTP
+//! and calls these.
+
+use std::fmt;
+
+use bytes::Bytes;
+
+use crate::event::Event;
+use crate::key::KeyHash;
+use crate::record::Nonce;
+
+/// An event's dedup keys: never empty, the primary (event-id) key first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Keys(Vec<KeyHash>);
+
+impl Keys {
+    /// The keys of an event whose primary key is `primary`.
+    pub fn new(primary: KeyHash) -> Self {
+        Self(vec![primary])
+    }
+
+    /// Adds a secondary key (a message id that a platform may resend under a new event id).
+    pub fn with(mut self, key: KeyHash) -> Self {
+        self.0.push(key);
+        self
+    }
+
+    /// The primary key.
+    pub fn primary(&self) -> KeyHash {
+        self.0[0]
+    }
+
+    /// Every key, the primary first; never empty.
+    pub fn as_slice(&self) -> &[KeyHash] {
+        &self.0
+    }
+}
+
+/// The one value that travels from any transport to the store: the event, its keys, and the
+/// request's nonce when it has one (set by the gateway once the replay stamp passed).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Admit {
+    /// The normalized event.
+    pub event: Event,
+    /// Its dedup keys.
+    pub keys: Keys,
+    /// The request's nonce, checked and remembered with the admission.
+    pub nonce: Option<Nonce>,
+}
+
+impl Admit {
+    /// An admission without a nonce yet.
+    pub fn new(event: Event, keys: Keys) -> Self {
+        Self {
+            event,
+            keys,
+            nonce: None,
+        }
+    }
+}
+
+/// A request's replay stamp as the platform sent it: checked by the gateway, in one place,
+/// before admission.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stamp {
+    /// The request's timestamp, unix seconds.
+    pub timestamp_secs: u64,
+    /// The request's nonce.
+    pub nonce: String,
+}
+
+/// An answer body with its content type.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    /// `application/json`, `text/plain`, …
+    pub content_type: &'static str,
+    /// The body.
+    pub body: Bytes,
+}
+
+impl Reply {
+    /// A JSON answer.
+    pub fn json(body: impl Into<Bytes>) -> Self {
+        Self {
+            content_type: "application/json",
+            body: body.into(),
+        }
+    }
+
+    /// A plain-text answer (WeCom's echoed plaintext, WeChat's `success`, or an empty body).
+    pub fn text(body: impl Into<Bytes>) -> Self {
+        Self {
+            content_type: "text/plain; charset=utf-8",
+            body: body.into(),
+        }
+    }
+}
+
+/// What one verified callback is.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decoded {
+    /// A URL-verification challenge: answer this at once, admit nothing.
+    Challenge(Reply),
+    /// An event to admit; the platform gets its success answer once it is admitted.
+    Admit {
+        /// The admission.
+        admit: Admit,
+        /// The replay stamp, when the request carried one.
+        stamp: Option<Stamp>,
+    },
+    /// A synchronous call (a card button): answered with the handler's result, through the
+    /// claim protocol, within the platform's deadline; never re-delivered.
+    Sync {
+        /// The admission whose primary key is claimed.
+        admit: Admit,
+        /// The replay stamp, when the request carried one.
+        stamp: Option<Stamp>,
+    },
+}
+
+/// How the gateway answers an admitted callback.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accepted {
+    /// Admitted now.
+    Admitted,
+    /// Seen before: nothing changed.
+    Duplicate,
+    /// Kept in the local spool while the store is unreachable.
+    Spooled,
+}
+
+/// The class of a refusal: what it means for the sender, and so how HTTP says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RefusalKind {
+    /// Not authenticated: bad or missing signature or token, an unsigned request.
+    Unauthenticated,
+    /// The timestamp is outside the allowed skew.
+    Stale,
+    /// Authenticated but unusable: not JSON, unknown envelope, another app's event.
+    BadInput,
+    /// No such source or path.
+    NotFound,
+    /// The method is not one this source takes.
+    Method,
+    /// The body did not arrive in time.
+    Timeout,
+    /// The body is larger than the limit.
+    TooLarge,
+    /// The request's nonce was handled already.
+    Replayed,
+    /// The store cannot take it now (down, or the queue is full): retry later.
+    Unavailable,
+    /// A synchronous call's handler failed.
+    Handler,
+    /// A synchronous call's handler did not answer in time.
+    HandlerTimeout,
+}
+
+/// Why a request was refused: its class, a short label for counters and logs, and a message
+/// that says what was wrong and what to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// The class.
+    pub kind: RefusalKind,
+    /// A short, fixed label (`bad_signature`), for metrics.
+    pub label: &'static str,
+    /// What was wrong, for the sender and the log; never a secret or a payload.
+    pub message: String,
+}
+
+impl Refusal {
+    /// A refusal of `kind`.
+    pub fn new(kind: RefusalKind, label: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            label,
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Refusal {}
+
+/// The HTTP method of a callback.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    /// GET (WeCom and WeChat verify their URL with it).
+    Get,
+    /// POST.
+    Post,
+}
+
+/// Looks up a request header by its lowercase name.
+pub trait Headers: Sync {
+    /// The header's value, if present and text.
+    fn get(&self, name: &str) -> Option<&str>;
+}
+
+/// One HTTP callback as a source sees it: nothing is parsed yet.
+#[derive(Clone, Copy)]
+pub struct Callback<'a> {
+    /// The method.
+    pub method: Method,
+    /// The raw query string (without `?`), if any.
+    pub query: Option<&'a str>,
+    /// The headers.
+    pub headers: &'a dyn Headers,
+    /// The body, as received.
+    pub body: &'a [u8],
+}
+
+/// A platform's webhook receiver: it turns one callback into a challenge answer, an admission
+/// or a synchronous call, or refuses it; and says how to answer what was admitted. It checks
+/// signatures and decrypts; it never sees a store.
+pub trait WebhookSource: Send + Sync + 'static {
+    /// The platform's name for logs (`feishu`, `wecom`, …).
+    fn platform(&self) -> &str;
+
+    /// Verifies and decodes one callback.
+    fn decode(&self, callback: &Callback<'_>) -> Result<Decoded, Refusal>;
+
+    /// The answer to an accepted event (Feishu: `{"msg":"success"}`, WeCom: an empty body).
+    fn accepted(&self, how: Accepted) -> Reply;
+
+    /// The answer to a synchronous call, from the handler's result (`None`: it had none).
+    fn sync_reply(&self, result: Option<Bytes>) -> Reply {
+        Reply::json(result.unwrap_or_else(|| Bytes::from_static(b"{}")))
+    }
+}

@@ -1,0 +1,137 @@
+//! Feishu/Lark behind the platform seam: one callback in, a challenge, an admission or a card
+//! call out.
+
+use bytes::Bytes;
+use oncegate_core::{
+    Accepted, Admit, Callback, Decoded, Method, Refusal, RefusalKind, Reply, Stamp, WebhookSource,
+};
+
+use crate::{FeishuApp, FeishuError, HEADER_NONCE, HEADER_SIGNATURE, HEADER_TIMESTAMP, Inbound};
+use crate::{SignedHeaders, envelope::Verified};
+
+impl From<FeishuError> for Refusal {
+    fn from(error: FeishuError) -> Self {
+        let kind = match error.status() {
+            401 => RefusalKind::Unauthenticated,
+            _ => RefusalKind::BadInput,
+        };
+        Refusal::new(kind, error.label(), error.to_string())
+    }
+}
+
+impl WebhookSource for FeishuApp {
+    fn platform(&self) -> &str {
+        self.source()
+    }
+
+    fn decode(&self, callback: &Callback<'_>) -> Result<Decoded, Refusal> {
+        if callback.method != Method::Post {
+            return Err(Refusal::new(
+                RefusalKind::Method,
+                "method",
+                "Feishu posts its callbacks: use POST",
+            ));
+        }
+        let headers = SignedHeaders {
+            timestamp: callback.headers.get(HEADER_TIMESTAMP),
+            nonce: callback.headers.get(HEADER_NONCE),
+            signature: callback.headers.get(HEADER_SIGNATURE),
+        };
+        // The stamp is read after the body checked out, so that an unsigned request learns
+        // nothing from it either.
+        let inbound = self.open(headers, callback.body)?;
+        let stamp = || -> Result<Option<Stamp>, Refusal> {
+            Ok(headers.stamp()?.map(|(timestamp_secs, nonce)| Stamp {
+                timestamp_secs,
+                nonce: nonce.to_owned(),
+            }))
+        };
+        let admit = |verified: Verified| Admit::new(verified.event, verified.keys);
+        Ok(match inbound {
+            Inbound::Challenge { challenge } => Decoded::Challenge(Reply::json(
+                serde_json::to_vec(&serde_json::json!({ "challenge": challenge }))
+                    .unwrap_or_default(),
+            )),
+            Inbound::Event(verified) => Decoded::Admit {
+                admit: admit(verified),
+                stamp: stamp()?,
+            },
+            Inbound::Card(verified) => Decoded::Sync {
+                admit: admit(verified),
+                stamp: stamp()?,
+            },
+        })
+    }
+
+    fn accepted(&self, how: Accepted) -> Reply {
+        Reply::json(Bytes::from_static(match how {
+            Accepted::Admitted => br#"{"msg":"success"}"#,
+            Accepted::Duplicate => br#"{"msg":"success","duplicate":true}"#,
+            Accepted::Spooled => br#"{"msg":"success","spooled":true}"#,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use oncegate_core::Headers;
+
+    use super::*;
+
+    struct Map(HashMap<&'static str, String>);
+
+    impl Headers for Map {
+        fn get(&self, name: &str) -> Option<&str> {
+            self.0.get(name).map(String::as_str)
+        }
+    }
+
+    #[test]
+    fn a_signed_event_decodes_to_an_admission_with_its_stamp() {
+        let app = FeishuApp::new(false, "cli_s", Some("k".into()), Some("t".into())).expect("app");
+        let plain = r#"{"schema":"2.0","header":{"event_id":"e1","token":"t","event_type":"x","app_id":"cli_s","create_time":"1"},"event":{"chat_id":"oc"}}"#;
+        let (body, signature) = app.seal(plain.as_bytes(), "1700000000", "n1", [0; 16]);
+        let headers = Map(HashMap::from([
+            (HEADER_TIMESTAMP, "1700000000".to_owned()),
+            (HEADER_NONCE, "n1".to_owned()),
+            (HEADER_SIGNATURE, signature.expect("signed")),
+        ]));
+        let callback = |method| Callback {
+            method,
+            query: None,
+            headers: &headers,
+            body: &body,
+        };
+        let Ok(Decoded::Admit { admit, stamp }) = app.decode(&callback(Method::Post)) else {
+            panic!("an admission")
+        };
+        assert_eq!(admit.event.event_id, "e1");
+        assert_eq!(admit.nonce, None);
+        assert_eq!(
+            stamp,
+            Some(Stamp {
+                timestamp_secs: 1_700_000_000,
+                nonce: "n1".into()
+            })
+        );
+        let refused = app.decode(&callback(Method::Get)).expect_err("GET");
+        assert_eq!(refused.kind, RefusalKind::Method);
+        let unsigned = Map(HashMap::new());
+        let refused = app
+            .decode(&Callback {
+                headers: &unsigned,
+                ..callback(Method::Post)
+            })
+            .expect_err("unsigned");
+        assert_eq!(
+            (refused.kind, refused.label),
+            (RefusalKind::Unauthenticated, "unsigned")
+        );
+        assert_eq!(
+            app.accepted(Accepted::Duplicate).body,
+            br#"{"msg":"success","duplicate":true}"#.as_slice()
+        );
+    }
+}

@@ -1,0 +1,164 @@
+//! The one admission path: every transport hands an [`Admit`] here and gets an outcome back,
+//! never an HTTP response. It applies the queue bound, falls back to the spool when the store
+//! is down, keeps chats in order behind a draining spool, counts, and wakes the dispatcher.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use oncegate_core::store::millis;
+use oncegate_core::{Accepted, Admission, Admit, Refusal, RefusalKind, Store, StoreError};
+use tokio_util::sync::CancellationToken;
+
+use crate::{Shared, spooling};
+
+/// How often the queue depth is read from the store when `dispatcher.max_queued` bounds it,
+/// and when it only feeds the gauge.
+const QUEUE_SAMPLE: Duration = Duration::from_millis(250);
+const QUEUE_GAUGE_SAMPLE: Duration = Duration::from_secs(5);
+
+/// Admits `admit` once: `Ok` says how it was accepted, `Err` why not (nothing was recorded).
+pub(crate) async fn admit<S: Store>(
+    shared: &Shared<S>,
+    mut admit: Admit,
+    peer: Option<SocketAddr>,
+) -> Result<Accepted, Refusal> {
+    let stats = &shared.stats;
+    if queue_full(shared) {
+        stats.bump(&stats.store_unavailable, "oncegate_queue_full_total");
+        return Err(Refusal::new(
+            RefusalKind::Unavailable,
+            "queue_full",
+            format!(
+                "the queue holds {} events (dispatcher.max_queued): nothing was recorded, retry later",
+                shared.queued.load(Ordering::Relaxed)
+            ),
+        ));
+    }
+    clamp_creation_time(shared, &mut admit.event);
+    let partition = admit.event.partition(shared.store.partitions());
+    // With a spool, a copy is kept for it in case the store cannot admit; and while earlier
+    // admissions still wait there, this one queues behind them so that chats keep their order.
+    let fallback = match &shared.spool {
+        Some(spool) if !spool.is_empty() => return to_spool(shared, spool, admit, peer).await,
+        Some(spool) => Some((spool, admit.clone())),
+        None => None,
+    };
+    let Admit { event, keys, nonce } = admit;
+    match shared
+        .store
+        .admit_with_nonce(event, keys.as_slice(), shared.timing.retention, nonce)
+        .await
+    {
+        Ok(Admission::Replayed) => Err(replayed()),
+        Ok(Admission::Admitted { .. }) => {
+            stats.bump(&stats.admitted, "oncegate_admitted_total");
+            shared.queued.fetch_add(1, Ordering::Relaxed);
+            shared.wake(partition);
+            Ok(Accepted::Admitted)
+        }
+        Ok(Admission::Duplicate { .. }) => {
+            stats.bump(&stats.duplicates, "oncegate_duplicates_total");
+            Ok(Accepted::Duplicate)
+        }
+        Err(StoreError::Unavailable(_)) if fallback.is_some() => match fallback {
+            Some((spool, admit)) => to_spool(shared, spool, admit, peer).await,
+            None => Err(unavailable(shared, "admit_failed", &"no spool")),
+        },
+        Err(error) => Err(unavailable(shared, "admit_failed", &error)),
+    }
+}
+
+/// The refusal of a replayed request.
+pub(crate) fn replayed() -> Refusal {
+    Refusal::new(
+        RefusalKind::Replayed,
+        "replayed",
+        "replayed request: this nonce was already handled within the replay window",
+    )
+}
+
+/// Nothing was recorded and the platform retries; counted.
+fn unavailable<S>(
+    shared: &Shared<S>,
+    label: &'static str,
+    error: &dyn std::fmt::Display,
+) -> Refusal {
+    let stats = &shared.stats;
+    stats.bump(&stats.store_unavailable, "oncegate_store_unavailable_total");
+    Refusal::new(RefusalKind::Unavailable, label, error.to_string())
+}
+
+/// Accepts an admission into the spool once it is on disk; refused (the platform retries) if
+/// the spool is full or cannot be written.
+async fn to_spool<S: Store>(
+    shared: &Shared<S>,
+    spool: &Arc<oncegate_spool::Spool>,
+    admit: Admit,
+    _peer: Option<SocketAddr>,
+) -> Result<Accepted, Refusal> {
+    let stats = &shared.stats;
+    let keys = admit.keys.as_slice().to_vec();
+    let retention = millis(shared.timing.retention);
+    match spooling::put(spool, admit.event, keys, retention, admit.nonce).await {
+        Ok(()) => {
+            stats.bump(&stats.spooled, "oncegate_spooled_total");
+            shared.spooled.notify_one();
+            Ok(Accepted::Spooled)
+        }
+        Err(error) => Err(unavailable(shared, "spool_failed", &error)),
+    }
+}
+
+/// A creation time further ahead than the allowed skew is a forgery or a broken clock: taken
+/// as is it would lift the chat's watermark so far that every later event looks stale.
+fn clamp_creation_time<S: Store>(shared: &Shared<S>, event: &mut oncegate_core::Event) {
+    let now_ms = shared.now_ms();
+    if event.created_at_ms > now_ms.saturating_add(millis(shared.max_future)) {
+        metrics::counter!("oncegate_future_creation_times_total").increment(1);
+        shared.summaries.note(
+            "future_creation_time",
+            None,
+            &format!(
+                "event {:?} was created {} ms in the future; taken as now",
+                event.event_id,
+                event.created_at_ms.saturating_sub(now_ms)
+            ),
+        );
+        event.created_at_ms = now_ms;
+    }
+}
+
+/// Samples the store's queue depth for the `dispatcher.max_queued` bound, `/readyz` and the
+/// `oncegate_queue_depth` gauge.
+pub(crate) async fn watch_queue<S: Store>(shared: Arc<Shared<S>>, shutdown: CancellationToken) {
+    let period = if shared.max_queued.is_some() {
+        QUEUE_SAMPLE
+    } else {
+        QUEUE_GAUGE_SAMPLE
+    };
+    let mut tick = tokio::time::interval(period);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.cancelled() => return,
+        }
+        match shared.store.queued().await {
+            Ok(depth) => {
+                shared.queued.store(depth, Ordering::Relaxed);
+                metrics::gauge!("oncegate_queue_depth").set(depth as f64);
+            }
+            Err(error) => shared
+                .summaries
+                .note("queue_depth_failed", None, &error.to_string()),
+        }
+    }
+}
+
+/// Whether the queue holds as many events as `dispatcher.max_queued` allows.
+pub(crate) fn queue_full<S>(shared: &Shared<S>) -> bool {
+    shared
+        .max_queued
+        .is_some_and(|max| shared.queued.load(Ordering::Relaxed) >= max)
+}

@@ -1,0 +1,81 @@
+//! Synchronous calls (Feishu card buttons): never re-delivered, answered within the platform's
+//! deadline with the handler's result, and a repeat gets the stored result instead of a second
+//! call.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use oncegate_core::{Admit, Claim, FenceCheck, Refusal, RefusalKind, Store};
+
+use crate::Shared;
+use crate::sink::Outgoing;
+
+/// Feishu waits 3 s for a card answer; leave room for the way back.
+const DEADLINE: Duration = Duration::from_millis(2_500);
+
+/// Claims the call's primary key, asks the route's sink, stores its answer and returns it.
+pub(crate) async fn call<S: Store>(
+    shared: &Shared<S>,
+    admit: Admit,
+) -> Result<Option<Bytes>, Refusal> {
+    let stats = &shared.stats;
+    stats.bump(&stats.cards, "oncegate_cards_total");
+    let Some(route) = shared.route_for(&admit.event.event_type) else {
+        stats.bump(&stats.unrouted, "oncegate_unrouted_total");
+        return Ok(None);
+    };
+    let key = admit.keys.primary();
+    let partition = admit.event.partition(shared.store.partitions());
+    let unavailable = |error: &dyn std::fmt::Display| {
+        Refusal::new(RefusalKind::Unavailable, "claim_failed", error.to_string())
+    };
+    let lease = match shared.store.claim(&key, partition, DEADLINE * 2).await {
+        Ok(Claim::Acquired(lease)) => lease,
+        Ok(Claim::Done { outcome }) => return Ok(outcome),
+        Ok(Claim::InFlight { .. }) => {
+            return Err(Refusal::new(
+                RefusalKind::Replayed,
+                "in_flight",
+                "this card action is being answered already",
+            ));
+        }
+        Err(error) => return Err(unavailable(&error)),
+    };
+    let id = format!("msg_{key}");
+    let outgoing = Outgoing {
+        id: &id,
+        event: &admit.event,
+        attempt: 0,
+        wants_answer: true,
+    };
+    match tokio::time::timeout(DEADLINE, route.sink.deliver(outgoing)).await {
+        Ok(Ok(outcome)) => {
+            let outcome = outcome.unwrap_or_else(|| Bytes::from_static(b"{}"));
+            if let Ok(FenceCheck::Rejected) = shared
+                .store
+                .complete(&lease, shared.timing.retention, Some(outcome.clone()))
+                .await
+            {
+                stats.bump(&stats.fenced, "oncegate_fenced_total");
+            }
+            stats.bump(&stats.delivered, "oncegate_delivered_total");
+            Ok(Some(outcome))
+        }
+        Ok(Err(error)) => {
+            let _ = shared.store.release(&lease).await;
+            Err(Refusal::new(
+                RefusalKind::Handler,
+                "sync_failed",
+                format!("card handler failed: {error}"),
+            ))
+        }
+        Err(_) => {
+            let _ = shared.store.release(&lease).await;
+            Err(Refusal::new(
+                RefusalKind::HandlerTimeout,
+                "sync_timeout",
+                "card handler did not answer within 2.5 s",
+            ))
+        }
+    }
+}
