@@ -28,7 +28,7 @@ enum Command {
         #[arg(long, env = "ONCEGATE_CONFIG")]
         config: Option<PathBuf>,
     },
-    /// Send signed, encrypted Feishu events (with retries and replays) to a running gateway and
+    /// Send signed, encrypted platform events (with retries and replays) to a running gateway and
     /// summarize what was admitted, dropped and delivered.
     Simulate(simulate::SimulateArgs),
     /// Check a configuration file (with ONCEGATE_* overrides applied) and name every problem.

@@ -1,5 +1,5 @@
-//! `oncegate simulate`: signed, encrypted Feishu traffic with duplicates and replays, against a
-//! running gateway; the demo and the load generator.
+//! `oncegate simulate`: signed, encrypted platform traffic (through the source's sealer) with
+//! duplicates and replays, against a running gateway; the demo and the load generator.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -7,7 +7,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
 use clap::Args;
-use oncegate_feishu::FeishuApp;
+use oncegate_core::{SealedRequest, Sealer, SyntheticMessage};
 use tokio::sync::Mutex;
 
 /// Options of `oncegate simulate`.
@@ -49,14 +49,6 @@ pub(crate) struct SimulateArgs {
     quiet: bool,
 }
 
-#[derive(Clone)]
-struct Request {
-    body: Vec<u8>,
-    timestamp: String,
-    nonce: String,
-    signature: Option<String>,
-}
-
 enum Send {
     New(usize),
     Retry(usize),
@@ -80,46 +72,30 @@ fn unix_secs() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-fn message(app_id: &str, token: Option<&str>, run: u64, i: usize, chats: usize) -> Vec<u8> {
+fn message(run: u64, i: usize, chats: usize) -> SyntheticMessage {
     let now_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
-    serde_json::json!({
-        "schema": "2.0",
-        "header": {
-            "event_id": format!("sim{run}-{i}"),
-            "token": token.unwrap_or(""),
-            "create_time": (now_ms + i as u64).to_string(),
-            "event_type": "im.message.receive_v1",
-            "tenant_key": "simulated",
-            "app_id": app_id,
-        },
-        "event": {
-            "sender": {"sender_id": {"open_id": format!("ou_{}", i % 997)}},
-            "message": {
-                "message_id": format!("om_sim{run}-{i}"),
-                "chat_id": format!("oc_sim{}", i % chats.max(1)),
-                "message_type": "text",
-                "content": format!("{{\"text\":\"simulated message {i}\"}}"),
-            }
-        }
-    })
-    .to_string()
-    .into_bytes()
+    SyntheticMessage {
+        id: format!("sim{run}-{i}"),
+        chat: format!("oc_sim{}", i % chats.max(1)),
+        sender: format!("ou_{}", i % 997),
+        text: format!("simulated message {i}"),
+        created_ms: now_ms + i as u64,
+    }
 }
 
-fn seal(app: &FeishuApp, plain: &[u8]) -> Request {
-    let timestamp = unix_secs().to_string();
+/// A fresh request for message `i`: a new timestamp and nonce every time, as a platform retry.
+fn seal(sealer: &dyn Sealer, run: u64, i: usize, chats: usize) -> SealedRequest {
     let nonce = format!("{:016x}", fastrand::u64(..));
     let mut iv = [0u8; 16];
     fastrand::fill(&mut iv);
-    let (body, signature) = app.seal(plain, &timestamp, &nonce, iv);
-    Request {
-        body,
-        timestamp,
-        nonce,
-        signature,
-    }
+    sealer.seal(
+        &sealer.message(&message(run, i, chats)),
+        unix_secs(),
+        &nonce,
+        iv,
+    )
 }
 
 pub(crate) async fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
@@ -135,13 +111,7 @@ pub(crate) async fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
             .map(|s| s.resolve().map_err(anyhow::Error::msg))
             .transpose()
     };
-    let token = secret(&source.verification_token)?;
-    let app = FeishuApp::new(
-        matches!(source.platform, oncegate_config::Platform::Lark),
-        &source.app_id,
-        secret(&source.encrypt_key)?,
-        token.clone(),
-    )?;
+    let sealer = oncegate_gateway::registry::sealer(source)?;
     let base = args
         .url
         .clone()
@@ -173,7 +143,7 @@ pub(crate) async fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
     }
     let total = plan.len();
     let plan = Arc::new(plan);
-    let sent: Arc<Vec<Mutex<Option<Request>>>> =
+    let sent: Arc<Vec<Mutex<Option<SealedRequest>>>> =
         Arc::new((0..args.events).map(|_| Mutex::new(None)).collect());
     let before = delivered(&client, &admin, admin_token.as_deref()).await;
     let progress = if args.quiet {
@@ -192,15 +162,14 @@ pub(crate) async fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     let mut workers = Vec::new();
     for _ in 0..args.concurrency.max(1) {
-        let (plan, sent, next, tally, client, url, app, token, progress) = (
+        let (plan, sent, next, tally, client, url, sealer, progress) = (
             plan.clone(),
             sent.clone(),
             next.clone(),
             tally.clone(),
             client.clone(),
             url.clone(),
-            app.clone(),
-            token.clone(),
+            sealer.clone(),
             progress.clone(),
         );
         let chats = args.chats;
@@ -210,19 +179,13 @@ pub(crate) async fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
                 let Some(step) = plan.get(index) else { break };
                 let request = match *step {
                     Send::New(i) => {
-                        let request = seal(
-                            &app,
-                            &message(app.app_id(), token.as_deref(), run, i, chats),
-                        );
+                        let request = seal(sealer.as_ref(), run, i, chats);
                         *sent[i].lock().await = Some(request.clone());
                         request
                     }
                     Send::Retry(i) => match sent[i].lock().await.as_ref() {
                         // A platform retry: the same event, signed again.
-                        Some(_) => seal(
-                            &app,
-                            &message(app.app_id(), token.as_deref(), run, i, chats),
-                        ),
+                        Some(_) => seal(sealer.as_ref(), run, i, chats),
                         None => continue,
                     },
                     Send::Replay(i) => match sent[i].lock().await.clone() {
@@ -230,13 +193,16 @@ pub(crate) async fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
                         None => continue,
                     },
                 };
-                let mut builder = client
-                    .post(&url)
-                    .header("content-type", "application/json")
-                    .header(oncegate_feishu::HEADER_TIMESTAMP, &request.timestamp)
-                    .header(oncegate_feishu::HEADER_NONCE, &request.nonce);
-                if let Some(signature) = &request.signature {
-                    builder = builder.header(oncegate_feishu::HEADER_SIGNATURE, signature);
+                let target = match &request.query {
+                    Some(query) => format!("{url}?{query}"),
+                    None => url.clone(),
+                };
+                let mut builder = match request.method {
+                    oncegate_core::Method::Get => client.get(target),
+                    oncegate_core::Method::Post => client.post(target),
+                };
+                for (name, value) in &request.headers {
+                    builder = builder.header(*name, value);
                 }
                 let at = Instant::now();
                 let outcome = builder.body(request.body).send().await;

@@ -24,7 +24,7 @@ pub use record::{
     Record, RecordState, StoreStats, WatermarkOutcome,
 };
 pub use source::{
-    Accepted, Admit, Callback, Decoded, Headers, Keys, Method, Refusal, RefusalKind, Reply, Stamp,
-    WebhookSource,
+    Accepted, Admit, Callback, Decoded, Headers, Keys, Method, Refusal, RefusalKind, Reply,
+    SealedRequest, Sealer, Stamp, SyntheticMessage, WebhookSource,
 };
 pub use store::{DedupStore, EventQueue, Store, StoreError, WatermarkStore};

@@ -235,3 +235,49 @@ pub trait WebhookSource: Send + Sync + 'static {
         Reply::json(result.unwrap_or_else(|| Bytes::from_static(b"{}")))
     }
 }
+
+/// A synthetic message, for `oncegate simulate` and tests: what a platform would deliver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyntheticMessage {
+    /// The event id (and, prefixed, the message id).
+    pub id: String,
+    /// The chat it belongs to.
+    pub chat: String,
+    /// The sender.
+    pub sender: String,
+    /// The text.
+    pub text: String,
+    /// Creation time, unix milliseconds.
+    pub created_ms: u64,
+}
+
+/// A callback as a platform would send it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SealedRequest {
+    /// The method.
+    pub method: Method,
+    /// The query string, if any (signatures travel there on WeCom).
+    pub query: Option<String>,
+    /// The headers.
+    pub headers: Vec<(&'static str, String)>,
+    /// The body.
+    pub body: Vec<u8>,
+}
+
+/// The sending side of a platform, for load generators and tests: builds a message's plaintext
+/// and seals it (signs, encrypts) as the platform would, with a fresh timestamp and nonce each
+/// time.
+pub trait Sealer: Send + Sync + 'static {
+    /// The plaintext document of a message event.
+    fn message(&self, message: &SyntheticMessage) -> Vec<u8>;
+
+    /// `plaintext` as a signed request at `timestamp_secs` with `nonce` (and `iv` where the
+    /// platform encrypts).
+    fn seal(
+        &self,
+        plaintext: &[u8],
+        timestamp_secs: u64,
+        nonce: &str,
+        iv: [u8; 16],
+    ) -> SealedRequest;
+}

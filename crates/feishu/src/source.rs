@@ -3,7 +3,8 @@
 
 use bytes::Bytes;
 use oncegate_core::{
-    Accepted, Admit, Callback, Decoded, Method, Refusal, RefusalKind, Reply, Stamp, WebhookSource,
+    Accepted, Admit, Callback, Decoded, Method, Refusal, RefusalKind, Reply, SealedRequest, Sealer,
+    Stamp, SyntheticMessage, WebhookSource,
 };
 
 use crate::{FeishuApp, FeishuError, HEADER_NONCE, HEADER_SIGNATURE, HEADER_TIMESTAMP, Inbound};
@@ -72,6 +73,58 @@ impl WebhookSource for FeishuApp {
     }
 }
 
+impl Sealer for FeishuApp {
+    fn message(&self, message: &SyntheticMessage) -> Vec<u8> {
+        serde_json::json!({
+            "schema": "2.0",
+            "header": {
+                "event_id": message.id,
+                "token": self.verification_token.as_deref().unwrap_or(""),
+                "create_time": message.created_ms.to_string(),
+                "event_type": "im.message.receive_v1",
+                "tenant_key": "simulated",
+                "app_id": &*self.app_id,
+            },
+            "event": {
+                "sender": {"sender_id": {"open_id": message.sender}},
+                "message": {
+                    "message_id": format!("om_{}", message.id),
+                    "chat_id": message.chat,
+                    "message_type": "text",
+                    "content": serde_json::json!({ "text": message.text }).to_string(),
+                }
+            }
+        })
+        .to_string()
+        .into_bytes()
+    }
+
+    fn seal(
+        &self,
+        plaintext: &[u8],
+        timestamp_secs: u64,
+        nonce: &str,
+        iv: [u8; 16],
+    ) -> SealedRequest {
+        let timestamp = timestamp_secs.to_string();
+        let (body, signature) = FeishuApp::seal(self, plaintext, &timestamp, nonce, iv);
+        let mut headers = vec![
+            ("content-type", "application/json".to_owned()),
+            (HEADER_TIMESTAMP, timestamp),
+            (HEADER_NONCE, nonce.to_owned()),
+        ];
+        if let Some(signature) = signature {
+            headers.push((HEADER_SIGNATURE, signature));
+        }
+        SealedRequest {
+            method: Method::Post,
+            query: None,
+            headers,
+            body,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
@@ -133,5 +186,39 @@ mod tests {
             app.accepted(Accepted::Duplicate).body,
             br#"{"msg":"success","duplicate":true}"#.as_slice()
         );
+    }
+
+    #[test]
+    fn what_the_sealer_seals_the_source_opens() {
+        let app = FeishuApp::new(false, "cli_s", Some("k".into()), Some("t".into())).expect("app");
+        let plain = Sealer::message(
+            &app,
+            &SyntheticMessage {
+                id: "sim-1".into(),
+                chat: "oc_1".into(),
+                sender: "ou_1".into(),
+                text: "hi \"there\"".into(),
+                created_ms: 1_700_000_000_000,
+            },
+        );
+        let sealed = Sealer::seal(&app, &plain, 1_700_000_000, "n9", [4; 16]);
+        let headers = Map(sealed
+            .headers
+            .iter()
+            .map(|(k, v)| (*k, v.clone()))
+            .collect());
+        let decoded = app.decode(&Callback {
+            method: sealed.method,
+            query: None,
+            headers: &headers,
+            body: &sealed.body,
+        });
+        let Ok(Decoded::Admit { admit, stamp }) = decoded else {
+            panic!("{decoded:?}")
+        };
+        assert_eq!(admit.event.event_id, "sim-1");
+        assert_eq!(admit.event.order_key.as_deref(), Some("oc_1"));
+        assert_eq!(admit.keys.as_slice().len(), 2);
+        assert_eq!(stamp.map(|s| s.nonce), Some("n9".into()));
     }
 }

@@ -8,7 +8,7 @@ mod admin;
 mod admission;
 mod dispatch;
 mod ingress;
-mod registry;
+pub mod registry;
 mod server;
 pub mod sink;
 mod spooling;
@@ -301,25 +301,11 @@ impl<S: Store> Gateway<S> {
                 })
                 .transpose()
         };
-        let mut sources = Vec::new();
-        for source in &config.sources {
-            let at = |field: &str| format!("source {:?} {field}", source.name);
-            let encrypt_key = resolve(&source.encrypt_key, &at("encrypt_key"))?;
-            let verification_token =
-                resolve(&source.verification_token, &at("verification_token"))?;
-            if encrypt_key.is_none() && verification_token.is_none() && !source.allow_unsigned {
-                return Err(GatewayError::Config(format!(
-                    "source {:?} has no secret: set encrypt_key and verification_token, or \
-                     allow_unsigned = true",
-                    source.name
-                )));
-            }
-            let secrets = registry::Secrets {
-                encrypt_key,
-                verification_token,
-            };
-            sources.push((source.name.clone(), registry::source(source, secrets)?));
-        }
+        let sources = config
+            .sources
+            .iter()
+            .map(|source| Ok((source.name.clone(), registry::source(source)?)))
+            .collect::<Result<Vec<_>, GatewayError>>()?;
         let parts = GatewayParts {
             sources,
             replay: config
