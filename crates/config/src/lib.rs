@@ -262,12 +262,15 @@ pub struct DedupConfig {
     /// How long a seen event id is remembered.
     #[serde(with = "duration")]
     pub retention: Duration,
-    /// Dedup on the platform's event id.
+    /// Event-id dedup is always on; `false` is refused. Kept so that files that say `true`
+    /// still load.
     pub event_id: bool,
-    /// Also dedup messages on their message id (Feishu can resend one with a new event id).
+    /// Also dedup on an event's secondary keys (Feishu's `message_id`: it can resend a message
+    /// under a new event id).
     pub message_id: bool,
-    /// Let handlers claim business keys.
-    pub business_keys: bool,
+    /// Read by nothing: there is no business-key API yet. Accepted with a warning so that
+    /// older files still load.
+    pub business_keys: Option<bool>,
 }
 
 impl Default for DedupConfig {
@@ -276,7 +279,7 @@ impl Default for DedupConfig {
             retention: Duration::from_secs(24 * 3600),
             event_id: true,
             message_id: true,
-            business_keys: true,
+            business_keys: None,
         }
     }
 }

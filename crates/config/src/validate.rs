@@ -215,21 +215,28 @@ pub fn validate(config: &Config) -> Vec<Problem> {
             ),
         );
     }
-    if !config.dedup.event_id && !config.dedup.business_keys && !config.replay.enabled {
+    if config.dedup.business_keys.is_some() {
+        report(
+            Severity::Warning,
+            "dedup.business_keys",
+            "has no effect (there is no business-key API yet); remove the line".into(),
+        );
+    }
+    if !config.dedup.event_id && !config.replay.enabled {
         report(
             Severity::Error,
             "dedup",
-            "every dedup layer is switched off (dedup.event_id, dedup.business_keys and \
-             replay.enabled are all false): every platform retry would run again. Turn on at \
-             least dedup.event_id"
-                .into(),
+            "every dedup layer is switched off (dedup.event_id and replay.enabled are both \
+             false): every platform retry would run again. Remove dedup.event_id (it is always \
+             on)"
+            .into(),
         );
     } else if !config.dedup.event_id {
         report(
             Severity::Error,
             "dedup.event_id",
-            "event-id dedup is off: platform retries and resent frames run again. It is the \
-             layer everything else relies on; turn it on"
+            "event-id dedup cannot be switched off: platform retries and resent frames would \
+             run again. It is the layer everything else relies on; remove the line"
                 .into(),
         );
     }
@@ -761,7 +768,6 @@ mod tests {
         let mut config = Config::default();
         config.dedup.event_id = false;
         config.dedup.message_id = false;
-        config.dedup.business_keys = false;
         config.replay.enabled = false;
         assert_eq!(errors(&config), vec!["dedup".to_owned()]);
     }

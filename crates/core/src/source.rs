@@ -32,6 +32,11 @@ impl Keys {
         self.0[0]
     }
 
+    /// Only the primary key (dedup on secondary keys switched off).
+    pub fn primary_only(&self) -> Self {
+        Self::new(self.primary())
+    }
+
     /// Every key, the primary first; never empty.
     pub fn as_slice(&self) -> &[KeyHash] {
         &self.0

@@ -37,6 +37,9 @@ pub(crate) async fn admit<S: Store>(
         ));
     }
     clamp_creation_time(shared, &mut admit.event);
+    if !shared.secondary_keys {
+        admit.keys = admit.keys.primary_only();
+    }
     let partition = admit.event.partition(shared.store.partitions());
     // With a spool, a copy is kept for it in case the store cannot admit; and while earlier
     // admissions still wait there, this one queues behind them so that chats keep their order.

@@ -129,6 +129,8 @@ pub(crate) struct Shared<S> {
     pub(crate) max_future: Duration,
     /// Set when a background task ended early: readiness fails from then on.
     pub(crate) failure: OnceLock<String>,
+    /// Whether events' secondary keys (Feishu's message id) are deduplicated too.
+    pub(crate) secondary_keys: bool,
 }
 
 impl<S: Store> Shared<S> {
@@ -184,6 +186,8 @@ pub struct GatewayParts {
     pub max_queued: Option<u64>,
     /// How often refusals and repeated failures are summarized in the log.
     pub log_interval: Duration,
+    /// Deduplicate on events' secondary keys too (`dedup.message_id`).
+    pub secondary_keys: bool,
 }
 
 impl Default for GatewayParts {
@@ -198,6 +202,7 @@ impl Default for GatewayParts {
             limits: ServerLimits::default(),
             max_queued: None,
             log_interval: config.server.log_interval,
+            secondary_keys: config.dedup.message_id,
         }
     }
 }
@@ -246,6 +251,7 @@ impl<S: Store> Gateway<S> {
                     .replay
                     .map_or(Duration::from_secs(300), |(skew, _)| skew),
                 failure: OnceLock::new(),
+                secondary_keys: parts.secondary_keys,
             }),
         }
     }
@@ -328,6 +334,7 @@ impl<S: Store> Gateway<S> {
             },
             max_queued: config.dispatcher.max_queued,
             log_interval: config.server.log_interval,
+            secondary_keys: config.dedup.message_id,
         };
         let mut gateway = Self::new(store, parts);
         for route in &config.routes {
@@ -367,6 +374,16 @@ impl<S: Store> Gateway<S> {
         &self.shared.store
     }
 
+    /// The callback routes (`/webhook/<source>`), for serving elsewhere or calling in process.
+    pub fn webhooks_router(&self) -> axum::Router {
+        ingress::router(self.shared.clone())
+    }
+
+    /// The admin routes (health, readiness, metrics, `/admin/*`).
+    pub fn admin_router(&self) -> axum::Router {
+        admin::router(self.shared.clone())
+    }
+
     /// Serves callbacks on `listener` and the admin API on `admin` until `shutdown` is
     /// cancelled; requests in progress may finish within the shutdown grace.
     pub async fn serve(
@@ -379,7 +396,7 @@ impl<S: Store> Gateway<S> {
         let webhooks = server::serve(
             "webhooks",
             listener,
-            ingress::router(shared.clone()),
+            self.webhooks_router(),
             shared.limits.clone(),
             shared.summaries.clone(),
             shutdown.clone(),
@@ -387,7 +404,7 @@ impl<S: Store> Gateway<S> {
         let admin = server::serve(
             "admin",
             admin,
-            admin::router(shared.clone()),
+            self.admin_router(),
             shared.limits.clone(),
             shared.summaries.clone(),
             shutdown.clone(),

@@ -1,0 +1,134 @@
+//! Ingress and admission in process: the router called directly (`oneshot`), a real memory
+//! store, requests sealed by the platform's own sealer. Fast; the end-to-end tests run the
+//! binary.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use oncegate_core::{Method, Sealer, SyntheticMessage};
+use oncegate_feishu::FeishuApp;
+use oncegate_gateway::{Gateway, GatewayParts};
+use oncegate_memory::{MemoryConfig, MemoryStore};
+use tower::ServiceExt;
+
+fn app() -> FeishuApp {
+    FeishuApp::new(
+        false,
+        "cli_ip",
+        Some("ip-key".into()),
+        Some("ip-token".into()),
+    )
+    .expect("app")
+}
+
+fn gateway(secondary_keys: bool) -> Gateway<MemoryStore> {
+    let store = MemoryStore::with_clock(MemoryConfig::default(), oncegate_core::SystemClock);
+    Gateway::new(
+        store,
+        GatewayParts {
+            sources: vec![("s".into(), Arc::new(app()))],
+            secondary_keys,
+            ..GatewayParts::default()
+        },
+    )
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// A message event with `event_id` whose message id is `om_<message>`.
+fn request(event_id: &str, message: &str) -> Request<Body> {
+    let app = app();
+    let mut plain = String::from_utf8(app.message(&SyntheticMessage {
+        id: message.into(),
+        chat: "oc_1".into(),
+        sender: "ou_1".into(),
+        text: "hi".into(),
+        created_ms: 1,
+    }))
+    .expect("utf8");
+    plain = plain.replace(
+        &format!("\"event_id\":\"{message}\""),
+        &format!("\"event_id\":\"{event_id}\""),
+    );
+    let nonce = format!("{:016x}", fastrand::u64(..));
+    let sealed = Sealer::seal(&app, plain.as_bytes(), now_secs(), &nonce, [2; 16]);
+    assert_eq!(sealed.method, Method::Post);
+    let mut builder = Request::post("/webhook/s");
+    for (name, value) in &sealed.headers {
+        builder = builder.header(*name, value);
+    }
+    builder.body(Body::from(sealed.body)).expect("request")
+}
+
+async fn call(gateway: &Gateway<MemoryStore>, request: Request<Body>) -> (StatusCode, String) {
+    let response = gateway
+        .webhooks_router()
+        .oneshot(request)
+        .await
+        .expect("infallible");
+    let status = response.status();
+    let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+        .await
+        .expect("body");
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+#[tokio::test]
+async fn a_message_resent_under_a_new_event_id_is_a_duplicate_unless_message_ids_are_off() {
+    for (secondary, second) in [(true, true), (false, false)] {
+        let gateway = gateway(secondary);
+        let (status, body) = call(&gateway, request("ev_a", "m1")).await;
+        assert_eq!(
+            (status, body.contains("duplicate")),
+            (StatusCode::OK, false),
+            "{body}"
+        );
+        let (status, body) = call(&gateway, request("ev_b", "m1")).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(
+            body.contains("duplicate"),
+            second,
+            "message_id = {secondary}: {body}"
+        );
+        // The same event id is a duplicate either way.
+        let (_, body) = call(&gateway, request("ev_a", "m1")).await;
+        assert!(body.contains("duplicate"), "{body}");
+    }
+}
+
+#[tokio::test]
+async fn refusals_have_their_status_and_say_nothing_about_the_configuration() {
+    let gateway = gateway(true);
+    let (status, body) = call(
+        &gateway,
+        Request::get("/webhook/s")
+            .body(Body::empty())
+            .expect("request"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED, "{body}");
+    let (status, body) = call(
+        &gateway,
+        Request::post("/webhook/nope")
+            .body(Body::from("{}"))
+            .expect("request"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(!body.contains("\"s\""), "{body}");
+    let (status, body) = call(
+        &gateway,
+        Request::post("/webhook/s")
+            .body(Body::from("{}"))
+            .expect("request"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+    let stats = gateway.stats();
+    assert_eq!((stats.requests, stats.bad_requests), (3, 3));
+}
