@@ -111,7 +111,7 @@ pub(crate) struct Shared<S> {
     pub(crate) stats: Stats,
     /// Woken when a partition may have work: an admit, an ack that frees a chat.
     pub(crate) wake: Vec<Notify>,
-    pub(crate) clock: SystemClock,
+    pub(crate) clock: Arc<dyn Clock>,
     pub(crate) metrics_render: Option<Box<dyn Fn() -> String + Send + Sync>>,
     /// Where accepted admissions wait while the store is down, if configured.
     pub(crate) spool: Option<Arc<Spool>>,
@@ -188,6 +188,8 @@ pub struct GatewayParts {
     pub log_interval: Duration,
     /// Deduplicate on events' secondary keys too (`dedup.message_id`).
     pub secondary_keys: bool,
+    /// The gateway's clock (replay windows, creation times, retries); the store has its own.
+    pub clock: Arc<dyn Clock>,
 }
 
 impl Default for GatewayParts {
@@ -203,6 +205,7 @@ impl Default for GatewayParts {
             max_queued: None,
             log_interval: config.server.log_interval,
             secondary_keys: config.dedup.message_id,
+            clock: Arc::new(SystemClock),
         }
     }
 }
@@ -239,7 +242,7 @@ impl<S: Store> Gateway<S> {
                 admin_token: parts.admin_token,
                 stats: Stats::default(),
                 wake: (0..partitions).map(|_| Notify::new()).collect(),
-                clock: SystemClock,
+                clock: parts.clock,
                 metrics_render: None,
                 spool: None,
                 spooled: Notify::new(),
@@ -335,6 +338,7 @@ impl<S: Store> Gateway<S> {
             max_queued: config.dispatcher.max_queued,
             log_interval: config.server.log_interval,
             secondary_keys: config.dedup.message_id,
+            clock: Arc::new(SystemClock),
         };
         let mut gateway = Self::new(store, parts);
         for route in &config.routes {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use oncegate_core::{Method, Sealer, SyntheticMessage};
+use oncegate_core::{ManualClock, Method, Sealer, SyntheticMessage};
 use oncegate_feishu::FeishuApp;
 use oncegate_gateway::{Gateway, GatewayParts};
 use oncegate_memory::{MemoryConfig, MemoryStore};
@@ -22,26 +22,35 @@ fn app() -> FeishuApp {
     .expect("app")
 }
 
-fn gateway(secondary_keys: bool) -> Gateway<MemoryStore> {
-    let store = MemoryStore::with_clock(MemoryConfig::default(), oncegate_core::SystemClock);
+/// Where the tests' clock starts: the gateway and its store share it.
+const START_MS: u64 = 1_700_000_000_000;
+
+fn gateway_at(
+    clock: Arc<ManualClock>,
+    secondary_keys: bool,
+) -> Gateway<MemoryStore<Arc<ManualClock>>> {
+    let store = MemoryStore::with_clock(MemoryConfig::default(), clock.clone());
     Gateway::new(
         store,
         GatewayParts {
             sources: vec![("s".into(), Arc::new(app()))],
             secondary_keys,
+            clock,
             ..GatewayParts::default()
         },
     )
 }
 
-fn now_secs() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+fn gateway(secondary_keys: bool) -> Gateway<MemoryStore<Arc<ManualClock>>> {
+    gateway_at(Arc::new(ManualClock::new(START_MS)), secondary_keys)
 }
 
-/// A message event with `event_id` whose message id is `om_<message>`.
+/// A message event with `event_id` whose message id is `om_<message>`, sent at the start.
 fn request(event_id: &str, message: &str) -> Request<Body> {
+    request_at(event_id, message, START_MS / 1000, "")
+}
+
+fn request_at(event_id: &str, message: &str, timestamp_secs: u64, nonce: &str) -> Request<Body> {
     let app = app();
     let mut plain = String::from_utf8(app.message(&SyntheticMessage {
         id: message.into(),
@@ -55,8 +64,11 @@ fn request(event_id: &str, message: &str) -> Request<Body> {
         &format!("\"event_id\":\"{message}\""),
         &format!("\"event_id\":\"{event_id}\""),
     );
-    let nonce = format!("{:016x}", fastrand::u64(..));
-    let sealed = Sealer::seal(&app, plain.as_bytes(), now_secs(), &nonce, [2; 16]);
+    let nonce = match nonce {
+        "" => format!("{:016x}", fastrand::u64(..)),
+        given => given.to_owned(),
+    };
+    let sealed = Sealer::seal(&app, plain.as_bytes(), timestamp_secs, &nonce, [2; 16]);
     assert_eq!(sealed.method, Method::Post);
     let mut builder = Request::post("/webhook/s");
     for (name, value) in &sealed.headers {
@@ -65,7 +77,10 @@ fn request(event_id: &str, message: &str) -> Request<Body> {
     builder.body(Body::from(sealed.body)).expect("request")
 }
 
-async fn call(gateway: &Gateway<MemoryStore>, request: Request<Body>) -> (StatusCode, String) {
+async fn call(
+    gateway: &Gateway<MemoryStore<Arc<ManualClock>>>,
+    request: Request<Body>,
+) -> (StatusCode, String) {
     let response = gateway
         .webhooks_router()
         .oneshot(request)
@@ -131,4 +146,32 @@ async fn refusals_have_their_status_and_say_nothing_about_the_configuration() {
     assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
     let stats = gateway.stats();
     assert_eq!((stats.requests, stats.bad_requests), (3, 3));
+}
+
+#[tokio::test]
+async fn the_replay_window_follows_the_gateways_clock() {
+    let clock = Arc::new(ManualClock::new(START_MS));
+    let gateway = gateway_at(clock.clone(), true);
+    let at = START_MS / 1000;
+    let (status, body) = call(&gateway, request_at("ev_r", "r1", at, "n-1")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    // The same nonce again within the window: a replay.
+    let (status, _) = call(&gateway, request_at("ev_r2", "r2", at, "n-1")).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    // Ten minutes later the request's timestamp is outside the 5-minute skew.
+    clock.advance_ms(10 * 60 * 1000);
+    let (status, body) = call(&gateway, request_at("ev_r3", "r3", at, "n-3")).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+    assert!(body.contains("skew"), "{body}");
+    let (status, _) = call(&gateway, request_at("ev_r3", "r3", at + 600, "n-3")).await;
+    assert_eq!(status, StatusCode::OK);
+    let stats = gateway.stats();
+    assert_eq!(
+        (
+            stats.replays_rejected,
+            stats.stale_timestamps,
+            stats.admitted
+        ),
+        (1, 1, 2)
+    );
 }
