@@ -1,0 +1,99 @@
+//! Connecting: the configuration, why a connection failed, and the partition-count check.
+
+use super::*;
+
+/// How a Redis store is reached.
+#[derive(Debug, Clone)]
+pub struct RedisConfig {
+    /// `redis://host:port/db`; for a cluster, one or more nodes separated by commas.
+    pub url: String,
+    /// Whether `url` names a Redis Cluster.
+    pub cluster: bool,
+    /// Prefix of every key, so that several deployments can share a Redis.
+    pub prefix: String,
+    /// Queue partitions.
+    pub partitions: u16,
+    /// Timeout of every call.
+    pub timeout: Duration,
+    /// Start without Redis: connect on first use and check the partition count then, instead
+    /// of failing now. For gateways with a spool, which take requests during an outage.
+    pub lazy: bool,
+    /// How long a partition stays with its owner without a pull. Another instance takes it over
+    /// after that, and hands out again what the old owner had not acked.
+    pub ownership: Duration,
+}
+
+impl RedisConfig {
+    /// Defaults for `url`.
+    pub fn at(url: &str) -> Self {
+        Self {
+            url: url.to_owned(),
+            cluster: false,
+            lazy: false,
+            prefix: "og".into(),
+            partitions: 16,
+            timeout: Duration::from_secs(2),
+            ownership: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Why a Redis store could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// The URL or the server.
+    #[error("cannot connect to {url}: {message}")]
+    Connect {
+        /// The URL.
+        url: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// The stored partition count differs.
+    #[error(
+        "prefix {prefix:?} was created with {stored} partitions but {configured} are configured; set partitions = {stored}"
+    )]
+    Partitions {
+        /// The key prefix.
+        prefix: String,
+        /// In Redis.
+        stored: u16,
+        /// In the configuration.
+        configured: u16,
+    },
+}
+
+/// Records the partition count under the prefix when it is new, and refuses a different one:
+/// partitions decide where keys live, so two counts on one prefix would split records.
+pub(super) async fn check_partitions(
+    conn: &mut Conn,
+    prefix: &str,
+    partitions: u16,
+) -> Result<(), ConnectError> {
+    let key = format!("{prefix}:partitions");
+    let connect = |e: redis::RedisError| ConnectError::Connect {
+        url: String::new(),
+        message: e.to_string(),
+    };
+    let _: Value = redis::cmd("SET")
+        .arg(&key)
+        .arg(partitions)
+        .arg("NX")
+        .query_async(conn)
+        .await
+        .map_err(connect)?;
+    let stored: u16 = redis::cmd("GET")
+        .arg(&key)
+        .query_async(conn)
+        .await
+        .map_err(connect)?;
+    if stored == partitions {
+        Ok(())
+    } else {
+        Err(ConnectError::Partitions {
+            prefix: prefix.to_owned(),
+            stored,
+            configured: partitions,
+        })
+    }
+}

@@ -1,0 +1,324 @@
+//! The partition streams: ownership, takeover, group reads and hand-outs.
+
+use super::*;
+
+impl<C: Clock> Inner<C> {
+    /// The partition of `id`, locked, if this instance handed `id` out; else `None`.
+    pub(super) async fn handed_out(
+        &self,
+        id: QueueId,
+    ) -> Option<tokio::sync::MutexGuard<'_, Partition>> {
+        let queue = self.queues.get(usize::from(id.partition))?.lock().await;
+        queue.order.is_in_flight(id.seq).then_some(queue)
+    }
+
+    /// Takes or keeps `partition` for this instance. One owner at a time hands a partition's
+    /// events out, so per-chat order holds across gateways. A new owner takes over, with
+    /// `XAUTOCLAIM`, every entry the consumer group had delivered to earlier owners and that
+    /// nobody acked; they come out again before anything newer.
+    pub(super) async fn own(
+        &self,
+        conn: &mut Conn,
+        partition: u16,
+        queue: &mut Partition,
+    ) -> Result<bool, StoreError> {
+        let verdict: i64 = self
+            .scripts
+            .own
+            .key(self.owner(partition))
+            .arg(&self.instance)
+            .arg(self.ownership_ms)
+            .invoke_async(conn)
+            .await
+            .map_err(unavailable)?;
+        match verdict {
+            // Ours already, unless we did not know: the answer that made it ours was lost.
+            1 if queue.owned => Ok(true),
+            1 | 2 => {
+                queue.forget();
+                queue.owned = true;
+                queue.reclaim = true;
+                Ok(true)
+            }
+            _ => {
+                queue.forget();
+                Ok(false)
+            }
+        }
+    }
+
+    /// Creates the partition's consumer group (and stream) unless it exists.
+    pub(super) async fn ensure_group(
+        &self,
+        conn: &mut Conn,
+        partition: u16,
+    ) -> Result<(), StoreError> {
+        let created: redis::RedisResult<Value> = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(self.stream(partition))
+            .arg(GROUP)
+            .arg("0")
+            .arg("MKSTREAM")
+            .query_async(conn)
+            .await;
+        match created {
+            Ok(_) => Ok(()),
+            Err(error) if error.code() == Some("BUSYGROUP") => Ok(()),
+            Err(error) => Err(unavailable(error)),
+        }
+    }
+
+    /// Moves every pending entry of the group to this consumer (in entry order) and into the
+    /// hand-out order; then forgets consumers that hold nothing (gateways that are gone).
+    pub(super) async fn reclaim(
+        &self,
+        conn: &mut Conn,
+        partition: u16,
+        queue: &mut Partition,
+    ) -> Result<(), StoreError> {
+        let mut start = "0-0".to_owned();
+        loop {
+            let reply: Value = redis::cmd("XAUTOCLAIM")
+                .arg(self.stream(partition))
+                .arg(GROUP)
+                .arg(&self.instance)
+                .arg(0)
+                .arg(&start)
+                .arg("COUNT")
+                .arg(CATCH_UP)
+                .query_async(conn)
+                .await
+                .map_err(unavailable)?;
+            let mut parts = array(reply)?.into_iter();
+            let next = parts.next().as_ref().and_then(text).map(str::to_owned);
+            let entries = array(parts.next().unwrap_or(Value::Array(Vec::new())))?;
+            self.fold(conn, partition, queue, entries).await?;
+            match next {
+                Some(next) if next != "0-0" => start = next,
+                _ => break,
+            }
+        }
+        let consumers: Vec<Value> = redis::cmd("XINFO")
+            .arg("CONSUMERS")
+            .arg(self.stream(partition))
+            .arg(GROUP)
+            .query_async(conn)
+            .await
+            .map_err(unavailable)?;
+        for consumer in consumers {
+            let fields = array(consumer)?;
+            let field = |name: &str| {
+                fields
+                    .chunks(2)
+                    .find(|pair| text(&pair[0]) == Some(name))
+                    .and_then(|pair| pair.get(1))
+            };
+            let (Some(name), Some(pending)) =
+                (field("name").and_then(text), field("pending").and_then(int))
+            else {
+                continue;
+            };
+            if pending == 0 && name != self.instance {
+                let _: Value = redis::cmd("XGROUP")
+                    .arg("DELCONSUMER")
+                    .arg(self.stream(partition))
+                    .arg(GROUP)
+                    .arg(name)
+                    .query_async(conn)
+                    .await
+                    .map_err(unavailable)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Brings the hand-out order up to date: takes over earlier owners' pending entries once
+    /// after a takeover, reads this consumer's own pending list back after a read whose answer
+    /// may have been lost, then reads what the group has not delivered yet. Each step is
+    /// repeated on the next pull until it has gone through, so no entry is left pending
+    /// unknown, and entries are folded in id order.
+    pub(super) async fn catch_up(
+        &self,
+        conn: &mut Conn,
+        partition: u16,
+        queue: &mut Partition,
+    ) -> Result<(), StoreError> {
+        if queue.reclaim {
+            self.ensure_group(conn, partition).await?;
+            // XAUTOCLAIM moves entries to this consumer before answering: if the answer is
+            // lost, they are in our own pending list.
+            queue.resync = true;
+            self.reclaim(conn, partition, queue).await?;
+            queue.reclaim = false;
+        }
+        if queue.resynced.is_none_or(|at| at.elapsed() >= RESYNC_EVERY) {
+            queue.resync = true;
+        }
+        if queue.resync {
+            let mut after = "0".to_owned();
+            loop {
+                let entries = self.read_group(conn, partition, &after).await?;
+                let Some(last) = entries.last().and_then(entry_id) else {
+                    break;
+                };
+                let done = entries.len() < CATCH_UP;
+                after = last;
+                self.fold(conn, partition, queue, entries).await?;
+                if done {
+                    break;
+                }
+            }
+            queue.resync = false;
+            queue.resynced = Some(std::time::Instant::now());
+        }
+        loop {
+            queue.resync = true;
+            let entries = self.read_group(conn, partition, ">").await?;
+            let done = entries.len() < CATCH_UP;
+            self.fold(conn, partition, queue, entries).await?;
+            queue.resync = false;
+            if done {
+                return Ok(());
+            }
+        }
+    }
+
+    /// `XREADGROUP` for this consumer from `from`: `>` for entries never delivered, an id for
+    /// this consumer's own pending entries after it.
+    pub(super) async fn read_group(
+        &self,
+        conn: &mut Conn,
+        partition: u16,
+        from: &str,
+    ) -> Result<Vec<Value>, StoreError> {
+        let mut recreated = false;
+        loop {
+            let read: redis::RedisResult<Value> = redis::cmd("XREADGROUP")
+                .arg("GROUP")
+                .arg(GROUP)
+                .arg(&self.instance)
+                .arg("COUNT")
+                .arg(CATCH_UP)
+                .arg("STREAMS")
+                .arg(self.stream(partition))
+                .arg(from)
+                .query_async(conn)
+                .await;
+            let reply = match read {
+                Ok(reply) => reply,
+                // The group is gone (a Redis that lost its data): start it again.
+                Err(error) if error.code() == Some("NOGROUP") && !recreated => {
+                    self.ensure_group(conn, partition).await?;
+                    recreated = true;
+                    continue;
+                }
+                Err(error) => return Err(unavailable(error)),
+            };
+            return match reply {
+                Value::Nil => Ok(Vec::new()),
+                // [[stream, [entries]]] (RESP2) or {stream: [entries]} (RESP3)
+                Value::Array(streams) => match streams.into_iter().next() {
+                    Some(stream) => array(array(stream)?.into_iter().nth(1).unwrap_or(Value::Nil)),
+                    None => Ok(Vec::new()),
+                },
+                Value::Map(streams) => match streams.into_iter().next() {
+                    Some((_, entries)) => array(entries),
+                    None => Ok(Vec::new()),
+                },
+                other => Err(StoreError::Corrupt(format!(
+                    "unexpected XREADGROUP reply {other:?}"
+                ))),
+            };
+        }
+    }
+
+    /// Adds stream entries (in entry order) to the hand-out order, with their retry times.
+    pub(super) async fn fold(
+        &self,
+        conn: &mut Conn,
+        partition: u16,
+        queue: &mut Partition,
+        entries: Vec<Value>,
+    ) -> Result<(), StoreError> {
+        let mut seqs = Vec::with_capacity(entries.len());
+        for entry in entries {
+            if is_deleted(&entry) {
+                // Redis 6.2 lists an entry deleted while pending as nil; it was acked.
+                continue;
+            }
+            let Some((seq, _, order, _)) = parse_entry(entry) else {
+                return Err(StoreError::Corrupt("a stream entry lacks k, o or e".into()));
+            };
+            if seq > queue.last_seq {
+                seqs.push((seq, order));
+            }
+        }
+        if seqs.is_empty() {
+            return Ok(());
+        }
+        let fields: Vec<String> = seqs.iter().map(|(seq, _)| seq.to_string()).collect();
+        let attempts: Vec<Option<String>> = redis::cmd("HMGET")
+            .arg(self.attempts(partition))
+            .arg(&fields)
+            .query_async(conn)
+            .await
+            .map_err(unavailable)?;
+        for ((seq, order), attempt) in seqs.into_iter().zip(attempts) {
+            let not_before = attempt
+                .as_deref()
+                .and_then(|a| a.split(':').nth(1))
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            queue.order.push(seq, order, not_before);
+            queue.last_seq = seq;
+        }
+        Ok(())
+    }
+}
+
+/// Reads the entries `seqs` of a partition's stream with their attempt counts, in one round
+/// trip; `None` for an entry that is gone.
+pub(super) async fn fetch<C>(
+    inner: &Inner<C>,
+    conn: &mut Conn,
+    partition: u16,
+    seqs: &[u64],
+) -> Result<Vec<Option<Delivery>>, StoreError> {
+    if seqs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let stream = inner.stream(partition);
+    let attempts = inner.attempts(partition);
+    let mut pipe = redis::pipe();
+    for &seq in seqs {
+        let id = format!("0-{seq}");
+        pipe.cmd("XRANGE").arg(&stream).arg(&id).arg(&id);
+        pipe.cmd("HGET").arg(&attempts).arg(seq);
+    }
+    let replies: Vec<Value> = pipe.query_async(conn).await.map_err(unavailable)?;
+    let mut out = Vec::with_capacity(seqs.len());
+    let mut replies = replies.into_iter();
+    for &seq in seqs {
+        let (Some(entries), Some(attempt)) = (replies.next(), replies.next()) else {
+            return Err(StoreError::Corrupt(
+                "a short pipeline reply from redis".into(),
+            ));
+        };
+        let Some((_, key, _, bytes)) = array(entries)?.into_iter().next().and_then(parse_entry)
+        else {
+            out.push(None);
+            continue;
+        };
+        let stored: Stored = decode(&bytes)?;
+        out.push(Some(Delivery {
+            id: QueueId { partition, seq },
+            key,
+            event: stored.event,
+            attempt: text(&attempt)
+                .and_then(|a| a.split(':').next())
+                .and_then(|a| a.parse().ok())
+                .unwrap_or(0),
+        }));
+    }
+    Ok(out)
+}

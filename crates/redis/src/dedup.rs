@@ -1,0 +1,362 @@
+//! Records: admit, claim, the fenced transitions, look-ups, stats, watermarks.
+
+use super::*;
+
+impl<C: Clock> DedupStore for RedisStore<C> {
+    async fn admit(
+        &self,
+        event: Event,
+        keys: &[KeyHash],
+        retention: Duration,
+    ) -> Result<Admission, StoreError> {
+        self.admit_with_nonce(event, keys, retention, None).await
+    }
+
+    async fn admit_with_nonce(
+        &self,
+        event: Event,
+        keys: &[KeyHash],
+        retention: Duration,
+        nonce: Option<Nonce>,
+    ) -> Result<Admission, StoreError> {
+        oncegate_core::store::require_keys(keys)?;
+        let keys = keys.to_vec();
+        self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
+            let order_hash = event.order_hash();
+            let partition = oncegate_core::event::partition_of(order_hash, inner.partitions);
+            let bytes = postcard::to_stdvec(&Stored { event })
+                .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            let mut call = inner.scripts.admit.prepare_invoke();
+            for key in &keys {
+                call.key(inner.record_key(key, partition));
+            }
+            call.key(inner.stream(partition))
+                .key(inner.sequence(partition));
+            call.arg(inner.clock.now_ms())
+                .arg(millis(retention))
+                .arg(keys.len())
+                .arg(keys[0].to_string())
+                .arg(order_hash)
+                .arg(bytes)
+                .arg(TTL_SLACK_MS);
+            if let Some(nonce) = nonce {
+                // In the event's slot: a replay carries the same event, so the same partition.
+                call.key(inner.nonce_key(&nonce.key, partition))
+                    .arg(nonce.window_ms.max(1));
+            }
+            let reply = array(call.invoke_async(&mut conn).await.map_err(unavailable)?)?;
+            match (reply.first().and_then(int), reply.get(1).and_then(int)) {
+                (Some(1), Some(seq)) => Ok(Admission::Admitted {
+                    id: QueueId { partition, seq },
+                }),
+                (Some(0), Some(index)) => Ok(Admission::Duplicate {
+                    key_index: index as usize,
+                }),
+                (Some(2), None) => Ok(Admission::Replayed),
+                _ => Err(StoreError::Corrupt(format!(
+                    "unexpected admit reply {reply:?}"
+                ))),
+            }
+        })
+        .await
+    }
+
+    async fn claim(
+        &self,
+        key: &KeyHash,
+        partition: u16,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
+        oncegate_core::store::require_partition(partition, self.inner.partitions)?;
+        let key = *key;
+        self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
+            let reply: Value = inner
+                .scripts
+                .claim
+                .key(inner.record_key(&key, partition))
+                .key(inner.tokens(partition))
+                .arg(inner.clock.now_ms())
+                .arg(millis(lease))
+                .arg(TTL_SLACK_MS)
+                .invoke_async(&mut conn)
+                .await
+                .map_err(unavailable)?;
+            let reply = array(reply)?;
+            match reply.first().and_then(text) {
+                Some("acquired") => {
+                    match (reply.get(1).and_then(int), reply.get(2).and_then(int)) {
+                        (Some(token), Some(until_ms)) => Ok(Claim::Acquired(Lease {
+                            key,
+                            partition,
+                            token: FencingToken(token),
+                            until_ms,
+                        })),
+                        _ => Err(StoreError::Corrupt(format!(
+                            "unexpected claim reply {reply:?}"
+                        ))),
+                    }
+                }
+                Some("inflight") => Ok(Claim::InFlight {
+                    until_ms: reply.get(1).and_then(int).unwrap_or(0),
+                }),
+                Some("done") => Ok(Claim::Done {
+                    outcome: match reply.get(1) {
+                        Some(Value::BulkString(bytes)) => Some(Bytes::from(bytes.clone())),
+                        _ => None,
+                    },
+                }),
+                _ => Err(StoreError::Corrupt(format!(
+                    "unexpected claim reply {reply:?}"
+                ))),
+            }
+        })
+        .await
+    }
+
+    async fn renew(&self, lease: &Lease, extend: Duration) -> Result<FenceCheck, StoreError> {
+        self.fence("renew", *lease, millis(extend), None).await
+    }
+
+    async fn complete(
+        &self,
+        lease: &Lease,
+        retention: Duration,
+        outcome: Option<Bytes>,
+    ) -> Result<FenceCheck, StoreError> {
+        self.fence("complete", *lease, millis(retention), outcome)
+            .await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<FenceCheck, StoreError> {
+        self.fence("release", *lease, 0, None).await
+    }
+
+    async fn record(&self, key: &KeyHash, partition: u16) -> Result<Option<Record>, StoreError> {
+        oncegate_core::store::require_partition(partition, self.inner.partitions)?;
+        let key = *key;
+        self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
+            let fields: Vec<Value> = redis::cmd("HMGET")
+                .arg(inner.record_key(&key, partition))
+                .arg(&["s", "e", "t", "u", "o"])
+                .query_async(&mut conn)
+                .await
+                .map_err(unavailable)?;
+            let now = inner.clock.now_ms();
+            Ok(parse_record(fields).filter(|record| record.is_live(now)))
+        })
+        .await
+    }
+
+    async fn complete_and_ack(
+        &self,
+        lease: &Lease,
+        retention: Duration,
+        outcome: Option<Bytes>,
+        id: QueueId,
+    ) -> Result<FenceCheck, StoreError> {
+        if lease.partition != id.partition {
+            // Two slots in a cluster: no one script can touch both.
+            let fence = self.complete(lease, retention, outcome).await?;
+            self.ack(id).await?;
+            return Ok(fence);
+        }
+        let lease = *lease;
+        self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
+            let Some(queue) = inner.queues.get(usize::from(id.partition)) else {
+                return Err(StoreError::Invalid(format!(
+                    "no partition {}",
+                    id.partition
+                )));
+            };
+            let mut queue = queue.lock().await;
+            let mut call = inner.scripts.complete_ack.prepare_invoke();
+            call.key(inner.record_key(&lease.key, lease.partition))
+                .key(inner.stream(id.partition))
+                .key(inner.attempts(id.partition))
+                .arg(lease.token.0)
+                .arg(inner.clock.now_ms())
+                .arg(millis(retention))
+                .arg(TTL_SLACK_MS)
+                .arg(format!("0-{}", id.seq))
+                .arg(id.seq)
+                .arg(GROUP);
+            if let Some(outcome) = &outcome {
+                call.arg(outcome.as_ref());
+            }
+            let applied: i64 = call.invoke_async(&mut conn).await.map_err(unavailable)?;
+            queue.order.remove(id.seq);
+            Ok(if applied == 1 {
+                FenceCheck::Accepted
+            } else {
+                FenceCheck::Rejected
+            })
+        })
+        .await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.run(move |_inner: Arc<Inner<C>>, mut conn: Conn| async move {
+            let _: String = redis::cmd("PING")
+                .query_async(&mut conn)
+                .await
+                .map_err(unavailable)?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// The streams' lengths, one pipelined round trip: entries stay in a stream until acked.
+    async fn queued(&self) -> Result<u64, StoreError> {
+        self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
+            let mut pipe = redis::pipe();
+            for partition in 0..inner.partitions {
+                pipe.cmd("XLEN").arg(inner.stream(partition));
+            }
+            let lengths: Vec<u64> = pipe.query_async(&mut conn).await.map_err(unavailable)?;
+            Ok(lengths.iter().sum())
+        })
+        .await
+    }
+
+    /// Counts by scanning the prefix on every primary, a thousand records per round trip:
+    /// O(records), for operators, not for tight polling.
+    async fn stats(&self) -> Result<StoreStats, StoreError> {
+        let in_flight = {
+            let mut total = 0u64;
+            let mut queued = 0u64;
+            for queue in &self.inner.queues {
+                let queue = queue.lock().await;
+                total += queue.order.in_flight() as u64;
+                queued += queue.order.len() as u64;
+            }
+            (total, queued)
+        };
+        self.run_within(
+            STATS_LIMIT,
+            move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
+                let mut stats = StoreStats {
+                    in_flight: in_flight.0,
+                    ..StoreStats::default()
+                };
+                let now = inner.clock.now_ms();
+                let pattern = inner.records_pattern();
+                for node in conn.scan_nodes().await.map_err(unavailable)? {
+                    let mut cursor = 0u64;
+                    loop {
+                        let (next, keys) = conn
+                            .scan(&node, cursor, &pattern)
+                            .await
+                            .map_err(unavailable)?;
+                        // One round trip per slot (a cluster pipeline stays in one slot): the
+                        // keys of a batch grouped by their partition's hash tag.
+                        let mut by_tag: std::collections::BTreeMap<&str, Vec<&str>> =
+                            std::collections::BTreeMap::new();
+                        for key in &keys {
+                            let tag = key.split_once('}').map_or(key.as_str(), |(tag, _)| tag);
+                            by_tag.entry(tag).or_default().push(key);
+                        }
+                        for group in by_tag.values() {
+                            let mut pipe = redis::pipe();
+                            for key in group {
+                                pipe.cmd("HMGET").arg(*key).arg(&["s", "e", "t", "u"]);
+                            }
+                            let records: Vec<Vec<Value>> =
+                                pipe.query_async(&mut conn).await.map_err(unavailable)?;
+                            for fields in records {
+                                match parse_record(fields) {
+                                    Some(record) if record.is_live(now) => match record.state {
+                                        RecordState::Pending => stats.pending += 1,
+                                        RecordState::Processing { .. } => stats.processing += 1,
+                                        RecordState::Completed { .. } => stats.completed += 1,
+                                    },
+                                    _ => {}
+                                }
+                            }
+                        }
+                        cursor = next;
+                        if cursor == 0 {
+                            break;
+                        }
+                    }
+                }
+                for partition in 0..inner.partitions {
+                    let (queued, dead): (u64, u64) = redis::pipe()
+                        .cmd("XLEN")
+                        .arg(inner.stream(partition))
+                        .cmd("XLEN")
+                        .arg(inner.dead(partition))
+                        .query_async(&mut conn)
+                        .await
+                        .map_err(unavailable)?;
+                    stats.queued += queued;
+                    stats.dead_letters += dead;
+                }
+                Ok(stats)
+            },
+        )
+        .await
+    }
+}
+
+impl<C: Clock> RedisStore<C> {
+    pub(super) async fn fence(
+        &self,
+        op: &'static str,
+        lease: Lease,
+        ms: u64,
+        outcome: Option<Bytes>,
+    ) -> Result<FenceCheck, StoreError> {
+        self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
+            let mut call = inner.scripts.fence.prepare_invoke();
+            call.key(inner.record_key(&lease.key, lease.partition))
+                .arg(op)
+                .arg(lease.token.0)
+                .arg(inner.clock.now_ms())
+                .arg(ms)
+                .arg(TTL_SLACK_MS);
+            if let Some(outcome) = &outcome {
+                call.arg(outcome.as_ref());
+            }
+            let applied: i64 = call.invoke_async(&mut conn).await.map_err(unavailable)?;
+            Ok(if applied == 1 {
+                FenceCheck::Accepted
+            } else {
+                FenceCheck::Rejected
+            })
+        })
+        .await
+    }
+}
+
+impl<C: Clock> WatermarkStore for RedisStore<C> {
+    async fn advance_watermark(
+        &self,
+        scope: &KeyHash,
+        value: u64,
+        retention: Duration,
+    ) -> Result<WatermarkOutcome, StoreError> {
+        let scope = *scope;
+        self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
+            let reply: Value = inner
+                .scripts
+                .watermark
+                .key(format!("{}:w:{scope}", inner.prefix))
+                .arg(inner.clock.now_ms())
+                .arg(value)
+                .arg(millis(retention))
+                .arg(TTL_SLACK_MS)
+                .invoke_async(&mut conn)
+                .await
+                .map_err(unavailable)?;
+            let reply = array(reply)?;
+            match (reply.first().and_then(int), reply.get(1).and_then(int)) {
+                (Some(1), previous) => Ok(WatermarkOutcome::Accepted { previous }),
+                (Some(0), Some(current)) => Ok(WatermarkOutcome::Stale { current }),
+                _ => Err(StoreError::Corrupt(format!(
+                    "unexpected watermark reply {reply:?}"
+                ))),
+            }
+        })
+        .await
+    }
+}

@@ -1,0 +1,153 @@
+//! The queue: pull, ack, retry, dead letters.
+
+use super::*;
+
+impl<C: Clock> EventQueue for RedisStore<C> {
+    fn partitions(&self) -> u16 {
+        self.inner.partitions
+    }
+
+    async fn pull(&self, partition: u16, max: usize) -> Result<Vec<Delivery>, StoreError> {
+        if partition >= self.inner.partitions {
+            return Err(StoreError::Invalid(format!("no partition {partition}")));
+        }
+        self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
+            let mut queue = inner.queues[usize::from(partition)].lock().await;
+            if !inner.own(&mut conn, partition, &mut queue).await? {
+                return Ok(Vec::new());
+            }
+            inner.catch_up(&mut conn, partition, &mut queue).await?;
+            let ready = queue.order.take_ready(inner.clock.now_ms(), max);
+            match fetch(&inner, &mut conn, partition, &ready).await {
+                Ok(fetched) => {
+                    let mut out = Vec::with_capacity(fetched.len());
+                    for (seq, found) in ready.iter().zip(fetched) {
+                        match found {
+                            Some(delivery) => out.push(delivery),
+                            // Gone (acked by an earlier owner): forget it here too.
+                            None => {
+                                queue.order.remove(*seq);
+                            }
+                        }
+                    }
+                    Ok(out)
+                }
+                Err(error) => {
+                    // Not handed out after all: put them back so that they go out later.
+                    for seq in ready {
+                        queue.order.retry(seq, 0);
+                    }
+                    Err(error)
+                }
+            }
+        })
+        .await
+    }
+
+    async fn ack(&self, id: QueueId) -> Result<bool, StoreError> {
+        self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
+            let Some(mut queue) = inner.handed_out(id).await else {
+                return Ok(false);
+            };
+            let _: Value = redis::pipe()
+                .cmd("XACK")
+                .arg(inner.stream(id.partition))
+                .arg(GROUP)
+                .arg(format!("0-{}", id.seq))
+                .cmd("XDEL")
+                .arg(inner.stream(id.partition))
+                .arg(format!("0-{}", id.seq))
+                .cmd("HDEL")
+                .arg(inner.attempts(id.partition))
+                .arg(id.seq)
+                .query_async(&mut conn)
+                .await
+                .map_err(unavailable)?;
+            queue.order.remove(id.seq);
+            Ok(true)
+        })
+        .await
+    }
+
+    async fn retry(&self, id: QueueId, not_before_ms: u64) -> Result<bool, StoreError> {
+        self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
+            let Some(mut queue) = inner.handed_out(id).await else {
+                return Ok(false);
+            };
+            let previous: Option<String> = redis::cmd("HGET")
+                .arg(inner.attempts(id.partition))
+                .arg(id.seq)
+                .query_async(&mut conn)
+                .await
+                .map_err(unavailable)?;
+            let attempt: u32 = previous
+                .as_deref()
+                .and_then(|a| a.split(':').next())
+                .and_then(|a| a.parse().ok())
+                .unwrap_or(0);
+            let _: Value = redis::cmd("HSET")
+                .arg(inner.attempts(id.partition))
+                .arg(id.seq)
+                .arg(format!("{}:{not_before_ms}", attempt + 1))
+                .query_async(&mut conn)
+                .await
+                .map_err(unavailable)?;
+            queue.order.retry(id.seq, not_before_ms);
+            Ok(true)
+        })
+        .await
+    }
+
+    async fn dead_letter(&self, id: QueueId, reason: &str) -> Result<bool, StoreError> {
+        let reason = reason.to_owned();
+        self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
+            let Some(mut queue) = inner.handed_out(id).await else {
+                return Ok(false);
+            };
+            let moved: i64 = inner
+                .scripts
+                .dead_letter
+                .key(inner.stream(id.partition))
+                .key(inner.attempts(id.partition))
+                .key(inner.dead(id.partition))
+                .arg(format!("0-{}", id.seq))
+                .arg(id.seq)
+                .arg(reason)
+                .arg(inner.clock.now_ms())
+                .arg(id.partition)
+                .arg(GROUP)
+                .invoke_async(&mut conn)
+                .await
+                .map_err(unavailable)?;
+            queue.order.remove(id.seq);
+            Ok(moved == 1)
+        })
+        .await
+    }
+
+    /// The oldest `limit` dead letters of all partitions (each partition keeps its own, in its
+    /// slot), oldest first.
+    async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
+        self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
+            let mut out = Vec::new();
+            for partition in 0..inner.partitions {
+                let entries: Value = redis::cmd("XRANGE")
+                    .arg(inner.dead(partition))
+                    .arg("-")
+                    .arg("+")
+                    .arg("COUNT")
+                    .arg(limit)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(unavailable)?;
+                for entry in array(entries)? {
+                    out.push(parse_dead_letter(entry)?);
+                }
+            }
+            out.sort_by_key(|letter| (letter.at_ms, letter.id));
+            out.truncate(limit);
+            Ok(out)
+        })
+        .await
+    }
+}
