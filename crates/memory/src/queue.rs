@@ -1,0 +1,113 @@
+//! The queue: partitions of queued events with their per-chat hand-out order.
+
+use super::*;
+
+#[derive(Debug)]
+pub(super) struct Queued {
+    pub(super) key: KeyHash,
+    pub(super) event: Event,
+    pub(super) attempt: u32,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct Partition {
+    pub(super) head_seq: u64,
+    pub(super) entries: VecDeque<Option<Queued>>,
+    pub(super) order: PartitionIndex,
+}
+
+impl Partition {
+    pub(super) fn get_mut(&mut self, seq: u64) -> Option<&mut Queued> {
+        let index = usize::try_from(seq.checked_sub(self.head_seq)?).ok()?;
+        self.entries.get_mut(index)?.as_mut()
+    }
+
+    /// Takes a handed-out entry out of the queue.
+    pub(super) fn take_in_flight(&mut self, seq: u64) -> Option<Queued> {
+        if !self.order.remove(seq) {
+            return None;
+        }
+        let index = usize::try_from(seq.checked_sub(self.head_seq)?).ok()?;
+        let taken = self.entries.get_mut(index)?.take();
+        while matches!(self.entries.front(), Some(None)) {
+            self.entries.pop_front();
+            self.head_seq += 1;
+        }
+        taken
+    }
+}
+
+impl<C: Clock> EventQueue for MemoryStore<C> {
+    fn partitions(&self) -> u16 {
+        self.partitions.len() as u16
+    }
+
+    async fn pull(&self, partition: u16, max: usize) -> Result<Vec<Delivery>, StoreError> {
+        let queue = self
+            .partitions
+            .get(usize::from(partition))
+            .ok_or_else(|| StoreError::Invalid(format!("no partition {partition}")))?;
+        let now_ms = self.clock.now_ms();
+        let mut queue = lock(queue);
+        let ready = queue.order.take_ready(now_ms, max);
+        let mut out = Vec::with_capacity(ready.len());
+        for seq in ready {
+            if let Some(entry) = queue.get_mut(seq) {
+                out.push(Delivery {
+                    id: QueueId { partition, seq },
+                    key: entry.key,
+                    event: entry.event.clone(),
+                    attempt: entry.attempt,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    async fn ack(&self, id: QueueId) -> Result<bool, StoreError> {
+        let Some(queue) = self.partitions.get(usize::from(id.partition)) else {
+            return Ok(false);
+        };
+        Ok(lock(queue).take_in_flight(id.seq).is_some())
+    }
+
+    async fn retry(&self, id: QueueId, not_before_ms: u64) -> Result<bool, StoreError> {
+        let Some(queue) = self.partitions.get(usize::from(id.partition)) else {
+            return Ok(false);
+        };
+        let mut queue = lock(queue);
+        if !queue.order.retry(id.seq, not_before_ms) {
+            return Ok(false);
+        }
+        if let Some(entry) = queue.get_mut(id.seq) {
+            entry.attempt += 1;
+        }
+        Ok(true)
+    }
+
+    async fn dead_letter(&self, id: QueueId, reason: &str) -> Result<bool, StoreError> {
+        let Some(queue) = self.partitions.get(usize::from(id.partition)) else {
+            return Ok(false);
+        };
+        let Some(entry) = lock(queue).take_in_flight(id.seq) else {
+            return Ok(false);
+        };
+        lock(&self.dead_letters).push_back(DeadLetter {
+            id,
+            key: entry.key,
+            event: entry.event,
+            attempts: entry.attempt + 1,
+            reason: reason.to_owned(),
+            at_ms: self.clock.now_ms(),
+        });
+        Ok(true)
+    }
+
+    async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
+        Ok(lock(&self.dead_letters)
+            .iter()
+            .take(limit)
+            .cloned()
+            .collect())
+    }
+}

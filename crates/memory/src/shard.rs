@@ -1,0 +1,320 @@
+//! A shard: records in a compact table, side tables for leases and outcomes, watermarks and the expiry index.
+
+use super::*;
+
+/// A key as stored: the 128-bit hash as four 32-bit words, so that a table entry with its
+/// 32-bit word packs into 20 bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Compact([u32; 4]);
+
+impl std::hash::Hash for Compact {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(self.low());
+    }
+}
+
+impl Compact {
+    pub(super) fn of(key: &KeyHash) -> Self {
+        let word =
+            |i: usize| u32::from_le_bytes([key.0[i], key.0[i + 1], key.0[i + 2], key.0[i + 3]]);
+        Self([word(0), word(4), word(8), word(12)])
+    }
+
+    /// The low 64 bits: already uniform, they are the table hash and the expiry index's handle.
+    pub(super) fn low(self) -> u64 {
+        u64::from(self.0[0]) | (u64::from(self.0[1]) << 32)
+    }
+}
+
+/// One record's entry in its shard's table.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Slot {
+    pub(super) key: Compact,
+    /// The state in the top two bits, the expiry second (from the store's epoch) below.
+    pub(super) word: u32,
+}
+
+/// Side tables only hold keys in their state; the key is already a hash, so it is not hashed
+/// again.
+pub(super) type Side<V> = HashMap<Compact, V, BuildPassThrough>;
+
+pub(super) const STATE_SHIFT: u32 = 30;
+pub(super) const SECS_MASK: u32 = (1 << STATE_SHIFT) - 1;
+pub(super) const PENDING: u32 = 0;
+pub(super) const PROCESSING: u32 = 1;
+pub(super) const COMPLETED: u32 = 2;
+pub(super) const COMPLETED_WITH_OUTCOME: u32 = 3;
+
+/// Keys looked at per sweep of a shard, so that no operation waits long behind expiry.
+pub(super) const SWEEP_BUDGET: usize = 1024;
+/// Index entries looked at per eviction before giving up with `Full`.
+pub(super) const EVICTION_TRIES: usize = 256;
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct LeaseSlot {
+    pub(super) token: FencingToken,
+    pub(super) until_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Mark {
+    pub(super) scope: Compact,
+    pub(super) value: u64,
+    pub(super) deadline_secs: u32,
+}
+
+#[derive(Debug)]
+pub(super) struct Shard {
+    pub(super) slots: HashTable<Slot>,
+    pub(super) leases: Side<LeaseSlot>,
+    pub(super) outcomes: Side<Bytes>,
+    pub(super) watermarks: HashTable<Mark>,
+    /// Deadlines by the low 64 bits of the key: 8 bytes a record.
+    pub(super) expiry: ExpiryIndex<u64>,
+    pub(super) next_sweep_secs: u32,
+}
+
+/// When a record may be forgotten: its retention, or a live lease beyond it.
+pub(super) fn forget_secs(leases: &Side<LeaseSlot>, key: Compact, word: u32, epoch: Epoch) -> u32 {
+    let lease = if word >> STATE_SHIFT == PROCESSING {
+        leases
+            .get(&key)
+            .map_or(0, |lease| epoch.secs_ceil(lease.until_ms))
+    } else {
+        0
+    };
+    (word & SECS_MASK).max(lease)
+}
+
+/// Converts between unix milliseconds and the store's 30-bit expiry seconds.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Epoch(pub(super) u64);
+
+impl Epoch {
+    /// Rounds up, so a record never expires before its retention.
+    pub(super) fn secs_ceil(self, ms: u64) -> u32 {
+        let rel = ms.saturating_sub(self.0);
+        rel.div_ceil(1000).min(u64::from(SECS_MASK)) as u32
+    }
+    pub(super) fn secs_floor(self, ms: u64) -> u32 {
+        (ms.saturating_sub(self.0) / 1000).min(u64::from(SECS_MASK)) as u32
+    }
+    pub(super) fn ms(self, secs: u32) -> u64 {
+        self.0 + u64::from(secs) * 1000
+    }
+}
+
+impl Shard {
+    pub(super) fn new() -> Self {
+        Self {
+            slots: HashTable::new(),
+            leases: Side::default(),
+            outcomes: Side::default(),
+            watermarks: HashTable::new(),
+            expiry: ExpiryIndex::new(),
+            next_sweep_secs: 0,
+        }
+    }
+
+    pub(super) fn word(&self, key: Compact) -> Option<u32> {
+        self.slots
+            .find(key.low(), |slot| slot.key == key)
+            .map(|slot| slot.word)
+    }
+
+    pub(super) fn load(&self, key: Compact, epoch: Epoch) -> Option<Record> {
+        let word = self.word(key)?;
+        let expires_at_ms = epoch.ms(word & SECS_MASK);
+        let state = match word >> STATE_SHIFT {
+            PENDING => RecordState::Pending,
+            PROCESSING => {
+                let lease = self.leases.get(&key)?;
+                RecordState::Processing {
+                    token: lease.token,
+                    lease_until_ms: lease.until_ms,
+                }
+            }
+            COMPLETED => RecordState::Completed { outcome: None },
+            _ => RecordState::Completed {
+                outcome: self.outcomes.get(&key).cloned(),
+            },
+        };
+        Some(Record {
+            state,
+            expires_at_ms,
+        })
+    }
+
+    pub(super) fn forget_secs(&self, key: Compact, word: u32, epoch: Epoch) -> u32 {
+        forget_secs(&self.leases, key, word, epoch)
+    }
+
+    /// Admits a key that has no entry at all: the common case, one probe and one insert.
+    pub(super) fn insert_new(&mut self, key: Compact, expires_secs: u32, now_secs: u32) {
+        self.slots.insert_unique(
+            key.low(),
+            Slot {
+                key,
+                word: (PENDING << STATE_SHIFT) | expires_secs,
+            },
+            |slot| slot.key.low(),
+        );
+        self.expiry.push(key.low(), now_secs, expires_secs);
+    }
+
+    pub(super) fn write(&mut self, key: Compact, record: Record, epoch: Epoch, now_secs: u32) {
+        let Shard {
+            slots,
+            leases,
+            outcomes,
+            expiry,
+            ..
+        } = self;
+        let slot = slots.find_mut(key.low(), |slot| slot.key == key);
+        let before = slot
+            .as_ref()
+            .map(|slot| forget_secs(leases, key, slot.word, epoch));
+        let secs = epoch.secs_ceil(record.expires_at_ms);
+        let state = match record.state {
+            RecordState::Pending => {
+                leases.remove(&key);
+                outcomes.remove(&key);
+                PENDING
+            }
+            RecordState::Processing {
+                token,
+                lease_until_ms,
+            } => {
+                outcomes.remove(&key);
+                leases.insert(
+                    key,
+                    LeaseSlot {
+                        token,
+                        until_ms: lease_until_ms,
+                    },
+                );
+                PROCESSING
+            }
+            RecordState::Completed { outcome: None } => {
+                leases.remove(&key);
+                outcomes.remove(&key);
+                COMPLETED
+            }
+            RecordState::Completed {
+                outcome: Some(outcome),
+            } => {
+                leases.remove(&key);
+                outcomes.insert(key, outcome);
+                COMPLETED_WITH_OUTCOME
+            }
+        };
+        let word = (state << STATE_SHIFT) | secs;
+        match slot {
+            Some(slot) => slot.word = word,
+            None => {
+                slots.insert_unique(key.low(), Slot { key, word }, |slot| slot.key.low());
+            }
+        }
+        let after = forget_secs(leases, key, word, epoch);
+        if before != Some(after) {
+            expiry.push(key.low(), now_secs, after);
+        }
+    }
+
+    pub(super) fn remove(&mut self, key: Compact) {
+        if let Ok(entry) = self.slots.find_entry(key.low(), |slot| slot.key == key) {
+            entry.remove();
+            self.leases.remove(&key);
+            self.outcomes.remove(&key);
+        }
+    }
+
+    /// The full keys of records whose low 64 bits are `low` (almost always one).
+    pub(super) fn keys_with_low(&self, low: u64, into: &mut Vec<Compact>) {
+        into.clear();
+        into.extend(
+            self.slots
+                .iter_hash(low)
+                .filter(|slot| slot.key.low() == low)
+                .map(|slot| slot.key),
+        );
+    }
+
+    /// Forgets what has expired, within the sweep budget.
+    pub(super) fn sweep(&mut self, epoch: Epoch, now_ms: u64) {
+        let now_secs = epoch.secs_floor(now_ms);
+        if now_secs < self.next_sweep_secs {
+            return;
+        }
+        let mut due = Vec::new();
+        let more = self
+            .expiry
+            .drain_passed(now_secs, SWEEP_BUDGET, |low| due.push(low));
+        let mut keys = Vec::new();
+        for low in due {
+            self.keys_with_low(low, &mut keys);
+            for key in &keys {
+                if let Some(record) = self.load(*key, epoch)
+                    && record.forget_after_ms() <= now_ms
+                {
+                    self.remove(*key);
+                }
+            }
+            while let Ok(mark) = self.watermarks.find_entry(low, |mark| {
+                mark.scope.low() == low && epoch.ms(mark.deadline_secs) <= now_ms
+            }) {
+                mark.remove();
+            }
+        }
+        self.next_sweep_secs = if more { now_secs } else { now_secs + 1 };
+    }
+
+    /// Makes room for one more record: sweep, then evict the record due soonest that no live
+    /// lease protects. Returns how many live records were evicted early.
+    pub(super) fn make_room(&mut self, limit: usize, epoch: Epoch, now_ms: u64) -> Result<u64, ()> {
+        if self.slots.len() < limit {
+            return Ok(0);
+        }
+        self.next_sweep_secs = 0;
+        self.sweep(epoch, now_ms);
+        let now_secs = epoch.secs_floor(now_ms);
+        let mut protected = Vec::new();
+        let mut evicted = 0;
+        let mut keys = Vec::new();
+        for _ in 0..EVICTION_TRIES {
+            if self.slots.len() < limit {
+                break;
+            }
+            let Some(low) = self.expiry.pop_oldest() else {
+                break;
+            };
+            self.keys_with_low(low, &mut keys);
+            for key in &keys {
+                match self.load(*key, epoch) {
+                    Some(Record {
+                        state: RecordState::Processing { lease_until_ms, .. },
+                        ..
+                    }) if lease_until_ms > now_ms => protected.push(*key),
+                    Some(record) => {
+                        if record.is_live(now_ms) {
+                            evicted += 1;
+                        }
+                        self.remove(*key);
+                    }
+                    None => {}
+                }
+            }
+        }
+        for key in protected {
+            if let Some(word) = self.word(key) {
+                let deadline = self.forget_secs(key, word, epoch);
+                self.expiry.push(key.low(), now_secs, deadline);
+            }
+        }
+        if self.slots.len() < limit {
+            Ok(evicted)
+        } else {
+            Err(())
+        }
+    }
+}
