@@ -1,0 +1,255 @@
+//! Opening a store: creating its file atomically, counting states and rebuilding the hand-out order from the queue table, and the reads every operation shares.
+
+use super::*;
+
+impl EmbeddedStore<SystemClock> {
+    /// Opens (or creates) the store described by `config` on the system clock.
+    pub fn open(config: EmbeddedConfig) -> Result<Self, OpenError> {
+        Self::open_with_clock(config, SystemClock)
+    }
+}
+
+impl<C: Clock + Clone> EmbeddedStore<C> {
+    /// Opens (or creates) the store on `clock`.
+    pub fn open_with_clock(config: EmbeddedConfig, clock: C) -> Result<Self, OpenError> {
+        Self::open_inner(config, clock, None)
+    }
+
+    /// A store in a fresh temporary folder, deleted when the store is dropped.
+    pub fn open_temporary(clock: C) -> Result<Self, OpenError> {
+        let dir = tempfile::tempdir().map_err(|source| OpenError::Io {
+            path: std::env::temp_dir(),
+            source,
+        })?;
+        let config = EmbeddedConfig::at(dir.path().join("oncegate.redb"));
+        Self::open_inner(config, clock, Some(dir))
+    }
+
+    pub(super) fn open_inner(
+        config: EmbeddedConfig,
+        clock: C,
+        temp: Option<tempfile::TempDir>,
+    ) -> Result<Self, OpenError> {
+        let path = config.path.clone();
+        oncegate_files::create_parent(&path).map_err(|source| OpenError::Io {
+            path: path.parent().unwrap_or(&path).to_path_buf(),
+            source,
+        })?;
+        if !path.exists() {
+            create_atomically(&path, config.partitions.max(1))?;
+        }
+        let db = redb::Builder::new()
+            .set_concurrency_mode(redb::ConcurrencyMode::SingleWriter)
+            .set_cache_size(config.cache_bytes)
+            .create(&path)
+            .map_err(|error| match error {
+                redb::DatabaseError::DatabaseAlreadyOpen => {
+                    OpenError::Locked { path: path.clone() }
+                }
+                other => OpenError::Database {
+                    path: path.clone(),
+                    message: other.to_string(),
+                },
+            })?;
+        let database_error = |error: redb::Error| OpenError::Database {
+            path: path.clone(),
+            message: error.to_string(),
+        };
+        let (run, partitions) = (|| -> Result<(u64, u16), redb::Error> {
+            let txn = db.begin_write()?;
+            let run;
+            let partitions;
+            {
+                let mut meta = txn.open_table(META)?;
+                run = meta.get("run")?.map_or(0, |v| v.value()) + 1;
+                meta.insert("run", run)?;
+                let stored = meta.get("partitions")?.map(|v| v.value());
+                partitions = match stored {
+                    Some(stored) => stored as u16,
+                    None => {
+                        meta.insert("partitions", u64::from(config.partitions.max(1)))?;
+                        config.partitions.max(1)
+                    }
+                };
+                // Create every table so that readers never meet a missing one.
+                txn.open_table(RECORDS)?;
+                txn.open_table(EXPIRY)?;
+                txn.open_table(QUEUE)?;
+                txn.open_table(DEAD)?;
+                txn.open_table(MARKS)?;
+            }
+            txn.commit()?;
+            Ok((run, partitions))
+        })()
+        .map_err(database_error)?;
+        if partitions != config.partitions.max(1) {
+            return Err(OpenError::Partitions {
+                path,
+                stored: partitions,
+                configured: config.partitions,
+            });
+        }
+        let order = load_order(&db, partitions).map_err(|error| OpenError::Database {
+            path: path.clone(),
+            message: error.to_string(),
+        })?;
+        let counts = count_states(&db).map_err(|error| OpenError::Database {
+            path: path.clone(),
+            message: error.to_string(),
+        })?;
+        let shared = Arc::new(Shared {
+            db,
+            order,
+            next_token: AtomicU64::new(FencingToken::compose(run, 1).0),
+            run,
+            partitions,
+            commits: AtomicU64::new(0),
+            committed_requests: AtomicU64::new(0),
+            commit_nanos: AtomicU64::new(0),
+            counts: counts.map(AtomicU64::new),
+        });
+        let (commands, receiver) = mpsc::channel();
+        let writer = Writer::new(
+            shared.clone(),
+            receiver,
+            config.max_batch.max(1),
+            clock.clone(),
+        );
+        let writer = std::thread::Builder::new()
+            .name("oncegate-embedded-writer".into())
+            .spawn(move || writer.run())
+            .map_err(|source| OpenError::Io {
+                path: path.clone(),
+                source,
+            })?;
+        Ok(Self {
+            shared,
+            clock,
+            commands: Some(commands),
+            writer: Some(writer),
+            _temp: temp,
+        })
+    }
+
+    pub(super) async fn send<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> Command,
+    ) -> Result<T, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        self.commands
+            .as_ref()
+            .ok_or_else(|| unavailable("the store is closing"))?
+            .send(make(reply))
+            .map_err(|_| unavailable("the writer thread has stopped"))?;
+        answer
+            .await
+            .map_err(|_| unavailable("the writer thread dropped the request"))?
+    }
+
+    /// Group-commit figures since open: (commits, requests committed, time spent committing).
+    pub fn commit_stats(&self) -> (u64, u64, Duration) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (
+            self.shared.commits.load(Relaxed),
+            self.shared.committed_requests.load(Relaxed),
+            Duration::from_nanos(self.shared.commit_nanos.load(Relaxed)),
+        )
+    }
+
+    /// The path of the database file.
+    pub fn path(&self) -> Option<PathBuf> {
+        self._temp
+            .as_ref()
+            .map(|dir| dir.path().join("oncegate.redb"))
+    }
+
+    pub(super) fn order(&self, partition: u16) -> Option<MutexGuard<'_, PartitionIndex>> {
+        self.shared.order.get(usize::from(partition)).map(lock)
+    }
+
+    pub(super) fn is_in_flight(&self, id: QueueId) -> bool {
+        self.order(id.partition)
+            .is_some_and(|order| order.is_in_flight(id.seq))
+    }
+
+    pub(super) fn read<T>(
+        &self,
+        f: impl FnOnce(&redb::ReadTransaction) -> Result<T, redb::Error>,
+    ) -> Result<T, StoreError> {
+        let txn = self.shared.db.begin_read().map_err(unavailable)?;
+        f(&txn).map_err(unavailable)
+    }
+}
+
+/// Creates a new store file beside `path`, commits its first transaction, and only then renames
+/// it into place: a crash while creating leaves a stray temporary file, never a half-made store.
+pub(super) fn create_atomically(path: &Path, partitions: u16) -> Result<(), OpenError> {
+    let creating = path.with_extension("creating");
+    let io = |source: std::io::Error| OpenError::Io {
+        path: creating.clone(),
+        source,
+    };
+    let database = |message: String| OpenError::Database {
+        path: creating.clone(),
+        message,
+    };
+    if creating.exists() {
+        std::fs::remove_file(&creating).map_err(io)?;
+    }
+    // Created 0600 before redb writes a byte into it: the store holds decrypted messages.
+    oncegate_files::create_private(&creating).map_err(io)?;
+    let db = redb::Builder::new()
+        .create(&creating)
+        .map_err(|e| database(e.to_string()))?;
+    (|| -> Result<(), redb::Error> {
+        let txn = db.begin_write()?;
+        txn.open_table(META)?
+            .insert("partitions", u64::from(partitions))?;
+        txn.commit()?;
+        Ok(())
+    })()
+    .map_err(|e| database(e.to_string()))?;
+    drop(db);
+    std::fs::rename(&creating, path).map_err(io)?;
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        // The rename is durable once the folder is synced.
+        std::fs::File::open(parent)
+            .and_then(|dir| dir.sync_all())
+            .map_err(io)?;
+    }
+    Ok(())
+}
+
+/// Counts the stored records per state, once, on open.
+pub(super) fn count_states(db: &Database) -> Result<[u64; 3], StoreError> {
+    let txn = db.begin_read().map_err(unavailable)?;
+    let records = txn.open_table(RECORDS).map_err(unavailable)?;
+    let mut counts = [0u64; 3];
+    for entry in records.iter().map_err(unavailable)? {
+        let (_, value) = entry.map_err(unavailable)?;
+        if let Ok(record) = decode::<Record>(value.value()) {
+            counts[state_index(&record.state)] += 1;
+        }
+    }
+    Ok(counts)
+}
+
+/// Rebuilds every partition's hand-out order from the queue table.
+pub(super) fn load_order(
+    db: &Database,
+    partitions: u16,
+) -> Result<Box<[Mutex<PartitionIndex>]>, StoreError> {
+    let mut order: Vec<PartitionIndex> = (0..partitions).map(|_| PartitionIndex::new()).collect();
+    let txn = db.begin_read().map_err(unavailable)?;
+    let queue = txn.open_table(QUEUE).map_err(unavailable)?;
+    for entry in queue.iter().map_err(unavailable)? {
+        let (position, value) = entry.map_err(unavailable)?;
+        let seq = position.value();
+        let queued: codec::Queued = decode(value.value())?;
+        let partition = oncegate_core::event::partition_of(queued.order_hash, partitions);
+        if let Some(index) = order.get_mut(usize::from(partition)) {
+            index.push(seq, queued.order_hash, queued.not_before_ms);
+        }
+    }
+    Ok(order.into_iter().map(Mutex::new).collect())
+}

@@ -1,0 +1,96 @@
+//! The queue: pull, ack, retry, dead letters; through the writer thread.
+
+use super::*;
+
+impl<C: Clock + Clone> EventQueue for EmbeddedStore<C> {
+    fn partitions(&self) -> u16 {
+        self.shared.partitions
+    }
+
+    async fn pull(&self, partition: u16, max: usize) -> Result<Vec<Delivery>, StoreError> {
+        if partition >= self.shared.partitions {
+            return Err(StoreError::Invalid(format!("no partition {partition}")));
+        }
+        let now_ms = self.clock.now_ms();
+        let ready = match self.order(partition) {
+            Some(mut order) => order.take_ready(now_ms, max),
+            None => Vec::new(),
+        };
+        if ready.is_empty() {
+            return Ok(Vec::new());
+        }
+        let fetched = self.read(|txn| {
+            let queue = txn.open_table(QUEUE)?;
+            let mut stored = Vec::with_capacity(ready.len());
+            for seq in &ready {
+                if let Some(value) = queue.get(*seq)? {
+                    stored.push((*seq, value.value().to_vec()));
+                }
+            }
+            Ok(stored)
+        });
+        let stored = match fetched {
+            Ok(stored) => stored,
+            Err(error) => {
+                // Not handed out after all: put them back so that they go out later.
+                if let Some(mut order) = self.order(partition) {
+                    for seq in &ready {
+                        order.retry(*seq, 0);
+                    }
+                }
+                return Err(error);
+            }
+        };
+        let mut out = Vec::with_capacity(stored.len());
+        for (seq, bytes) in stored {
+            let queued: codec::Queued = decode(&bytes)?;
+            out.push(Delivery {
+                id: QueueId { partition, seq },
+                key: queued.key,
+                event: queued.event,
+                attempt: queued.attempt,
+            });
+        }
+        Ok(out)
+    }
+
+    async fn ack(&self, id: QueueId) -> Result<bool, StoreError> {
+        if !self.is_in_flight(id) {
+            return Ok(false);
+        }
+        self.send(|reply| Command::Ack { id, reply }).await
+    }
+
+    async fn retry(&self, id: QueueId, not_before_ms: u64) -> Result<bool, StoreError> {
+        if !self.is_in_flight(id) {
+            return Ok(false);
+        }
+        self.send(|reply| Command::Retry {
+            id,
+            not_before_ms,
+            reply,
+        })
+        .await
+    }
+
+    async fn dead_letter(&self, id: QueueId, reason: &str) -> Result<bool, StoreError> {
+        if !self.is_in_flight(id) {
+            return Ok(false);
+        }
+        let reason = reason.to_owned();
+        self.send(|reply| Command::DeadLetter { id, reason, reply })
+            .await
+    }
+
+    async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
+        let raw = self.read(|txn| {
+            let dead = txn.open_table(DEAD)?;
+            let mut raw = Vec::new();
+            for entry in dead.iter()?.take(limit) {
+                raw.push(entry?.1.value().to_vec());
+            }
+            Ok(raw)
+        })?;
+        raw.iter().map(|bytes| decode(bytes)).collect()
+    }
+}
