@@ -327,7 +327,13 @@ impl Drop for Gateway {
 }
 
 fn app() -> FeishuApp {
-    FeishuApp::new(false, APP_ID, Some(ENCRYPT_KEY.into()), Some(TOKEN.into())).expect("app")
+    FeishuApp::new(
+        oncegate_feishu::Cloud::Feishu,
+        APP_ID,
+        Some(ENCRYPT_KEY.into()),
+        Some(TOKEN.into()),
+    )
+    .expect("app")
 }
 
 fn now_secs() -> u64 {

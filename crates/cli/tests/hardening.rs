@@ -140,7 +140,13 @@ impl Drop for Serve {
 }
 
 fn app() -> FeishuApp {
-    FeishuApp::new(false, APP_ID, Some(KEY.into()), Some(TOKEN.into())).expect("app")
+    FeishuApp::new(
+        oncegate_feishu::Cloud::Feishu,
+        APP_ID,
+        Some(KEY.into()),
+        Some(TOKEN.into()),
+    )
+    .expect("app")
 }
 
 fn now_secs() -> u64 {

@@ -52,7 +52,4 @@ impl Event {
     }
 }
 
-/// The partition of an order hash among `partitions` (at least one).
-pub fn partition_of(order_hash: u64, partitions: u16) -> u16 {
-    (order_hash % u64::from(partitions.max(1))) as u16
-}
+pub use crate::key::partition_of;

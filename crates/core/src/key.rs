@@ -67,7 +67,7 @@ impl KeyHash {
     /// The partition of a business key that no event brought in (claimed directly, never
     /// admitted): derived from the key alone, so every caller finds the same record.
     pub fn home(&self, partitions: u16) -> u16 {
-        crate::event::partition_of(self.low64(), partitions)
+        partition_of(self.low64(), partitions)
     }
 
     /// Reassembles a key from its two halves (inverse of `low64`/`high64`).
@@ -106,6 +106,12 @@ impl fmt::Debug for KeyHash {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "KeyHash({self})")
     }
+}
+
+/// The partition of a hash (an event's order hash, a key's low bits) among `partitions` (at
+/// least one).
+pub fn partition_of(hash: u64, partitions: u16) -> u16 {
+    (hash % u64::from(partitions.max(1))) as u16
 }
 
 /// The key of one identifier of kind `kind` (e.g. `event_id`, `message_id`) from `source`/`app`.

@@ -263,7 +263,7 @@ mod tests {
 
     fn app(key: Option<&str>) -> FeishuApp {
         FeishuApp::new(
-            false,
+            crate::Cloud::Feishu,
             "cli_test",
             key.map(str::to_owned),
             Some("vtoken".into()),
@@ -339,14 +339,15 @@ mod tests {
             Err(FeishuError::MissingHeader("X-Lark-Request-Nonce"))
         );
         let other = FeishuApp::new(
-            false,
+            crate::Cloud::Feishu,
             "cli_test",
             Some("ekey".into()),
             Some("other-token".into()),
         )
         .expect("app");
         assert_eq!(other.open(headers(&sig), &body), Err(FeishuError::BadToken));
-        let wrong_key = FeishuApp::new(false, "cli_test", Some("nope".into()), None).expect("app");
+        let wrong_key = FeishuApp::new(crate::Cloud::Feishu, "cli_test", Some("nope".into()), None)
+            .expect("app");
         let (body2, sig2) = {
             let (b, s) = wrong_key.seal(br#"{"x":1}"#, "1", "2", [0; 16]);
             (b, s.expect("sig"))
@@ -544,7 +545,7 @@ mod tests {
             Err(FeishuError::MissingApp("header.app_id"))
         );
         assert_eq!(
-            FeishuApp::new(false, "a", Some(" ".into()), None).err(),
+            FeishuApp::new(crate::Cloud::Feishu, "a", Some(" ".into()), None).err(),
             Some(FeishuError::EmptySecret("encrypt key"))
         );
     }

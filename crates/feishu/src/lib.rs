@@ -129,6 +129,26 @@ impl<'a> SignedHeaders<'a> {
     }
 }
 
+/// Which cloud an app lives on: Feishu (China) and Lark (international) speak the same
+/// protocol, but an app, its ids and its events belong to one of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cloud {
+    /// Feishu, `open.feishu.cn`.
+    Feishu,
+    /// Lark, `open.larksuite.com`.
+    Lark,
+}
+
+impl Cloud {
+    /// The source name events carry: `feishu` or `lark`.
+    pub fn source_name(self) -> &'static str {
+        match self {
+            Cloud::Feishu => "feishu",
+            Cloud::Lark => "lark",
+        }
+    }
+}
+
 /// One configured Feishu or Lark app.
 #[derive(Debug, Clone)]
 pub struct FeishuApp {
@@ -140,10 +160,9 @@ pub struct FeishuApp {
 }
 
 impl FeishuApp {
-    /// An app; `lark` selects the international platform's source name. An empty secret is
-    /// refused: leave it out (`None`) to go without it.
+    /// An app on `cloud`. An empty secret is refused: leave it out (`None`) to go without it.
     pub fn new(
-        lark: bool,
+        cloud: Cloud,
         app_id: &str,
         encrypt_key: Option<String>,
         verification_token: Option<String>,
@@ -156,7 +175,7 @@ impl FeishuApp {
             return Err(FeishuError::EmptySecret("verification token"));
         }
         Ok(Self {
-            source: Arc::from(if lark { "lark" } else { "feishu" }),
+            source: Arc::from(cloud.source_name()),
             app_id: Arc::from(app_id),
             aes_key: encrypt_key.as_deref().map(crypto::aes_key),
             encrypt_key,

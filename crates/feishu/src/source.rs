@@ -143,7 +143,13 @@ mod tests {
 
     #[test]
     fn a_signed_event_decodes_to_an_admission_with_its_stamp() {
-        let app = FeishuApp::new(false, "cli_s", Some("k".into()), Some("t".into())).expect("app");
+        let app = FeishuApp::new(
+            crate::Cloud::Feishu,
+            "cli_s",
+            Some("k".into()),
+            Some("t".into()),
+        )
+        .expect("app");
         let plain = r#"{"schema":"2.0","header":{"event_id":"e1","token":"t","event_type":"x","app_id":"cli_s","create_time":"1"},"event":{"chat_id":"oc"}}"#;
         let (body, signature) = app.seal(plain.as_bytes(), "1700000000", "n1", [0; 16]);
         let headers = Map(HashMap::from([
@@ -190,7 +196,13 @@ mod tests {
 
     #[test]
     fn what_the_sealer_seals_the_source_opens() {
-        let app = FeishuApp::new(false, "cli_s", Some("k".into()), Some("t".into())).expect("app");
+        let app = FeishuApp::new(
+            crate::Cloud::Feishu,
+            "cli_s",
+            Some("k".into()),
+            Some("t".into()),
+        )
+        .expect("app");
         let plain = Sealer::message(
             &app,
             &SyntheticMessage {

@@ -33,7 +33,7 @@ pub fn feishu_envelope(data: &[u8]) {
     };
     let keyed = mode & 1 != 0;
     let Ok(app) = FeishuApp::new(
-        false,
+        oncegate_feishu::Cloud::Feishu,
         "cli_fuzz",
         keyed.then(|| KEY.to_owned()),
         Some(TOKEN.into()),

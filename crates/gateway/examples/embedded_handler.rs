@@ -40,14 +40,22 @@ impl Handler for Replier {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let app = FeishuApp::new(false, "cli_example", Some("example-key".into()), None)?;
+    let app = FeishuApp::new(
+        oncegate_feishu::Cloud::Feishu,
+        "cli_example",
+        Some("example-key".into()),
+        None,
+    )?;
     let store = MemoryStore::with_clock(MemoryConfig::default(), SystemClock);
     let runs = Arc::new(AtomicUsize::new(0));
     let gateway = Gateway::new(
         store,
         GatewayParts {
             sources: vec![("bot".into(), Arc::new(app.clone()))],
-            replay: Some((Duration::from_secs(300), 100_000)),
+            replay: Some(oncegate_gateway::ReplayLimits {
+                max_skew: Duration::from_secs(300),
+                max_nonces: 100_000,
+            }),
             timing: Timing::default(),
             body_limit: 1 << 20,
             admin_token: None,
@@ -57,7 +65,7 @@ async fn main() -> anyhow::Result<()> {
     .route(
         &["im.message.*"],
         Arc::new(HandlerSink(Replier { runs: runs.clone() })),
-        false,
+        oncegate_gateway::StaleEvents::Deliver,
     )?;
 
     let listener = TcpListener::bind("127.0.0.1:0").await?;

@@ -203,7 +203,7 @@ async fn handle<S: Store>(shared: &Shared<S>, delivery: Delivery, held: &Held) {
         finish(shared, &delivery, &lease).await;
         return;
     };
-    if route.watermark
+    if route.stale == crate::StaleEvents::Drop
         && let Some(order) = &event.order_key
     {
         let scope: KeyHash = key_for(&event.source, &event.app, "watermark", order);

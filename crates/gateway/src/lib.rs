@@ -66,13 +66,33 @@ pub(crate) struct Source {
 pub(crate) struct Route {
     pub(crate) patterns: Vec<String>,
     pub(crate) sink: SharedSink,
-    pub(crate) watermark: bool,
+    pub(crate) stale: StaleEvents,
 }
 
 impl Route {
     fn matches(&self, event_type: &str) -> bool {
         oncegate_config::event_type_matches(&self.patterns, event_type)
     }
+}
+
+/// What a route does with an event older than one already applied for its chat (by creation
+/// time): a "left the group" that arrives after a later "joined" must not undo it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StaleEvents {
+    /// Deliver every event, in queue order.
+    Deliver,
+    /// Drop an event older than the chat's watermark (counted).
+    Drop,
+}
+
+/// Replay-guard limits: requests further than `max_skew` from now are refused, and nonces
+/// are remembered for twice that.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplayLimits {
+    /// The largest distance between a request's timestamp and now.
+    pub max_skew: Duration,
+    /// Nonces remembered per half of the window.
+    pub max_nonces: usize,
 }
 
 /// Timing of claims and retries.
@@ -172,8 +192,8 @@ impl<S> Clone for Gateway<S> {
 pub struct GatewayParts {
     /// Named sources: `/webhook/<name>`.
     pub sources: Vec<(String, SharedSource)>,
-    /// Replay guard: allowed skew and nonces per generation; `None` turns it off.
-    pub replay: Option<(Duration, usize)>,
+    /// The replay guard's limits; `None` turns it off.
+    pub replay: Option<ReplayLimits>,
     /// Timing.
     pub timing: Timing,
     /// Largest body.
@@ -197,7 +217,10 @@ impl Default for GatewayParts {
         let config = Config::default();
         Self {
             sources: Vec::new(),
-            replay: Some((config.replay.max_skew, config.replay.max_nonces)),
+            replay: Some(ReplayLimits {
+                max_skew: config.replay.max_skew,
+                max_nonces: config.replay.max_nonces,
+            }),
             timing: Timing::default(),
             body_limit: config.server.body_limit,
             admin_token: None,
@@ -218,10 +241,15 @@ impl<S: Store> Gateway<S> {
             .sources
             .into_iter()
             .map(|(name, decoder)| {
-                let replay = parts
+                let replay = parts.replay.map(|limits| {
+                    Mutex::new(ReplayGuard::new(
+                        limits.max_skew.as_secs(),
+                        limits.max_nonces,
+                    ))
+                });
+                let nonce_window = parts
                     .replay
-                    .map(|(skew, nonces)| Mutex::new(ReplayGuard::new(skew.as_secs(), nonces)));
-                let nonce_window = parts.replay.map_or(Duration::ZERO, |(skew, _)| skew * 2);
+                    .map_or(Duration::ZERO, |limits| limits.max_skew * 2);
                 (
                     name,
                     Source {
@@ -252,7 +280,7 @@ impl<S: Store> Gateway<S> {
                 queued: AtomicU64::new(0),
                 max_future: parts
                     .replay
-                    .map_or(Duration::from_secs(300), |(skew, _)| skew),
+                    .map_or(Duration::from_secs(300), |limits| limits.max_skew),
                 failure: OnceLock::new(),
                 secondary_keys: parts.secondary_keys,
             }),
@@ -265,18 +293,18 @@ impl<S: Store> Gateway<S> {
     }
 
     /// Adds a route: events whose type matches one of `patterns` (exact, `prefix*` or `*`) go
-    /// to `sink`; with `watermark`, an event older than one already applied for its chat is
-    /// dropped.
+    /// to `sink`; `stale` says what happens to an event older than one already applied for its
+    /// chat.
     pub fn route(
         mut self,
         patterns: &[&str],
         sink: SharedSink,
-        watermark: bool,
+        stale: StaleEvents,
     ) -> Result<Self, GatewayError> {
         self.shared_mut()?.routes.push(Route {
             patterns: patterns.iter().map(|p| (*p).to_owned()).collect(),
             sink,
-            watermark,
+            stale,
         });
         Ok(self)
     }
@@ -317,10 +345,10 @@ impl<S: Store> Gateway<S> {
             .collect::<Result<Vec<_>, GatewayError>>()?;
         let parts = GatewayParts {
             sources,
-            replay: config
-                .replay
-                .enabled
-                .then_some((config.replay.max_skew, config.replay.max_nonces)),
+            replay: config.replay.enabled.then_some(ReplayLimits {
+                max_skew: config.replay.max_skew,
+                max_nonces: config.replay.max_nonces,
+            }),
             timing: Timing {
                 retention: config.dedup.retention,
                 lease: config.lease.duration,
@@ -363,7 +391,12 @@ impl<S: Store> Gateway<S> {
                     }
                 };
             let patterns: Vec<&str> = route.events.iter().map(String::as_str).collect();
-            gateway = gateway.route(&patterns, sink, route.watermark)?;
+            let stale = if route.watermark {
+                StaleEvents::Drop
+            } else {
+                StaleEvents::Deliver
+            };
+            gateway = gateway.route(&patterns, sink, stale)?;
         }
         Ok(gateway)
     }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use oncegate_config::{Platform, SourceConfig};
 use oncegate_core::Sealer;
-use oncegate_feishu::FeishuApp;
+use oncegate_feishu::{Cloud, FeishuApp};
 
 use crate::{GatewayError, SharedSource};
 
@@ -46,14 +46,14 @@ fn secrets(config: &SourceConfig) -> Result<Secrets, GatewayError> {
 
 /// A configured Feishu or Lark app.
 fn feishu(config: &SourceConfig) -> Result<Option<FeishuApp>, GatewayError> {
-    let lark = match config.platform {
-        Platform::Feishu => false,
-        Platform::Lark => true,
+    let cloud = match config.platform {
+        Platform::Feishu => Cloud::Feishu,
+        Platform::Lark => Cloud::Lark,
         Platform::Wecom | Platform::Wechat => return Ok(None),
     };
     let secrets = secrets(config)?;
     FeishuApp::new(
-        lark,
+        cloud,
         &config.app_id,
         secrets.encrypt_key,
         secrets.verification_token,

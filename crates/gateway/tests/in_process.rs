@@ -14,7 +14,7 @@ use tower::ServiceExt;
 
 fn app() -> FeishuApp {
     FeishuApp::new(
-        false,
+        oncegate_feishu::Cloud::Feishu,
         "cli_ip",
         Some("ip-key".into()),
         Some("ip-token".into()),

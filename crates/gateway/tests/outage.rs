@@ -145,7 +145,13 @@ impl Handler for Count {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unavailable_store_gets_503_and_the_retry_is_admitted_once() {
-    let app = FeishuApp::new(false, "cli_outage", Some("k".into()), None).expect("app");
+    let app = FeishuApp::new(
+        oncegate_feishu::Cloud::Feishu,
+        "cli_outage",
+        Some("k".into()),
+        None,
+    )
+    .expect("app");
     let store = Switchable {
         inner: MemoryStore::with_clock(MemoryConfig::default(), SystemClock),
         down: AtomicBool::new(true),
@@ -156,14 +162,21 @@ async fn an_unavailable_store_gets_503_and_the_retry_is_admitted_once() {
         store,
         GatewayParts {
             sources: vec![("s".into(), Arc::new(app.clone()))],
-            replay: Some((Duration::from_secs(300), 1000)),
+            replay: Some(oncegate_gateway::ReplayLimits {
+                max_skew: Duration::from_secs(300),
+                max_nonces: 1000,
+            }),
             timing: Timing::default(),
             body_limit: 1 << 16,
             admin_token: None,
             ..GatewayParts::default()
         },
     )
-    .route(&["*"], Arc::new(HandlerSink(Count(handled.clone()))), false)
+    .route(
+        &["*"],
+        Arc::new(HandlerSink(Count(handled.clone()))),
+        oncegate_gateway::StaleEvents::Deliver,
+    )
     .expect("route");
     let Running {
         webhooks,
@@ -250,7 +263,11 @@ async fn a_dying_dispatcher_fails_readiness_and_stops_the_gateway_and_a_panickin
             ..GatewayParts::default()
         },
     )
-    .route(&["*"], Arc::new(HandlerSink(Panics)), false)
+    .route(
+        &["*"],
+        Arc::new(HandlerSink(Panics)),
+        oncegate_gateway::StaleEvents::Deliver,
+    )
     .expect("route");
     let Running {
         webhooks: _,
