@@ -147,11 +147,11 @@ fn check_config(file: &Path) -> anyhow::Result<bool> {
     let warnings = problems.len() - errors;
     if errors == 0 {
         println!(
-            "{}: ok ({} source{}, {:?} store, {} warning{})",
+            "{}: ok ({} source{}, {} store, {} warning{})",
             file.display(),
             config.sources.len(),
             if config.sources.len() == 1 { "" } else { "s" },
-            config.store.backend,
+            config.store.backend(),
             warnings,
             if warnings == 1 { "" } else { "s" }
         );
@@ -170,7 +170,14 @@ fn check_config(file: &Path) -> anyhow::Result<bool> {
 fn inspect(args: InspectArgs) -> anyhow::Result<()> {
     let path = match (&args.store, &args.config) {
         (Some(path), _) => path.clone(),
-        (None, config) => load(config.as_deref())?.store.embedded_path(),
+        (None, config) => match load(config.as_deref())?.store {
+            oncegate_config::StoreConfig::Embedded(settings) => settings.path,
+            other => bail!(
+                "inspect reads an embedded store file, and this configuration uses the {} \
+                 backend; use /admin on the gateway instead",
+                other.backend()
+            ),
+        },
     };
     let reader = StoreReader::open(&path)?;
     let now_ms = SystemClock.now_ms();

@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use anyhow::{Context, bail};
-use oncegate_config::{Backend, Config, Severity};
+use oncegate_config::{Config, Severity, StoreConfig};
 use oncegate_core::Store;
 use oncegate_embedded::{EmbeddedConfig, EmbeddedStore};
 use oncegate_gateway::Gateway;
@@ -30,64 +30,56 @@ pub(crate) async fn serve(config_path: Option<&Path>) -> anyhow::Result<()> {
         .install_recorder()
         .context("install the metrics recorder")?;
     let render = move || metrics.render();
-    match config.store.backend {
-        Backend::Embedded => {
-            let path = config.store.embedded_path();
-            let defaults = EmbeddedConfig::at(&path);
+    match &config.store {
+        StoreConfig::Embedded(settings) => {
+            let defaults = EmbeddedConfig::at(&settings.path);
             let store = EmbeddedStore::open(EmbeddedConfig {
-                partitions: config.store.partitions,
-                cache_bytes: config
-                    .store
+                partitions: settings.partitions,
+                cache_bytes: settings
                     .cache_mb
                     .map_or(defaults.cache_bytes, |mb| (mb as usize) << 20),
                 ..defaults
             })?;
-            tracing::info!(path = %path.display(), "embedded store open");
-            run(&config, store, render).await
+            tracing::info!(path = %settings.path.display(), "embedded store open");
+            run(&config, store, None, render).await
         }
-        Backend::Memory => {
+        StoreConfig::Memory(settings) => {
             let store = MemoryStore::with_clock(
                 MemoryConfig {
-                    partitions: config.store.partitions,
-                    max_records: config.store.max_records.unwrap_or(10_000_000),
+                    partitions: settings.partitions,
+                    max_records: settings.max_records,
                     ..MemoryConfig::default()
                 },
                 oncegate_core::SystemClock,
             );
             tracing::warn!("memory store: everything is forgotten when the gateway stops");
-            run(&config, store, render).await
+            run(&config, store, None, render).await
         }
-        Backend::Redis => {
-            let url = config
-                .store
-                .url
-                .clone()
-                .context("backend = \"redis\" needs store.url")?;
-            let defaults = oncegate_redis::RedisConfig::at(&url);
+        StoreConfig::Redis(settings) => {
+            let defaults = oncegate_redis::RedisConfig::at(&settings.url);
             let redis_config = oncegate_redis::RedisConfig {
-                partitions: config.store.partitions,
-                prefix: config
-                    .store
-                    .prefix
-                    .clone()
-                    .unwrap_or(defaults.prefix.clone()),
-                ownership: config.store.ownership.unwrap_or(defaults.ownership),
-                cluster: config.store.cluster,
+                partitions: settings.partitions,
+                prefix: settings.prefix.clone().unwrap_or(defaults.prefix.clone()),
+                ownership: settings.ownership.unwrap_or(defaults.ownership),
+                cluster: settings.cluster,
                 // With a spool the gateway takes requests during an outage, so it also starts
                 // during one.
-                lazy: config.store.spool.is_some(),
+                lazy: settings.spool.is_some(),
                 ..defaults
             };
-            let lazy = redis_config.lazy;
             let store =
                 tokio::task::block_in_place(|| oncegate_redis::RedisStore::connect(redis_config))?;
-            let shown = oncegate_core::redact::url(&url);
-            if lazy {
-                tracing::info!(url = %shown, cluster = config.store.cluster, "redis store: connecting on first use (a spool is configured)");
+            let shown = oncegate_core::redact::url(&settings.url);
+            if settings.spool.is_some() {
+                tracing::info!(url = %shown, cluster = settings.cluster, "redis store: connecting on first use (a spool is configured)");
             } else {
-                tracing::info!(url = %shown, cluster = config.store.cluster, "redis store connected");
+                tracing::info!(url = %shown, cluster = settings.cluster, "redis store connected");
             }
-            run(&config, store, render).await
+            let spool = settings
+                .spool
+                .as_deref()
+                .map(|path| (path, settings.spool_max));
+            run(&config, store, spool, render).await
         }
     }
 }
@@ -95,11 +87,12 @@ pub(crate) async fn serve(config_path: Option<&Path>) -> anyhow::Result<()> {
 async fn run<S: Store>(
     config: &Config,
     store: S,
+    spool: Option<(&Path, u64)>,
     render: impl Fn() -> String + Send + Sync + 'static,
 ) -> anyhow::Result<()> {
     let mut gateway = Gateway::from_config(config, store).await?.metrics(render)?;
-    if let Some(path) = &config.store.spool {
-        let spool = oncegate_gateway::Spool::open(path, config.store.spool_max)
+    if let Some((path, spool_max)) = spool {
+        let spool = oncegate_gateway::Spool::open(path, spool_max)
             .with_context(|| format!("open the spool (store.spool = {})", path.display()))?;
         if !spool.is_empty() {
             tracing::info!(

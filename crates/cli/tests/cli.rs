@@ -27,7 +27,7 @@ fn the_example_configuration_is_valid() {
     let (code, out, err) = oncegate(&["check-config", example]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(
-        out.contains("ok (1 source, Embedded store, 0 warnings)"),
+        out.contains("ok (1 source, embedded store, 0 warnings)"),
         "{out}"
     );
 }

@@ -182,76 +182,164 @@ impl Config {
     }
 }
 
-/// The store backend.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Backend {
+/// `[store]`: where records and the queue live. `backend` picks the variant (embedded when
+/// absent); each backend has only its own settings, so a setting of another backend is an
+/// unknown field.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "backend", rename_all = "lowercase")]
+pub enum StoreConfig {
     /// One redb file on this machine (the default).
-    #[default]
-    Embedded,
+    Embedded(EmbeddedSettings),
     /// In process memory; forgets everything on restart.
-    Memory,
+    Memory(MemorySettings),
     /// A shared Redis, for several gateway instances.
-    Redis,
+    Redis(RedisSettings),
 }
 
-/// `[store]`
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig::Embedded(EmbeddedSettings::default())
+    }
+}
+
+impl StoreConfig {
+    /// The backend's name, as configured.
+    pub fn backend(&self) -> &'static str {
+        match self {
+            StoreConfig::Embedded(_) => "embedded",
+            StoreConfig::Memory(_) => "memory",
+            StoreConfig::Redis(_) => "redis",
+        }
+    }
+
+    /// Queue partitions.
+    pub fn partitions(&self) -> u16 {
+        match self {
+            StoreConfig::Embedded(s) => s.partitions,
+            StoreConfig::Memory(s) => s.partitions,
+            StoreConfig::Redis(s) => s.partitions,
+        }
+    }
+}
+
+/// By hand rather than serde's internally tagged enums: those lose the name of a field whose
+/// value is wrong, and a message must name it.
+impl<'de> Deserialize<'de> for StoreConfig {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let mut table = toml::Table::deserialize(deserializer)?;
+        let backend = match table.remove("backend") {
+            None => "embedded".to_owned(),
+            Some(toml::Value::String(name)) => name,
+            Some(other) => {
+                return Err(D::Error::custom(format!(
+                    "backend = {other}: expected \"embedded\", \"memory\" or \"redis\""
+                )));
+            }
+        };
+        let settings = toml::Value::Table(table);
+        let named = |error: serde_path_to_error::Error<toml::de::Error>| {
+            D::Error::custom(format!(
+                "{} (backend = \"{backend}\"): {}",
+                error.path(),
+                error.inner().message()
+            ))
+        };
+        match backend.as_str() {
+            "embedded" => serde_path_to_error::deserialize(settings)
+                .map(StoreConfig::Embedded)
+                .map_err(named),
+            "memory" => serde_path_to_error::deserialize(settings)
+                .map(StoreConfig::Memory)
+                .map_err(named),
+            "redis" => serde_path_to_error::deserialize(settings)
+                .map(StoreConfig::Redis)
+                .map_err(named),
+            other => Err(D::Error::custom(format!(
+                "backend = {other:?}: expected \"embedded\", \"memory\" or \"redis\""
+            ))),
+        }
+    }
+}
+
+const DEFAULT_PARTITIONS: u16 = 16;
+
+/// `[store] backend = "embedded"`
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct StoreConfig {
-    /// The backend.
-    pub backend: Backend,
-    /// The embedded store's file.
-    pub path: Option<PathBuf>,
-    /// Redis URL, for `backend = "redis"`; with `cluster = true`, one or more of the
-    /// cluster's nodes, separated by commas.
-    pub url: Option<String>,
-    /// The Redis backend: `url` names a Redis Cluster.
-    pub cluster: bool,
+pub struct EmbeddedSettings {
+    /// The store's file (its folder is created, 0700).
+    pub path: PathBuf,
+    /// Queue partitions; fixed when the file is created.
+    pub partitions: u16,
+    /// The page cache, in MiB.
+    pub cache_mb: Option<u64>,
+}
+
+impl Default for EmbeddedSettings {
+    fn default() -> Self {
+        Self {
+            path: PathBuf::from("data/oncegate.redb"),
+            partitions: DEFAULT_PARTITIONS,
+            cache_mb: None,
+        }
+    }
+}
+
+/// `[store] backend = "memory"`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MemorySettings {
     /// Queue partitions.
     pub partitions: u16,
-    /// The memory backend's bound on records.
-    pub max_records: Option<u64>,
-    /// The embedded store's page cache, in MiB.
-    pub cache_mb: Option<u64>,
-    /// The Redis backend's key prefix (several deployments can share one Redis).
+    /// The most records held; beyond it the record due soonest is evicted early (counted).
+    pub max_records: u64,
+}
+
+impl Default for MemorySettings {
+    fn default() -> Self {
+        Self {
+            partitions: DEFAULT_PARTITIONS,
+            max_records: 10_000_000,
+        }
+    }
+}
+
+/// `[store] backend = "redis"`
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RedisSettings {
+    /// `redis://host:port`; with `cluster = true`, one or more of the cluster's nodes,
+    /// separated by commas.
+    pub url: String,
+    /// `url` names a Redis Cluster.
+    pub cluster: bool,
+    /// Queue partitions; fixed when the prefix is first used.
+    pub partitions: u16,
+    /// The key prefix (several deployments can share one Redis).
     pub prefix: Option<String>,
-    /// The Redis backend: how long a gateway keeps a partition without pulling it before
-    /// another takes it over.
+    /// How long a gateway keeps a partition without pulling it before another takes it over.
     #[serde(with = "duration_opt", default)]
     pub ownership: Option<Duration>,
-    /// A local file where accepted requests wait while the store cannot be reached (answered
-    /// 200 instead of 503) and are admitted, in order, when it answers again. Off by default:
+    /// A local file where accepted requests wait while Redis cannot be reached (answered 200
+    /// instead of 503) and are admitted, in order, when it answers again. Off by default:
     /// until then the file is the events' only copy.
     pub spool: Option<PathBuf>,
     /// Most admissions the spool holds; beyond that requests get 503 again.
     pub spool_max: u64,
 }
 
-impl Default for StoreConfig {
+impl Default for RedisSettings {
     fn default() -> Self {
         Self {
-            backend: Backend::Embedded,
-            path: None,
-            url: None,
+            url: String::new(),
             cluster: false,
-            partitions: 16,
-            max_records: None,
-            cache_mb: None,
+            partitions: DEFAULT_PARTITIONS,
             prefix: None,
             ownership: None,
             spool: None,
             spool_max: 1_000_000,
         }
-    }
-}
-
-impl StoreConfig {
-    /// The embedded store's file: the configured one, or `./data/oncegate.redb`.
-    pub fn embedded_path(&self) -> PathBuf {
-        self.path
-            .clone()
-            .unwrap_or_else(|| PathBuf::from("data/oncegate.redb"))
     }
 }
 
@@ -521,21 +609,16 @@ mod tests {
     use super::*;
 
     fn parse(text: &str) -> Result<Config, LoadError> {
-        let dir = std::env::temp_dir().join(format!("oncegate-config-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("dir");
-        let file = dir.join(format!("{}.toml", text.len()));
-        std::fs::write(&file, text).expect("write");
-        load(Some(&file), Vec::new())
+        load_str(text, Path::new("test.toml"), Vec::new())
     }
 
     #[test]
     fn defaults_are_the_embedded_store_and_a_day_of_retention() {
         let config = load(None, Vec::new()).expect("defaults");
-        assert_eq!(config.store.backend, Backend::Embedded);
-        assert_eq!(
-            config.store.embedded_path(),
-            PathBuf::from("data/oncegate.redb")
-        );
+        let StoreConfig::Embedded(store) = &config.store else {
+            panic!("embedded by default: {:?}", config.store)
+        };
+        assert_eq!(store.path, PathBuf::from("data/oncegate.redb"));
         assert_eq!(config.dedup.retention, Duration::from_secs(86_400));
     }
 
@@ -552,8 +635,11 @@ mod tests {
             ],
         )
         .expect("load");
-        assert_eq!(config.store.path, Some(PathBuf::from("/tmp/x.redb")));
-        assert_eq!(config.store.partitions, 4);
+        let StoreConfig::Embedded(store) = &config.store else {
+            panic!("embedded: {:?}", config.store)
+        };
+        assert_eq!(store.path, PathBuf::from("/tmp/x.redb"));
+        assert_eq!(config.store.partitions(), 4);
         assert_eq!(config.dedup.retention, Duration::from_secs(36 * 3600));
         assert!(!config.replay.enabled);
     }
@@ -571,6 +657,30 @@ mod tests {
         )
         .expect_err("bad env");
         assert!(error.to_string().contains("partitions"), "{error}");
+    }
+
+    #[test]
+    fn each_backend_takes_only_its_own_settings() {
+        let config =
+            parse("[store]\nbackend = \"redis\"\nurl = \"redis://r:6379\"\nspool = \"s.redb\"\n")
+                .expect("redis");
+        let StoreConfig::Redis(redis) = &config.store else {
+            panic!("{:?}", config.store)
+        };
+        assert_eq!(
+            (redis.url.as_str(), redis.spool.is_some()),
+            ("redis://r:6379", true)
+        );
+        for (text, field) in [
+            ("[store]\nspool = \"s.redb\"\n", "spool"),
+            ("[store]\nbackend = \"memory\"\npath = \"x.redb\"\n", "path"),
+            ("[store]\nbackend = \"redis\"\ncache_mb = 4\n", "cache_mb"),
+        ] {
+            let error = parse(text).expect_err(text).to_string();
+            assert!(error.contains(field), "{text}: {error}");
+        }
+        let error = parse("[store]\nbackend = \"postgres\"\n").expect_err("unknown backend");
+        assert!(error.to_string().contains("redis"), "{error}");
     }
 
     #[test]

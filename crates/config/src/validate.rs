@@ -4,7 +4,7 @@ use std::collections::HashSet;
 use std::fmt;
 use std::time::Duration;
 
-use crate::{Backend, Config, PLATFORM_RETRY_SPAN, Platform};
+use crate::{Config, PLATFORM_RETRY_SPAN, Platform, StoreConfig};
 
 /// How bad a problem is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -123,26 +123,33 @@ fn bounds(config: &Config, report: &mut impl FnMut(Severity, &str, String)) {
         config.replay.max_nonces as u64,
         100_000_000,
     );
-    let store = &config.store;
-    count(
-        report,
-        "store.max_records",
-        store.max_records.unwrap_or(0),
-        1_000_000_000,
-    );
-    count(
-        report,
-        "store.cache_mb",
-        store.cache_mb.unwrap_or(0),
-        65_536,
-    );
-    count(report, "store.spool_max", store.spool_max, 100_000_000);
-    time(
-        report,
-        "store.ownership",
-        store.ownership.unwrap_or_default(),
-        HOUR / 6,
-    );
+    match &config.store {
+        StoreConfig::Memory(memory) => {
+            count(
+                report,
+                "store.max_records",
+                memory.max_records,
+                1_000_000_000,
+            );
+        }
+        StoreConfig::Embedded(embedded) => {
+            count(
+                report,
+                "store.cache_mb",
+                embedded.cache_mb.unwrap_or(0),
+                65_536,
+            );
+        }
+        StoreConfig::Redis(redis) => {
+            count(report, "store.spool_max", redis.spool_max, 100_000_000);
+            time(
+                report,
+                "store.ownership",
+                redis.ownership.unwrap_or_default(),
+                HOUR / 6,
+            );
+        }
+    }
     let server = &config.server;
     count(
         report,
@@ -310,91 +317,17 @@ pub fn validate(config: &Config) -> Vec<Problem> {
             );
         }
     }
-    if config.store.partitions == 0 || config.store.partitions > 4096 {
+    let partitions = config.store.partitions();
+    if partitions == 0 || partitions > 4096 {
         report(
             Severity::Error,
             "store.partitions",
-            format!(
-                "{} partitions; use between 1 and 4096 (16 is the default)",
-                config.store.partitions
-            ),
+            format!("{partitions} partitions; use between 1 and 4096 (16 is the default)"),
         );
     }
-    if config.store.ownership.is_some() && config.store.backend != Backend::Redis {
-        report(
-            Severity::Error,
-            "store.ownership",
-            "applies to the redis backend only".into(),
-        );
-    }
-    if config
-        .store
-        .ownership
-        .is_some_and(|o| o < Duration::from_millis(200))
-    {
-        report(
-            Severity::Error,
-            "store.ownership",
-            "below 200ms partitions would change hands between two pulls; 10s is the default"
-                .into(),
-        );
-    }
-    if config.store.backend != Backend::Redis {
-        if config.store.spool.is_some() {
-            report(
-                Severity::Error,
-                "store.spool",
-                "applies to the redis backend only: a local store is its own spool".into(),
-            );
-        }
-        if config.store.cluster {
-            report(
-                Severity::Error,
-                "store.cluster",
-                "applies to the redis backend only".into(),
-            );
-        }
-    }
-    if config.store.spool.is_some() && config.store.spool_max == 0 {
-        report(
-            Severity::Error,
-            "store.spool_max",
-            "a spool of zero admissions holds nothing; leave it out for 1000000".into(),
-        );
-    }
-    if config.store.prefix.is_some() && config.store.backend != Backend::Redis {
-        report(
-            Severity::Error,
-            "store.prefix",
-            "applies to the redis backend only".into(),
-        );
-    }
-    match config.store.backend {
-        Backend::Memory => {
-            if config.store.path.is_some() {
-                report(
-                    Severity::Error,
-                    "store.path",
-                    "set, but backend = \"memory\" keeps nothing on disk; remove the path or \
-                     use backend = \"embedded\""
-                        .into(),
-                );
-            }
-            if config.store.url.is_some() {
-                report(
-                    Severity::Error,
-                    "store.url",
-                    "set, but backend = \"memory\" uses no server".into(),
-                );
-            }
-            if config.store.cache_mb.is_some() {
-                report(
-                    Severity::Error,
-                    "store.cache_mb",
-                    "applies to the embedded backend only".into(),
-                );
-            }
-            if config.store.max_records == Some(0) {
+    match &config.store {
+        StoreConfig::Memory(memory) => {
+            if memory.max_records == 0 {
                 report(
                     Severity::Error,
                     "store.max_records",
@@ -402,55 +335,55 @@ pub fn validate(config: &Config) -> Vec<Problem> {
                 );
             }
         }
-        Backend::Embedded => {
-            if config.store.cache_mb == Some(0) {
+        StoreConfig::Embedded(embedded) => {
+            if embedded.cache_mb == Some(0) {
                 report(
                     Severity::Error,
                     "store.cache_mb",
                     "a zero cache reads every page from disk; leave it out for 64".into(),
                 );
             }
-            if config.store.url.is_some() {
+        }
+        StoreConfig::Redis(redis) => {
+            if redis.url.trim().is_empty() {
                 report(
                     Severity::Error,
                     "store.url",
-                    "set, but backend = \"embedded\" uses a file, not a server; set backend = \
-                     \"redis\" or remove the url"
+                    "backend = \"redis\" needs a url, e.g. \"redis://127.0.0.1:6379\"".into(),
+                );
+            } else if let Some(bad) = redis
+                .url
+                .split(',')
+                .map(str::trim)
+                .find(|url| !(url.starts_with("redis://") || url.starts_with("rediss://")))
+            {
+                report(
+                    Severity::Error,
+                    "store.url",
+                    // Not the URL itself: it may carry a password.
+                    format!("{} is not a redis:// or rediss:// URL", scheme_of(bad)),
+                );
+            }
+            if redis
+                .ownership
+                .is_some_and(|o| o < Duration::from_millis(200))
+            {
+                report(
+                    Severity::Error,
+                    "store.ownership",
+                    "below 200ms partitions would change hands between two pulls; 10s is the \
+                     default"
                         .into(),
                 );
             }
-            if config.store.max_records.is_some() {
+            if redis.spool.is_some() && redis.spool_max == 0 {
                 report(
                     Severity::Error,
-                    "store.max_records",
-                    "applies to the memory backend only; the embedded store is bounded by \
-                     dedup.retention"
-                        .into(),
+                    "store.spool_max",
+                    "a spool of zero admissions holds nothing; leave it out for 1000000".into(),
                 );
             }
         }
-        Backend::Redis => match &config.store.url {
-            None => report(
-                Severity::Error,
-                "store.url",
-                "backend = \"redis\" needs a url, e.g. \"redis://127.0.0.1:6379\"".into(),
-            ),
-            Some(url) if !(url.starts_with("redis://") || url.starts_with("rediss://")) => report(
-                Severity::Error,
-                "store.url",
-                // Not the URL itself: it may carry a password.
-                format!("{} is not a redis:// or rediss:// URL", scheme_of(url)),
-            ),
-            Some(_) => {
-                if config.store.path.is_some() {
-                    report(
-                        Severity::Error,
-                        "store.path",
-                        "set, but backend = \"redis\" keeps its records in Redis".into(),
-                    );
-                }
-            }
-        },
     }
     let mut names = HashSet::new();
     let mut apps = HashSet::new();
@@ -736,18 +669,24 @@ mod tests {
         assert_eq!(validate(&Config::default()), Vec::new());
     }
 
+    fn redis(url: &str) -> crate::RedisSettings {
+        crate::RedisSettings {
+            url: url.into(),
+            ..crate::RedisSettings::default()
+        }
+    }
+
     #[test]
-    fn spool_and_cluster_need_the_redis_backend() {
-        let mut config = Config::default();
-        config.store.spool = Some("spool.redb".into());
-        config.store.cluster = true;
-        let mut found = errors(&config);
-        found.sort();
-        assert_eq!(found, ["store.cluster", "store.spool"]);
-        config.store.backend = Backend::Redis;
-        config.store.url = Some("redis://127.0.0.1:6379".into());
+    fn a_spool_needs_room() {
+        let mut settings = redis("redis://127.0.0.1:6379");
+        settings.spool = Some("spool.redb".into());
+        let mut config = Config {
+            store: StoreConfig::Redis(settings.clone()),
+            ..Config::default()
+        };
         assert_eq!(errors(&config), Vec::<String>::new());
-        config.store.spool_max = 0;
+        settings.spool_max = 0;
+        config.store = StoreConfig::Redis(settings);
         assert_eq!(errors(&config), ["store.spool_max"]);
     }
 
@@ -776,27 +715,27 @@ mod tests {
     fn contradictions_are_each_named() {
         let mut config = Config::default();
         config.lease.renew_every = Duration::from_secs(600);
-        config.store.backend = Backend::Memory;
-        config.store.path = Some("x.redb".into());
-        config.store.partitions = 0;
+        config.store = StoreConfig::Memory(crate::MemorySettings {
+            partitions: 0,
+            ..crate::MemorySettings::default()
+        });
         config.replay.max_skew = Duration::from_secs(86_400);
         let mut found = errors(&config);
         found.sort();
         assert_eq!(
             found,
-            vec![
-                "lease.renew_every",
-                "replay.max_skew",
-                "store.partitions",
-                "store.path"
-            ]
+            vec!["lease.renew_every", "replay.max_skew", "store.partitions",]
         );
-        let mut config = Config::default();
-        config.store.backend = Backend::Redis;
+        let mut config = Config {
+            store: StoreConfig::Redis(redis("")),
+            ..Config::default()
+        };
         assert_eq!(errors(&config), vec!["store.url"]);
-        config.store.url = Some("http://x".into());
-        assert_eq!(errors(&config), vec!["store.url"]);
-        config.store.url = Some("redis://127.0.0.1:6379".into());
+        config.store = StoreConfig::Redis(redis("http://:pw@x"));
+        let problems = validate(&config);
+        assert_eq!(problems[0].setting, "store.url");
+        assert!(!problems[0].message.contains("pw"), "{}", problems[0]);
+        config.store = StoreConfig::Redis(redis("redis://127.0.0.1:6379"));
         assert_eq!(errors(&config), Vec::<String>::new());
     }
 
