@@ -8,15 +8,15 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures_util::FutureExt;
 use oncegate_core::{
-    Claim, Delivery, FenceCheck, KeyHash, Lease, QueueId, Store, WatermarkOutcome, key_for,
+    Delivery, FenceCheck, KeyHash, Lease, QueueId, Store, WatermarkOutcome, key_for,
 };
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::Shared;
+use crate::once::{self, Claimed};
 use crate::sink::{Outgoing, SinkError};
 
 /// How long an idle partition waits before looking again (retries become due without a wake).
@@ -170,18 +170,15 @@ async fn handle<S: Store>(shared: &Shared<S>, delivery: Delivery, held: &Held) {
     let store = &shared.store;
     let timing = &shared.timing;
     let summaries = &shared.summaries;
-    let lease = match store
-        .claim(&delivery.key, delivery.id.partition, timing.lease)
-        .await
-    {
-        Ok(Claim::Acquired(lease)) => lease,
-        Ok(Claim::Done { .. }) => {
+    let lease = match once::claim(store, &delivery.key, delivery.id.partition, timing.lease).await {
+        Ok(Claimed::Run(lease)) => lease,
+        Ok(Claimed::Done(_)) => {
             // Completed before a crash that came before the ack.
             stats.bump(&stats.already_done, "oncegate_already_done_total");
             insist(&shared.summaries, "ack", || store.ack(delivery.id)).await;
             return;
         }
-        Ok(Claim::InFlight { until_ms }) => {
+        Ok(Claimed::InFlight { until_ms }) => {
             insist(&shared.summaries, "retry", || {
                 store.retry(delivery.id, until_ms)
             })
@@ -237,32 +234,14 @@ async fn handle<S: Store>(shared: &Shared<S>, delivery: Delivery, held: &Held) {
         attempt: delivery.attempt,
         wants_answer: false,
     };
-    let result = {
-        // A handler that panics fails this attempt; it must not take the dispatcher with it.
-        let deliver = std::panic::AssertUnwindSafe(route.sink.deliver(outgoing))
-            .catch_unwind()
-            .map(|result| {
-                result.unwrap_or_else(|_| Err(SinkError::Transient("the handler panicked".into())))
-            });
-        tokio::pin!(deliver);
-        let mut renew = tokio::time::interval(timing.renew_every);
-        renew.tick().await;
-        let mut renewing = true;
-        loop {
-            tokio::select! {
-                result = &mut deliver => break result,
-                _ = renew.tick(), if renewing => {
-                    if let Ok(FenceCheck::Rejected) = store.renew(&lease, timing.lease).await {
-                        // Taken over: the handler cannot be stopped safely mid-call, so let it
-                        // end; its completion will be refused.
-                        stats.bump(&stats.leases_lost, "oncegate_leases_lost_total");
-                        tracing::warn!(event_id = %event.event_id, "lease lost while the handler runs");
-                        renewing = false;
-                    }
-                }
-            }
-        }
-    };
+    let result = once::run(
+        shared,
+        &lease,
+        timing.renew_every,
+        timing.lease,
+        route.sink.deliver(outgoing),
+    )
+    .await;
     lock(held).remove(&delivery.id);
     match result {
         Ok(_) => {

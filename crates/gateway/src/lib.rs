@@ -8,6 +8,7 @@ mod admin;
 mod admission;
 mod dispatch;
 mod ingress;
+mod once;
 pub mod registry;
 mod server;
 pub mod sink;

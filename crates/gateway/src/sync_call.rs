@@ -5,9 +5,10 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use oncegate_core::{Admit, Claim, FenceCheck, Refusal, RefusalKind, Store};
+use oncegate_core::{Admit, Refusal, RefusalKind, Store};
 
 use crate::Shared;
+use crate::once::{self, Claimed};
 use crate::sink::Outgoing;
 
 /// Feishu waits 3 s for a card answer; leave room for the way back.
@@ -29,10 +30,10 @@ pub(crate) async fn call<S: Store>(
     let unavailable = |error: &dyn std::fmt::Display| {
         Refusal::new(RefusalKind::Unavailable, "claim_failed", error.to_string())
     };
-    let lease = match shared.store.claim(&key, partition, DEADLINE * 2).await {
-        Ok(Claim::Acquired(lease)) => lease,
-        Ok(Claim::Done { outcome }) => return Ok(outcome),
-        Ok(Claim::InFlight { .. }) => {
+    let lease = match once::claim(&shared.store, &key, partition, DEADLINE * 2).await {
+        Ok(Claimed::Run(lease)) => lease,
+        Ok(Claimed::Done(result)) => return Ok(result),
+        Ok(Claimed::InFlight { .. }) => {
             return Err(Refusal::new(
                 RefusalKind::Replayed,
                 "in_flight",
@@ -48,16 +49,17 @@ pub(crate) async fn call<S: Store>(
         attempt: 0,
         wants_answer: true,
     };
-    match tokio::time::timeout(DEADLINE, route.sink.deliver(outgoing)).await {
+    let ran = once::run(
+        shared,
+        &lease,
+        DEADLINE,
+        DEADLINE * 2,
+        route.sink.deliver(outgoing),
+    );
+    match tokio::time::timeout(DEADLINE, ran).await {
         Ok(Ok(outcome)) => {
             let outcome = outcome.unwrap_or_else(|| Bytes::from_static(b"{}"));
-            if let Ok(FenceCheck::Rejected) = shared
-                .store
-                .complete(&lease, shared.timing.retention, Some(outcome.clone()))
-                .await
-            {
-                stats.bump(&stats.fenced, "oncegate_fenced_total");
-            }
+            let _ = once::complete(shared, &lease, Some(outcome.clone())).await;
             stats.bump(&stats.delivered, "oncegate_delivered_total");
             Ok(Some(outcome))
         }
