@@ -475,24 +475,136 @@ impl Secret {
     }
 }
 
-/// `[[source]]`: one app on one platform.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// `[[source]]`: one app on one platform. `platform` picks the variant; each platform has its
+/// own settings.
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SourceConfig {
     /// The name, used in the route `/webhook/<name>` and in metrics.
     pub name: String,
-    /// The platform.
-    pub platform: Platform,
-    /// The app id (Feishu app id, WeCom corp id, WeChat app id).
+    /// The platform and its settings.
+    #[serde(flatten)]
+    pub platform: PlatformConfig,
+}
+
+/// A source's platform with the settings that platform needs.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "platform", rename_all = "lowercase")]
+pub enum PlatformConfig {
+    /// Feishu (China).
+    Feishu(FeishuSettings),
+    /// Lark (international Feishu).
+    Lark(FeishuSettings),
+    /// WeCom (企业微信).
+    Wecom(WecomSettings),
+    /// WeChat Official Accounts.
+    Wechat(WechatSettings),
+}
+
+/// A Feishu or Lark app.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FeishuSettings {
+    /// The app id (`cli_…`).
     pub app_id: String,
-    /// Feishu encrypt key / WeCom EncodingAESKey.
+    /// The encrypt key: callbacks are signed and encrypted with it.
     pub encrypt_key: Option<Secret>,
-    /// Feishu verification token / WeCom token.
+    /// The verification token in every callback's body.
     pub verification_token: Option<Secret>,
-    /// Accept requests from this source with no authentication at all (no encrypt key, no
-    /// token). Only for local experiments: anyone who knows the URL can send events.
-    #[serde(default)]
+    /// Accept requests with no authentication at all (no encrypt key, no token). Only for local
+    /// experiments: anyone who knows the URL can send events.
     pub allow_unsigned: bool,
+}
+
+/// A WeCom app (self-built app or third-party suite).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WecomSettings {
+    /// The corp id (the receive id checked in every decrypted message).
+    pub corp_id: String,
+    /// The callback token, signing every callback.
+    pub token: Option<Secret>,
+    /// The 43-character EncodingAESKey.
+    pub encoding_aes_key: Option<Secret>,
+}
+
+/// A WeChat Official Account.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WechatSettings {
+    /// The app id (`wx…`).
+    pub app_id: String,
+    /// The token, signing every callback.
+    pub token: Option<Secret>,
+    /// The EncodingAESKey of safe mode; plain mode without it.
+    pub encoding_aes_key: Option<Secret>,
+}
+
+impl SourceConfig {
+    /// The platform.
+    pub fn platform(&self) -> Platform {
+        match self.platform {
+            PlatformConfig::Feishu(_) => Platform::Feishu,
+            PlatformConfig::Lark(_) => Platform::Lark,
+            PlatformConfig::Wecom(_) => Platform::Wecom,
+            PlatformConfig::Wechat(_) => Platform::Wechat,
+        }
+    }
+
+    /// The app's id on its platform (Feishu app id, WeCom corp id, WeChat app id).
+    pub fn app_id(&self) -> &str {
+        match &self.platform {
+            PlatformConfig::Feishu(s) | PlatformConfig::Lark(s) => &s.app_id,
+            PlatformConfig::Wecom(s) => &s.corp_id,
+            PlatformConfig::Wechat(s) => &s.app_id,
+        }
+    }
+}
+
+/// By hand, like [`StoreConfig`]: the platform picks the settings, and errors name the field.
+impl<'de> Deserialize<'de> for SourceConfig {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let mut table = toml::Table::deserialize(deserializer)?;
+        let name = match table.remove("name") {
+            Some(toml::Value::String(name)) => name,
+            Some(other) => {
+                return Err(D::Error::custom(format!(
+                    "name = {other}: expected a string"
+                )));
+            }
+            None => return Err(D::Error::custom("missing field `name`")),
+        };
+        let platform = match table.remove("platform") {
+            Some(toml::Value::String(platform)) => platform,
+            _ => {
+                return Err(D::Error::custom(format!(
+                    "source {name:?}: set platform = \"feishu\", \"lark\", \"wecom\" or \"wechat\""
+                )));
+            }
+        };
+        let settings = toml::Value::Table(table);
+        let named = |error: serde_path_to_error::Error<toml::de::Error>| {
+            D::Error::custom(format!(
+                "source {name:?} (platform = \"{platform}\"): {}: {}",
+                error.path(),
+                error.inner().message()
+            ))
+        };
+        let platform = match platform.as_str() {
+            "feishu" => serde_path_to_error::deserialize(settings).map(PlatformConfig::Feishu),
+            "lark" => serde_path_to_error::deserialize(settings).map(PlatformConfig::Lark),
+            "wecom" => serde_path_to_error::deserialize(settings).map(PlatformConfig::Wecom),
+            "wechat" => serde_path_to_error::deserialize(settings).map(PlatformConfig::Wechat),
+            other => {
+                return Err(D::Error::custom(format!(
+                    "source {name:?}: platform = {other:?}: expected \"feishu\", \"lark\", \
+                     \"wecom\" or \"wechat\""
+                )));
+            }
+        }
+        .map_err(named)?;
+        Ok(SourceConfig { name, platform })
+    }
 }
 
 /// Why a configuration could not be read.
@@ -681,6 +793,36 @@ mod tests {
         }
         let error = parse("[store]\nbackend = \"postgres\"\n").expect_err("unknown backend");
         assert!(error.to_string().contains("redis"), "{error}");
+    }
+
+    #[test]
+    fn each_platform_takes_only_its_own_settings() {
+        let config = parse(
+            "[[source]]\nname = \"w\"\nplatform = \"wecom\"\ncorp_id = \"ww1\"\ntoken = \"t\"\nencoding_aes_key = \"k\"\n\n[[source]]\nname = \"f\"\nplatform = \"lark\"\napp_id = \"cli_1\"\nencrypt_key = \"e\"\n",
+        )
+        .expect("sources");
+        assert_eq!(
+            (config.sources[0].platform(), config.sources[0].app_id()),
+            (Platform::Wecom, "ww1")
+        );
+        assert_eq!(
+            (config.sources[1].platform(), config.sources[1].app_id()),
+            (Platform::Lark, "cli_1")
+        );
+        for (text, expected) in [
+            (
+                "[[source]]\nname = \"f\"\nplatform = \"feishu\"\ncorp_id = \"x\"\n",
+                "corp_id",
+            ),
+            ("[[source]]\nname = \"f\"\napp_id = \"x\"\n", "set platform"),
+            ("[[source]]\nname = \"f\"\nplatform = \"slack\"\n", "slack"),
+        ] {
+            let error = parse(text).expect_err(text).to_string();
+            assert!(
+                error.contains(expected) && error.contains("\"f\""),
+                "{text}: {error}"
+            );
+        }
     }
 
     #[test]

@@ -4,7 +4,7 @@ use std::collections::HashSet;
 use std::fmt;
 use std::time::Duration;
 
-use crate::{Config, PLATFORM_RETRY_SPAN, Platform, StoreConfig};
+use crate::{Config, PLATFORM_RETRY_SPAN, PlatformConfig, StoreConfig};
 
 /// How bad a problem is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -45,6 +45,43 @@ fn scheme_of(url: &str) -> String {
     match url.split_once("://") {
         Some((scheme, _)) => format!("a {:?} URL", scheme.chars().take(16).collect::<String>()),
         None => "the value (no scheme://)".to_owned(),
+    }
+}
+
+/// A Feishu source needs a secret, or an explicit opt-in to go without.
+fn check_feishu_secrets(
+    report: &mut impl FnMut(Severity, &str, String),
+    i: usize,
+    name: &str,
+    feishu: &crate::FeishuSettings,
+) {
+    let at = |field: &str| format!("source[{i}].{field}");
+    let secured = feishu.encrypt_key.is_some() || feishu.verification_token.is_some();
+    if !secured && !feishu.allow_unsigned {
+        report(
+            Severity::Error,
+            &format!("source[{i}]"),
+            format!(
+                "source {name:?} has neither encrypt_key nor verification_token: anyone who knows \
+                 the URL could send events. Set at least one (both for Feishu), or set \
+                 allow_unsigned = true to accept unauthenticated events on purpose"
+            ),
+        );
+    } else if !secured {
+        report(
+            Severity::Warning,
+            &at("allow_unsigned"),
+            format!(
+                "source {name:?} accepts unauthenticated events: anyone who knows the URL can send \
+                 them"
+            ),
+        );
+    } else if feishu.allow_unsigned {
+        report(
+            Severity::Error,
+            &at("allow_unsigned"),
+            "set together with a secret: remove allow_unsigned, the secret is checked".into(),
+        );
     }
 }
 
@@ -414,68 +451,71 @@ pub fn validate(config: &Config) -> Vec<Problem> {
                 ),
             );
         }
-        if source.app_id.trim().is_empty() {
+        let id_field = match source.platform {
+            PlatformConfig::Wecom(_) => "corp_id",
+            _ => "app_id",
+        };
+        if source.app_id().trim().is_empty() {
             report(
                 Severity::Error,
-                &at("app_id"),
+                &at(id_field),
                 "empty; every source names its app".into(),
             );
         }
-        if !apps.insert((source.platform, source.app_id.clone())) {
+        if !apps.insert((source.platform(), source.app_id().to_owned())) {
             report(
                 Severity::Error,
-                &at("app_id"),
+                &at(id_field),
                 format!(
                     "{:?} appears twice for one platform: both sources would share one app's \
                      events",
-                    source.app_id
+                    source.app_id()
                 ),
             );
         }
-        for (field, secret) in [
-            ("encrypt_key", &source.encrypt_key),
-            ("verification_token", &source.verification_token),
-        ] {
+        let secrets: Vec<(&str, &Option<crate::Secret>)> = match &source.platform {
+            PlatformConfig::Feishu(s) | PlatformConfig::Lark(s) => vec![
+                ("encrypt_key", &s.encrypt_key),
+                ("verification_token", &s.verification_token),
+            ],
+            PlatformConfig::Wecom(crate::WecomSettings {
+                token,
+                encoding_aes_key,
+                ..
+            })
+            | PlatformConfig::Wechat(crate::WechatSettings {
+                token,
+                encoding_aes_key,
+                ..
+            }) => vec![("token", token), ("encoding_aes_key", encoding_aes_key)],
+        };
+        for (field, secret) in &secrets {
             if let Some(Err(message)) = secret.as_ref().map(crate::Secret::resolve) {
                 report(Severity::Error, &at(field), message);
             }
         }
-        let secured = source.encrypt_key.is_some() || source.verification_token.is_some();
-        if !secured && !source.allow_unsigned {
-            report(
-                Severity::Error,
-                &format!("source[{i}]"),
-                format!(
-                    "source {:?} has neither encrypt_key nor verification_token: anyone who knows \
-                     the URL could send events. Set at least one (both for Feishu), or set \
-                     allow_unsigned = true to accept unauthenticated events on purpose",
-                    source.name
-                ),
-            );
-        } else if !secured {
-            report(
-                Severity::Warning,
-                &at("allow_unsigned"),
-                format!(
-                    "source {:?} accepts unauthenticated events: anyone who knows the URL can \
-                     send them",
-                    source.name
-                ),
-            );
-        } else if source.allow_unsigned {
-            report(
-                Severity::Error,
-                &at("allow_unsigned"),
-                "set together with a secret: remove allow_unsigned, the secret is checked".into(),
-            );
+        match &source.platform {
+            PlatformConfig::Feishu(feishu) | PlatformConfig::Lark(feishu) => {
+                check_feishu_secrets(&mut report, i, &source.name, feishu);
+            }
+            PlatformConfig::Wecom(crate::WecomSettings { token, .. })
+            | PlatformConfig::Wechat(crate::WechatSettings { token, .. }) => {
+                if token.is_none() {
+                    report(
+                        Severity::Error,
+                        &at("token"),
+                        "WeCom and WeChat sign every callback with the token; set it".into(),
+                    );
+                }
+            }
         }
-        if matches!(source.platform, Platform::Wecom | Platform::Wechat)
-            && source.verification_token.is_none()
+        if let PlatformConfig::Wecom(wecom) = &source.platform
+            && wecom.encoding_aes_key.is_none()
         {
             report(
                 Severity::Error,
-                &at("verification_token"),
-                "WeCom and WeChat sign every callback with the token; set it".into(),
+                &at("encoding_aes_key"),
+                "WeCom encrypts every callback; set the EncodingAESKey".into(),
             );
         }
     }
@@ -743,13 +783,14 @@ mod tests {
     fn sources_are_checked() {
         let source = |name: &str, app: &str| SourceConfig {
             name: name.into(),
-            platform: Platform::Feishu,
-            app_id: app.into(),
-            encrypt_key: Some(Secret::Inline("k".into())),
-            verification_token: Some(Secret::Env {
-                env: "ONCEGATE_TEST_UNSET_TOKEN".into(),
+            platform: PlatformConfig::Feishu(crate::FeishuSettings {
+                app_id: app.into(),
+                encrypt_key: Some(Secret::Inline("k".into())),
+                verification_token: Some(Secret::Env {
+                    env: "ONCEGATE_TEST_UNSET_TOKEN".into(),
+                }),
+                allow_unsigned: false,
             }),
-            allow_unsigned: false,
         };
         let config = Config {
             sources: vec![
@@ -773,11 +814,19 @@ mod tests {
     fn feishu(encrypt_key: Option<Secret>, token: Option<Secret>) -> SourceConfig {
         SourceConfig {
             name: "main".into(),
-            platform: Platform::Feishu,
-            app_id: "cli_1".into(),
-            encrypt_key,
-            verification_token: token,
-            allow_unsigned: false,
+            platform: PlatformConfig::Feishu(crate::FeishuSettings {
+                app_id: "cli_1".into(),
+                encrypt_key,
+                verification_token: token,
+                allow_unsigned: false,
+            }),
+        }
+    }
+
+    fn feishu_settings(config: &mut Config) -> &mut crate::FeishuSettings {
+        match &mut config.sources[0].platform {
+            PlatformConfig::Feishu(settings) => settings,
+            other => panic!("{other:?}"),
         }
     }
 
@@ -829,14 +878,14 @@ mod tests {
             ..Config::default()
         };
         assert_eq!(errors(&config), ["source[0]"]);
-        config.sources[0].allow_unsigned = true;
+        feishu_settings(&mut config).allow_unsigned = true;
         assert_eq!(errors(&config), Vec::<String>::new());
         assert!(
             validate(&config)
                 .iter()
                 .any(|p| p.setting == "source[0].allow_unsigned" && p.severity == Severity::Warning)
         );
-        config.sources[0].verification_token = Some(Secret::Inline("t".into()));
+        feishu_settings(&mut config).verification_token = Some(Secret::Inline("t".into()));
         assert_eq!(errors(&config), ["source[0].allow_unsigned"]);
     }
 

@@ -3,69 +3,54 @@
 
 use std::sync::Arc;
 
-use oncegate_config::{Platform, SourceConfig};
+use oncegate_config::{PlatformConfig, Secret, SourceConfig};
 use oncegate_core::Sealer;
 use oncegate_feishu::{Cloud, FeishuApp};
 
 use crate::{GatewayError, SharedSource};
 
-/// A source's secrets, resolved: never empty (resolution refuses that), and at least one
-/// unless the source allows unsigned requests.
-struct Secrets {
-    encrypt_key: Option<String>,
-    verification_token: Option<String>,
+/// Resolves a secret of `source` (never empty: resolution refuses that).
+fn resolve(
+    source: &SourceConfig,
+    secret: &Option<Secret>,
+    field: &str,
+) -> Result<Option<String>, GatewayError> {
+    secret
+        .as_ref()
+        .map(|s| {
+            s.resolve().map_err(|message| {
+                GatewayError::Config(format!("source {:?} {field}: {message}", source.name))
+            })
+        })
+        .transpose()
 }
 
-fn secrets(config: &SourceConfig) -> Result<Secrets, GatewayError> {
-    let resolve = |secret: &Option<oncegate_config::Secret>, field: &str| {
-        secret
-            .as_ref()
-            .map(|s| {
-                s.resolve().map_err(|message| {
-                    GatewayError::Config(format!("source {:?} {field}: {message}", config.name))
-                })
-            })
-            .transpose()
+/// A configured Feishu or Lark app, if the source is one.
+fn feishu(source: &SourceConfig) -> Result<Option<FeishuApp>, GatewayError> {
+    let (cloud, settings) = match &source.platform {
+        PlatformConfig::Feishu(settings) => (Cloud::Feishu, settings),
+        PlatformConfig::Lark(settings) => (Cloud::Lark, settings),
+        PlatformConfig::Wecom(_) | PlatformConfig::Wechat(_) => return Ok(None),
     };
-    let secrets = Secrets {
-        encrypt_key: resolve(&config.encrypt_key, "encrypt_key")?,
-        verification_token: resolve(&config.verification_token, "verification_token")?,
-    };
-    if secrets.encrypt_key.is_none()
-        && secrets.verification_token.is_none()
-        && !config.allow_unsigned
-    {
+    let encrypt_key = resolve(source, &settings.encrypt_key, "encrypt_key")?;
+    let verification_token = resolve(source, &settings.verification_token, "verification_token")?;
+    if encrypt_key.is_none() && verification_token.is_none() && !settings.allow_unsigned {
         return Err(GatewayError::Config(format!(
             "source {:?} has no secret: set encrypt_key and verification_token, or \
              allow_unsigned = true",
-            config.name
+            source.name
         )));
     }
-    Ok(secrets)
-}
-
-/// A configured Feishu or Lark app.
-fn feishu(config: &SourceConfig) -> Result<Option<FeishuApp>, GatewayError> {
-    let cloud = match config.platform {
-        Platform::Feishu => Cloud::Feishu,
-        Platform::Lark => Cloud::Lark,
-        Platform::Wecom | Platform::Wechat => return Ok(None),
-    };
-    let secrets = secrets(config)?;
-    FeishuApp::new(
-        cloud,
-        &config.app_id,
-        secrets.encrypt_key,
-        secrets.verification_token,
-    )
-    .map(Some)
-    .map_err(|error| GatewayError::Config(format!("source {:?}: {error}", config.name)))
+    FeishuApp::new(cloud, &settings.app_id, encrypt_key, verification_token)
+        .map(Some)
+        .map_err(|error| GatewayError::Config(format!("source {:?}: {error}", source.name)))
 }
 
 fn unsupported(config: &SourceConfig) -> GatewayError {
     GatewayError::Config(format!(
         "source {:?}: platform {:?} is not supported by this version yet",
-        config.name, config.platform
+        config.name,
+        config.platform()
     ))
 }
 
