@@ -163,7 +163,8 @@ pub struct EmbeddedStore<C: Clock = SystemClock> {
     clock: C,
     commands: Option<mpsc::Sender<Command>>,
     writer: Option<JoinHandle<()>>,
-    _temp: Option<tempfile::TempDir>,
+    /// What must live as long as the store (a temporary folder).
+    _keep: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 impl<C: Clock> Drop for EmbeddedStore<C> {

@@ -15,20 +15,22 @@ impl<C: Clock + Clone> EmbeddedStore<C> {
         Self::open_inner(config, clock, None)
     }
 
-    /// A store in a fresh temporary folder, deleted when the store is dropped.
+    /// A store in a fresh temporary folder, deleted when the store is dropped (feature
+    /// `test-support`).
+    #[cfg(feature = "test-support")]
     pub fn open_temporary(clock: C) -> Result<Self, OpenError> {
         let dir = tempfile::tempdir().map_err(|source| OpenError::Io {
             path: std::env::temp_dir(),
             source,
         })?;
         let config = EmbeddedConfig::at(dir.path().join("oncegate.redb"));
-        Self::open_inner(config, clock, Some(dir))
+        Self::open_inner(config, clock, Some(Box::new(dir)))
     }
 
     pub(super) fn open_inner(
         config: EmbeddedConfig,
         clock: C,
-        temp: Option<tempfile::TempDir>,
+        keep: Option<Box<dyn std::any::Any + Send + Sync>>,
     ) -> Result<Self, OpenError> {
         let path = config.path.clone();
         oncegate_files::create_parent(&path).map_err(|source| OpenError::Io {
@@ -127,7 +129,7 @@ impl<C: Clock + Clone> EmbeddedStore<C> {
             clock,
             commands: Some(commands),
             writer: Some(writer),
-            _temp: temp,
+            _keep: keep,
         })
     }
 
@@ -154,13 +156,6 @@ impl<C: Clock + Clone> EmbeddedStore<C> {
             self.shared.committed_requests.load(Relaxed),
             Duration::from_nanos(self.shared.commit_nanos.load(Relaxed)),
         )
-    }
-
-    /// The path of the database file.
-    pub fn path(&self) -> Option<PathBuf> {
-        self._temp
-            .as_ref()
-            .map(|dir| dir.path().join("oncegate.redb"))
     }
 
     pub(super) fn order(&self, partition: u16) -> Option<MutexGuard<'_, PartitionIndex>> {
