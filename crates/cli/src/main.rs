@@ -38,6 +38,8 @@ enum Command {
     },
     /// Read an embedded store's records, queue and dead letters (works while a gateway runs).
     Inspect(InspectArgs),
+    /// Print the commented defaults every configuration is laid over.
+    Defaults,
 }
 
 #[derive(Debug, Args)]
@@ -106,6 +108,10 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::CheckConfig { file } => check_config(&file),
         Command::Inspect(args) => inspect(args).map(|()| true),
+        Command::Defaults => {
+            print!("{}", oncegate_config::DEFAULTS);
+            Ok(true)
+        }
         Command::Serve { config } => runtime()
             .and_then(|rt| rt.block_on(serve::serve(config.as_deref())))
             .map(|()| true),

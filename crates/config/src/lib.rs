@@ -656,8 +656,34 @@ pub fn load(
     load_str(&text, &origin, env)
 }
 
-/// Reads configuration text (`origin` names it in errors) and applies `ONCEGATE_*` variables
-/// from `env`, as [`load`] does for a file.
+/// The commented file of every default, which a configuration is laid over.
+pub const DEFAULTS: &str = include_str!("../defaults.toml");
+
+/// `over` laid onto `base`: tables merge key by key, anything else is replaced. A `[store]`
+/// that names another backend replaces the default one whole, since each backend has its own
+/// settings.
+fn lay_over(base: &mut toml::Table, over: toml::Table) {
+    for (key, value) in over {
+        let backend_changes = key == "store"
+            && value.get("backend").and_then(toml::Value::as_str)
+                != base
+                    .get("store")
+                    .and_then(|store| store.get("backend"))
+                    .and_then(toml::Value::as_str)
+            && value.get("backend").is_some();
+        match (base.get_mut(&key), value) {
+            (Some(toml::Value::Table(below)), toml::Value::Table(above)) if !backend_changes => {
+                lay_over(below, above);
+            }
+            (_, value) => {
+                base.insert(key, value);
+            }
+        }
+    }
+}
+
+/// Reads configuration text (`origin` names it in errors), applies `ONCEGATE_*` variables from
+/// `env` to it, and lays the result over [`DEFAULTS`], as [`load`] does for a file.
 pub fn load_str(
     text: &str,
     origin: &Path,
@@ -675,6 +701,12 @@ pub fn load_str(
     for (name, value) in overrides {
         apply_override(&mut table, &name, &value)?;
     }
+    let mut layered: toml::Table = toml::from_str(DEFAULTS).map_err(|error| LoadError::Parse {
+        path: PathBuf::from("<built-in defaults>"),
+        message: error.to_string(),
+    })?;
+    lay_over(&mut layered, table);
+    let table = layered;
     Config::deserialize(toml::Value::Table(table)).map_err(|error| LoadError::Parse {
         path: origin,
         message: error.to_string(),
@@ -769,6 +801,28 @@ mod tests {
         )
         .expect_err("bad env");
         assert!(error.to_string().contains("partitions"), "{error}");
+    }
+
+    #[test]
+    fn the_defaults_file_is_the_codes_defaults() {
+        assert_eq!(parse("").expect("defaults"), Config::default());
+        // A file sets what it names and keeps every other default.
+        let config = parse("[server]\nbody_limit = 2048\n").expect("config");
+        assert_eq!(config.server.body_limit, 2048);
+        assert_eq!(config.server.listen, ServerConfig::default().listen);
+        // Another backend replaces the default store section.
+        let config = parse("[store]\nbackend = \"memory\"\n").expect("memory");
+        assert_eq!(config.store, StoreConfig::Memory(MemorySettings::default()));
+        let config = load_str(
+            "",
+            Path::new("env.toml"),
+            vec![
+                ("ONCEGATE_STORE__BACKEND".into(), "redis".into()),
+                ("ONCEGATE_STORE__URL".into(), "redis://r:1".into()),
+            ],
+        )
+        .expect("redis from the environment");
+        assert!(matches!(&config.store, StoreConfig::Redis(r) if r.url == "redis://r:1"));
     }
 
     #[test]
