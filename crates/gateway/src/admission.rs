@@ -2,7 +2,6 @@
 //! never an HTTP response. It applies the queue bound, falls back to the spool when the store
 //! is down, keeps chats in order behind a draining spool, counts, and wakes the dispatcher.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -22,7 +21,6 @@ const QUEUE_GAUGE_SAMPLE: Duration = Duration::from_secs(5);
 pub(crate) async fn admit<S: Store>(
     shared: &Shared<S>,
     mut admit: Admit,
-    peer: Option<SocketAddr>,
 ) -> Result<Accepted, Refusal> {
     let stats = &shared.stats;
     if queue_full(shared) {
@@ -44,7 +42,7 @@ pub(crate) async fn admit<S: Store>(
     // With a spool, a copy is kept for it in case the store cannot admit; and while earlier
     // admissions still wait there, this one queues behind them so that chats keep their order.
     let fallback = match &shared.spool {
-        Some(spool) if !spool.is_empty() => return to_spool(shared, spool, admit, peer).await,
+        Some(spool) if !spool.is_empty() => return to_spool(shared, spool, admit).await,
         Some(spool) => Some((spool, admit.clone())),
         None => None,
     };
@@ -66,7 +64,7 @@ pub(crate) async fn admit<S: Store>(
             Ok(Accepted::Duplicate)
         }
         Err(StoreError::Unavailable(_)) if fallback.is_some() => match fallback {
-            Some((spool, admit)) => to_spool(shared, spool, admit, peer).await,
+            Some((spool, admit)) => to_spool(shared, spool, admit).await,
             None => Err(unavailable(shared, "admit_failed", &"no spool")),
         },
         Err(error) => Err(unavailable(shared, "admit_failed", &error)),
@@ -99,7 +97,6 @@ async fn to_spool<S: Store>(
     shared: &Shared<S>,
     spool: &Arc<oncegate_spool::Spool>,
     admit: Admit,
-    _peer: Option<SocketAddr>,
 ) -> Result<Accepted, Refusal> {
     let stats = &shared.stats;
     let keys = admit.keys.as_slice().to_vec();

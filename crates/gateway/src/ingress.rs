@@ -146,7 +146,7 @@ async fn webhook<S: Store>(
             key: key_for(&admit.event.source, &admit.event.app, "nonce", &stamp.nonce),
             window_ms: millis(source.nonce_window),
         });
-        admission::admit(&shared, admit, peer)
+        admission::admit(&shared, admit)
             .await
             .map(|how| source.decoder.accepted(how))
     };
