@@ -238,28 +238,33 @@ impl<'de> Deserialize<'de> for StoreConfig {
             }
         };
         let settings = toml::Value::Table(table);
-        let named = |error: serde_path_to_error::Error<toml::de::Error>| {
-            D::Error::custom(format!(
-                "{} (backend = \"{backend}\"): {}",
-                error.path(),
-                error.inner().message()
-            ))
-        };
+        let context = format!("backend = \"{backend}\"");
         match backend.as_str() {
-            "embedded" => serde_path_to_error::deserialize(settings)
-                .map(StoreConfig::Embedded)
-                .map_err(named),
-            "memory" => serde_path_to_error::deserialize(settings)
-                .map(StoreConfig::Memory)
-                .map_err(named),
-            "redis" => serde_path_to_error::deserialize(settings)
-                .map(StoreConfig::Redis)
-                .map_err(named),
+            "embedded" => variant(settings, &context).map(StoreConfig::Embedded),
+            "memory" => variant(settings, &context).map(StoreConfig::Memory),
+            "redis" => variant(settings, &context).map(StoreConfig::Redis),
             other => Err(D::Error::custom(format!(
                 "backend = {other:?}: expected \"embedded\", \"memory\" or \"redis\""
             ))),
         }
     }
+}
+
+/// The settings of one variant (a backend, a platform) from their table; an error names
+/// `context` and the field.
+fn variant<T: serde::de::DeserializeOwned, E: serde::de::Error>(
+    settings: toml::Value,
+    context: &str,
+) -> Result<T, E> {
+    serde_path_to_error::deserialize(settings).map_err(
+        |error: serde_path_to_error::Error<toml::de::Error>| {
+            E::custom(format!(
+                "{context}: {}: {}",
+                error.path(),
+                error.inner().message()
+            ))
+        },
+    )
 }
 
 const DEFAULT_PARTITIONS: u16 = 16;
@@ -583,26 +588,19 @@ impl<'de> Deserialize<'de> for SourceConfig {
             }
         };
         let settings = toml::Value::Table(table);
-        let named = |error: serde_path_to_error::Error<toml::de::Error>| {
-            D::Error::custom(format!(
-                "source {name:?} (platform = \"{platform}\"): {}: {}",
-                error.path(),
-                error.inner().message()
-            ))
-        };
+        let context = format!("source {name:?} (platform = \"{platform}\")");
         let platform = match platform.as_str() {
-            "feishu" => serde_path_to_error::deserialize(settings).map(PlatformConfig::Feishu),
-            "lark" => serde_path_to_error::deserialize(settings).map(PlatformConfig::Lark),
-            "wecom" => serde_path_to_error::deserialize(settings).map(PlatformConfig::Wecom),
-            "wechat" => serde_path_to_error::deserialize(settings).map(PlatformConfig::Wechat),
+            "feishu" => variant(settings, &context).map(PlatformConfig::Feishu),
+            "lark" => variant(settings, &context).map(PlatformConfig::Lark),
+            "wecom" => variant(settings, &context).map(PlatformConfig::Wecom),
+            "wechat" => variant(settings, &context).map(PlatformConfig::Wechat),
             other => {
                 return Err(D::Error::custom(format!(
                     "source {name:?}: platform = {other:?}: expected \"feishu\", \"lark\", \
                      \"wecom\" or \"wechat\""
                 )));
             }
-        }
-        .map_err(named)?;
+        }?;
         Ok(SourceConfig { name, platform })
     }
 }
