@@ -79,8 +79,11 @@ pub(crate) fn decrypt_with(key: &[u8; 32], ciphertext: &str) -> Result<Vec<u8>, 
 
 /// Encrypts as Feishu does, with the given IV.
 pub fn encrypt(encrypt_key: &str, plaintext: &[u8], iv: [u8; 16]) -> String {
-    let key = aes_key(encrypt_key);
-    let encryptor = Encryptor::new(&key.into(), &iv.into());
+    encrypt_with(&aes_key(encrypt_key), plaintext, iv)
+}
+
+pub(crate) fn encrypt_with(key: &[u8; 32], plaintext: &[u8], iv: [u8; 16]) -> String {
+    let encryptor = Encryptor::new(key.into(), &iv.into());
     let mut out = iv.to_vec();
     out.extend(encryptor.encrypt_padded_vec_mut::<Pkcs7>(plaintext));
     STANDARD.encode(out)

@@ -6,8 +6,8 @@ use bytes::Bytes;
 use oncegate_core::{Event, Keys, key_for};
 
 use crate::crypto::{decrypt_with, same, signature};
-use crate::json::{self, Doc, Outer, Scalar};
-use crate::{FeishuApp, FeishuError, SignedHeaders};
+use crate::json::{self, Doc, Scalar};
+use crate::{EncryptKey, FeishuApp, FeishuError, SignedHeaders};
 
 /// A verified, decoded callback.
 #[derive(Debug, Clone, PartialEq)]
@@ -63,17 +63,17 @@ pub(crate) fn open(
     headers: SignedHeaders<'_>,
     body: &[u8],
 ) -> Result<Inbound, FeishuError> {
-    let Some(key) = &app.encrypt_key else {
+    let Some(key) = &app.key else {
         // A token-only (or explicitly unsigned) app: Feishu sends plaintext and no signature
         // headers; the token in the body is what authenticates it.
-        let outer: Outer<'_> = parse(body)?;
-        if outer.encrypt.is_some() {
+        let doc: Doc<'_> = parse(body)?;
+        if doc.encrypt.is_some() {
             return Err(FeishuError::NoKey);
         }
-        return decode(app, parse(body)?, body);
+        return decode(app, doc, body);
     };
     let Some(received) = headers.signature else {
-        return unsigned_challenge(app, body).ok_or(FeishuError::Unsigned);
+        return unsigned_challenge(key, app, body).ok_or(FeishuError::Unsigned);
     };
     let timestamp = headers
         .timestamp
@@ -82,22 +82,22 @@ pub(crate) fn open(
         .nonce
         .ok_or(FeishuError::MissingHeader("X-Lark-Request-Nonce"))?;
     // The signature covers the raw bytes: nothing is parsed or decrypted before it holds.
-    if !same(&signature(timestamp, nonce, key, body), received) {
+    if !same(&signature(timestamp, nonce, &key.text, body), received) {
         return Err(FeishuError::BadSignature);
     }
-    let outer: Outer<'_> = parse(body)?;
-    match outer.encrypt {
-        Some(Scalar::Text(ciphertext)) => {
-            let aes = app.aes_key.as_ref().ok_or(FeishuError::NoKey)?;
-            let plain = decrypt_with(aes, &ciphertext)?;
-            let doc = serde_json::from_slice(&plain)
+    let doc: Doc<'_> = parse(body)?;
+    match doc.encrypt {
+        Some(Scalar::Text(ref ciphertext)) => {
+            let plain = decrypt_with(&key.aes, ciphertext)?;
+            let inner = serde_json::from_slice(&plain)
                 .map_err(|error| FeishuError::NotJson(format!("decrypted body: {error}")))?;
-            decode(app, doc, &plain)
+            decode(app, inner, &plain)
         }
         Some(_) => Err(FeishuError::UnknownEnvelope(
             "\"encrypt\" must be a string".into(),
         )),
-        None => decode(app, parse(body)?, body),
+        // Signed but not encrypted: the body is the envelope, parsed once.
+        None => decode(app, doc, body),
     }
 }
 
@@ -108,13 +108,13 @@ fn parse<'a, T: serde::Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, FeishuErro
 /// The one request an app with an encrypt key may send without a signature: the challenge.
 /// Every failure here is the same `None`, so that an unauthenticated caller learns nothing
 /// about why (no padding or parse oracle).
-fn unsigned_challenge(app: &FeishuApp, body: &[u8]) -> Option<Inbound> {
+fn unsigned_challenge(key: &EncryptKey, app: &FeishuApp, body: &[u8]) -> Option<Inbound> {
     if body.len() > UNSIGNED_LIMIT {
         return None;
     }
-    let outer: Outer<'_> = serde_json::from_slice(body).ok()?;
+    let outer: Doc<'_> = serde_json::from_slice(body).ok()?;
     let plain = match outer.encrypt {
-        Some(Scalar::Text(ciphertext)) => decrypt_with(app.aes_key.as_ref()?, &ciphertext).ok()?,
+        Some(Scalar::Text(ciphertext)) => decrypt_with(&key.aes, &ciphertext).ok()?,
         _ => return None,
     };
     let doc: Doc<'_> = serde_json::from_slice(&plain).ok()?;

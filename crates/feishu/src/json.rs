@@ -75,17 +75,13 @@ impl<'de: 'a, 'a> Deserialize<'de> for Scalar<'a> {
     }
 }
 
-/// The outer body: `{"encrypt": "..."}` or a plaintext envelope.
-#[derive(Debug, Deserialize)]
-pub(crate) struct Outer<'a> {
-    #[serde(borrow, default)]
-    pub(crate) encrypt: Option<Scalar<'a>>,
-}
-
-/// The fields of every envelope oncegate reads; everything else is skipped.
+/// The fields of every envelope oncegate reads, `encrypt` of an encrypted body among them;
+/// everything else is skipped.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 pub(crate) struct Doc<'a> {
+    #[serde(borrow)]
+    pub(crate) encrypt: Option<Scalar<'a>>,
     #[serde(borrow, rename = "type")]
     pub(crate) kind: Scalar<'a>,
     #[serde(borrow)]
@@ -183,18 +179,32 @@ impl<'de> Deserialize<'de> for Members<'de> {
     }
 }
 
-fn write_members<'a>(
+/// Writes `members` as an object, leaving out `token`; `nested` names a member whose object
+/// value is written the same way (the schema 2.0 header).
+fn write_without_token(
     out: &mut Vec<u8>,
-    members: impl Iterator<Item = (&'a Scalar<'a>, Vec<u8>)>,
+    members: &Members<'_>,
+    nested: Option<&str>,
 ) -> Result<(), serde_json::Error> {
     out.push(b'{');
-    for (i, (name, value)) in members.enumerate() {
-        if i > 0 {
+    let mut first = true;
+    for (name, value) in &members.0 {
+        let name = name.text().unwrap_or_default();
+        if name == "token" {
+            continue;
+        }
+        if !first {
             out.push(b',');
         }
-        serde_json::to_writer(&mut *out, name.text().unwrap_or_default())?;
+        first = false;
+        serde_json::to_writer(&mut *out, name)?;
         out.push(b':');
-        out.extend_from_slice(&value);
+        let raw = value.get();
+        if nested == Some(name) && raw.starts_with('{') {
+            write_without_token(out, &serde_json::from_str(raw)?, None)?;
+        } else {
+            out.extend_from_slice(raw.as_bytes());
+        }
     }
     out.push(b'}');
     Ok(())
@@ -202,31 +212,11 @@ fn write_members<'a>(
 
 /// The document without its verification token (`header.token` in schema 2.0, `token` at the
 /// top in v1 and challenges), so that the token is never stored or forwarded. Every other
-/// member is copied byte for byte, in order.
+/// member is copied byte for byte, in order, straight from the input.
 pub(crate) fn without_token(json: &[u8]) -> Result<Vec<u8>, serde_json::Error> {
     let top: Members<'_> = serde_json::from_slice(json)?;
     let mut out = Vec::with_capacity(json.len());
-    let mut members = Vec::with_capacity(top.0.len());
-    for (name, value) in &top.0 {
-        match name.text() {
-            Some("token") => continue,
-            Some("header") if value.get().starts_with('{') => {
-                let header: Members<'_> = serde_json::from_str(value.get())?;
-                let mut inner = Vec::with_capacity(value.get().len());
-                write_members(
-                    &mut inner,
-                    header
-                        .0
-                        .iter()
-                        .filter(|(n, _)| n.text() != Some("token"))
-                        .map(|(n, v)| (n, v.get().as_bytes().to_vec())),
-                )?;
-                members.push((name, inner));
-            }
-            _ => members.push((name, value.get().as_bytes().to_vec())),
-        }
-    }
-    write_members(&mut out, members.into_iter())?;
+    write_without_token(&mut out, &top, Some("header"))?;
     Ok(out)
 }
 

@@ -154,9 +154,21 @@ impl Cloud {
 pub struct FeishuApp {
     source: Arc<str>,
     app_id: Arc<str>,
-    encrypt_key: Option<String>,
-    aes_key: Option<[u8; 32]>,
+    key: Option<EncryptKey>,
     verification_token: Option<String>,
+}
+
+/// The encrypt key as configured (it signs) and the AES key derived from it (it decrypts).
+#[derive(Clone)]
+pub(crate) struct EncryptKey {
+    pub(crate) text: String,
+    pub(crate) aes: [u8; 32],
+}
+
+impl std::fmt::Debug for EncryptKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EncryptKey(..)")
+    }
 }
 
 impl FeishuApp {
@@ -177,8 +189,10 @@ impl FeishuApp {
         Ok(Self {
             source: Arc::from(cloud.source_name()),
             app_id: Arc::from(app_id),
-            aes_key: encrypt_key.as_deref().map(crypto::aes_key),
-            encrypt_key,
+            key: encrypt_key.map(|text| EncryptKey {
+                aes: crypto::aes_key(&text),
+                text,
+            }),
             verification_token,
         })
     }
@@ -207,9 +221,9 @@ impl FeishuApp {
         nonce: &str,
         iv: [u8; 16],
     ) -> (Vec<u8>, Option<String>) {
-        let body = match &self.encrypt_key {
+        let body = match &self.key {
             Some(key) => {
-                let sealed = encrypt(key, plaintext, iv);
+                let sealed = crypto::encrypt_with(&key.aes, plaintext, iv);
                 serde_json::json!({ "encrypt": sealed })
                     .to_string()
                     .into_bytes()
@@ -217,9 +231,9 @@ impl FeishuApp {
             None => plaintext.to_vec(),
         };
         let sig = self
-            .encrypt_key
+            .key
             .as_ref()
-            .map(|key| signature(timestamp, nonce, key, &body));
+            .map(|key| signature(timestamp, nonce, &key.text, &body));
         (body, sig)
     }
 }
