@@ -17,7 +17,8 @@ use tower::ServiceExt;
 
 use crate::summary::Summaries;
 
-/// The largest request head (request line and headers) a client may send.
+/// The largest request head (request line and headers) a client may send; hyper's read
+/// buffer, which it must not be smaller than 8 KiB.
 const MAX_HEAD_BYTES: usize = 16 * 1024;
 
 /// Bounds of one listener.
@@ -60,7 +61,7 @@ pub(crate) async fn serve(
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout)
-        .max_buf_size(MAX_HEAD_BYTES.max(8192));
+        .max_buf_size(MAX_HEAD_BYTES);
     loop {
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {

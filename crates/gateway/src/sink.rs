@@ -246,18 +246,20 @@ impl Sink for HttpSink {
             })?;
             let status = response.status().as_u16();
             classify(status)?;
-            let answer = read_capped(response).await;
-            match answer {
-                Ok(answer) if outgoing.wants_answer => Ok((!answer.is_empty()).then_some(answer)),
-                Ok(_) | Err(AnswerError::TooLarge) if !outgoing.wants_answer => Ok(None),
+            if !outgoing.wants_answer {
+                // The status said it was delivered; the answer is read only so that the
+                // connection can be reused, and not kept.
+                discard(response).await;
+                return Ok(None);
+            }
+            match read_capped(response).await {
+                Ok(answer) => Ok((!answer.is_empty()).then_some(answer)),
                 Err(AnswerError::TooLarge) => Err(SinkError::Permanent(format!(
                     "the answer is larger than {MAX_ANSWER} bytes"
                 ))),
-                Err(AnswerError::Read(reason)) if outgoing.wants_answer => Err(
-                    SinkError::Transient(format!("reading the answer: {reason}")),
-                ),
-                // The status said it was delivered; a broken answer nobody reads changes nothing.
-                Err(AnswerError::Read(_)) | Ok(_) => Ok(None),
+                Err(AnswerError::Read(reason)) => Err(SinkError::Transient(format!(
+                    "reading the answer: {reason}"
+                ))),
             }
         })
     }
@@ -266,6 +268,18 @@ impl Sink for HttpSink {
 enum AnswerError {
     TooLarge,
     Read(String),
+}
+
+/// Reads an unwanted answer away, at most [`MAX_ANSWER`] bytes of it (then the connection is
+/// dropped rather than read on), without keeping any of it.
+async fn discard(mut response: reqwest::Response) {
+    let mut read = 0;
+    while read <= MAX_ANSWER {
+        match response.chunk().await {
+            Ok(Some(chunk)) => read += chunk.len(),
+            Ok(None) | Err(_) => return,
+        }
+    }
 }
 
 /// The answer's body, at most [`MAX_ANSWER`] bytes of it; a larger one is not read further.

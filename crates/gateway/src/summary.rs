@@ -44,8 +44,14 @@ impl Summaries {
         if peer.is_some() {
             entry.last_peer = peer;
         }
-        if entry.last_message != message {
-            entry.last_message = message.chars().take(MAX_MESSAGE).collect();
+        // Most refusals repeat their message: compare the kept prefix, copy only what changed.
+        let kept = message
+            .char_indices()
+            .nth(MAX_MESSAGE)
+            .map_or(message, |(end, _)| &message[..end]);
+        if entry.last_message != kept {
+            entry.last_message.clear();
+            entry.last_message.push_str(kept);
         }
     }
 
