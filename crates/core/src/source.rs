@@ -41,6 +41,11 @@ impl Keys {
     pub fn as_slice(&self) -> &[KeyHash] {
         &self.0
     }
+
+    /// Keys read back from elsewhere (a spool): `None` when there are none.
+    pub fn from_vec(keys: Vec<KeyHash>) -> Option<Self> {
+        (!keys.is_empty()).then_some(Self(keys))
+    }
 }
 
 /// The one value that travels from any transport to the store: the event, its keys, and the
@@ -155,6 +160,8 @@ pub enum RefusalKind {
     TooLarge,
     /// The request's nonce was handled already.
     Replayed,
+    /// The same call is being answered right now (a double click).
+    InFlight,
     /// The store cannot take it now (down, or the queue is full): retry later.
     Unavailable,
     /// A synchronous call's handler failed.

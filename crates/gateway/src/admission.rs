@@ -22,9 +22,9 @@ pub(crate) async fn admit<S: Store>(
     shared: &Shared<S>,
     mut admit: Admit,
 ) -> Result<Accepted, Refusal> {
-    let stats = &shared.stats;
     if queue_full(shared) {
-        stats.bump(&stats.store_unavailable, "oncegate_queue_full_total");
+        let stats = &shared.stats;
+        stats.bump(&stats.queue_full, "oncegate_queue_full_total");
         return Err(Refusal::new(
             RefusalKind::Unavailable,
             "queue_full",
@@ -38,7 +38,6 @@ pub(crate) async fn admit<S: Store>(
     if !shared.secondary_keys {
         admit.keys = admit.keys.primary_only();
     }
-    let partition = admit.event.partition(shared.store.partitions());
     // With a spool, a copy is kept for it in case the store cannot admit; and while earlier
     // admissions still wait there, this one queues behind them so that chats keep their order.
     let fallback = match &shared.spool {
@@ -46,29 +45,45 @@ pub(crate) async fn admit<S: Store>(
         Some(spool) => Some((spool, admit.clone())),
         None => None,
     };
-    let Admit { event, keys, nonce } = admit;
-    match shared
-        .store
-        .admit_with_nonce(event, keys.as_slice(), shared.timing.retention, nonce)
-        .await
-    {
+    match to_store(shared, admit, shared.timing.retention).await {
         Ok(Admission::Replayed) => Err(replayed()),
-        Ok(Admission::Admitted { .. }) => {
-            stats.bump(&stats.admitted, "oncegate_admitted_total");
-            shared.queued.fetch_add(1, Ordering::Relaxed);
-            shared.wake(partition);
-            Ok(Accepted::Admitted)
-        }
-        Ok(Admission::Duplicate { .. }) => {
-            stats.bump(&stats.duplicates, "oncegate_duplicates_total");
-            Ok(Accepted::Duplicate)
-        }
-        Err(StoreError::Unavailable(_)) if fallback.is_some() => match fallback {
+        Ok(Admission::Admitted { .. }) => Ok(Accepted::Admitted),
+        Ok(Admission::Duplicate { .. }) => Ok(Accepted::Duplicate),
+        Err(error @ StoreError::Unavailable(_)) => match fallback {
             Some((spool, admit)) => to_spool(shared, spool, admit).await,
-            None => Err(unavailable(shared, "admit_failed", &"no spool")),
+            None => Err(unavailable(shared, "admit_failed", &error)),
         },
         Err(error) => Err(unavailable(shared, "admit_failed", &error)),
     }
+}
+
+/// Hands one admission to the store and counts what it says: every path that admits (ingress,
+/// the spool drain, later the WebSocket client) ends here.
+pub(crate) async fn to_store<S: Store>(
+    shared: &Shared<S>,
+    admit: Admit,
+    retention: Duration,
+) -> Result<Admission, StoreError> {
+    let partition = admit.event.partition(shared.store.partitions());
+    let Admit { event, keys, nonce } = admit;
+    let admission = shared
+        .store
+        .admit_with_nonce(event, keys.as_slice(), retention, nonce)
+        .await?;
+    let stats = &shared.stats;
+    match admission {
+        Admission::Admitted { .. } => {
+            stats.bump(&stats.admitted, "oncegate_admitted_total");
+            shared.queued.fetch_add(1, Ordering::Relaxed);
+            shared.wake(partition);
+        }
+        Admission::Duplicate { .. } => {
+            stats.bump(&stats.duplicates, "oncegate_duplicates_total");
+        }
+        // Refused by the caller, who knows what a replay means there.
+        Admission::Replayed => {}
+    }
+    Ok(admission)
 }
 
 /// The refusal of a replayed request.
@@ -114,8 +129,12 @@ async fn to_spool<S: Store>(
 /// A creation time further ahead than the allowed skew is a forgery or a broken clock: taken
 /// as is it would lift the chat's watermark so far that every later event looks stale.
 fn clamp_creation_time<S: Store>(shared: &Shared<S>, event: &mut oncegate_core::Event) {
+    // With the replay guard off, the default skew still bounds it.
+    let ahead = shared
+        .replay
+        .map_or(Duration::from_secs(300), |limits| limits.max_skew);
     let now_ms = shared.now_ms();
-    if event.created_at_ms > now_ms.saturating_add(millis(shared.max_future)) {
+    if event.created_at_ms > now_ms.saturating_add(millis(ahead)) {
         metrics::counter!("oncegate_future_creation_times_total").increment(1);
         shared.summaries.note(
             "future_creation_time",

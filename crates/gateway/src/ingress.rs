@@ -35,7 +35,7 @@ fn status(kind: RefusalKind) -> StatusCode {
         RefusalKind::Method => StatusCode::METHOD_NOT_ALLOWED,
         RefusalKind::Timeout => StatusCode::REQUEST_TIMEOUT,
         RefusalKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-        RefusalKind::Replayed => StatusCode::CONFLICT,
+        RefusalKind::Replayed | RefusalKind::InFlight => StatusCode::CONFLICT,
         RefusalKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         RefusalKind::Handler => StatusCode::BAD_GATEWAY,
         RefusalKind::HandlerTimeout => StatusCode::GATEWAY_TIMEOUT,
@@ -51,8 +51,12 @@ fn refused<S>(shared: &Shared<S>, peer: Option<SocketAddr>, refusal: Refusal) ->
             stats.bump(&stats.replays_rejected, "oncegate_guard_refused_total")
         }
         RefusalKind::Stale => stats.bump(&stats.stale_timestamps, "oncegate_guard_refused_total"),
-        // Counted where they happen (store, queue bound, handler).
-        RefusalKind::Unavailable | RefusalKind::Handler | RefusalKind::HandlerTimeout => {}
+        // Not bad input: counted where they happen (store, queue bound, handler), or by
+        // their label alone (a double click).
+        RefusalKind::Unavailable
+        | RefusalKind::Handler
+        | RefusalKind::HandlerTimeout
+        | RefusalKind::InFlight => {}
         _ => stats.bump(&stats.bad_requests, "oncegate_bad_requests_total"),
     }
     metrics::counter!("oncegate_refused_total", "reason" => refusal.label).increment(1);
@@ -142,10 +146,13 @@ async fn webhook<S: Store>(
     } else {
         // The nonce goes to the store too: a store shared by several gateways refuses a
         // replay that reaches another gateway.
-        admit.nonce = stamp.as_ref().map(|stamp| Nonce {
-            key: key_for(&admit.event.source, &admit.event.app, "nonce", &stamp.nonce),
-            window_ms: millis(source.nonce_window),
-        });
+        admit.nonce = stamp
+            .as_ref()
+            .zip(shared.replay)
+            .map(|(stamp, limits)| Nonce {
+                key: key_for(&admit.event.source, &admit.event.app, "nonce", &stamp.nonce),
+                window_ms: millis(limits.nonce_window()),
+            });
         admission::admit(&shared, admit)
             .await
             .map(|how| source.decoder.accepted(how))

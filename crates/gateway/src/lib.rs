@@ -59,8 +59,6 @@ pub type SharedSource = Arc<dyn WebhookSource>;
 pub(crate) struct Source {
     pub(crate) decoder: SharedSource,
     pub(crate) replay: Option<Mutex<ReplayGuard>>,
-    /// How long a nonce must be remembered: twice the allowed skew.
-    pub(crate) nonce_window: Duration,
 }
 
 /// One route: which event types, which sink, and whether stale events are dropped.
@@ -94,6 +92,13 @@ pub struct ReplayLimits {
     pub max_skew: Duration,
     /// Nonces remembered per half of the window.
     pub max_nonces: usize,
+}
+
+impl ReplayLimits {
+    /// How long a nonce must be remembered: while its timestamp still passes the skew check.
+    pub(crate) fn nonce_window(self) -> Duration {
+        self.max_skew * 2
+    }
 }
 
 /// Timing of claims and retries.
@@ -146,8 +151,9 @@ pub(crate) struct Shared<S> {
     pub(crate) max_queued: Option<u64>,
     /// Queued events, as last sampled from the store plus admits since.
     pub(crate) queued: AtomicU64,
-    /// Creation times further ahead than this are clamped to now.
-    pub(crate) max_future: Duration,
+    /// The replay guard's limits, if it is on; they also bound how far ahead a creation time
+    /// may be.
+    pub(crate) replay: Option<ReplayLimits>,
     /// Set when a background task ended early: readiness fails from then on.
     pub(crate) failure: OnceLock<String>,
     /// Whether events' secondary keys (Feishu's message id) are deduplicated too.
@@ -213,24 +219,40 @@ pub struct GatewayParts {
     pub clock: Arc<dyn Clock>,
 }
 
-impl Default for GatewayParts {
-    fn default() -> Self {
-        let config = Config::default();
+impl GatewayParts {
+    /// The parts `config` describes, but for its sources and secrets.
+    fn of(config: &Config) -> Self {
         Self {
             sources: Vec::new(),
-            replay: Some(ReplayLimits {
+            replay: config.replay.enabled.then_some(ReplayLimits {
                 max_skew: config.replay.max_skew,
                 max_nonces: config.replay.max_nonces,
             }),
-            timing: Timing::default(),
+            timing: Timing {
+                retention: config.dedup.retention,
+                lease: config.lease.duration,
+                renew_every: config.lease.renew_every,
+                dispatcher: config.dispatcher.clone(),
+            },
             body_limit: config.server.body_limit,
             admin_token: None,
-            limits: ServerLimits::default(),
-            max_queued: None,
+            limits: ServerLimits {
+                max_connections: config.server.max_connections,
+                header_timeout: config.server.header_timeout,
+                body_timeout: config.server.body_timeout,
+                shutdown_grace: config.dispatcher.shutdown_grace,
+            },
+            max_queued: config.dispatcher.max_queued,
             log_interval: config.server.log_interval,
             secondary_keys: config.dedup.message_id,
             clock: Arc::new(SystemClock),
         }
+    }
+}
+
+impl Default for GatewayParts {
+    fn default() -> Self {
+        Self::of(&Config::default())
     }
 }
 
@@ -248,17 +270,7 @@ impl<S: Store> Gateway<S> {
                         limits.max_nonces,
                     ))
                 });
-                let nonce_window = parts
-                    .replay
-                    .map_or(Duration::ZERO, |limits| limits.max_skew * 2);
-                (
-                    name,
-                    Source {
-                        decoder,
-                        replay,
-                        nonce_window,
-                    },
-                )
+                (name, Source { decoder, replay })
             })
             .collect();
         Self {
@@ -279,9 +291,7 @@ impl<S: Store> Gateway<S> {
                 summaries: Arc::new(Summaries::new(parts.log_interval)),
                 max_queued: parts.max_queued,
                 queued: AtomicU64::new(0),
-                max_future: parts
-                    .replay
-                    .map_or(Duration::from_secs(300), |limits| limits.max_skew),
+                replay: parts.replay,
                 failure: OnceLock::new(),
                 secondary_keys: parts.secondary_keys,
             }),
@@ -346,28 +356,8 @@ impl<S: Store> Gateway<S> {
             .collect::<Result<Vec<_>, GatewayError>>()?;
         let parts = GatewayParts {
             sources,
-            replay: config.replay.enabled.then_some(ReplayLimits {
-                max_skew: config.replay.max_skew,
-                max_nonces: config.replay.max_nonces,
-            }),
-            timing: Timing {
-                retention: config.dedup.retention,
-                lease: config.lease.duration,
-                renew_every: config.lease.renew_every,
-                dispatcher: config.dispatcher.clone(),
-            },
-            body_limit: config.server.body_limit,
             admin_token: resolve(&config.server.admin_token, "server.admin_token")?,
-            limits: ServerLimits {
-                max_connections: config.server.max_connections,
-                header_timeout: config.server.header_timeout,
-                body_timeout: config.server.body_timeout,
-                shutdown_grace: config.dispatcher.shutdown_grace,
-            },
-            max_queued: config.dispatcher.max_queued,
-            log_interval: config.server.log_interval,
-            secondary_keys: config.dedup.message_id,
-            clock: Arc::new(SystemClock),
+            ..GatewayParts::of(config)
         };
         let mut gateway = Self::new(store, parts);
         for route in &config.routes {

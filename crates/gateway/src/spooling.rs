@@ -5,11 +5,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use oncegate_core::{Admission, Event, KeyHash, Nonce, Store, StoreError};
+use oncegate_core::{Admission, Admit, Event, KeyHash, Keys, Nonce, Store, StoreError};
 use oncegate_spool::{Spool, SpoolError, Spooled};
 use tokio_util::sync::CancellationToken;
 
-use crate::Shared;
+use crate::{Shared, admission};
 
 /// Admissions handed to the store per round.
 const BATCH: usize = 512;
@@ -91,9 +91,9 @@ pub(crate) async fn drain<S: Store>(shared: Arc<Shared<S>>, shutdown: Cancellati
                 .push((seq, spooled));
         }
         let mut lanes = tokio::task::JoinSet::new();
-        for (partition, entries) in by_partition {
+        for entries in by_partition.into_values() {
             let shared = shared.clone();
-            lanes.spawn(async move { hand_over(&shared, partition, entries).await });
+            lanes.spawn(async move { hand_over(&shared, entries).await });
         }
         let mut handed = Vec::new();
         let mut stalled = false;
@@ -131,35 +131,32 @@ pub(crate) async fn drain<S: Store>(shared: Arc<Shared<S>>, shutdown: Cancellati
     }
 }
 
-/// Admits one partition's spooled entries in order; returns the positions handed over and
+/// Admits one partition's spooled entries in order, through the one admission path; returns the positions handed over and
 /// whether the store refused one (the rest then waits).
-async fn hand_over<S: Store>(
-    shared: &Shared<S>,
-    partition: u16,
-    entries: Vec<(u64, Spooled)>,
-) -> (Vec<u64>, bool) {
+async fn hand_over<S: Store>(shared: &Shared<S>, entries: Vec<(u64, Spooled)>) -> (Vec<u64>, bool) {
     let mut handed = Vec::with_capacity(entries.len());
     for (seq, spooled) in entries {
         let retention = spooled.retention();
         let nonce = spooled.nonce();
-        match shared
-            .store
-            .admit_with_nonce(spooled.event, &spooled.keys, retention, nonce)
-            .await
-        {
-            Ok(admission) => {
+        let Some(keys) = Keys::from_vec(spooled.keys) else {
+            tracing::error!(seq, "a spooled admission has no keys; dropped");
+            handed.push(seq);
+            continue;
+        };
+        let admit = Admit {
+            event: spooled.event,
+            keys,
+            nonce,
+        };
+        match admission::to_store(shared, admit, retention).await {
+            Ok(outcome) => {
                 handed.push(seq);
                 let stats = &shared.stats;
                 stats.bump(&stats.unspooled, "oncegate_unspooled_total");
-                match admission {
-                    Admission::Admitted { .. } => {
-                        stats.bump(&stats.admitted, "oncegate_admitted_total");
-                        shared.wake(partition);
-                    }
-                    // Admitted before the outage, or a retry spooled twice: dropped here.
-                    Admission::Duplicate { .. } | Admission::Replayed => {
-                        stats.bump(&stats.duplicates, "oncegate_duplicates_total");
-                    }
+                // A spooled retry of an event admitted before the outage, or the same request
+                // spooled twice: its nonce is known, and it is a duplicate like the other.
+                if outcome == Admission::Replayed {
+                    stats.bump(&stats.duplicates, "oncegate_duplicates_total");
                 }
             }
             // Can never be admitted (the spool holds what this version cannot admit): said

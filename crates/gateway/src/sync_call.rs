@@ -35,7 +35,7 @@ pub(crate) async fn call<S: Store>(
         Ok(Claimed::Done(result)) => return Ok(result),
         Ok(Claimed::InFlight { .. }) => {
             return Err(Refusal::new(
-                RefusalKind::Replayed,
+                RefusalKind::InFlight,
                 "in_flight",
                 "this card action is being answered already",
             ));
