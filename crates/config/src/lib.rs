@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use oncegate_core::redact::url as redact_url;
 use serde::{Deserialize, Serialize};
 
 pub use validate::{Problem, Severity, validate};
@@ -130,7 +131,7 @@ pub enum SinkKind {
 }
 
 /// `[[route]]`: events whose type matches go to one sink.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RouteConfig {
     /// Event types: exact (`im.message.receive_v1`), a prefix (`im.message.*`) or `*`.
@@ -149,6 +150,21 @@ pub struct RouteConfig {
     /// Drop an event older than one already applied for its chat.
     #[serde(default)]
     pub watermark: bool,
+}
+
+/// The URL without credentials, the secret hidden.
+impl std::fmt::Debug for RouteConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RouteConfig")
+            .field("events", &self.events)
+            .field("sink", &self.sink)
+            .field("url", &self.url.as_deref().map(redact_url))
+            .field("secret", &self.secret)
+            .field("path", &self.path)
+            .field("timeout", &self.timeout)
+            .field("watermark", &self.watermark)
+            .finish()
+    }
 }
 
 fn default_sink_timeout() -> Duration {
@@ -310,8 +326,8 @@ impl Default for MemorySettings {
     }
 }
 
-/// `[store] backend = "redis"`
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// `[store] backend = "redis"` (its `Debug` shows the URL without credentials)
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RedisSettings {
     /// `redis://host:port`; with `cluster = true`, one or more of the cluster's nodes,
@@ -332,6 +348,20 @@ pub struct RedisSettings {
     pub spool: Option<PathBuf>,
     /// Most admissions the spool holds; beyond that requests get 503 again.
     pub spool_max: u64,
+}
+
+impl std::fmt::Debug for RedisSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisSettings")
+            .field("url", &redact_url(&self.url))
+            .field("cluster", &self.cluster)
+            .field("partitions", &self.partitions)
+            .field("prefix", &self.prefix)
+            .field("ownership", &self.ownership)
+            .field("spool", &self.spool)
+            .field("spool_max", &self.spool_max)
+            .finish()
+    }
 }
 
 impl Default for RedisSettings {
@@ -435,8 +465,9 @@ pub enum Platform {
     Wechat,
 }
 
-/// A secret: inline, from an environment variable, or from a file.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// A secret: inline, from an environment variable, or from a file. Its `Debug` never shows
+/// an inline value.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum Secret {
     /// Written in the file (fine for tests, not for production).
@@ -451,6 +482,16 @@ pub enum Secret {
         /// The file.
         file: PathBuf,
     },
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Secret::Inline(_) => f.write_str("Inline(<hidden>)"),
+            Secret::Env { env } => f.debug_struct("Env").field("env", env).finish(),
+            Secret::File { file } => f.debug_struct("File").field("file", file).finish(),
+        }
+    }
 }
 
 impl Secret {
@@ -657,20 +698,13 @@ pub fn load(
 /// The commented file of every default, which a configuration is laid over.
 pub const DEFAULTS: &str = include_str!("../defaults.toml");
 
-/// `over` laid onto `base`: tables merge key by key, anything else is replaced. A `[store]`
-/// that names another backend replaces the default one whole, since each backend has its own
-/// settings.
+/// `over` laid onto `base`: tables merge key by key, anything else is replaced.
 fn lay_over(base: &mut toml::Table, over: toml::Table) {
     for (key, value) in over {
-        let backend_changes = key == "store"
-            && value.get("backend").and_then(toml::Value::as_str)
-                != base
-                    .get("store")
-                    .and_then(|store| store.get("backend"))
-                    .and_then(toml::Value::as_str)
-            && value.get("backend").is_some();
         match (base.get_mut(&key), value) {
-            (Some(toml::Value::Table(below)), toml::Value::Table(above)) if !backend_changes => {
+            (Some(toml::Value::Table(below)), toml::Value::Table(above))
+                if !names_another_variant(below, &above) =>
+            {
                 lay_over(below, above);
             }
             (_, value) => {
@@ -678,6 +712,14 @@ fn lay_over(base: &mut toml::Table, over: toml::Table) {
             }
         }
     }
+}
+
+/// A section that names another `backend` than the one below replaces it whole: each backend
+/// has only its own settings.
+fn names_another_variant(below: &toml::Table, above: &toml::Table) -> bool {
+    above
+        .get("backend")
+        .is_some_and(|backend| below.get("backend") != Some(backend))
 }
 
 /// Reads configuration text (`origin` names it in errors), applies `ONCEGATE_*` variables from
@@ -875,6 +917,22 @@ mod tests {
                 "{text}: {error}"
             );
         }
+    }
+
+    #[test]
+    fn debug_output_hides_secrets_and_url_credentials() {
+        let config = parse(
+            "[store]\nbackend = \"redis\"\nurl = \"redis://:hunter2@r:6379\"\n\n[[route]]\nevents = [\"*\"]\nsink = \"http\"\nurl = \"https://u:pw1@h/x?api_key=k3y\"\nsecret = \"whsec_c2VjcmV0\"\n\n[[source]]\nname = \"f\"\nplatform = \"feishu\"\napp_id = \"cli_1\"\nencrypt_key = \"s3cret-key\"\n",
+        )
+        .expect("config");
+        let shown = format!("{config:?}");
+        for secret in ["hunter2", "pw1", "k3y", "whsec_c2VjcmV0", "s3cret-key"] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
+        assert!(
+            shown.contains("redis://r:6379") && shown.contains("https://h/x"),
+            "{shown}"
+        );
     }
 
     #[test]
