@@ -536,6 +536,16 @@ mod tests {
     }
 
     #[test]
+    fn debug_output_never_shows_the_secrets() {
+        let shown = format!("{:?}", app(Some("ekey")));
+        assert!(shown.contains("cli_test"), "{shown}");
+        assert!(
+            !shown.contains("ekey") && !shown.contains("vtoken"),
+            "{shown}"
+        );
+    }
+
+    #[test]
     fn an_event_without_an_app_id_is_refused() {
         let app = app(None);
         let body = message("ev4", "om_4", "oc").replace("\"app_id\":\"cli_test\",", "");

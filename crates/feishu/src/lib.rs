@@ -149,8 +149,8 @@ impl Cloud {
     }
 }
 
-/// One configured Feishu or Lark app.
-#[derive(Debug, Clone)]
+/// One configured Feishu or Lark app. Its `Debug` names the app, never its secrets.
+#[derive(Clone)]
 pub struct FeishuApp {
     source: Arc<str>,
     app_id: Arc<str>,
@@ -165,9 +165,14 @@ pub(crate) struct EncryptKey {
     pub(crate) aes: [u8; 32],
 }
 
-impl std::fmt::Debug for EncryptKey {
+impl std::fmt::Debug for FeishuApp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("EncryptKey(..)")
+        f.debug_struct("FeishuApp")
+            .field("source", &self.source)
+            .field("app_id", &self.app_id)
+            .field("encrypted", &self.key.is_some())
+            .field("token", &self.verification_token.is_some())
+            .finish()
     }
 }
 

@@ -123,7 +123,6 @@ pub const MAX_ANSWER: usize = 64 * 1024;
 
 /// POSTs the envelope with Standard Webhooks headers and an `Idempotency-Key`. Never follows
 /// redirects: a 3xx would turn the signed POST into a GET, or post it somewhere else.
-#[derive(Debug)]
 pub struct HttpSink {
     client: reqwest::Client,
     url: String,
@@ -131,6 +130,17 @@ pub struct HttpSink {
     shown: String,
     secret: Option<Vec<u8>>,
     timeout: Duration,
+}
+
+/// The URL without credentials; never the secret.
+impl std::fmt::Debug for HttpSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpSink")
+            .field("url", &self.shown)
+            .field("signed", &self.secret.is_some())
+            .field("timeout", &self.timeout)
+            .finish()
+    }
 }
 
 /// Why an HTTP sink could not be built.

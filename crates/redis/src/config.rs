@@ -2,8 +2,8 @@
 
 use super::*;
 
-/// How a Redis store is reached.
-#[derive(Debug, Clone)]
+/// How a Redis store is reached. Its `Debug` shows the URL without credentials.
+#[derive(Clone)]
 pub struct RedisConfig {
     /// `redis://host:port/db`; for a cluster, one or more nodes separated by commas.
     pub url: String,
@@ -21,6 +21,20 @@ pub struct RedisConfig {
     /// How long a partition stays with its owner without a pull. Another instance takes it over
     /// after that, and hands out again what the old owner had not acked.
     pub ownership: Duration,
+}
+
+impl std::fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisConfig")
+            .field("url", &oncegate_core::redact::url(&self.url))
+            .field("cluster", &self.cluster)
+            .field("prefix", &self.prefix)
+            .field("partitions", &self.partitions)
+            .field("timeout", &self.timeout)
+            .field("lazy", &self.lazy)
+            .field("ownership", &self.ownership)
+            .finish()
+    }
 }
 
 impl RedisConfig {
