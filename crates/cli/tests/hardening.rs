@@ -106,6 +106,30 @@ verification_token = "{TOKEN}"
         self.base.trim_start_matches("http://").to_owned()
     }
 
+    /// GETs `path` on the admin listener: the status and the body.
+    async fn admin_get(&self, path: &str) -> (u16, String) {
+        let response = client()
+            .get(format!("{}{path}", self.admin))
+            .send()
+            .await
+            .expect("admin request");
+        let status = response.status().as_u16();
+        (status, response.text().await.unwrap_or_default())
+    }
+
+    /// Polls the admin `path` until `done` holds for its body, for at most 10 s.
+    async fn admin_until(&self, path: &str, done: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let (_, body) = self.admin_get(path).await;
+            if done(&body) {
+                return body;
+            }
+            assert!(Instant::now() < deadline, "{path} never got there: {body}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     fn stderr(&self) -> String {
         self.stderr.lock().expect("stderr").join("\n")
     }
@@ -434,14 +458,7 @@ async fn slow_and_idle_sockets_are_cut_off_and_connections_are_bounded() {
     let (status, body) = post_signed(&client(), &gateway.url(), &message("ok", "oc", "1")).await;
     assert_eq!(status, 200, "{body}");
     let refused = format!("oncegate_connections_refused_total{{listener=\"webhooks\"}} {closed}");
-    let metrics = client()
-        .get(format!("{}/metrics", gateway.admin))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let (_, metrics) = gateway.admin_get("/metrics").await;
     assert!(metrics.contains(&refused), "{refused}: {metrics}");
 }
 
@@ -525,23 +542,9 @@ timeout = "1s"
         !written.contains(TOKEN),
         "the token is forwarded: {written}"
     );
-    let dead = || async {
-        client
-            .get(format!("{}/admin/dead-letters", gateway.admin))
-            .send()
-            .await
-            .expect("dead letters")
-            .text()
-            .await
-            .expect("text")
-    };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut letters = dead().await;
-    while !letters.contains("c1") {
-        assert!(Instant::now() < deadline, "never dead-lettered: {letters}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        letters = dead().await;
-    }
+    let letters = gateway
+        .admin_until("/admin/dead-letters", |letters| letters.contains("c1"))
+        .await;
     assert!(letters.contains("127.0.0.1:9/in"), "{letters}");
     for leak in ["hunter2", "s3cr3t", "user:"] {
         assert!(!letters.contains(leak), "{leak} in {letters}");
@@ -601,21 +604,11 @@ async fn a_full_queue_answers_503_and_records_nothing() {
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     assert_eq!(statuses, [200, 200, 200, 503, 503, 503]);
-    let ready = client
-        .get(format!("{}/readyz", gateway.admin))
-        .send()
-        .await
-        .expect("readyz");
-    assert_eq!(ready.status().as_u16(), 503);
-    assert!(ready.text().await.expect("text").contains("max_queued"));
-    let stats: serde_json::Value = client
-        .get(format!("{}/admin/stats", gateway.admin))
-        .send()
-        .await
-        .expect("stats")
-        .json()
-        .await
-        .expect("json");
+    let (status, ready) = gateway.admin_get("/readyz").await;
+    assert_eq!(status, 503);
+    assert!(ready.contains("max_queued"), "{ready}");
+    let (_, stats) = gateway.admin_get("/admin/stats").await;
+    let stats: serde_json::Value = serde_json::from_str(&stats).expect("json");
     assert_eq!(stats["gateway"]["admitted"], 3, "{stats}");
     drop(hung);
 }
@@ -713,23 +706,12 @@ async fn an_events_downstream_answer_is_not_kept() {
     let (status, _) = post_signed(&client, &gateway.url(), &message("big", "oc", "1")).await;
     assert_eq!(status, 200);
     let key = oncegate_core::key_for("feishu", APP_ID, "event_id", "big");
-    let record = || async {
-        client
-            .get(format!("{}/admin/record?key={key}", gateway.admin))
-            .send()
-            .await
-            .expect("record")
-            .json::<serde_json::Value>()
-            .await
-            .expect("json")
-    };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut found = record().await;
-    while found["record"]["state"] != "completed" {
-        assert!(Instant::now() < deadline, "never completed: {found}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        found = record().await;
-    }
+    let found = gateway
+        .admin_until(&format!("/admin/record?key={key}"), |body| {
+            body.contains("\"completed\"")
+        })
+        .await;
+    let found: serde_json::Value = serde_json::from_str(&found).expect("json");
     assert_eq!(
         found["record"]["outcome_bytes"],
         serde_json::Value::Null,
