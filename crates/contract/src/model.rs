@@ -6,7 +6,9 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use bytes::Bytes;
-use oncegate_core::{Admission, Claim, FenceCheck, Lease, ManualClock, RecordState, Store};
+use oncegate_core::{
+    Admission, Claim, FenceCheck, Fingerprint, Lease, ManualClock, RecordState, Store,
+};
 use proptest::prelude::*;
 
 use crate::{block_on, event, key};
@@ -23,12 +25,14 @@ pub enum Op {
         /// Retention, seconds.
         retention: u64,
     },
-    /// Claim key number `key`.
+    /// Claim key number `key`, for payload number `payload` when there is one.
     Claim {
         /// Key number.
         key: u8,
         /// Lease, seconds.
         lease: u64,
+        /// Which of two payloads the claim names, or none.
+        payload: Option<u8>,
     },
     /// Renew the `lease`-th lease granted so far (modulo their number).
     Renew {
@@ -67,7 +71,7 @@ pub enum Op {
 pub fn operations() -> impl Strategy<Value = Vec<Op>> {
     let op = prop_oneof![
         3 => (0u8..6, 1u8..16, 1u64..40).prop_map(|(event, keys, retention)| Op::Admit { event, keys, retention }),
-        3 => (0u8..4, 1u64..20).prop_map(|(key, lease)| Op::Claim { key, lease }),
+        3 => (0u8..4, 1u64..20, proptest::option::of(0u8..2)).prop_map(|(key, lease, payload)| Op::Claim { key, lease, payload }),
         1 => (any::<usize>(), 1u64..20).prop_map(|(lease, extend)| Op::Renew { lease, extend }),
         2 => (any::<usize>(), 1u64..40, any::<bool>()).prop_map(|(lease, retention, outcome)| Op::Complete { lease, retention, outcome }),
         1 => any::<usize>().prop_map(|lease| Op::Release { lease }),
@@ -88,6 +92,8 @@ enum State {
 struct Entry {
     state: State,
     expires: u64,
+    /// The payload the key was first claimed for.
+    payload: Option<u8>,
 }
 
 impl Entry {
@@ -140,6 +146,7 @@ pub fn check<S: Store>(store: &S, clock: &ManualClock, ops: &[Op]) {
                                     Entry {
                                         state: State::Pending,
                                         expires: now + ms(*retention),
+                                        payload: None,
                                     },
                                 );
                             }
@@ -164,10 +171,20 @@ pub fn check<S: Store>(store: &S, clock: &ManualClock, ops: &[Op]) {
                         (expected, got) => assert_eq!(got, expected, "step {step}: {op:?}"),
                     }
                 }
-                Op::Claim { key: k, lease } => {
+                Op::Claim {
+                    key: k,
+                    lease,
+                    payload,
+                } => {
                     let until = now + ms(*lease);
                     let holder = leases.len();
-                    let (expected, grant) = match model.entries.get(k).filter(|e| e.live(now)) {
+                    let live = model.entries.get(k).filter(|e| e.live(now));
+                    let kept = live.and_then(|entry| entry.payload);
+                    let (expected, grant) = match live {
+                        Some(Entry {
+                            payload: Some(first),
+                            ..
+                        }) if payload.is_some_and(|given| given != *first) => ("conflict", None),
                         Some(Entry {
                             state: State::Processing { until: held, .. },
                             ..
@@ -180,7 +197,12 @@ pub fn check<S: Store>(store: &S, clock: &ManualClock, ops: &[Op]) {
                         None => ("acquired", Some(now)),
                     };
                     let got = store
-                        .claim(&key(&key_name(*k)), partition, Duration::from_secs(*lease))
+                        .claim_with_fingerprint(
+                            &key(&key_name(*k)),
+                            partition,
+                            Duration::from_secs(*lease),
+                            payload.map(payload_fingerprint),
+                        )
                         .await
                         .expect("claim");
                     match (&got, expected) {
@@ -191,6 +213,7 @@ pub fn check<S: Store>(store: &S, clock: &ManualClock, ops: &[Op]) {
                                 Entry {
                                     state: State::Processing { holder, until },
                                     expires: grant.unwrap_or(now),
+                                    payload: kept.or(*payload),
                                 },
                             );
                             leases.push((*lease, *k));
@@ -215,6 +238,7 @@ pub fn check<S: Store>(store: &S, clock: &ManualClock, ops: &[Op]) {
                             };
                             assert_eq!(outcome, stored, "step {step}");
                         }
+                        (Claim::Conflict, "conflict") => {}
                         _ => panic!("step {step}: {op:?}: store said {got:?}, model {expected}"),
                     }
                 }
@@ -257,14 +281,9 @@ pub fn check<S: Store>(store: &S, clock: &ManualClock, ops: &[Op]) {
                         .await
                         .expect("complete");
                     assert_eq!(got == FenceCheck::Accepted, holds, "step {step}: {op:?}");
-                    if holds {
-                        model.entries.insert(
-                            k,
-                            Entry {
-                                state: State::Completed { outcome: stored },
-                                expires: now + ms(*retention),
-                            },
-                        );
+                    if holds && let Some(entry) = model.entries.get_mut(&k) {
+                        entry.state = State::Completed { outcome: stored };
+                        entry.expires = now + ms(*retention);
                     }
                 }
                 Op::Release { lease } => {
@@ -290,6 +309,11 @@ pub fn check<S: Store>(store: &S, clock: &ManualClock, ops: &[Op]) {
                             assert_eq!(
                                 record.expires_at_ms, entry.expires,
                                 "step {step}: expiry of key {k}"
+                            );
+                            assert_eq!(
+                                record.fingerprint,
+                                entry.payload.map(payload_fingerprint),
+                                "step {step}: fingerprint of key {k}"
                             );
                             match (&record.state, &entry.state) {
                                 (RecordState::Pending, State::Pending) => {}
@@ -330,6 +354,11 @@ pub fn check<S: Store>(store: &S, clock: &ManualClock, ops: &[Op]) {
 fn holds(model: &Model, k: u8, index: usize, now: u64) -> bool {
     matches!(model.entries.get(&k), Some(entry @ Entry { state: State::Processing { holder, .. }, .. })
         if *holder == index && entry.live(now))
+}
+
+/// The fingerprint of model payload number `n`.
+fn payload_fingerprint(n: u8) -> Fingerprint {
+    Fingerprint::of(format!("model-payload-{n}").as_bytes())
 }
 
 fn clock_now(clock: &ManualClock) -> u64 {

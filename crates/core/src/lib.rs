@@ -20,8 +20,8 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use event::Event;
 pub use key::{KeyHash, key_for};
 pub use record::{
-    Admission, Claim, DeadLetter, Delivery, FenceCheck, FencingToken, Lease, Nonce, QueueId,
-    Record, RecordState, StoreStats, WatermarkOutcome,
+    Admission, Claim, DeadLetter, Delivery, FenceCheck, FencingToken, Fingerprint, Lease, Nonce,
+    QueueId, Record, RecordState, StoreStats, WatermarkOutcome,
 };
 pub use source::{
     Accepted, Admit, Callback, Decoded, Headers, Keys, Method, Refusal, RefusalKind, Reply,

@@ -53,6 +53,35 @@ pub enum RecordState {
     },
 }
 
+/// A digest of the payload a key was first claimed for: a repeat under the same key with a
+/// different payload is a conflict, not a repeat. SHA-256 truncated to 128 bits, so that no
+/// caller can make two payloads look alike.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Fingerprint(pub [u8; 16]);
+
+impl Fingerprint {
+    /// The fingerprint of `payload`.
+    pub fn of(payload: &[u8]) -> Self {
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::digest(payload);
+        let mut bytes = [0u8; 16];
+        bytes.copy_from_slice(&digest[..16]);
+        Self(bytes)
+    }
+}
+
+impl fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Fingerprint({self})")
+    }
+}
+
+impl fmt::Display for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.iter().try_for_each(|byte| write!(f, "{byte:02x}"))
+    }
+}
+
 /// One key's record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Record {
@@ -60,6 +89,8 @@ pub struct Record {
     pub state: RecordState,
     /// When the record's retention ends (a live lease keeps it beyond that).
     pub expires_at_ms: u64,
+    /// The payload the key was claimed for, when the claimer named one.
+    pub fingerprint: Option<Fingerprint>,
 }
 
 impl Record {
@@ -116,6 +147,8 @@ pub enum Claim {
         /// What the first run stored.
         outcome: Option<Bytes>,
     },
+    /// The key is held or done for another payload (its fingerprint differs); nothing changed.
+    Conflict,
 }
 
 /// The answer to `renew`, `complete` and `release`: a compare-and-set on the fencing token.

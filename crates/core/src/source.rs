@@ -162,6 +162,8 @@ pub enum RefusalKind {
     Replayed,
     /// The same call is being answered right now (a double click).
     InFlight,
+    /// The key was used before for another payload: a caller's mistake, never retried.
+    Conflict,
     /// The store cannot take it now (down, or the queue is full): retry later.
     Unavailable,
     /// A synchronous call's handler failed.

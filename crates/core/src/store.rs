@@ -8,8 +8,8 @@ use bytes::Bytes;
 use crate::event::Event;
 use crate::key::KeyHash;
 use crate::record::{
-    Admission, Claim, DeadLetter, Delivery, FenceCheck, Lease, Nonce, QueueId, Record, StoreStats,
-    WatermarkOutcome,
+    Admission, Claim, DeadLetter, Delivery, FenceCheck, Fingerprint, Lease, Nonce, QueueId, Record,
+    StoreStats, WatermarkOutcome,
 };
 
 /// Why a store could not answer. Every variant means "nothing was changed".
@@ -75,6 +75,19 @@ pub trait DedupStore: Send + Sync + 'static {
         key: &KeyHash,
         partition: u16,
         lease: Duration,
+    ) -> impl Future<Output = Result<Claim, StoreError>> + Send {
+        self.claim_with_fingerprint(key, partition, lease, None)
+    }
+
+    /// `claim`, for the payload `fingerprint` names: a live record claimed before for another
+    /// payload answers `Conflict`; a record without one takes this one
+    /// (`transition::claim` has the rule).
+    fn claim_with_fingerprint(
+        &self,
+        key: &KeyHash,
+        partition: u16,
+        lease: Duration,
+        fingerprint: Option<Fingerprint>,
     ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
 
     /// Extends the holder's lease to now + `extend`.

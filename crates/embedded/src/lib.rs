@@ -24,8 +24,8 @@ use oncegate_core::queue_index::PartitionIndex;
 use oncegate_core::store::millis;
 use oncegate_core::{
     Admission, Claim, Clock, DeadLetter, DedupStore, Delivery, Event, EventQueue, FenceCheck,
-    FencingToken, KeyHash, Lease, QueueId, Record, RecordState, StoreError, StoreStats,
-    SystemClock, WatermarkOutcome, WatermarkStore,
+    FencingToken, Fingerprint, KeyHash, Lease, QueueId, Record, RecordState, StoreError,
+    StoreStats, SystemClock, WatermarkOutcome, WatermarkStore,
 };
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 use tokio::sync::oneshot;
@@ -195,17 +195,19 @@ impl<C: Clock + Clone> DedupStore for EmbeddedStore<C> {
         .await
     }
 
-    async fn claim(
+    async fn claim_with_fingerprint(
         &self,
         key: &KeyHash,
         partition: u16,
         lease: Duration,
+        fingerprint: Option<Fingerprint>,
     ) -> Result<Claim, StoreError> {
         oncegate_core::store::require_partition(partition, self.shared.partitions)?;
         self.send(|reply| Command::Claim {
             key: *key,
             partition,
             lease_ms: millis(lease),
+            fingerprint,
             reply,
         })
         .await
@@ -252,7 +254,7 @@ impl<C: Clock + Clone> DedupStore for EmbeddedStore<C> {
             Ok(records.get(&key.0)?.map(|v| v.value().to_vec()))
         })?;
         match stored {
-            Some(bytes) => Ok(Some(decode::<Record>(&bytes)?).filter(|r| r.is_live(now_ms))),
+            Some(bytes) => Ok(Some(codec::decode_record(&bytes)?).filter(|r| r.is_live(now_ms))),
             None => Ok(None),
         }
     }

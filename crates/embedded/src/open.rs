@@ -222,7 +222,7 @@ pub(super) fn count_states(db: &Database) -> Result<[u64; 3], StoreError> {
     let mut counts = [0u64; 3];
     for entry in records.iter().map_err(unavailable)? {
         let (_, value) = entry.map_err(unavailable)?;
-        if let Ok(record) = decode::<Record>(value.value()) {
+        if let Ok(record) = codec::decode_record(value.value()) {
             counts[state_index(&record.state)] += 1;
         }
     }

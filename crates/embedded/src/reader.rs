@@ -53,7 +53,7 @@ impl StoreReader {
         for partition in 0..self.partitions {
             let placed = key.in_partition(partition);
             if let Some(stored) = records.get(&placed.0).map_err(unavailable)? {
-                found.push((partition, decode(stored.value())?));
+                found.push((partition, codec::decode_record(stored.value())?));
             }
         }
         Ok(found)
@@ -66,7 +66,7 @@ impl StoreReader {
         let mut out = Vec::new();
         for entry in records.iter().map_err(unavailable)?.take(limit) {
             let (key, value) = entry.map_err(unavailable)?;
-            out.push((KeyHash(*key.value()), decode(value.value())?));
+            out.push((KeyHash(*key.value()), codec::decode_record(value.value())?));
         }
         Ok(out)
     }
@@ -103,7 +103,7 @@ impl StoreReader {
         let mut stats = StoreStats::default();
         let records = txn.open_table(RECORDS).map_err(unavailable)?;
         for entry in records.iter().map_err(unavailable)? {
-            let record: Record = decode(entry.map_err(unavailable)?.1.value())?;
+            let record = codec::decode_record(entry.map_err(unavailable)?.1.value())?;
             if record.is_live(now_ms) {
                 match record.state {
                     RecordState::Pending => stats.pending += 1,

@@ -7,13 +7,13 @@ use std::sync::mpsc::Receiver;
 
 use bytes::Bytes;
 use oncegate_core::{
-    Admission, Claim, Clock, DeadLetter, Event, FenceCheck, FencingToken, KeyHash, Lease, QueueId,
-    Record, RecordState, StoreError, WatermarkOutcome, transition,
+    Admission, Claim, Clock, DeadLetter, Event, FenceCheck, FencingToken, Fingerprint, KeyHash,
+    Lease, QueueId, Record, RecordState, StoreError, WatermarkOutcome, transition,
 };
 use redb::{ReadableTable, Table, WriteTransaction};
 use tokio::sync::oneshot;
 
-use crate::codec::{Queued, decode, encode};
+use crate::codec::{self, Queued, decode, encode};
 use crate::{DEAD, EXPIRY, MARKS, META, QUEUE, RECORDS, Shared, lock, unavailable};
 
 type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
@@ -37,6 +37,7 @@ pub(crate) enum Command {
         key: KeyHash,
         partition: u16,
         lease_ms: u64,
+        fingerprint: Option<Fingerprint>,
         reply: Reply<Claim>,
     },
     Renew {
@@ -325,6 +326,7 @@ impl<C: Clock> Writer<C> {
                     key,
                     partition,
                     lease_ms,
+                    fingerprint,
                     reply,
                 } => {
                     let next_token = &self.shared.next_token;
@@ -342,6 +344,7 @@ impl<C: Clock> Writer<C> {
                                             lease_until_ms: 0,
                                         },
                                         expires_at_ms: record.expires_at_ms,
+                                        fingerprint: record.fingerprint,
                                     }
                                 }
                                 _ => record.clone(),
@@ -352,6 +355,7 @@ impl<C: Clock> Writer<C> {
                                 partition,
                                 now_ms,
                                 lease_ms,
+                                fingerprint,
                                 || FencingToken(next_token.fetch_add(1, Ordering::Relaxed)),
                             )
                         })?;
@@ -500,7 +504,7 @@ fn load(
 ) -> Result<Result<Option<Record>, StoreError>, StoreError> {
     let stored = records.get(&key.0).map_err(unavailable)?;
     Ok(stored
-        .map(|value| decode::<Record>(value.value()))
+        .map(|value| codec::decode_record(value.value()))
         .transpose())
 }
 
@@ -525,7 +529,7 @@ fn put(
             .insert((deadline, &key.0), ())
             .map_err(unavailable)?;
     }
-    let bytes = encode(record)?;
+    let bytes = codec::encode_record(record)?;
     tables
         .records
         .insert(&key.0, bytes.as_slice())
@@ -674,7 +678,7 @@ fn sweep(tables: &mut Tables<'_>, now_ms: u64) -> Result<(), StoreError> {
             .records
             .get(&key)
             .map_err(unavailable)?
-            .map(|v| decode::<Record>(v.value()));
+            .map(|v| codec::decode_record(v.value()));
         // A record that does not decode is dropped with its index entry: it can never be used.
         match record {
             Some(Ok(record)) if record.forget_after_ms() <= now_ms => {

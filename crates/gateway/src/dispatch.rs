@@ -170,7 +170,14 @@ async fn handle<S: Store>(shared: &Shared<S>, delivery: Delivery, held: &Held) {
     let store = &shared.store;
     let timing = &shared.timing;
     let summaries = &shared.summaries;
-    let lease = match once::claim(store, &delivery.key, delivery.id.partition, timing.lease).await {
+    // Events name no payload: a redelivery of one event id is the same event.
+    let claiming = once::Claiming {
+        key: &delivery.key,
+        partition: delivery.id.partition,
+        lease: timing.lease,
+        fingerprint: None,
+    };
+    let lease = match once::claim(store, claiming).await {
         Ok(Claimed::Run(lease)) => lease,
         Ok(Claimed::Done(_)) => {
             // Completed before a crash that came before the ack.
@@ -181,6 +188,19 @@ async fn handle<S: Store>(shared: &Shared<S>, delivery: Delivery, held: &Held) {
         Ok(Claimed::InFlight { until_ms }) => {
             insist(&shared.summaries, "retry", || {
                 store.retry(delivery.id, until_ms)
+            })
+            .await;
+            return;
+        }
+        // A claim naming no payload meets no conflict; were it to, retrying is safe.
+        Ok(Claimed::Conflict) => {
+            summaries.note(
+                "claim_conflict",
+                None,
+                "the event's key is held for a payload",
+            );
+            insist(&shared.summaries, "retry", || {
+                store.retry(delivery.id, shared.now_ms() + 1000)
             })
             .await;
             return;

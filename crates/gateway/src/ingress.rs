@@ -35,7 +35,9 @@ fn status(kind: RefusalKind) -> StatusCode {
         RefusalKind::Method => StatusCode::METHOD_NOT_ALLOWED,
         RefusalKind::Timeout => StatusCode::REQUEST_TIMEOUT,
         RefusalKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-        RefusalKind::Replayed | RefusalKind::InFlight => StatusCode::CONFLICT,
+        RefusalKind::Replayed | RefusalKind::InFlight | RefusalKind::Conflict => {
+            StatusCode::CONFLICT
+        }
         RefusalKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         RefusalKind::Handler => StatusCode::BAD_GATEWAY,
         RefusalKind::HandlerTimeout => StatusCode::GATEWAY_TIMEOUT,
@@ -56,7 +58,8 @@ fn refused<S>(shared: &Shared<S>, peer: Option<SocketAddr>, refusal: Refusal) ->
         RefusalKind::Unavailable
         | RefusalKind::Handler
         | RefusalKind::HandlerTimeout
-        | RefusalKind::InFlight => {}
+        | RefusalKind::InFlight
+        | RefusalKind::Conflict => {}
         _ => stats.bump(&stats.bad_requests, "oncegate_bad_requests_total"),
     }
     metrics::counter!("oncegate_refused_total", "reason" => refusal.label).increment(1);

@@ -1,11 +1,11 @@
 //! Synchronous calls (Feishu card buttons): never re-delivered, answered within the platform's
 //! deadline with the handler's result, and a repeat gets the stored result instead of a second
-//! call.
+//! call — a repeat that comes while the first is answered waits for its result.
 
 use std::time::Duration;
 
 use bytes::Bytes;
-use oncegate_core::{Admit, Refusal, RefusalKind, Store};
+use oncegate_core::{Admit, Fingerprint, Refusal, RefusalKind, Store};
 
 use crate::Shared;
 use crate::once::{self, Claimed};
@@ -30,14 +30,28 @@ pub(crate) async fn call<S: Store>(
     let unavailable = |error: &dyn std::fmt::Display| {
         Refusal::new(RefusalKind::Unavailable, "claim_failed", error.to_string())
     };
-    let lease = match once::claim(&shared.store, &key, partition, DEADLINE * 2).await {
+    let started = tokio::time::Instant::now();
+    let claiming = once::Claiming {
+        key: &key,
+        partition,
+        lease: DEADLINE * 2,
+        fingerprint: Some(Fingerprint::of(&admit.event.payload)),
+    };
+    let lease = match once::claim_or_wait(&shared.store, claiming, DEADLINE).await {
         Ok(Claimed::Run(lease)) => lease,
         Ok(Claimed::Done(result)) => return Ok(result),
         Ok(Claimed::InFlight { .. }) => {
             return Err(Refusal::new(
                 RefusalKind::InFlight,
                 "in_flight",
-                "this card action is being answered already",
+                "this card action is still being answered; its answer did not come in 2.5 s",
+            ));
+        }
+        Ok(Claimed::Conflict) => {
+            return Err(Refusal::new(
+                RefusalKind::Conflict,
+                "key_conflict",
+                "this card action's key was answered before for another payload",
             ));
         }
         Err(error) => return Err(unavailable(&error)),
@@ -56,7 +70,8 @@ pub(crate) async fn call<S: Store>(
         DEADLINE * 2,
         route.sink.deliver(outgoing),
     );
-    match tokio::time::timeout(DEADLINE, ran).await {
+    // A repeat that waited for a first run which then gave up has only what is left.
+    match tokio::time::timeout(DEADLINE.saturating_sub(started.elapsed()), ran).await {
         Ok(Ok(outcome)) => {
             let outcome = outcome.unwrap_or_else(|| Bytes::from_static(b"{}"));
             let _ = once::complete(shared, &lease, Some(outcome.clone())).await;

@@ -175,3 +175,91 @@ async fn the_replay_window_follows_the_gateways_clock() {
         (1, 1, 2)
     );
 }
+
+/// A card click sealed at the start, with `value` as the button's value.
+fn card_click(event_id: &str, value: &str) -> Request<Body> {
+    let plain = serde_json::json!({
+        "schema": "2.0",
+        "header": {"event_id": event_id, "token": "ip-token", "create_time": "1700000000000000",
+                   "event_type": "card.action.trigger", "app_id": "cli_ip"},
+        "event": {"action": {"value": {"v": value}},
+                  "context": {"open_chat_id": "oc_1", "open_message_id": "om_1"}}
+    })
+    .to_string();
+    let nonce = format!("{:016x}", fastrand::u64(..));
+    let sealed = Sealer::seal(&app(), plain.as_bytes(), START_MS / 1000, &nonce, [3; 16]);
+    let mut builder = Request::post("/webhook/s");
+    for (name, value) in &sealed.headers {
+        builder = builder.header(*name, value);
+    }
+    builder.body(Body::from(sealed.body)).expect("request")
+}
+
+/// A card handler that answers after 150 ms with the number of calls so far.
+async fn slow_card_handler(calls: Arc<std::sync::atomic::AtomicUsize>) -> String {
+    use std::sync::atomic::Ordering;
+    let app = axum::Router::new().route(
+        "/cards",
+        axum::routing::post(move || {
+            let calls = calls.clone();
+            async move {
+                let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+                tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+                format!(r#"{{"toast":{{"content":"answer {n}"}}}}"#)
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}/cards")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeats_of_a_card_click_that_come_while_it_is_answered_get_its_answer() {
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let url = slow_card_handler(calls.clone()).await;
+    let sink = oncegate_gateway::HttpSink::new(&url, None, std::time::Duration::from_secs(2))
+        .expect("sink");
+    let gateway = Arc::new(
+        gateway(true)
+            .route(
+                &["card.action.trigger"],
+                Arc::new(sink),
+                oncegate_gateway::StaleEvents::Deliver,
+            )
+            .expect("route"),
+    );
+    for round in 0..5 {
+        let id = format!("card-{round}");
+        let clicks: Vec<_> = (0..4)
+            .map(|_| {
+                let gateway = gateway.clone();
+                let request = card_click(&id, "yes");
+                tokio::spawn(async move { call(&gateway, request).await })
+            })
+            .collect();
+        let mut answers = Vec::new();
+        for click in clicks {
+            let (status, body) = click.await.expect("joined");
+            assert_eq!(status, StatusCode::OK, "round {round}: {body}");
+            answers.push(body);
+        }
+        assert!(
+            answers.iter().all(|answer| *answer == answers[0]),
+            "round {round}: every repeat gets the first answer: {answers:?}"
+        );
+        assert_eq!(
+            calls.load(std::sync::atomic::Ordering::SeqCst),
+            round + 1,
+            "round {round}: one call to the handler"
+        );
+        // The same card event id with another payload: a conflict, and no call.
+        let (status, body) = call(&gateway, card_click(&id, "no")).await;
+        assert_eq!(status, StatusCode::CONFLICT, "{body}");
+        assert!(body.contains("another payload"), "{body}");
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), round + 1);
+    }
+}

@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use oncegate_core::{
-    Admission, Claim, DeadLetter, DedupStore, Delivery, Event, EventQueue, FenceCheck, KeyHash,
-    Lease, QueueId, Record, StoreError, StoreStats, SystemClock, WatermarkOutcome, WatermarkStore,
+    Admission, Claim, DeadLetter, DedupStore, Delivery, Event, EventQueue, FenceCheck, Fingerprint,
+    KeyHash, Lease, QueueId, Record, StoreError, StoreStats, SystemClock, WatermarkOutcome,
+    WatermarkStore,
 };
 use oncegate_feishu::FeishuApp;
 use oncegate_gateway::{Gateway, GatewayParts, Handler, HandlerSink, SinkError, Timing};
@@ -36,13 +37,16 @@ impl DedupStore for Switchable {
         }
         self.inner.admit(event, keys, retention).await
     }
-    async fn claim(
+    async fn claim_with_fingerprint(
         &self,
         key: &KeyHash,
         partition: u16,
         lease: Duration,
+        fingerprint: Option<Fingerprint>,
     ) -> Result<Claim, StoreError> {
-        self.inner.claim(key, partition, lease).await
+        self.inner
+            .claim_with_fingerprint(key, partition, lease, fingerprint)
+            .await
     }
     async fn renew(&self, lease: &Lease, extend: Duration) -> Result<FenceCheck, StoreError> {
         self.inner.renew(lease, extend).await

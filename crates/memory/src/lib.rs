@@ -2,7 +2,7 @@
 //!
 //! Records live in shards, each behind its own lock. A record costs 20 bytes in its shard's
 //! table (the 128-bit key and a 32-bit word holding the state and the expiry second) plus 16
-//! bytes in the expiry index; leases and stored outcomes live in side tables that only hold
+//! bytes in the expiry index; leases, stored outcomes and fingerprints live in side tables that hold only
 //! keys in those states. Expiry pops whole chunks of the index whose deadlines have passed, so
 //! its cost is proportional to what expires. A size bound evicts the record due soonest, never
 //! one under a live lease, and counts every eviction.
@@ -23,8 +23,8 @@ use oncegate_core::queue_index::PartitionIndex;
 use oncegate_core::store::millis;
 use oncegate_core::{
     Admission, Claim, Clock, DeadLetter, DedupStore, Delivery, Event, EventQueue, FenceCheck,
-    FencingToken, KeyHash, Lease, QueueId, Record, RecordState, StoreError, StoreStats,
-    SystemClock, WatermarkOutcome, WatermarkStore, transition,
+    FencingToken, Fingerprint, KeyHash, Lease, QueueId, Record, RecordState, StoreError,
+    StoreStats, SystemClock, WatermarkOutcome, WatermarkStore, transition,
 };
 
 use expiry::ExpiryIndex;
@@ -271,17 +271,26 @@ impl<C: Clock> DedupStore for MemoryStore<C> {
         self.admit_locked(&mut guards, event, placed, &keys, retention_ms, now_ms)
     }
 
-    async fn claim(
+    async fn claim_with_fingerprint(
         &self,
         key: &KeyHash,
         partition: u16,
         lease: Duration,
+        fingerprint: Option<Fingerprint>,
     ) -> Result<Claim, StoreError> {
         oncegate_core::store::require_partition(partition, self.partitions())?;
         let lease_ms = millis(lease);
         Ok(
             self.with_record(&key.in_partition(partition), |record, now_ms| {
-                transition::claim(record, *key, partition, now_ms, lease_ms, || self.token())
+                transition::claim(
+                    record,
+                    *key,
+                    partition,
+                    now_ms,
+                    lease_ms,
+                    fingerprint,
+                    || self.token(),
+                )
             }),
         )
     }

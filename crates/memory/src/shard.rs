@@ -1,4 +1,5 @@
-//! A shard: records in a compact table, side tables for leases and outcomes, watermarks and the expiry index.
+//! A shard: records in a compact table, side tables for leases, outcomes and fingerprints,
+//! watermarks and the expiry index.
 
 use super::*;
 
@@ -68,6 +69,8 @@ pub(super) struct Shard {
     pub(super) slots: HashTable<Slot>,
     pub(super) leases: Side<LeaseSlot>,
     pub(super) outcomes: Side<Bytes>,
+    /// Only records claimed for a named payload have one: events never pay for it.
+    pub(super) fingerprints: Side<Fingerprint>,
     pub(super) watermarks: HashTable<Mark>,
     /// Deadlines by the low 64 bits of the key: 8 bytes a record.
     pub(super) expiry: ExpiryIndex<u64>,
@@ -110,6 +113,7 @@ impl Shard {
             slots: HashTable::new(),
             leases: Side::default(),
             outcomes: Side::default(),
+            fingerprints: Side::default(),
             watermarks: HashTable::new(),
             expiry: ExpiryIndex::new(),
             next_sweep_secs: 0,
@@ -142,6 +146,7 @@ impl Shard {
         Some(Record {
             state,
             expires_at_ms,
+            fingerprint: self.fingerprints.get(&key).copied(),
         })
     }
 
@@ -167,9 +172,18 @@ impl Shard {
             slots,
             leases,
             outcomes,
+            fingerprints,
             expiry,
             ..
         } = self;
+        match record.fingerprint {
+            Some(fingerprint) => {
+                fingerprints.insert(key, fingerprint);
+            }
+            None => {
+                fingerprints.remove(&key);
+            }
+        }
         let slot = slots.find_mut(key.low(), |slot| slot.key == key);
         let before = slot
             .as_ref()
@@ -226,6 +240,7 @@ impl Shard {
             entry.remove();
             self.leases.remove(&key);
             self.outcomes.remove(&key);
+            self.fingerprints.remove(&key);
         }
     }
 

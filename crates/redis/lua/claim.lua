@@ -1,20 +1,27 @@
--- claim: KEYS = record, the partition's token clock; ARGV = now_ms, lease_ms, ttl slack ms
--- {'inflight', until} | {'done'} | {'done', outcome} | {'acquired', token, until}
+-- claim: KEYS = record, the partition's token clock
+-- ARGV = now_ms, lease_ms, ttl slack ms, fingerprint (16 bytes, or empty for none)
+-- {'inflight', until} | {'done'} | {'done', outcome} | {'conflict'} | {'acquired', token, until}
+-- A live record claimed for another payload is a conflict; one without a fingerprint takes the
+-- claimer's (core's transition::claim is the rule this mirrors).
 local now = tonumber(ARGV[1])
 local lease = tonumber(ARGV[2])
 local slack = tonumber(ARGV[3])
-local r = redis.call('HMGET', KEYS[1], 's', 'e', 't', 'u', 'o')
+local fingerprint = ARGV[4]
+local r = redis.call('HMGET', KEYS[1], 's', 'e', 't', 'u', 'o', 'f')
 local expires = now
+local kept = false
 if r[1] then
   local e = tonumber(r[2])
   local u = tonumber(r[4] or '0')
   if now < e or (r[1] == 'r' and now < u) then
+    if r[6] and fingerprint ~= '' and r[6] ~= fingerprint then return {'conflict'} end
     if r[1] == 'r' and now < u then return {'inflight', u} end
     if r[1] == 'c' then
       if r[5] then return {'done', r[5]} end
       return {'done'}
     end
     expires = e
+    kept = r[6] ~= false
   end
 end
 -- The token is a hybrid clock: the server's time in microseconds, or one more than the last
@@ -31,5 +38,13 @@ redis.call('SET', KEYS[2], text)
 local till = now + lease
 redis.call('HSET', KEYS[1], 's', 'r', 'e', string.format('%d', expires), 't', text, 'u', string.format('%d', till))
 redis.call('HDEL', KEYS[1], 'o')
+-- A forgotten record's fingerprint goes with it.
+if not kept then
+  if fingerprint ~= '' then
+    redis.call('HSET', KEYS[1], 'f', fingerprint)
+  else
+    redis.call('HDEL', KEYS[1], 'f')
+  end
+end
 redis.call('PEXPIRE', KEYS[1], math.max(expires, till) - now + slack)
 return {'acquired', text, string.format('%d', till)}

@@ -11,7 +11,8 @@ redis.call('HDEL', KEYS[3], ARGV[6])
 local r = redis.call('HMGET', KEYS[1], 's', 'e', 't', 'u')
 if not r[1] or r[1] ~= 'r' or r[3] ~= ARGV[1] then return 0 end
 if not (now < tonumber(r[2]) or now < tonumber(r[4])) then return 0 end
-redis.call('DEL', KEYS[1])
+-- The fingerprint stays: a repeat for another payload is still a conflict.
+redis.call('HDEL', KEYS[1], 't', 'u', 'o')
 redis.call('HSET', KEYS[1], 's', 'c', 'e', string.format('%d', now + retention))
 if ARGV[8] then redis.call('HSET', KEYS[1], 'o', ARGV[8]) end
 redis.call('PEXPIRE', KEYS[1], retention + slack)

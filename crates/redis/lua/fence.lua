@@ -15,7 +15,8 @@ if op == 'renew' then
   redis.call('HSET', KEYS[1], 'u', string.format('%d', till))
   redis.call('PEXPIRE', KEYS[1], math.max(e, till) - now + slack)
 elseif op == 'complete' then
-  redis.call('DEL', KEYS[1])
+  -- The fingerprint stays: a repeat for another payload is still a conflict.
+  redis.call('HDEL', KEYS[1], 't', 'u', 'o')
   redis.call('HSET', KEYS[1], 's', 'c', 'e', string.format('%d', now + ms))
   if ARGV[6] then redis.call('HSET', KEYS[1], 'o', ARGV[6]) end
   redis.call('PEXPIRE', KEYS[1], ms + slack)

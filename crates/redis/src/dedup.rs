@@ -61,11 +61,12 @@ impl<C: Clock> DedupStore for RedisStore<C> {
         .await
     }
 
-    async fn claim(
+    async fn claim_with_fingerprint(
         &self,
         key: &KeyHash,
         partition: u16,
         lease: Duration,
+        fingerprint: Option<Fingerprint>,
     ) -> Result<Claim, StoreError> {
         oncegate_core::store::require_partition(partition, self.inner.partitions)?;
         let key = *key;
@@ -78,6 +79,8 @@ impl<C: Clock> DedupStore for RedisStore<C> {
                 .arg(inner.clock.now_ms())
                 .arg(millis(lease))
                 .arg(TTL_SLACK_MS)
+                // Empty for none: a fingerprint is always 16 bytes.
+                .arg(fingerprint.as_ref().map_or(&[][..], |f| &f.0[..]))
                 .invoke_async(&mut conn)
                 .await
                 .map_err(unavailable)?;
@@ -99,6 +102,7 @@ impl<C: Clock> DedupStore for RedisStore<C> {
                 Some("inflight") => Ok(Claim::InFlight {
                     until_ms: reply.get(1).and_then(int).unwrap_or(0),
                 }),
+                Some("conflict") => Ok(Claim::Conflict),
                 Some("done") => Ok(Claim::Done {
                     outcome: match reply.get(1) {
                         Some(Value::BulkString(bytes)) => Some(Bytes::from(bytes.clone())),
@@ -137,7 +141,7 @@ impl<C: Clock> DedupStore for RedisStore<C> {
         self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
             let fields: Vec<Value> = redis::cmd("HMGET")
                 .arg(inner.record_key(&key, partition))
-                .arg(&["s", "e", "t", "u", "o"])
+                .arg(&["s", "e", "t", "u", "o", "f"])
                 .query_async(&mut conn)
                 .await
                 .map_err(unavailable)?;

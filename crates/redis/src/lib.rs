@@ -28,8 +28,8 @@ use oncegate_core::queue_index::PartitionIndex;
 use oncegate_core::store::millis;
 use oncegate_core::{
     Admission, Claim, Clock, DeadLetter, DedupStore, Delivery, Event, EventQueue, FenceCheck,
-    FencingToken, KeyHash, Lease, Nonce, QueueId, Record, RecordState, StoreError, StoreStats,
-    SystemClock, WatermarkOutcome, WatermarkStore,
+    FencingToken, Fingerprint, KeyHash, Lease, Nonce, QueueId, Record, RecordState, StoreError,
+    StoreStats, SystemClock, WatermarkOutcome, WatermarkStore,
 };
 use redis::{Script, Value};
 use serde::{Deserialize, Serialize};

@@ -37,7 +37,7 @@ pub(super) fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, 
         .map_err(|e| StoreError::Corrupt(format!("a stored value does not decode: {e}")))
 }
 
-/// Parses HMGET s e t u o into a record.
+/// Parses HMGET s e t u o f into a record (stats ask for the first four only).
 pub(super) fn parse_record(fields: Vec<Value>) -> Option<Record> {
     let state = text(fields.first()?)?.to_owned();
     let expires_at_ms = int(fields.get(1)?)?;
@@ -55,9 +55,14 @@ pub(super) fn parse_record(fields: Vec<Value>) -> Option<Record> {
         },
         _ => return None,
     };
+    let fingerprint = match fields.get(5) {
+        Some(Value::BulkString(bytes)) => Some(Fingerprint(bytes.as_slice().try_into().ok()?)),
+        _ => None,
+    };
     Some(Record {
         state,
         expires_at_ms,
+        fingerprint,
     })
 }
 

@@ -120,7 +120,8 @@ fn main() {
                                     let _ = store.retry(delivery.id, until_ms).await;
                                     continue;
                                 }
-                                Err(_) => {
+                                // No fingerprints here, so no conflict: both are a retry.
+                                Ok(Claim::Conflict) | Err(_) => {
                                     let _ = store.retry(delivery.id, 0).await;
                                     continue;
                                 }

@@ -1,0 +1,93 @@
+//! The contract cases. Each builds its own store from the factory.
+
+mod admit;
+mod claim;
+mod fingerprint;
+mod operators;
+mod queue;
+mod races;
+
+pub use admit::*;
+pub use claim::*;
+pub use fingerprint::*;
+pub use operators::*;
+pub use queue::*;
+pub use races::*;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Barrier, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use oncegate_core::{
+    Admission, Claim, FenceCheck, Lease, ManualClock, RecordState, Store, WatermarkOutcome, key_for,
+};
+
+use crate::{block_on, clock, event, key};
+
+const DAY: Duration = Duration::from_secs(24 * 3600);
+const LEASE: Duration = Duration::from_secs(30);
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+/// The partition of a key admitted with an event without an order key (the event's own key
+/// decides it), or of a business key.
+fn home<S: Store>(store: &S, k: &oncegate_core::KeyHash) -> u16 {
+    k.home(store.partitions())
+}
+
+#[track_caller]
+fn lease_of(claim: Claim) -> Lease {
+    match claim {
+        Claim::Acquired(lease) => lease,
+        other => panic!("expected the claim to be granted, got {other:?}"),
+    }
+}
+
+#[track_caller]
+fn admitted(admission: Admission) -> oncegate_core::QueueId {
+    match admission {
+        Admission::Admitted { id } => id,
+        other => panic!("expected the event to be admitted, got {other:?}"),
+    }
+}
+
+/// Run `f` on `threads` OS threads at once, each with its own runtime, after a common start.
+fn race<S: Store, T: Send>(store: &S, threads: usize, f: impl Fn(&S, usize) -> T + Sync) -> Vec<T> {
+    let barrier = Barrier::new(threads);
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|thread| {
+                let (barrier, f) = (&barrier, &f);
+                scope.spawn(move || {
+                    barrier.wait();
+                    f(store, thread)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("racer panicked"))
+            .collect()
+    })
+}
+
+/// Admits one event per id, in order, and returns their queue positions.
+async fn admit_in_order<S: Store>(
+    store: &S,
+    ids: &[&str],
+    chat: Option<&str>,
+) -> Vec<oncegate_core::QueueId> {
+    let mut out = Vec::new();
+    for id in ids {
+        out.push(admitted(
+            store
+                .admit(event(id, chat), &[key(id)], DAY)
+                .await
+                .expect("admit"),
+        ));
+    }
+    out
+}
