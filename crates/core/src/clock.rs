@@ -37,11 +37,6 @@ impl ManualClock {
     pub fn advance_ms(&self, ms: u64) {
         self.0.fetch_add(ms, Ordering::SeqCst);
     }
-
-    /// Sets the clock to `ms`.
-    pub fn set_ms(&self, ms: u64) {
-        self.0.store(ms, Ordering::SeqCst);
-    }
 }
 
 impl Clock for ManualClock {

@@ -32,8 +32,8 @@ pub struct Event {
 }
 
 impl Event {
-    /// The primary dedup key: the event id, namespaced by source and app.
-    pub fn primary_key(&self) -> KeyHash {
+    /// The event id, namespaced by source and app: orders an event that has no order key.
+    fn primary_key(&self) -> KeyHash {
         key_for(&self.source, &self.app, "event_id", &self.event_id)
     }
 

@@ -70,14 +70,6 @@ impl KeyHash {
         partition_of(self.low64(), partitions)
     }
 
-    /// Reassembles a key from its two halves (inverse of `low64`/`high64`).
-    pub fn from_halves(low: u64, high: u64) -> Self {
-        let mut bytes = [0u8; 16];
-        bytes[..8].copy_from_slice(&low.to_le_bytes());
-        bytes[8..].copy_from_slice(&high.to_le_bytes());
-        Self(bytes)
-    }
-
     /// Parses the 32-character hex form that `Display` prints.
     pub fn from_hex(text: &str) -> Option<Self> {
         let text = text.trim();
@@ -169,7 +161,6 @@ mod tests {
     fn hex_round_trips_and_rejects_garbage() {
         let key = key_for("feishu", "app", "event_id", "x");
         assert_eq!(KeyHash::from_hex(&key.to_string()), Some(key));
-        assert_eq!(KeyHash::from_halves(key.low64(), key.high64()), key);
         assert_eq!(KeyHash::from_hex("zz"), None);
         assert_eq!(KeyHash::from_hex(&"g".repeat(32)), None);
         assert_eq!(KeyHash::from_hex(&"é".repeat(16)), None);

@@ -105,16 +105,6 @@ impl PartitionIndex {
         true
     }
 
-    /// Forgets what was handed out, as a restart does: every head waits again.
-    pub fn reset_in_flight(&mut self) {
-        for (seq, order) in self.in_flight.drain() {
-            if let Some(chain) = self.chains.get_mut(&order) {
-                chain.in_flight = false;
-            }
-            self.waiting.insert((seq, order));
-        }
-    }
-
     /// Events in the partition, handed out or not.
     pub fn len(&self) -> usize {
         self.chains.values().map(|chain| chain.seqs.len()).sum()
@@ -152,7 +142,5 @@ mod tests {
         assert!(index.remove(0));
         assert_eq!(index.take_ready(50, 10), vec![2]);
         assert_eq!(index.len(), 3);
-        index.reset_in_flight();
-        assert_eq!(index.take_ready(50, 1), vec![2]);
     }
 }

@@ -78,20 +78,6 @@ impl ReplayGuard {
         }
     }
 
-    /// `check`, then `remember` when fresh: for callers with nothing to admit in between.
-    pub fn check_and_remember(
-        &mut self,
-        timestamp_secs: u64,
-        nonce: &str,
-        now_secs: u64,
-    ) -> ReplayVerdict {
-        let verdict = self.check(timestamp_secs, nonce, now_secs);
-        if verdict == ReplayVerdict::Fresh {
-            self.remember(nonce, now_secs);
-        }
-        verdict
-    }
-
     /// How many nonces are held now.
     pub fn len(&self) -> usize {
         self.current.len() + self.previous.len()
@@ -121,6 +107,20 @@ impl ReplayGuard {
 mod tests {
     use super::*;
 
+    /// What the gateway does: `check`, and `remember` when fresh (it admits in between).
+    fn check_and_remember(
+        guard: &mut ReplayGuard,
+        timestamp_secs: u64,
+        nonce: &str,
+        now_secs: u64,
+    ) -> ReplayVerdict {
+        let verdict = guard.check(timestamp_secs, nonce, now_secs);
+        if verdict == ReplayVerdict::Fresh {
+            guard.remember(nonce, now_secs);
+        }
+        verdict
+    }
+
     #[test]
     fn stale_timestamps_are_refused_both_ways() {
         let mut guard = ReplayGuard::new(300, 100);
@@ -140,7 +140,7 @@ mod tests {
         let mut guard = ReplayGuard::new(300, 100);
         let t0 = 10_000;
         assert_eq!(
-            guard.check_and_remember(t0, "abc", t0),
+            check_and_remember(&mut guard, t0, "abc", t0),
             ReplayVerdict::Fresh
         );
         // Replays at every second while the timestamp still passes the skew check.
@@ -158,7 +158,7 @@ mod tests {
         // A timestamp from the future seen at t0 passes until t0 + 600.
         let mut guard = ReplayGuard::new(300, 100);
         assert_eq!(
-            guard.check_and_remember(t0 + 300, "f", t0),
+            check_and_remember(&mut guard, t0 + 300, "f", t0),
             ReplayVerdict::Fresh
         );
         for now in t0..=t0 + 600 {
@@ -184,7 +184,7 @@ mod tests {
         let mut guard = ReplayGuard::new(10, 50);
         for i in 0..50 {
             assert_eq!(
-                guard.check_and_remember(1_000, &format!("n{i}"), 1_000),
+                check_and_remember(&mut guard, 1_000, &format!("n{i}"), 1_000),
                 ReplayVerdict::Fresh
             );
         }

@@ -141,7 +141,7 @@ pub enum Cloud {
 
 impl Cloud {
     /// The source name events carry: `feishu` or `lark`.
-    pub fn source_name(self) -> &'static str {
+    fn source_name(self) -> &'static str {
         match self {
             Cloud::Feishu => "feishu",
             Cloud::Lark => "lark",

@@ -165,7 +165,8 @@ async fn record<S: Store>(
                 }
             };
             axum::Json(
-                json!({"key": query.key, "partition": partition, "record": state, "expires_at_ms": record.expires_at_ms}),
+                json!({"key": query.key, "partition": partition, "record": state, "expires_at_ms": record.expires_at_ms,
+                       "fingerprint": record.fingerprint.map(|f| f.to_string())}),
             )
             .into_response()
         }

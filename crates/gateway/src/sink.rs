@@ -208,7 +208,7 @@ impl HttpSink {
 }
 
 /// How an HTTP status is treated.
-pub fn classify(status: u16) -> Result<(), SinkError> {
+pub(crate) fn classify(status: u16) -> Result<(), SinkError> {
     match status {
         200..=299 => Ok(()),
         300..=399 => Err(SinkError::Permanent(format!(

@@ -263,3 +263,85 @@ async fn repeats_of_a_card_click_that_come_while_it_is_answered_get_its_answer()
         assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), round + 1);
     }
 }
+
+async fn admin_get(
+    gateway: &Gateway<MemoryStore<Arc<ManualClock>>>,
+    path: &str,
+    token: Option<&str>,
+) -> (StatusCode, serde_json::Value) {
+    let mut request = Request::get(path);
+    if let Some(token) = token {
+        request = request.header("authorization", format!("Bearer {token}"));
+    }
+    let response = gateway
+        .admin_router()
+        .oneshot(request.body(Body::empty()).expect("request"))
+        .await
+        .expect("infallible");
+    let status = response.status();
+    let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+        .await
+        .expect("body");
+    (status, serde_json::from_slice(&body).expect("json"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_router_shows_a_cards_record_with_its_fingerprint_behind_the_token() {
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let url = slow_card_handler(calls).await;
+    let sink = oncegate_gateway::HttpSink::new(&url, None, std::time::Duration::from_secs(2))
+        .expect("sink");
+    let store = MemoryStore::with_clock(
+        MemoryConfig::default(),
+        Arc::new(ManualClock::new(START_MS)),
+    );
+    let gateway = Gateway::new(
+        store,
+        GatewayParts {
+            sources: vec![("s".into(), Arc::new(app()))],
+            admin_token: Some("admin-secret".into()),
+            clock: Arc::new(ManualClock::new(START_MS)),
+            ..GatewayParts::default()
+        },
+    )
+    .route(
+        &["card.action.trigger"],
+        Arc::new(sink),
+        oncegate_gateway::StaleEvents::Deliver,
+    )
+    .expect("route");
+    let (status, _) = call(&gateway, card_click("card-admin", "yes")).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _) = call(&gateway, request("ev_admin", "m_admin")).await;
+    assert_eq!(status, StatusCode::OK);
+
+    let card = oncegate_core::key_for("feishu", "cli_ip", "event_id", "card-admin");
+    let path = format!("/admin/record?key={card}");
+    let (status, body) = admin_get(&gateway, &path, None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+    let (status, body) = admin_get(&gateway, &path, Some("admin-secret")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["record"]["state"], "completed", "{body}");
+    let fingerprint = body["fingerprint"]
+        .as_str()
+        .expect("a card names its payload");
+    assert_eq!(fingerprint.len(), 32, "{body}");
+    assert!(fingerprint.bytes().all(|b| b.is_ascii_hexdigit()), "{body}");
+
+    // An event is claimed for no payload: its record has none.
+    let event = oncegate_core::key_for("feishu", "cli_ip", "event_id", "ev_admin");
+    let (status, body) = admin_get(
+        &gateway,
+        &format!("/admin/record?key={event}"),
+        Some("admin-secret"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["record"]["state"], "pending", "{body}");
+    assert!(body["fingerprint"].is_null(), "{body}");
+
+    let (status, body) = admin_get(&gateway, "/admin/stats", Some("admin-secret")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["gateway"]["admitted"], 1, "{body}");
+    assert_eq!(body["gateway"]["cards"], 1, "{body}");
+}
