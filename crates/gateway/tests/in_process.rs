@@ -77,19 +77,21 @@ fn request_at(event_id: &str, message: &str, timestamp_secs: u64, nonce: &str) -
     builder.body(Body::from(sealed.body)).expect("request")
 }
 
-async fn call(
-    gateway: &Gateway<MemoryStore<Arc<ManualClock>>>,
-    request: Request<Body>,
-) -> (StatusCode, String) {
-    let response = gateway
-        .webhooks_router()
-        .oneshot(request)
-        .await
-        .expect("infallible");
+/// Sends `request` to `router` and reads the whole answer.
+async fn exchange(router: axum::Router, request: Request<Body>) -> (StatusCode, Vec<u8>) {
+    let response = router.oneshot(request).await.expect("infallible");
     let status = response.status();
     let body = axum::body::to_bytes(response.into_body(), 1 << 20)
         .await
         .expect("body");
+    (status, body.to_vec())
+}
+
+async fn call(
+    gateway: &Gateway<MemoryStore<Arc<ManualClock>>>,
+    request: Request<Body>,
+) -> (StatusCode, String) {
+    let (status, body) = exchange(gateway.webhooks_router(), request).await;
     (status, String::from_utf8_lossy(&body).into_owned())
 }
 
@@ -273,15 +275,8 @@ async fn admin_get(
     if let Some(token) = token {
         request = request.header("authorization", format!("Bearer {token}"));
     }
-    let response = gateway
-        .admin_router()
-        .oneshot(request.body(Body::empty()).expect("request"))
-        .await
-        .expect("infallible");
-    let status = response.status();
-    let body = axum::body::to_bytes(response.into_body(), 1 << 20)
-        .await
-        .expect("body");
+    let request = request.body(Body::empty()).expect("request");
+    let (status, body) = exchange(gateway.admin_router(), request).await;
     (status, serde_json::from_slice(&body).expect("json"))
 }
 
