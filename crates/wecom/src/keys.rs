@@ -1,0 +1,244 @@
+//! A decrypted callback as oncegate's normalized event: its type, order key, creation time and
+//! the dedup keys that never collide and never split.
+//!
+//! **The key of every event family is all of its fields.** The primary key hashes every leaf
+//! field of the decrypted document (path and text, sorted, each length-prefixed), so two
+//! callbacks share a key only when they are the same document: a platform retry (the same
+//! plaintext, encrypted again) is a duplicate, and no two distinct events can collide, whatever
+//! family they belong to — including the ones the SDKs' hand-picked keys merged: many users'
+//! voice messages in one second, batch approvals (`ApprovalInfo/SpNo`), several contacts added in
+//! one second (`ExternalUserID`), an add and a delete of one chat member in one second
+//! (`UpdateDetail`, `MemChangeList/Item`, `CurMemVer`). Messages also get a secondary key from
+//! `MsgId` (or `MsgID`) with the sender, so a message resent with a changed envelope field is
+//! still one message (off with `dedup.message_id = false`).
+
+use bytes::Bytes;
+use oncegate_core::{Event, KeyHash, Keys};
+
+use crate::xml::Fields;
+
+/// What a source knows about the app a callback was for.
+pub(crate) struct Origin<'a> {
+    /// `wecom` or `wechat`.
+    pub(crate) source: &'a str,
+    /// The corp id or the Official Account's app id.
+    pub(crate) app: &'a str,
+}
+
+/// The message id of a message (`MsgId`; `MsgID` in some events).
+fn message_id(fields: &Fields) -> Option<&str> {
+    fields.text("MsgId").or_else(|| fields.text("MsgID"))
+}
+
+/// The primary key: every field of the document.
+pub(crate) fn fields_key(origin: &Origin<'_>, fields: &Fields) -> KeyHash {
+    let mut pairs: Vec<&(String, String)> = fields.pairs().iter().collect();
+    pairs.sort_unstable();
+    let mut parts: Vec<&str> = Vec::with_capacity(3 + 2 * pairs.len());
+    parts.extend([origin.source, origin.app, "fields"]);
+    for (path, text) in pairs {
+        parts.push(path);
+        parts.push(text.trim());
+    }
+    KeyHash::of(&parts)
+}
+
+/// The event type routes match: `message.<MsgType>`, `event.<Event>[.<ChangeType>]`, or
+/// `suite.<InfoType>` for third-party suite pushes.
+fn event_type(fields: &Fields) -> String {
+    match (fields.text("MsgType"), fields.text("InfoType")) {
+        (Some(kind), _) if kind.eq_ignore_ascii_case("event") => {
+            let event = fields.text("Event").unwrap_or("unknown");
+            match fields.text("ChangeType") {
+                Some(change) => format!("event.{event}.{change}"),
+                None => format!("event.{event}"),
+            }
+        }
+        (Some(kind), _) => format!("message.{kind}"),
+        (None, Some(info)) => format!("suite.{info}"),
+        (None, None) => "unknown".to_owned(),
+    }
+}
+
+/// The order key: the external group, else the external contact, else the user (not `sys`,
+/// which every system event has).
+fn order_key(fields: &Fields) -> Option<String> {
+    fields
+        .text("ChatId")
+        .or_else(|| fields.text("ExternalUserID"))
+        .or_else(|| fields.text("FromUserName").filter(|from| *from != "sys"))
+        .map(str::to_owned)
+}
+
+/// The normalized event and its keys, from a decrypted document's fields and bytes.
+pub(crate) fn normalize(origin: &Origin<'_>, fields: &Fields, document: Bytes) -> (Event, Keys) {
+    let primary = fields_key(origin, fields);
+    let mut keys = Keys::new(primary);
+    let id = message_id(fields);
+    if let Some(id) = id {
+        let from = fields.text("FromUserName").unwrap_or_default();
+        keys = keys.with(KeyHash::of(&[
+            origin.source,
+            origin.app,
+            "msg_id",
+            id,
+            from,
+        ]));
+    }
+    let created_secs = fields
+        .text("CreateTime")
+        .or_else(|| fields.text("TimeStamp"))
+        .and_then(|secs| secs.parse::<u64>().ok())
+        .unwrap_or(0);
+    let event = Event {
+        source: origin.source.into(),
+        app: origin.app.into(),
+        tenant: fields.text("AgentID").map(Into::into),
+        event_id: id.map_or_else(|| primary.to_string(), str::to_owned),
+        event_type: event_type(fields).into(),
+        created_at_ms: created_secs.saturating_mul(1000),
+        order_key: order_key(fields),
+        payload: document,
+    };
+    (event, keys)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ORIGIN: Origin<'static> = Origin {
+        source: "wecom",
+        app: "ww_corp",
+    };
+
+    fn keys_of(xml: &str) -> Keys {
+        let fields = Fields::parse(xml.as_bytes()).expect("xml");
+        normalize(&ORIGIN, &fields, Bytes::from(xml.to_owned())).1
+    }
+
+    fn event_of(xml: &str) -> Event {
+        let fields = Fields::parse(xml.as_bytes()).expect("xml");
+        normalize(&ORIGIN, &fields, Bytes::from(xml.to_owned())).0
+    }
+
+    /// The primary keys of `documents` are pairwise different.
+    #[track_caller]
+    fn all_distinct(documents: &[String]) {
+        let keys: std::collections::HashSet<KeyHash> =
+            documents.iter().map(|doc| keys_of(doc).primary()).collect();
+        assert_eq!(
+            keys.len(),
+            documents.len(),
+            "two distinct events share a key"
+        );
+    }
+
+    #[test]
+    fn a_retry_is_the_same_key_whatever_the_field_order_and_spacing() {
+        let first = "<xml><ToUserName><![CDATA[ww_corp]]></ToUserName><FromUserName>sys</FromUserName><CreateTime>1700642907</CreateTime><MsgType>event</MsgType><Event>change_external_chat</Event><ChatId>wr1</ChatId><ChangeType>update</ChangeType><UpdateDetail>add_member</UpdateDetail></xml>";
+        let again = "<xml>\n  <CreateTime>1700642907</CreateTime>\n  <ToUserName>ww_corp</ToUserName>\n  <MsgType><![CDATA[event]]></MsgType><FromUserName><![CDATA[sys]]></FromUserName><ChangeType>update</ChangeType><Event>change_external_chat</Event><UpdateDetail>add_member</UpdateDetail><ChatId>wr1</ChatId>\n</xml>";
+        assert_eq!(keys_of(first), keys_of(again));
+        let event = event_of(first);
+        assert_eq!(&*event.event_type, "event.change_external_chat.update");
+        assert_eq!(event.order_key.as_deref(), Some("wr1"));
+        assert_eq!(event.created_at_ms, 1_700_642_907_000);
+    }
+
+    #[test]
+    fn many_voice_messages_in_one_second_never_collide() {
+        // The seeds' bot: many users send voice in the same second; MP voice MsgIds have been
+        // seen to repeat across users.
+        let voices: Vec<String> = (0..50)
+            .map(|user| format!("<xml><ToUserName>ww_corp</ToUserName><FromUserName>user{user}</FromUserName><CreateTime>1700000000</CreateTime><MsgType>voice</MsgType><MediaId>m{user}</MediaId><Format>amr</Format><MsgId>7000000000000000001</MsgId><AgentID>1000002</AgentID></xml>"))
+            .collect();
+        all_distinct(&voices);
+        let secondaries: std::collections::HashSet<KeyHash> = voices
+            .iter()
+            .map(|doc| keys_of(doc).as_slice()[1])
+            .collect();
+        assert_eq!(
+            secondaries.len(),
+            voices.len(),
+            "the message key names the sender"
+        );
+    }
+
+    #[test]
+    fn batch_approvals_in_one_second_never_collide() {
+        let approvals: Vec<String> = (0..20)
+            .map(|n| format!("<xml><ToUserName>ww_corp</ToUserName><FromUserName>sys</FromUserName><CreateTime>1700000000</CreateTime><MsgType>event</MsgType><Event>sys_approval_change</Event><AgentID>3010040</AgentID><ApprovalInfo><SpNo>2023010100{n:02}</SpNo><SpName>leave</SpName><SpStatus>2</SpStatus></ApprovalInfo></xml>"))
+            .collect();
+        all_distinct(&approvals);
+    }
+
+    #[test]
+    fn several_contacts_added_in_one_second_never_collide() {
+        let adds: Vec<String> = (0..20)
+            .map(|n| format!("<xml><ToUserName>ww_corp</ToUserName><FromUserName>sys</FromUserName><CreateTime>1403610513</CreateTime><MsgType>event</MsgType><Event>change_external_contact</Event><ChangeType>add_external_contact</ChangeType><UserID>zhangsan</UserID><ExternalUserID>wmEXT{n}</ExternalUserID><State>qr</State><WelcomeCode>W{n}</WelcomeCode></xml>"))
+            .collect();
+        all_distinct(&adds);
+        assert_eq!(event_of(&adds[0]).order_key.as_deref(), Some("wmEXT0"));
+    }
+
+    #[test]
+    fn an_add_and_a_delete_of_one_member_in_one_second_both_count() {
+        let change = |detail: &str, from: &str, to: &str| {
+            format!(
+                "<xml><ToUserName>ww_corp</ToUserName><FromUserName>sys</FromUserName><CreateTime>1700642907</CreateTime><MsgType>event</MsgType><Event>change_external_chat</Event><ChatId>wr1</ChatId><ChangeType>update</ChangeType><UpdateDetail>{detail}</UpdateDetail><JoinScene>0</JoinScene><MemChangeCnt>1</MemChangeCnt><MemChangeList><Item>wmA</Item></MemChangeList><LastMemVer>{from}</LastMemVer><CurMemVer>{to}</CurMemVer></xml>"
+            )
+        };
+        all_distinct(&[
+            change("add_member", "v1", "v2"),
+            change("del_member", "v2", "v3"),
+        ]);
+        // Even without versions (before late 2023), the update detail tells them apart.
+        let bare = |detail: &str| {
+            format!(
+                "<xml><ToUserName>ww_corp</ToUserName><FromUserName>sys</FromUserName><CreateTime>1700642907</CreateTime><MsgType>event</MsgType><Event>change_external_chat</Event><ChatId>wr1</ChatId><ChangeType>update</ChangeType><UpdateDetail>{detail}</UpdateDetail></xml>"
+            )
+        };
+        all_distinct(&[bare("add_member"), bare("del_member")]);
+    }
+
+    #[test]
+    fn tenants_never_share_keys() {
+        let doc = "<xml><ToUserName>x</ToUserName><FromUserName>u</FromUserName><CreateTime>1</CreateTime><MsgType>text</MsgType><Content>hi</Content><MsgId>1</MsgId></xml>";
+        let fields = Fields::parse(doc.as_bytes()).expect("xml");
+        let ours = normalize(&ORIGIN, &fields, Bytes::new()).1;
+        let theirs = normalize(
+            &Origin {
+                source: "wecom",
+                app: "ww_other",
+            },
+            &fields,
+            Bytes::new(),
+        )
+        .1;
+        for (a, b) in ours.as_slice().iter().zip(theirs.as_slice()) {
+            assert_ne!(a, b);
+        }
+    }
+
+    #[test]
+    fn types_ids_and_order_keys() {
+        let text = event_of(
+            "<xml><FromUserName>zhangsan</FromUserName><CreateTime>5</CreateTime><MsgType>text</MsgType><MsgId>42</MsgId><AgentID>7</AgentID></xml>",
+        );
+        assert_eq!(&*text.event_type, "message.text");
+        assert_eq!(text.event_id, "42");
+        assert_eq!(text.tenant.as_deref(), Some("7"));
+        assert_eq!(text.order_key.as_deref(), Some("zhangsan"));
+        let job = event_of(
+            "<xml><FromUserName>sys</FromUserName><CreateTime>5</CreateTime><MsgType>event</MsgType><Event>MASSSENDJOBFINISH</Event><MsgID>1000001625</MsgID></xml>",
+        );
+        assert_eq!(job.event_id, "1000001625", "MsgID counts as the message id");
+        assert_eq!(job.order_key, None, "sys is nobody's conversation");
+        let suite = event_of(
+            "<xml><SuiteId>ww_suite</SuiteId><InfoType>suite_ticket</InfoType><TimeStamp>1403610513</TimeStamp><SuiteTicket>t</SuiteTicket></xml>",
+        );
+        assert_eq!(&*suite.event_type, "suite.suite_ticket");
+        assert_eq!(suite.created_at_ms, 1_403_610_513_000);
+        assert_eq!(suite.event_id.len(), 32, "no id: the fields key names it");
+    }
+}

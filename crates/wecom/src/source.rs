@@ -1,0 +1,339 @@
+//! WeCom and WeChat behind the platform seam: a callback in — a URL verification (GET with
+//! `echostr`) or an event (POST) — a challenge answer or an admission out; and the sealers that
+//! send as the platforms do, for `oncegate simulate` and tests.
+
+use bytes::Bytes;
+use oncegate_core::{
+    Accepted, Admit, Callback, Decoded, Method, Refusal, RefusalKind, Reply, SealedRequest, Sealer,
+    Stamp, SyntheticMessage, WebhookSource,
+};
+
+use crate::keys::{Origin, normalize};
+use crate::query::Query;
+use crate::xml::Fields;
+use crate::{AesKey, WechatApp, WecomApp, WecomError, crypto};
+
+impl WecomError {
+    /// The refusal the gateway answers with.
+    pub fn refusal(&self) -> Refusal {
+        let (kind, label) = match self {
+            WecomError::BadSignature => (RefusalKind::Unauthenticated, "bad_signature"),
+            WecomError::BadCiphertext(_) | WecomError::BadKey(_) => {
+                (RefusalKind::BadInput, "decrypt_error")
+            }
+            WecomError::WrongReceiver { .. } | WecomError::WrongApp { .. } => {
+                (RefusalKind::BadInput, "wrong_app")
+            }
+            WecomError::BadXml(_) => (RefusalKind::BadInput, "bad_xml"),
+            WecomError::BadTimestamp(_) => (RefusalKind::BadInput, "bad_timestamp"),
+            WecomError::PlainRefused | WecomError::NoKey | WecomError::EmptySecret(_) => {
+                (RefusalKind::BadInput, "wrong_mode")
+            }
+        };
+        Refusal::new(kind, label, self.to_string())
+    }
+}
+
+/// The signed query parameters every callback carries.
+struct Signed<'q> {
+    signature: &'q str,
+    timestamp: &'q str,
+    nonce: &'q str,
+}
+
+impl<'q> Signed<'q> {
+    fn from(query: &'q Query, signature: &str) -> Result<Self, WecomError> {
+        match (
+            query.get(signature),
+            query.get("timestamp"),
+            query.get("nonce"),
+        ) {
+            (Some(signature), Some(timestamp), Some(nonce)) => Ok(Self {
+                signature,
+                timestamp,
+                nonce,
+            }),
+            _ => Err(WecomError::BadSignature),
+        }
+    }
+
+    /// Verifies the signature over the token, the timestamp, the nonce and `extra`.
+    fn verify(&self, token: &str, extra: Option<&str>) -> Result<(), WecomError> {
+        let mut parts = vec![token, self.timestamp, self.nonce];
+        parts.extend(extra);
+        if crypto::verify(self.signature, &parts) {
+            Ok(())
+        } else {
+            Err(WecomError::BadSignature)
+        }
+    }
+
+    /// The replay stamp: only read once the signature verified.
+    fn stamp(&self) -> Result<Stamp, WecomError> {
+        let timestamp_secs = self
+            .timestamp
+            .parse()
+            .map_err(|_| WecomError::BadTimestamp(self.timestamp.to_owned()))?;
+        Ok(Stamp {
+            timestamp_secs,
+            nonce: self.nonce.to_owned(),
+        })
+    }
+}
+
+/// The `Encrypt` of an envelope, read before the signature is checked: any failure is the
+/// signature's, so a forger learns nothing.
+fn envelope_encrypt(body: &[u8]) -> Result<String, WecomError> {
+    let fields = Fields::parse(body).map_err(|_| WecomError::BadSignature)?;
+    fields
+        .text("Encrypt")
+        .map(str::to_owned)
+        .ok_or(WecomError::BadSignature)
+}
+
+/// An event for `origin` from its decrypted document, addressed to `expected`.
+fn admit(origin: &Origin<'_>, document: Vec<u8>, stamp: Stamp) -> Result<Decoded, WecomError> {
+    let fields = Fields::parse(&document)?;
+    if let Some(to) = fields.text("ToUserName")
+        && to != origin.app
+    {
+        return Err(WecomError::WrongApp {
+            expected: origin.app.to_owned(),
+            got: to.to_owned(),
+        });
+    }
+    let (event, keys) = normalize(origin, &fields, Bytes::from(document));
+    Ok(Decoded::Admit {
+        admit: Admit::new(event, keys),
+        stamp: Some(stamp),
+    })
+}
+
+impl WecomApp {
+    fn origin(&self) -> Origin<'_> {
+        Origin {
+            source: "wecom",
+            app: &self.corp_id,
+        }
+    }
+
+    fn open(&self, callback: &Callback<'_>) -> Result<Decoded, WecomError> {
+        let query = Query::parse(callback.query);
+        let signed = Signed::from(&query, "msg_signature")?;
+        match callback.method {
+            // URL verification: the encrypted echostr is signed; its plaintext is the answer.
+            Method::Get => {
+                let echostr = query.get("echostr").ok_or(WecomError::BadSignature)?;
+                signed.verify(&self.token, Some(echostr))?;
+                let plain = crypto::decrypt(&self.key, echostr, &self.corp_id)?;
+                Ok(Decoded::Challenge(Reply::text(plain)))
+            }
+            Method::Post => {
+                let encrypt = envelope_encrypt(callback.body)?;
+                signed.verify(&self.token, Some(&encrypt))?;
+                let stamp = signed.stamp()?;
+                let document = crypto::decrypt(&self.key, &encrypt, &self.corp_id)?;
+                admit(&self.origin(), document, stamp)
+            }
+        }
+    }
+}
+
+impl WebhookSource for WecomApp {
+    fn platform(&self) -> &str {
+        "wecom"
+    }
+
+    fn decode(&self, callback: &Callback<'_>) -> Result<Decoded, Refusal> {
+        self.open(callback).map_err(|error| error.refusal())
+    }
+
+    /// WeCom takes an empty 200 as "received".
+    fn accepted(&self, _how: Accepted) -> Reply {
+        Reply::text(Bytes::new())
+    }
+}
+
+impl WechatApp {
+    fn origin(&self) -> Origin<'_> {
+        Origin {
+            source: "wechat",
+            app: &self.app_id,
+        }
+    }
+
+    fn open(&self, callback: &Callback<'_>) -> Result<Decoded, WecomError> {
+        let query = Query::parse(callback.query);
+        let safe = query.get("encrypt_type") == Some("aes");
+        match (callback.method, safe, &self.key) {
+            // URL verification: the plain signature; the echostr goes back as it came.
+            (Method::Get, _, _) => {
+                let signed = Signed::from(&query, "signature")?;
+                let echostr = query.get("echostr").ok_or(WecomError::BadSignature)?;
+                signed.verify(&self.token, None)?;
+                Ok(Decoded::Challenge(Reply::text(echostr.to_owned())))
+            }
+            (Method::Post, true, Some(key)) => {
+                let signed = Signed::from(&query, "msg_signature")?;
+                let encrypt = envelope_encrypt(callback.body)?;
+                signed.verify(&self.token, Some(&encrypt))?;
+                let stamp = signed.stamp()?;
+                let document = crypto::decrypt(key, &encrypt, &self.app_id)?;
+                admit(&self.origin(), document, stamp)
+            }
+            // Plain mode signs only the token, timestamp and nonce, not the body: with a key
+            // configured, only the signed-and-encrypted form is taken.
+            (Method::Post, false, None) => {
+                let signed = Signed::from(&query, "signature")?;
+                signed.verify(&self.token, None)?;
+                let stamp = signed.stamp()?;
+                admit(&self.origin(), callback.body.to_vec(), stamp)
+            }
+            (Method::Post, false, Some(_)) => {
+                Signed::from(&query, "signature")?.verify(&self.token, None)?;
+                Err(WecomError::PlainRefused)
+            }
+            (Method::Post, true, None) => {
+                Signed::from(&query, "signature")?.verify(&self.token, None)?;
+                Err(WecomError::NoKey)
+            }
+        }
+    }
+}
+
+impl WebhookSource for WechatApp {
+    fn platform(&self) -> &str {
+        "wechat"
+    }
+
+    fn decode(&self, callback: &Callback<'_>) -> Result<Decoded, Refusal> {
+        self.open(callback).map_err(|error| error.refusal())
+    }
+
+    /// WeChat takes `success` as "received, nothing to reply".
+    fn accepted(&self, _how: Accepted) -> Reply {
+        Reply::text(Bytes::from_static(b"success"))
+    }
+}
+
+/// A text message as the platform's XML.
+fn text_message(to: &str, message: &SyntheticMessage, agent: Option<&str>) -> Vec<u8> {
+    // Message ids are 64-bit numbers on these platforms.
+    let msg_id = message
+        .id
+        .parse::<u64>()
+        .unwrap_or_else(|_| oncegate_core::KeyHash::of(&[&message.id]).low64() >> 1);
+    let agent = agent.map_or_else(String::new, |agent| format!("<AgentID>{agent}</AgentID>"));
+    format!(
+        "<xml><ToUserName><![CDATA[{to}]]></ToUserName><FromUserName><![CDATA[{from}]]></FromUserName><CreateTime>{created}</CreateTime><MsgType><![CDATA[text]]></MsgType><Content><![CDATA[{text}]]></Content><MsgId>{msg_id}</MsgId>{agent}</xml>",
+        // The conversation is the sender's: the synthetic chat is the sender, so that
+        // `simulate --chats` spreads the order keys.
+        from = message.chat,
+        created = message.created_ms / 1000,
+        text = message.text.replace("]]>", "]]]]><![CDATA[>"),
+    )
+    .into_bytes()
+}
+
+/// Who seals: the token, the key and the receive id.
+struct Sealing<'a> {
+    token: &'a str,
+    key: &'a AesKey,
+    receive_id: &'a str,
+}
+
+fn encoded(nonce: &str) -> percent_encoding::PercentEncode<'_> {
+    percent_encoding::utf8_percent_encode(nonce, percent_encoding::NON_ALPHANUMERIC)
+}
+
+/// An encrypted envelope and its signed query (after `extra_query`), as both platforms send it.
+fn sealed_encrypted(
+    sealing: Sealing<'_>,
+    plaintext: &[u8],
+    timestamp_secs: u64,
+    nonce: &str,
+    iv: [u8; 16],
+    extra_query: &str,
+) -> SealedRequest {
+    let Sealing {
+        token,
+        key,
+        receive_id,
+    } = sealing;
+    let encrypt = crypto::encrypt(key, plaintext, receive_id, iv);
+    let timestamp = timestamp_secs.to_string();
+    let signature = crypto::signature(&[token, &timestamp, nonce, &encrypt]);
+    let body = format!(
+        "<xml><ToUserName><![CDATA[{receive_id}]]></ToUserName><Encrypt><![CDATA[{encrypt}]]></Encrypt></xml>"
+    );
+    SealedRequest {
+        method: Method::Post,
+        query: Some(format!(
+            "{extra_query}msg_signature={signature}&timestamp={timestamp}&nonce={}",
+            encoded(nonce)
+        )),
+        headers: vec![("content-type", "text/xml".to_owned())],
+        body: body.into_bytes(),
+    }
+}
+
+impl Sealer for WecomApp {
+    fn message(&self, message: &SyntheticMessage) -> Vec<u8> {
+        text_message(&self.corp_id, message, Some("1000002"))
+    }
+
+    fn seal(
+        &self,
+        plaintext: &[u8],
+        timestamp_secs: u64,
+        nonce: &str,
+        iv: [u8; 16],
+    ) -> SealedRequest {
+        let sealing = Sealing {
+            token: &self.token,
+            key: &self.key,
+            receive_id: &self.corp_id,
+        };
+        sealed_encrypted(sealing, plaintext, timestamp_secs, nonce, iv, "")
+    }
+}
+
+impl Sealer for WechatApp {
+    fn message(&self, message: &SyntheticMessage) -> Vec<u8> {
+        text_message(&self.app_id, message, None)
+    }
+
+    fn seal(
+        &self,
+        plaintext: &[u8],
+        timestamp_secs: u64,
+        nonce: &str,
+        iv: [u8; 16],
+    ) -> SealedRequest {
+        let timestamp = timestamp_secs.to_string();
+        let plain_signature = crypto::signature(&[&self.token, &timestamp, nonce]);
+        match &self.key {
+            Some(key) => sealed_encrypted(
+                Sealing {
+                    token: &self.token,
+                    key,
+                    receive_id: &self.app_id,
+                },
+                plaintext,
+                timestamp_secs,
+                nonce,
+                iv,
+                &format!("signature={plain_signature}&encrypt_type=aes&"),
+            ),
+            None => SealedRequest {
+                method: Method::Post,
+                query: Some(format!(
+                    "signature={plain_signature}&timestamp={timestamp}&nonce={}",
+                    encoded(nonce)
+                )),
+                headers: vec![("content-type", "text/xml".to_owned())],
+                body: plaintext.to_vec(),
+            },
+        }
+    }
+}
