@@ -567,6 +567,9 @@ pub struct FeishuSettings {
 pub struct WecomSettings {
     /// The corp id (the receive id checked in every decrypted message).
     pub corp_id: String,
+    /// The app's AgentID: callbacks naming another agent are refused. A corp's apps each have
+    /// their own token and key, so each is its own source.
+    pub agent_id: Option<String>,
     /// The callback token, signing every callback.
     pub token: Option<Secret>,
     /// The 43-character EncodingAESKey.
@@ -594,6 +597,15 @@ impl SourceConfig {
             PlatformConfig::Wecom(_) => Platform::Wecom,
             PlatformConfig::Wechat(_) => Platform::Wechat,
         }
+    }
+
+    /// What makes two sources the same app: the platform, the app id and, on WeCom, the agent.
+    pub fn identity(&self) -> (Platform, &str, Option<&str>) {
+        let agent = match &self.platform {
+            PlatformConfig::Wecom(s) => s.agent_id.as_deref(),
+            _ => None,
+        };
+        (self.platform(), self.app_id(), agent)
     }
 
     /// The app's id on its platform (Feishu app id, WeCom corp id, WeChat app id).

@@ -462,13 +462,13 @@ pub fn validate(config: &Config) -> Vec<Problem> {
                 "empty; every source names its app".into(),
             );
         }
-        if !apps.insert((source.platform(), source.app_id().to_owned())) {
+        if !apps.insert(source.identity()) {
             report(
                 Severity::Error,
                 &at(id_field),
                 format!(
                     "{:?} appears twice for one platform: both sources would share one app's \
-                     events",
+                     events (a WeCom corp's apps differ by agent_id)",
                     source.app_id()
                 ),
             );

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use oncegate_config::{PlatformConfig, Secret, SourceConfig};
 use oncegate_core::Sealer;
 use oncegate_feishu::{Cloud, FeishuApp};
+use oncegate_wecom::{WechatApp, WecomApp};
 
 use crate::{GatewayError, SharedSource};
 
@@ -25,12 +26,51 @@ fn resolve(
         .transpose()
 }
 
-/// A configured Feishu or Lark app, if the source is one.
-fn feishu(source: &SourceConfig) -> Result<Option<FeishuApp>, GatewayError> {
+/// One configured source's app, of whichever platform: the receiver and the sender.
+enum App {
+    Feishu(FeishuApp),
+    Wecom(WecomApp),
+    Wechat(WechatApp),
+}
+
+fn platform_error(source: &SourceConfig, error: impl std::fmt::Display) -> GatewayError {
+    GatewayError::Config(format!("source {:?}: {error}", source.name))
+}
+
+/// The configured app of `source`.
+fn app(source: &SourceConfig) -> Result<App, GatewayError> {
+    let required = |secret: &Option<Secret>, field: &str| {
+        resolve(source, secret, field)?
+            .ok_or_else(|| GatewayError::Config(format!("source {:?} needs {field}", source.name)))
+    };
+    match &source.platform {
+        PlatformConfig::Feishu(_) | PlatformConfig::Lark(_) => feishu(source).map(App::Feishu),
+        PlatformConfig::Wecom(settings) => {
+            let token = required(&settings.token, "token")?;
+            let key = required(&settings.encoding_aes_key, "encoding_aes_key")?;
+            let app = WecomApp::new(&settings.corp_id, &token, &key)
+                .map_err(|error| platform_error(source, error))?;
+            Ok(App::Wecom(match &settings.agent_id {
+                Some(agent) => app.for_agent(agent),
+                None => app,
+            }))
+        }
+        PlatformConfig::Wechat(settings) => {
+            let token = required(&settings.token, "token")?;
+            let key = resolve(source, &settings.encoding_aes_key, "encoding_aes_key")?;
+            WechatApp::new(&settings.app_id, &token, key.as_deref())
+                .map(App::Wechat)
+                .map_err(|error| platform_error(source, error))
+        }
+    }
+}
+
+/// A configured Feishu or Lark app.
+fn feishu(source: &SourceConfig) -> Result<FeishuApp, GatewayError> {
     let (cloud, settings) = match &source.platform {
         PlatformConfig::Feishu(settings) => (Cloud::Feishu, settings),
         PlatformConfig::Lark(settings) => (Cloud::Lark, settings),
-        PlatformConfig::Wecom(_) | PlatformConfig::Wechat(_) => return Ok(None),
+        _ => return Err(platform_error(source, "not a Feishu or Lark app")),
     };
     let encrypt_key = resolve(source, &settings.encrypt_key, "encrypt_key")?;
     let verification_token = resolve(source, &settings.verification_token, "verification_token")?;
@@ -42,30 +82,23 @@ fn feishu(source: &SourceConfig) -> Result<Option<FeishuApp>, GatewayError> {
         )));
     }
     FeishuApp::new(cloud, &settings.app_id, encrypt_key, verification_token)
-        .map(Some)
-        .map_err(|error| GatewayError::Config(format!("source {:?}: {error}", source.name)))
-}
-
-fn unsupported(config: &SourceConfig) -> GatewayError {
-    GatewayError::Config(format!(
-        "source {:?}: platform {:?} is not supported by this version yet",
-        config.name,
-        config.platform()
-    ))
+        .map_err(|error| platform_error(source, error))
 }
 
 /// The receiver for one configured source.
 pub fn source(config: &SourceConfig) -> Result<SharedSource, GatewayError> {
-    match feishu(config)? {
-        Some(app) => Ok(Arc::new(app)),
-        None => Err(unsupported(config)),
-    }
+    Ok(match app(config)? {
+        App::Feishu(app) => Arc::new(app),
+        App::Wecom(app) => Arc::new(app),
+        App::Wechat(app) => Arc::new(app),
+    })
 }
 
 /// The sending side of one configured source: what `oncegate simulate` signs with.
 pub fn sealer(config: &SourceConfig) -> Result<Arc<dyn Sealer>, GatewayError> {
-    match feishu(config)? {
-        Some(app) => Ok(Arc::new(app)),
-        None => Err(unsupported(config)),
-    }
+    Ok(match app(config)? {
+        App::Feishu(app) => Arc::new(app),
+        App::Wecom(app) => Arc::new(app),
+        App::Wechat(app) => Arc::new(app),
+    })
 }

@@ -52,6 +52,14 @@ pub enum WecomError {
         /// The message's `ToUserName`.
         got: String,
     },
+    /// The message is for another app (`AgentID`) of the corp.
+    #[error("the message is for agent {got:?}, not for this source's {expected:?}")]
+    WrongAgent {
+        /// This source's agent.
+        expected: String,
+        /// The message's `AgentID`.
+        got: String,
+    },
     /// The timestamp parameter is not a number of seconds.
     #[error("the timestamp parameter {0:?} is not unix seconds")]
     BadTimestamp(String),
@@ -71,6 +79,7 @@ pub enum WecomError {
 #[derive(Clone)]
 pub struct WecomApp {
     corp_id: String,
+    agent_id: Option<String>,
     token: String,
     key: AesKey,
 }
@@ -79,6 +88,7 @@ impl std::fmt::Debug for WecomApp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WecomApp")
             .field("corp_id", &self.corp_id)
+            .field("agent_id", &self.agent_id)
             .finish_non_exhaustive()
     }
 }
@@ -91,9 +101,16 @@ impl WecomApp {
         }
         Ok(Self {
             corp_id: corp_id.to_owned(),
+            agent_id: None,
             token: token.to_owned(),
             key: AesKey::from_encoding_aes_key(encoding_aes_key)?,
         })
+    }
+
+    /// Only callbacks of the app `agent_id` (their `AgentID`) are taken.
+    pub fn for_agent(mut self, agent_id: &str) -> Self {
+        self.agent_id = Some(agent_id.to_owned());
+        self
     }
 }
 

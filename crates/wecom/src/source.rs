@@ -21,9 +21,9 @@ impl WecomError {
             WecomError::BadCiphertext(_) | WecomError::BadKey(_) => {
                 (RefusalKind::BadInput, "decrypt_error")
             }
-            WecomError::WrongReceiver { .. } | WecomError::WrongApp { .. } => {
-                (RefusalKind::BadInput, "wrong_app")
-            }
+            WecomError::WrongReceiver { .. }
+            | WecomError::WrongApp { .. }
+            | WecomError::WrongAgent { .. } => (RefusalKind::BadInput, "wrong_app"),
             WecomError::BadXml(_) => (RefusalKind::BadInput, "bad_xml"),
             WecomError::BadTimestamp(_) => (RefusalKind::BadInput, "bad_timestamp"),
             WecomError::PlainRefused | WecomError::NoKey | WecomError::EmptySecret(_) => {
@@ -91,9 +91,22 @@ fn envelope_encrypt(body: &[u8]) -> Result<String, WecomError> {
         .ok_or(WecomError::BadSignature)
 }
 
-/// An event for `origin` from its decrypted document, addressed to `expected`.
-fn admit(origin: &Origin<'_>, document: Vec<u8>, stamp: Stamp) -> Result<Decoded, WecomError> {
+/// An event for `origin` (and `agent`, when the source names one) from its decrypted document.
+fn admit(
+    origin: &Origin<'_>,
+    agent: Option<&str>,
+    document: Vec<u8>,
+    stamp: Stamp,
+) -> Result<Decoded, WecomError> {
     let fields = Fields::parse(&document)?;
+    if let (Some(expected), got) = (agent, fields.text("AgentID"))
+        && got != Some(expected)
+    {
+        return Err(WecomError::WrongAgent {
+            expected: expected.to_owned(),
+            got: got.unwrap_or_default().to_owned(),
+        });
+    }
     if let Some(to) = fields.text("ToUserName")
         && to != origin.app
     {
@@ -133,7 +146,7 @@ impl WecomApp {
                 signed.verify(&self.token, Some(&encrypt))?;
                 let stamp = signed.stamp()?;
                 let document = crypto::decrypt(&self.key, &encrypt, &self.corp_id)?;
-                admit(&self.origin(), document, stamp)
+                admit(&self.origin(), self.agent_id.as_deref(), document, stamp)
             }
         }
     }
@@ -179,7 +192,7 @@ impl WechatApp {
                 signed.verify(&self.token, Some(&encrypt))?;
                 let stamp = signed.stamp()?;
                 let document = crypto::decrypt(key, &encrypt, &self.app_id)?;
-                admit(&self.origin(), document, stamp)
+                admit(&self.origin(), None, document, stamp)
             }
             // Plain mode signs only the token, timestamp and nonce, not the body: with a key
             // configured, only the signed-and-encrypted form is taken.
@@ -187,7 +200,7 @@ impl WechatApp {
                 let signed = Signed::from(&query, "signature")?;
                 signed.verify(&self.token, None)?;
                 let stamp = signed.stamp()?;
-                admit(&self.origin(), callback.body.to_vec(), stamp)
+                admit(&self.origin(), None, callback.body.to_vec(), stamp)
             }
             (Method::Post, false, Some(_)) => {
                 Signed::from(&query, "signature")?.verify(&self.token, None)?;
@@ -279,7 +292,11 @@ fn sealed_encrypted(
 
 impl Sealer for WecomApp {
     fn message(&self, message: &SyntheticMessage) -> Vec<u8> {
-        text_message(&self.corp_id, message, Some("1000002"))
+        text_message(
+            &self.corp_id,
+            message,
+            Some(self.agent_id.as_deref().unwrap_or("1000002")),
+        )
     }
 
     fn seal(

@@ -1,0 +1,174 @@
+//! WeCom and WeChat through the gateway, in process: the router called directly, a real memory
+//! store, requests sealed by the platforms' own sealers.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use oncegate_core::{ManualClock, SealedRequest, Sealer, SyntheticMessage};
+use oncegate_gateway::{Gateway, GatewayParts, SharedSource};
+use oncegate_memory::{MemoryConfig, MemoryStore};
+use oncegate_wecom::{WechatApp, WecomApp};
+use tower::ServiceExt;
+
+const START_MS: u64 = 1_700_000_000_000;
+const KEY: &str = "jWmYm7qr5nMoAUwZRjGtBxmz3KA1tkAj3ykkR6q2B2C";
+
+type Memory = MemoryStore<Arc<ManualClock>>;
+
+fn corp(id: &str) -> WecomApp {
+    WecomApp::new(id, "corp-token", KEY).expect("app")
+}
+
+fn gateway(sources: Vec<(&str, SharedSource)>) -> Gateway<Memory> {
+    let clock = Arc::new(ManualClock::new(START_MS));
+    Gateway::new(
+        MemoryStore::with_clock(MemoryConfig::default(), clock.clone()),
+        GatewayParts {
+            sources: sources
+                .into_iter()
+                .map(|(name, source)| (name.to_owned(), source))
+                .collect(),
+            clock,
+            ..GatewayParts::default()
+        },
+    )
+}
+
+fn message(id: &str, user: &str) -> SyntheticMessage {
+    SyntheticMessage {
+        id: id.into(),
+        chat: user.into(),
+        sender: user.into(),
+        text: "你好".into(),
+        created_ms: START_MS,
+    }
+}
+
+/// `message` sealed by `sealer` with a fresh nonce and IV, as a request to `/webhook/<source>`.
+fn sealed(sealer: &dyn Sealer, source: &str, message: &SyntheticMessage) -> Request<Body> {
+    let plain = sealer.message(message);
+    let nonce = format!("{:016x}", fastrand::u64(..));
+    let iv: [u8; 16] = std::array::from_fn(|_| fastrand::u8(..));
+    to_request(source, sealer.seal(&plain, START_MS / 1000, &nonce, iv))
+}
+
+fn to_request(source: &str, sealed: SealedRequest) -> Request<Body> {
+    let mut uri = format!("/webhook/{source}");
+    if let Some(query) = &sealed.query {
+        uri = format!("{uri}?{query}");
+    }
+    let mut builder = match sealed.method {
+        oncegate_core::Method::Get => Request::get(uri),
+        oncegate_core::Method::Post => Request::post(uri),
+    };
+    for (name, value) in &sealed.headers {
+        builder = builder.header(*name, value);
+    }
+    builder.body(Body::from(sealed.body)).expect("request")
+}
+
+async fn call(gateway: &Gateway<Memory>, request: Request<Body>) -> (StatusCode, Vec<u8>) {
+    let response = gateway
+        .webhooks_router()
+        .oneshot(request)
+        .await
+        .expect("infallible");
+    let status = response.status();
+    let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+        .await
+        .expect("body");
+    (status, body.to_vec())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_concurrent_copies_of_one_message_are_admitted_once() {
+    let app = Arc::new(corp("ww_a"));
+    let gateway = Arc::new(gateway(vec![("a", app.clone())]));
+    for round in 0..10 {
+        let copy = message(&format!("{}", 7_000_000 + round), "zhangsan");
+        let copies: Vec<_> = (0..10)
+            .map(|_| {
+                let (gateway, request) = (gateway.clone(), sealed(&*app, "a", &copy));
+                tokio::spawn(async move { call(&gateway, request).await })
+            })
+            .collect();
+        for copy in copies {
+            let (status, body) = copy.await.expect("joined");
+            assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+            assert!(body.is_empty(), "WeCom takes an empty 200");
+        }
+        let stats = gateway.stats();
+        assert_eq!(
+            (stats.admitted, stats.duplicates),
+            (round + 1, 9 * (round + 1)),
+            "round {round}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn two_corps_with_identical_chats_and_ids_stay_apart() {
+    let (a, b) = (Arc::new(corp("ww_a")), Arc::new(corp("ww_b")));
+    let gateway = gateway(vec![("a", a.clone()), ("b", b.clone())]);
+    let same = message("42", "lisi");
+    assert_eq!(
+        call(&gateway, sealed(&*a, "a", &same)).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        call(&gateway, sealed(&*b, "b", &same)).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        gateway.stats().admitted,
+        2,
+        "one corp's event is not another's duplicate"
+    );
+    // Corp b's request sent to corp a's path: same token and key, wrong corp.
+    let (status, body) = call(&gateway, sealed(&*b, "a", &message("43", "lisi"))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(String::from_utf8_lossy(&body).contains("ww_b"));
+    assert_eq!(gateway.stats().admitted, 2);
+}
+
+#[tokio::test]
+async fn the_official_url_verification_through_the_router() {
+    let gateway = gateway(vec![(
+        "v1",
+        Arc::new(WecomApp::new("wx5823bf96d3bd56c7", "QDG6eK", KEY).expect("app")),
+    )]);
+    let request = Request::get("/webhook/v1?msg_signature=5c45ff5e21c57e6ad56bac8758b79b1d9ac89fd3&timestamp=1409659589&nonce=263014780&echostr=P9nAzCzyDtyTWESHep1vC5X9xho%2FqYX3Zpb4yKa9SKld1DsH3Iyt3tP3zNdtp%2B4RPcs8TgAE7OaBO%2BFZXvnaqQ%3D%3D")
+        .body(Body::empty())
+        .expect("request");
+    let (status, body) = call(&gateway, request).await;
+    assert_eq!(
+        (status, body.as_slice()),
+        (StatusCode::OK, &b"1616140317555161061"[..])
+    );
+    // Forged: one refusal, 401.
+    let request = Request::get("/webhook/v1?msg_signature=00&timestamp=1&nonce=2&echostr=AAAA")
+        .body(Body::empty())
+        .expect("request");
+    assert_eq!(call(&gateway, request).await.0, StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test]
+async fn official_accounts_answer_success_and_replays_are_refused() {
+    let oa = Arc::new(WechatApp::new("wx_oa", "oa-token", Some(KEY)).expect("app"));
+    let gateway = gateway(vec![("oa", oa.clone())]);
+    let first = oa.seal(
+        &oa.message(&message("9", "openid-1")),
+        START_MS / 1000,
+        "n-1",
+        [3; 16],
+    );
+    let (status, body) = call(&gateway, to_request("oa", first.clone())).await;
+    assert_eq!((status, body.as_slice()), (StatusCode::OK, &b"success"[..]));
+    // The same signed request again: the replay guard refuses it, nothing is admitted twice.
+    assert_eq!(
+        call(&gateway, to_request("oa", first)).await.0,
+        StatusCode::CONFLICT
+    );
+    assert_eq!(gateway.stats().admitted, 1);
+}
