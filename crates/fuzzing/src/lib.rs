@@ -5,6 +5,10 @@
 //! A target fails by panicking: on a crash of the code under test, or on a broken invariant it
 //! asserts.
 
+mod wecom;
+
+pub use wecom::{wecom_callback, wecom_decrypt, wecom_xml};
+
 use oncegate_core::replay::{ReplayGuard, ReplayVerdict};
 use oncegate_feishu::{FeishuApp, FeishuError, Inbound, SignedHeaders};
 
@@ -17,6 +21,9 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("feishu_decrypt", feishu_decrypt),
     ("replay_stamp", replay_stamp),
     ("config", config),
+    ("wecom_callback", wecom_callback),
+    ("wecom_decrypt", wecom_decrypt),
+    ("wecom_xml", wecom_xml),
 ];
 
 const KEY: &str = "fuzz-encrypt-key";
