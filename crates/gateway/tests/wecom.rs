@@ -172,3 +172,104 @@ async fn official_accounts_answer_success_and_replays_are_refused() {
     );
     assert_eq!(gateway.stats().admitted, 1);
 }
+
+/// Collects what the dispatcher hands over.
+#[derive(Clone, Default)]
+struct Collect(Arc<std::sync::Mutex<Vec<oncegate_core::Event>>>);
+
+impl oncegate_gateway::Handler for Collect {
+    async fn handle(
+        &self,
+        event: &oncegate_core::Event,
+        _key: &str,
+        _attempt: u32,
+    ) -> Result<Option<bytes::Bytes>, oncegate_gateway::SinkError> {
+        self.0.lock().expect("log").push(event.clone());
+        Ok(None)
+    }
+}
+
+fn membership(detail: &str, member: &str, created_secs: u64) -> String {
+    format!(
+        "<xml><ToUserName><![CDATA[ww_a]]></ToUserName><FromUserName><![CDATA[sys]]></FromUserName><CreateTime>{created_secs}</CreateTime><MsgType><![CDATA[event]]></MsgType><Event><![CDATA[change_external_chat]]></Event><ChatId><![CDATA[wr_group]]></ChatId><ChangeType><![CDATA[update]]></ChangeType><UpdateDetail><![CDATA[{detail}]]></UpdateDetail><JoinScene>0</JoinScene><MemChangeCnt>1</MemChangeCnt><MemChangeList><Item><![CDATA[{member}]]></Item></MemChangeList></xml>"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn membership_changes_in_one_second_are_both_delivered_and_an_older_join_is_stale() {
+    let app = Arc::new(corp("ww_a"));
+    let seen = Collect::default();
+    let gateway = Arc::new(
+        gateway(vec![("a", app.clone())])
+            .route(
+                &["event.change_external_chat*"],
+                Arc::new(oncegate_gateway::HandlerSink(seen.clone())),
+                oncegate_gateway::StaleEvents::Drop,
+            )
+            .expect("route"),
+    );
+    let at = START_MS / 1000 - 60;
+    let send = |plain: String| {
+        let nonce = format!("{:016x}", fastrand::u64(..));
+        to_request(
+            "a",
+            app.seal(plain.as_bytes(), START_MS / 1000, &nonce, [4; 16]),
+        )
+    };
+    // A member leaves at `at + 5`; the join from `at` arrives after it.
+    for plain in [
+        membership("del_member", "wm_x", at + 5),
+        membership("add_member", "wm_x", at),
+        // Another member joins and leaves within one second: two events, not one.
+        membership("add_member", "wm_y", at + 10),
+        membership("del_member", "wm_y", at + 10),
+    ] {
+        assert_eq!(call(&gateway, send(plain)).await.0, StatusCode::OK);
+    }
+    assert_eq!(
+        gateway.stats().admitted,
+        4,
+        "four distinct events, no collision"
+    );
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let dispatcher = {
+        let (gateway, shutdown) = (gateway.clone(), shutdown.clone());
+        tokio::spawn(async move { gateway.dispatch(shutdown).await })
+    };
+    for _ in 0..200 {
+        if gateway.stats().delivered + gateway.stats().stale_dropped >= 4 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    shutdown.cancel();
+    dispatcher.await.expect("joined").expect("dispatch");
+    let delivered: Vec<(String, u64)> = seen
+        .0
+        .lock()
+        .expect("log")
+        .iter()
+        .map(|event| {
+            let text = String::from_utf8_lossy(&event.payload).into_owned();
+            let detail = if text.contains("add_member") {
+                "add"
+            } else {
+                "del"
+            };
+            let member = if text.contains("wm_x") { "x" } else { "y" };
+            (
+                format!("{detail} {member}"),
+                event.created_at_ms / 1000 - at,
+            )
+        })
+        .collect();
+    assert_eq!(
+        delivered,
+        [
+            ("del x".to_owned(), 5),
+            ("add y".to_owned(), 10),
+            ("del y".to_owned(), 10)
+        ],
+        "the older join is dropped as stale; the same-second pair both count, in order"
+    );
+}
