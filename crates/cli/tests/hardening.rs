@@ -2,11 +2,9 @@
 //! unsigned path, slow and many sockets, signals, what is logged, stored and forwarded, and the
 //! files it creates.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use oncegate_feishu::FeishuApp;
@@ -15,26 +13,17 @@ const APP_ID: &str = "cli_hard";
 const KEY: &str = "hardening-key";
 const TOKEN: &str = "hardening-token";
 
-fn oncegate() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_oncegate"))
-}
+mod support;
 
-/// A running `oncegate serve`, with its stderr collected.
-struct Serve {
-    child: Child,
-    base: String,
-    admin: String,
-    stderr: Arc<Mutex<Vec<String>>>,
-}
+use support::{Serve, client, file_route, lines, oncegate, wait_until};
 
 impl Serve {
-    /// Starts the gateway on `dir/oncegate.toml` made of `sections` and a Feishu source; the
-    /// `[server]` section gets loopback listeners on free ports before `server`'s lines.
+    /// Starts the gateway on `sections` and a Feishu source; the `[server]` section gets
+    /// loopback listeners on free ports before `server`'s lines.
     fn start(dir: &Path, server: &str, sections: &str) -> Self {
-        let config = dir.join("oncegate.toml");
-        std::fs::write(
-            &config,
-            format!(
+        Self::start_with(
+            dir,
+            &format!(
                 r#"
 [server]
 listen = "127.0.0.1:0"
@@ -52,114 +41,6 @@ verification_token = "{TOKEN}"
 "#
             ),
         )
-        .expect("config");
-        let mut child = oncegate()
-            .args(["serve", "--config"])
-            .arg(&config)
-            .current_dir(dir)
-            .env(
-                "ONCEGATE_LOG",
-                std::env::var("E2E_LOG").unwrap_or_else(|_| "warn".into()),
-            )
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start oncegate serve");
-        let stderr = Arc::new(Mutex::new(Vec::new()));
-        {
-            let lines = stderr.clone();
-            let pipe = child.stderr.take().expect("stderr");
-            std::thread::spawn(move || {
-                for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-                    lines.lock().expect("stderr").push(line);
-                }
-            });
-        }
-        let mut reader = BufReader::new(child.stdout.take().expect("stdout"));
-        let mut line = String::new();
-        reader.read_line(&mut line).expect("first line");
-        let urls: Vec<String> = line
-            .split_whitespace()
-            .filter(|w| w.starts_with("http://"))
-            .map(|w| w.trim_end_matches(',').to_owned())
-            .collect();
-        assert_eq!(
-            urls.len(),
-            2,
-            "first line {line:?}, stderr {:?}",
-            stderr.lock()
-        );
-        std::thread::spawn(move || for _ in reader.lines() {});
-        Self {
-            child,
-            base: urls[0].clone(),
-            admin: urls[1].clone(),
-            stderr,
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("{}/webhook/main", self.base)
-    }
-
-    fn addr(&self) -> String {
-        self.base.trim_start_matches("http://").to_owned()
-    }
-
-    /// GETs `path` on the admin listener: the status and the body.
-    async fn admin_get(&self, path: &str) -> (u16, String) {
-        let response = client()
-            .get(format!("{}{path}", self.admin))
-            .send()
-            .await
-            .expect("admin request");
-        let status = response.status().as_u16();
-        (status, response.text().await.unwrap_or_default())
-    }
-
-    /// Polls the admin `path` until `done` holds for its body, for at most 10 s.
-    async fn admin_until(&self, path: &str, done: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let (_, body) = self.admin_get(path).await;
-            if done(&body) {
-                return body;
-            }
-            assert!(Instant::now() < deadline, "{path} never got there: {body}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    fn stderr(&self) -> String {
-        self.stderr.lock().expect("stderr").join("\n")
-    }
-
-    fn signal(&self, name: &str) {
-        let status = Command::new("kill")
-            .arg(format!("-{name}"))
-            .arg(self.child.id().to_string())
-            .status()
-            .expect("kill");
-        assert!(status.success());
-    }
-
-    /// Waits for the process to end, at most `limit`; the exit status and how long it took.
-    fn wait_exit(&mut self, limit: Duration) -> (std::process::ExitStatus, Duration) {
-        let start = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait") {
-                return (status, start.elapsed());
-            }
-            assert!(start.elapsed() < limit, "still running after {limit:?}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -213,35 +94,6 @@ async fn post_unsigned(client: &reqwest::Client, url: &str, body: Vec<u8>) -> (u
     let response = client.post(url).body(body).send().await.expect("post");
     let status = response.status().as_u16();
     (status, response.text().await.unwrap_or_default())
-}
-
-fn client() -> reqwest::Client {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::new()
-}
-
-async fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-}
-
-/// A file route to `dir/events.jsonl`.
-fn file_route(dir: &Path, extra: &str) -> String {
-    format!(
-        "[[route]]\nevents = [\"*\"]\nsink = \"file\"\npath = \"{}\"\n{extra}\n",
-        dir.join("out/events.jsonl").display()
-    )
-}
-
-fn lines(dir: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(dir.join("out/events.jsonl"))
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("json line"))
-        .collect()
 }
 
 #[test]

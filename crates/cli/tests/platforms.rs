@@ -1,0 +1,128 @@
+//! Every platform through the real binary: `oncegate serve` with a WeCom corp and a WeChat
+//! Official Account beside a Feishu app, and `oncegate simulate` sending as each (fresh
+//! signatures for platform retries, byte-for-byte replays): each event is delivered once.
+
+use std::collections::HashSet;
+
+mod support;
+
+use support::{Serve, file_route, lines, oncegate};
+
+const AES_KEY: &str = "jWmYm7qr5nMoAUwZRjGtBxmz3KA1tkAj3ykkR6q2B2C";
+
+fn config(dir: &std::path::Path) -> String {
+    format!(
+        r#"
+[store]
+backend = "memory"
+
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[[source]]
+name = "corp"
+platform = "wecom"
+corp_id = "ww_e2e"
+agent_id = "1000002"
+token = "corp-token"
+encoding_aes_key = "{AES_KEY}"
+
+[[source]]
+name = "oa"
+platform = "wechat"
+app_id = "wx_e2e"
+token = "oa-token"
+encoding_aes_key = "{AES_KEY}"
+
+[[source]]
+name = "bot"
+platform = "feishu"
+app_id = "cli_e2e"
+encrypt_key = "feishu-key"
+verification_token = "feishu-token"
+
+{}
+"#,
+        file_route(dir, "")
+    )
+}
+
+/// A figure of `simulate`'s summary (`delivered          300`).
+fn figure(output: &str, name: &str) -> u64 {
+    output
+        .lines()
+        .find(|line| line.starts_with(name))
+        .and_then(|line| line.split_whitespace().find_map(|word| word.parse().ok()))
+        .unwrap_or_else(|| panic!("no {name:?} in {output}"))
+}
+
+#[test]
+fn each_platforms_events_are_delivered_once_through_the_binary() {
+    let dir = tempfile::tempdir().expect("dir");
+    let serve = Serve::start_with(dir.path(), &config(dir.path()));
+    let mut expected = 0;
+    for source in ["corp", "oa", "bot"] {
+        let output = oncegate()
+            .args([
+                "simulate",
+                "--quiet",
+                "--events",
+                "300",
+                "--concurrency",
+                "16",
+            ])
+            .args([
+                "--duplicates",
+                "0.3",
+                "--replays",
+                "0.05",
+                "--source",
+                source,
+            ])
+            .arg("--config")
+            .arg(dir.path().join("oncegate.toml"))
+            .arg("--url")
+            .arg(&serve.base)
+            .arg("--admin")
+            .arg(&serve.admin)
+            .output()
+            .expect("simulate");
+        let text = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert!(
+            output.status.success(),
+            "{source}: {text} {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert_eq!(figure(&text, "admitted"), 300, "{source}: {text}");
+        assert_eq!(figure(&text, "delivered"), 300, "{source}: {text}");
+        assert!(figure(&text, "duplicates dropped") > 0, "{source}: {text}");
+        expected += 300;
+    }
+    let delivered = lines(dir.path());
+    assert_eq!(delivered.len(), expected, "{}", serve.stderr());
+    let distinct: HashSet<(String, String)> = delivered
+        .iter()
+        .map(|line| {
+            (
+                line["source"].as_str().unwrap_or_default().to_owned(),
+                line["event_id"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(distinct.len(), expected, "an event was delivered twice");
+    for (source, app) in [
+        ("wecom", "ww_e2e"),
+        ("wechat", "wx_e2e"),
+        ("feishu", "cli_e2e"),
+    ] {
+        assert_eq!(
+            delivered
+                .iter()
+                .filter(|line| line["source"] == source && line["app"] == app)
+                .count(),
+            300,
+            "{source}"
+        );
+    }
+}
