@@ -100,6 +100,15 @@ pub fn verify(received: &str, parts: &[&str]) -> bool {
 /// Decrypts a base64 `Encrypt` (or `echostr`) and checks that it was meant for `receive_id`.
 /// Returns the message.
 pub fn decrypt(key: &AesKey, ciphertext: &str, receive_id: &str) -> Result<Vec<u8>, WecomError> {
+    decrypt_for(key, ciphertext, &[receive_id])
+}
+
+/// `decrypt`, for a message meant for any of `receive_ids`.
+pub fn decrypt_for(
+    key: &AesKey,
+    ciphertext: &str,
+    receive_ids: &[&str],
+) -> Result<Vec<u8>, WecomError> {
     let raw = STANDARD
         .decode(ciphertext.trim())
         .map_err(|error| WecomError::BadCiphertext(format!("not base64: {error}")))?;
@@ -115,9 +124,9 @@ pub fn decrypt(key: &AesKey, ciphertext: &str, receive_id: &str) -> Result<Vec<u
         .map_err(|_| WecomError::BadCiphertext("not whole AES blocks".into()))?;
     let unpadded = unpad(&plain)?;
     let (message, receiver) = split_layout(unpadded)?;
-    if receiver != receive_id.as_bytes() {
+    if !receive_ids.iter().any(|id| id.as_bytes() == receiver) {
         return Err(WecomError::WrongReceiver {
-            expected: receive_id.to_owned(),
+            expected: receive_ids.first().copied().unwrap_or_default().to_owned(),
             got: String::from_utf8_lossy(receiver).into_owned(),
         });
     }

@@ -23,11 +23,68 @@ pub(crate) struct Origin<'a> {
     pub(crate) source: &'a str,
     /// The corp id or the Official Account's app id.
     pub(crate) app: &'a str,
+    /// How the document names its fields.
+    pub(crate) names: &'static Names,
 }
 
-/// The message id of a message (`MsgId`; `MsgID` in some events).
-fn message_id(fields: &Fields) -> Option<&str> {
-    fields.text("MsgId").or_else(|| fields.text("MsgID"))
+/// Where a document keeps what the normalized event needs: the XML callbacks and WeCom's JSON
+/// AI-bot callbacks name the same things differently.
+pub(crate) struct Names {
+    /// The message id, first match wins.
+    message_id: &'static [&'static str],
+    /// The sender.
+    from: &'static str,
+    /// `text`, `event`, …
+    kind: &'static str,
+    /// The event's name, for kind `event`.
+    event: &'static str,
+    /// The event's change type, if the dialect has one.
+    change: Option<&'static str>,
+    /// A third-party suite push's type, if the dialect has them.
+    info: Option<&'static str>,
+    /// The order key, first match wins (the sender comes last, unless it is `sys`).
+    order: &'static [&'static str],
+    /// The creation time, unix seconds, first match wins.
+    created: &'static [&'static str],
+    /// The app within the corp (agent or bot).
+    tenant: &'static str,
+}
+
+/// The platforms' XML.
+pub(crate) const XML: Names = Names {
+    message_id: &["MsgId", "MsgID"],
+    from: "FromUserName",
+    kind: "MsgType",
+    event: "Event",
+    change: Some("ChangeType"),
+    info: Some("InfoType"),
+    order: &["ChatId", "ExternalUserID"],
+    created: &["CreateTime", "TimeStamp"],
+    tenant: "AgentID",
+};
+
+/// WeCom's AI-bot JSON.
+pub(crate) const JSON: Names = Names {
+    message_id: &["msgid"],
+    from: "from/userid",
+    kind: "msgtype",
+    event: "event/eventtype",
+    change: None,
+    info: None,
+    order: &["chatid"],
+    created: &["create_time"],
+    tenant: "aibotid",
+};
+
+impl Names {
+    fn first<'f>(&self, fields: &'f Fields, names: &[&str]) -> Option<&'f str> {
+        names.iter().find_map(|name| fields.text(name))
+    }
+
+    /// The app within the corp that a document names (`AgentID`, `aibotid`).
+    pub(crate) fn tenant<'f>(&self, fields: &'f Fields) -> Option<&'f str> {
+        fields.text(self.tenant)
+    }
 }
 
 /// The primary key: every field of the document.
@@ -45,11 +102,12 @@ pub(crate) fn fields_key(origin: &Origin<'_>, fields: &Fields) -> KeyHash {
 
 /// The event type routes match: `message.<MsgType>`, `event.<Event>[.<ChangeType>]`, or
 /// `suite.<InfoType>` for third-party suite pushes.
-fn event_type(fields: &Fields) -> String {
-    match (fields.text("MsgType"), fields.text("InfoType")) {
+fn event_type(names: &Names, fields: &Fields) -> String {
+    let info = names.info.and_then(|info| fields.text(info));
+    match (fields.text(names.kind), info) {
         (Some(kind), _) if kind.eq_ignore_ascii_case("event") => {
-            let event = fields.text("Event").unwrap_or("unknown");
-            match fields.text("ChangeType") {
+            let event = fields.text(names.event).unwrap_or("unknown");
+            match names.change.and_then(|change| fields.text(change)) {
                 Some(change) => format!("event.{event}.{change}"),
                 None => format!("event.{event}"),
             }
@@ -62,21 +120,21 @@ fn event_type(fields: &Fields) -> String {
 
 /// The order key: the external group, else the external contact, else the user (not `sys`,
 /// which every system event has).
-fn order_key(fields: &Fields) -> Option<String> {
-    fields
-        .text("ChatId")
-        .or_else(|| fields.text("ExternalUserID"))
-        .or_else(|| fields.text("FromUserName").filter(|from| *from != "sys"))
+fn order_key(names: &Names, fields: &Fields) -> Option<String> {
+    names
+        .first(fields, names.order)
+        .or_else(|| fields.text(names.from).filter(|from| *from != "sys"))
         .map(str::to_owned)
 }
 
 /// The normalized event and its keys, from a decrypted document's fields and bytes.
 pub(crate) fn normalize(origin: &Origin<'_>, fields: &Fields, document: Bytes) -> (Event, Keys) {
+    let names = origin.names;
     let primary = fields_key(origin, fields);
     let mut keys = Keys::new(primary);
-    let id = message_id(fields);
+    let id = names.first(fields, names.message_id);
     if let Some(id) = id {
-        let from = fields.text("FromUserName").unwrap_or_default();
+        let from = fields.text(names.from).unwrap_or_default();
         keys = keys.with(KeyHash::of(&[
             origin.source,
             origin.app,
@@ -85,19 +143,18 @@ pub(crate) fn normalize(origin: &Origin<'_>, fields: &Fields, document: Bytes) -
             from,
         ]));
     }
-    let created_secs = fields
-        .text("CreateTime")
-        .or_else(|| fields.text("TimeStamp"))
+    let created_secs = names
+        .first(fields, names.created)
         .and_then(|secs| secs.parse::<u64>().ok())
         .unwrap_or(0);
     let event = Event {
         source: origin.source.into(),
         app: origin.app.into(),
-        tenant: fields.text("AgentID").map(Into::into),
+        tenant: names.tenant(fields).map(Into::into),
         event_id: id.map_or_else(|| primary.to_string(), str::to_owned),
-        event_type: event_type(fields).into(),
+        event_type: event_type(names, fields).into(),
         created_at_ms: created_secs.saturating_mul(1000),
-        order_key: order_key(fields),
+        order_key: order_key(names, fields),
         payload: document,
     };
     (event, keys)
@@ -110,6 +167,7 @@ mod tests {
     const ORIGIN: Origin<'static> = Origin {
         source: "wecom",
         app: "ww_corp",
+        names: &XML,
     };
 
     fn keys_of(xml: &str) -> Keys {
@@ -210,6 +268,7 @@ mod tests {
             &Origin {
                 source: "wecom",
                 app: "ww_other",
+                names: &XML,
             },
             &fields,
             Bytes::new(),
@@ -240,5 +299,30 @@ mod tests {
         assert_eq!(&*suite.event_type, "suite.suite_ticket");
         assert_eq!(suite.created_at_ms, 1_403_610_513_000);
         assert_eq!(suite.event_id.len(), 32, "no id: the fields key names it");
+    }
+
+    #[test]
+    fn ai_bot_json_messages_and_events() {
+        let origin = Origin {
+            names: &JSON,
+            ..ORIGIN
+        };
+        let doc = br#"{"msgid":"CAIQ1","aibotid":"AIBOT1","chatid":"wrGroup","chattype":"group","from":{"userid":"zhangsan"},"msgtype":"text","text":{"content":"@bot hi"}}"#;
+        let fields = Fields::from_json(doc).expect("json");
+        let (event, keys) = normalize(&origin, &fields, Bytes::from_static(doc));
+        assert_eq!(&*event.event_type, "message.text");
+        assert_eq!(event.event_id, "CAIQ1");
+        assert_eq!(event.order_key.as_deref(), Some("wrGroup"));
+        assert_eq!(event.tenant.as_deref(), Some("AIBOT1"));
+        assert_eq!(keys.as_slice().len(), 2);
+        let enter = br#"{"msgid":"CAIQ2","aibotid":"AIBOT1","chattype":"single","from":{"userid":"lisi"},"msgtype":"event","event":{"eventtype":"enter_chat"}}"#;
+        let fields = Fields::from_json(enter).expect("json");
+        let (event, _) = normalize(&origin, &fields, Bytes::from_static(enter));
+        assert_eq!(&*event.event_type, "event.enter_chat");
+        assert_eq!(
+            event.order_key.as_deref(),
+            Some("lisi"),
+            "a single chat is its user's"
+        );
     }
 }

@@ -41,9 +41,9 @@ pub enum WecomError {
         /// The message's.
         got: String,
     },
-    /// The document is not XML this source reads.
-    #[error("bad XML: {0}")]
-    BadXml(String),
+    /// The decrypted document is not XML (or JSON) this source reads.
+    #[error("bad document: {0}")]
+    BadDocument(String),
     /// The message is addressed to another corp or account.
     #[error("the message is for {got:?}, not for this source's {expected:?}")]
     WrongApp {

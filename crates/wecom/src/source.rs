@@ -8,7 +8,7 @@ use oncegate_core::{
     Stamp, SyntheticMessage, WebhookSource,
 };
 
-use crate::keys::{Origin, normalize};
+use crate::keys::{JSON, Names, Origin, XML, normalize};
 use crate::query::Query;
 use crate::xml::Fields;
 use crate::{AesKey, WechatApp, WecomApp, WecomError, crypto};
@@ -24,7 +24,7 @@ impl WecomError {
             WecomError::WrongReceiver { .. }
             | WecomError::WrongApp { .. }
             | WecomError::WrongAgent { .. } => (RefusalKind::BadInput, "wrong_app"),
-            WecomError::BadXml(_) => (RefusalKind::BadInput, "bad_xml"),
+            WecomError::BadDocument(_) => (RefusalKind::BadInput, "bad_xml"),
             WecomError::BadTimestamp(_) => (RefusalKind::BadInput, "bad_timestamp"),
             WecomError::PlainRefused | WecomError::NoKey | WecomError::EmptySecret(_) => {
                 (RefusalKind::BadInput, "wrong_mode")
@@ -81,13 +81,42 @@ impl<'q> Signed<'q> {
     }
 }
 
-/// The `Encrypt` of an envelope, read before the signature is checked: any failure is the
-/// signature's, so a forger learns nothing.
-fn envelope_encrypt(body: &[u8]) -> Result<String, WecomError> {
-    let fields = Fields::parse(body).map_err(|_| WecomError::BadSignature)?;
+/// How the callback came: the XML envelope, or WeCom's AI-bot JSON `{"encrypt": …}`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Dialect {
+    Xml,
+    Json,
+}
+
+impl Dialect {
+    fn names(self) -> &'static Names {
+        match self {
+            Dialect::Xml => &XML,
+            Dialect::Json => &JSON,
+        }
+    }
+
+    fn fields(self, document: &[u8]) -> Result<Fields, WecomError> {
+        match self {
+            Dialect::Xml => Fields::parse(document),
+            Dialect::Json => Fields::from_json(document),
+        }
+    }
+}
+
+/// The `Encrypt` of an envelope and its dialect, read before the signature is checked: any
+/// failure is the signature's, so a forger learns nothing.
+fn envelope_encrypt(body: &[u8]) -> Result<(String, Dialect), WecomError> {
+    let json = body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
+    let (dialect, name) = if json {
+        (Dialect::Json, "encrypt")
+    } else {
+        (Dialect::Xml, "Encrypt")
+    };
+    let fields = dialect.fields(body).map_err(|_| WecomError::BadSignature)?;
     fields
-        .text("Encrypt")
-        .map(str::to_owned)
+        .text(name)
+        .map(|encrypt| (encrypt.to_owned(), dialect))
         .ok_or(WecomError::BadSignature)
 }
 
@@ -95,11 +124,12 @@ fn envelope_encrypt(body: &[u8]) -> Result<String, WecomError> {
 fn admit(
     origin: &Origin<'_>,
     agent: Option<&str>,
+    dialect: Dialect,
     document: Vec<u8>,
     stamp: Stamp,
 ) -> Result<Decoded, WecomError> {
-    let fields = Fields::parse(&document)?;
-    if let (Some(expected), got) = (agent, fields.text("AgentID"))
+    let fields = dialect.fields(&document)?;
+    if let (Some(expected), got) = (agent, origin.names.tenant(&fields))
         && got != Some(expected)
     {
         return Err(WecomError::WrongAgent {
@@ -123,10 +153,11 @@ fn admit(
 }
 
 impl WecomApp {
-    fn origin(&self) -> Origin<'_> {
+    fn origin(&self, dialect: Dialect) -> Origin<'_> {
         Origin {
             source: "wecom",
             app: &self.corp_id,
+            names: dialect.names(),
         }
     }
 
@@ -135,18 +166,29 @@ impl WecomApp {
         let signed = Signed::from(&query, "msg_signature")?;
         match callback.method {
             // URL verification: the encrypted echostr is signed; its plaintext is the answer.
+            // An AI bot's echostr is encrypted for the empty receive id.
             Method::Get => {
                 let echostr = query.get("echostr").ok_or(WecomError::BadSignature)?;
                 signed.verify(&self.token, Some(echostr))?;
-                let plain = crypto::decrypt(&self.key, echostr, &self.corp_id)?;
+                let plain = crypto::decrypt_for(&self.key, echostr, &[&self.corp_id, ""])?;
                 Ok(Decoded::Challenge(Reply::text(plain)))
             }
             Method::Post => {
-                let encrypt = envelope_encrypt(callback.body)?;
+                let (encrypt, dialect) = envelope_encrypt(callback.body)?;
                 signed.verify(&self.token, Some(&encrypt))?;
                 let stamp = signed.stamp()?;
-                let document = crypto::decrypt(&self.key, &encrypt, &self.corp_id)?;
-                admit(&self.origin(), self.agent_id.as_deref(), document, stamp)
+                let receiver = match dialect {
+                    Dialect::Xml => self.corp_id.as_str(),
+                    Dialect::Json => "",
+                };
+                let document = crypto::decrypt(&self.key, &encrypt, receiver)?;
+                admit(
+                    &self.origin(dialect),
+                    self.agent_id.as_deref(),
+                    dialect,
+                    document,
+                    stamp,
+                )
             }
         }
     }
@@ -168,10 +210,11 @@ impl WebhookSource for WecomApp {
 }
 
 impl WechatApp {
-    fn origin(&self) -> Origin<'_> {
+    fn origin(&self, dialect: Dialect) -> Origin<'_> {
         Origin {
             source: "wechat",
             app: &self.app_id,
+            names: dialect.names(),
         }
     }
 
@@ -188,11 +231,11 @@ impl WechatApp {
             }
             (Method::Post, true, Some(key)) => {
                 let signed = Signed::from(&query, "msg_signature")?;
-                let encrypt = envelope_encrypt(callback.body)?;
+                let (encrypt, dialect) = envelope_encrypt(callback.body)?;
                 signed.verify(&self.token, Some(&encrypt))?;
                 let stamp = signed.stamp()?;
                 let document = crypto::decrypt(key, &encrypt, &self.app_id)?;
-                admit(&self.origin(), None, document, stamp)
+                admit(&self.origin(dialect), None, dialect, document, stamp)
             }
             // Plain mode signs only the token, timestamp and nonce, not the body: with a key
             // configured, only the signed-and-encrypted form is taken.
@@ -200,7 +243,14 @@ impl WechatApp {
                 let signed = Signed::from(&query, "signature")?;
                 signed.verify(&self.token, None)?;
                 let stamp = signed.stamp()?;
-                admit(&self.origin(), None, callback.body.to_vec(), stamp)
+                let dialect = Dialect::Xml;
+                admit(
+                    &self.origin(dialect),
+                    None,
+                    dialect,
+                    callback.body.to_vec(),
+                    stamp,
+                )
             }
             (Method::Post, false, Some(_)) => {
                 Signed::from(&query, "signature")?.verify(&self.token, None)?;

@@ -21,7 +21,7 @@ pub struct Fields {
 }
 
 fn bad(why: impl std::fmt::Display) -> WecomError {
-    WecomError::BadXml(why.to_string())
+    WecomError::BadDocument(why.to_string())
 }
 
 impl Fields {
@@ -122,6 +122,20 @@ impl Fields {
         Ok(Self { pairs })
     }
 
+    /// Reads the leaf fields of a JSON object (WeCom's AI-bot callbacks): nested objects give
+    /// paths (`from/userid`), array items repeat their path, numbers and booleans read as
+    /// their text, null as empty.
+    pub fn from_json(json: &[u8]) -> Result<Self, WecomError> {
+        let value: serde_json::Value =
+            serde_json::from_slice(json).map_err(|error| bad(format!("not JSON: {error}")))?;
+        if !value.is_object() {
+            return Err(bad("the JSON document is not an object"));
+        }
+        let mut pairs = Vec::new();
+        flatten(&value, &mut String::new(), 0, &mut pairs)?;
+        Ok(Self { pairs })
+    }
+
     /// The first field at `path` (`MsgId`, `ApprovalInfo/SpNo`).
     pub fn get(&self, path: &str) -> Option<&str> {
         self.pairs
@@ -140,6 +154,38 @@ impl Fields {
     /// Every field, in document order.
     pub fn pairs(&self) -> &[(String, String)] {
         &self.pairs
+    }
+}
+
+fn flatten(
+    value: &serde_json::Value,
+    path: &mut String,
+    depth: usize,
+    pairs: &mut Vec<(String, String)>,
+) -> Result<(), WecomError> {
+    use serde_json::Value;
+    if depth > MAX_DEPTH {
+        return Err(bad(format!("objects nested deeper than {MAX_DEPTH}")));
+    }
+    match value {
+        Value::Object(members) => {
+            for (name, member) in members {
+                let before = path.len();
+                if !path.is_empty() {
+                    path.push('/');
+                }
+                path.push_str(name);
+                flatten(member, path, depth + 1, pairs)?;
+                path.truncate(before);
+            }
+            Ok(())
+        }
+        Value::Array(items) => items
+            .iter()
+            .try_for_each(|item| flatten(item, path, depth + 1, pairs)),
+        Value::String(text) => push(pairs, path.clone(), text.clone()),
+        Value::Null => push(pairs, path.clone(), String::new()),
+        other => push(pairs, path.clone(), other.to_string()),
     }
 }
 
@@ -203,6 +249,30 @@ mod tests {
     }
 
     #[test]
+    fn json_documents_read_as_the_same_kind_of_fields() {
+        let fields = Fields::from_json(
+            br#"{"msgid":"m1","aibotid":"bot1","chatid":"c1","chattype":"group","from":{"userid":"zhangsan"},"msgtype":"text","text":{"content":"hi"},"n":3,"ok":true,"none":null,"list":["a","b"]}"#,
+        )
+        .expect("parses");
+        assert_eq!(fields.get("from/userid"), Some("zhangsan"));
+        assert_eq!(fields.get("text/content"), Some("hi"));
+        assert_eq!(fields.get("n"), Some("3"));
+        assert_eq!(fields.get("ok"), Some("true"));
+        assert_eq!(fields.get("none"), Some(""));
+        assert_eq!(
+            fields.pairs().iter().filter(|(p, _)| p == "list").count(),
+            2
+        );
+        let deep = format!("{}1{}", "{\"a\":".repeat(20), "}".repeat(20));
+        for bad in [&b"[1]"[..], b"not json", b"", deep.as_bytes()] {
+            assert!(matches!(
+                Fields::from_json(bad),
+                Err(WecomError::BadDocument(_))
+            ));
+        }
+    }
+
+    #[test]
     fn hostile_and_broken_documents_are_refused() {
         let deep = format!("<xml>{}{}</xml>", "<a>".repeat(20), "</a>".repeat(20));
         let many = format!("<xml>{}</xml>", "<a>1</a>".repeat(MAX_FIELDS + 1));
@@ -219,7 +289,7 @@ mod tests {
             many.as_bytes(),
         ] {
             assert!(
-                matches!(Fields::parse(doc), Err(WecomError::BadXml(_))),
+                matches!(Fields::parse(doc), Err(WecomError::BadDocument(_))),
                 "{:?}",
                 String::from_utf8_lossy(doc)
             );

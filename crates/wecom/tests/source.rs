@@ -281,3 +281,39 @@ fn official_accounts_in_safe_mode_refuse_plain_requests() {
     assert_eq!(refusal.label, "wrong_mode");
     assert!(refusal.message.contains("safe mode"), "{}", refusal.message);
 }
+
+#[test]
+fn ai_bot_json_callbacks_are_admitted_and_checked_like_xml() {
+    let app = v1().for_agent("AIBOT1");
+    let key = oncegate_wecom::AesKey::from_encoding_aes_key(V1_KEY).expect("key");
+    let post = |doc: &str, receiver: &str| {
+        let encrypt = oncegate_wecom::crypto::encrypt(&key, doc.as_bytes(), receiver, [8; 16]);
+        let signature =
+            oncegate_wecom::crypto::signature(&["QDG6eK", "1700000000", "nb", &encrypt]);
+        let body = format!(r#"{{"encrypt":"{encrypt}"}}"#);
+        app.decode(&call(
+            Method::Post,
+            &format!("msg_signature={signature}&timestamp=1700000000&nonce=nb"),
+            body.as_bytes(),
+        ))
+    };
+    let doc = r#"{"msgid":"CAIQ9","aibotid":"AIBOT1","chatid":"wrG","chattype":"group","from":{"userid":"zhangsan"},"msgtype":"text","text":{"content":"hi"}}"#;
+    let Ok(Decoded::Admit { admit, .. }) = post(doc, "") else {
+        panic!("an admission")
+    };
+    assert_eq!(admit.event.event_id, "CAIQ9");
+    assert_eq!(admit.event.order_key.as_deref(), Some("wrG"));
+    // Another bot's message, or one encrypted for a corp id, is refused.
+    let other = doc.replace("AIBOT1", "AIBOT2");
+    assert_eq!(post(&other, "").expect_err("refused").label, "wrong_app");
+    assert_eq!(post(doc, V1_CORP).expect_err("refused").label, "wrong_app");
+    // A JSON envelope without `encrypt` is a forgery like any other.
+    let refusal = app
+        .decode(&call(
+            Method::Post,
+            "msg_signature=00&timestamp=1&nonce=2",
+            br#"{"x":1}"#,
+        ))
+        .expect_err("refused");
+    assert_eq!(refusal.label, "bad_signature");
+}
