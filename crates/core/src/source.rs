@@ -244,6 +244,14 @@ pub trait WebhookSource: Send + Sync + 'static {
     /// The answer to an accepted event (Feishu: `{"msg":"success"}`, WeCom: an empty body).
     fn accepted(&self, how: Accepted) -> Reply;
 
+    /// Whether the platform's own retries repeat a request byte for byte, nonce included
+    /// (WeCom and WeChat): then a replayed nonce is answered like a duplicate instead of
+    /// refused, so that a retry of an admitted event stops the retries. Nothing is admitted
+    /// twice either way; the replay is still counted.
+    fn retries_repeat_the_request(&self) -> bool {
+        false
+    }
+
     /// The answer to a synchronous call, from the handler's result (`None`: it had none).
     fn sync_reply(&self, result: Option<Bytes>) -> Reply {
         Reply::json(result.unwrap_or_else(|| Bytes::from_static(b"{}")))

@@ -140,7 +140,7 @@ async fn webhook<S: Store>(
     let now_secs = shared.now_ms() / 1000;
     let stamp = match check_replay(source, stamp, now_secs) {
         Ok(stamp) => stamp,
-        Err(refusal) => return refused(&shared, peer, refusal),
+        Err(refusal) => return refused_by(&shared, source, peer, refusal),
     };
     let answered = if sync {
         sync_call::call(&shared, admit)
@@ -167,8 +167,24 @@ async fn webhook<S: Store>(
             }
             reply(answer)
         }
-        Err(refusal) => refused(&shared, peer, refusal),
+        Err(refusal) => refused_by(&shared, source, peer, refusal),
     }
+}
+
+/// A refusal of `source`'s request; a replay of a platform whose retries repeat the request
+/// is answered as the duplicate it is (and still counted as a replay).
+fn refused_by<S>(
+    shared: &Shared<S>,
+    source: &Source,
+    peer: Option<SocketAddr>,
+    refusal: Refusal,
+) -> Response {
+    if refusal.kind == RefusalKind::Replayed && source.decoder.retries_repeat_the_request() {
+        let stats = &shared.stats;
+        stats.bump(&stats.replays_rejected, "oncegate_guard_refused_total");
+        return reply(source.decoder.accepted(oncegate_core::Accepted::Duplicate));
+    }
+    refused(shared, peer, refusal)
 }
 
 /// The body, within `server.body_limit` and `server.body_timeout`; a declared length over the

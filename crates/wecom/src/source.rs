@@ -207,6 +207,11 @@ impl WebhookSource for WecomApp {
     fn accepted(&self, _how: Accepted) -> Reply {
         Reply::text(Bytes::new())
     }
+
+    /// Retries reuse the query (the SDKs' dedup by `msg_signature` relies on it).
+    fn retries_repeat_the_request(&self) -> bool {
+        true
+    }
 }
 
 impl WechatApp {
@@ -276,6 +281,10 @@ impl WebhookSource for WechatApp {
     /// WeChat takes `success` as "received, nothing to reply".
     fn accepted(&self, _how: Accepted) -> Reply {
         Reply::text(Bytes::from_static(b"success"))
+    }
+
+    fn retries_repeat_the_request(&self) -> bool {
+        true
     }
 }
 
