@@ -150,6 +150,10 @@ pub struct RouteConfig {
     /// Drop an event older than one already applied for its chat.
     #[serde(default)]
     pub watermark: bool,
+    /// The HTTP sink's answer is the platform's passive reply (WeCom, WeChat): matching events
+    /// are handled as they arrive, within the platform's deadline, instead of queued.
+    #[serde(default)]
+    pub reply: bool,
 }
 
 /// The URL without credentials, the secret hidden.
@@ -163,6 +167,7 @@ impl std::fmt::Debug for RouteConfig {
             .field("path", &self.path)
             .field("timeout", &self.timeout)
             .field("watermark", &self.watermark)
+            .field("reply", &self.reply)
             .finish()
     }
 }

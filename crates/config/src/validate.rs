@@ -686,6 +686,23 @@ pub fn validate(config: &Config) -> Vec<Problem> {
                     .into(),
             );
         }
+        if route.reply && route.sink != crate::SinkKind::Http {
+            report(
+                Severity::Error,
+                &at("reply"),
+                "a passive reply is the sink's answer, so reply = true needs sink = \"http\""
+                    .into(),
+            );
+        }
+        if route.reply && route.watermark {
+            report(
+                Severity::Error,
+                &at("watermark"),
+                "a replying route handles events as they arrive, not in chat order: \
+                 a watermark cannot apply; use a queued route for these events"
+                    .into(),
+            );
+        }
     }
     problems.sort_by_key(|p| std::cmp::Reverse(p.severity));
     problems
@@ -695,6 +712,29 @@ pub fn validate(config: &Config) -> Vec<Problem> {
 mod tests {
     use super::*;
     use crate::{Secret, SourceConfig};
+
+    #[test]
+    fn a_replying_route_needs_http_and_no_watermark() {
+        let route = |sink, watermark| crate::RouteConfig {
+            events: vec!["message.text".into()],
+            sink,
+            url: Some("http://127.0.0.1:1/reply".into()),
+            secret: None,
+            path: Some("x.jsonl".into()),
+            timeout: Duration::from_secs(1),
+            watermark,
+            reply: true,
+        };
+        let mut config = Config::default();
+        config.routes.push(route(crate::SinkKind::File, false));
+        config.routes[0].url = None;
+        assert_eq!(errors(&config), ["route[0].reply"]);
+        config.routes[0] = route(crate::SinkKind::Http, true);
+        config.routes[0].path = None;
+        assert_eq!(errors(&config), ["route[0].watermark"]);
+        config.routes[0].watermark = false;
+        assert_eq!(errors(&config), Vec::<String>::new());
+    }
 
     fn errors(config: &Config) -> Vec<String> {
         validate(config)
@@ -931,6 +971,7 @@ mod tests {
             path: None,
             timeout: Duration::from_secs(1),
             watermark: false,
+            reply: false,
         });
         assert!(
             validate(&config)

@@ -99,6 +99,14 @@ impl Reply {
         }
     }
 
+    /// An XML answer (WeCom's and WeChat's passive replies).
+    pub fn xml(body: impl Into<Bytes>) -> Self {
+        Self {
+            content_type: "application/xml",
+            body: body.into(),
+        }
+    }
+
     /// A plain-text answer (WeCom's echoed plaintext, WeChat's `success`, or an empty body).
     pub fn text(body: impl Into<Bytes>) -> Self {
         Self {
@@ -252,9 +260,17 @@ pub trait WebhookSource: Send + Sync + 'static {
         false
     }
 
-    /// The answer to a synchronous call, from the handler's result (`None`: it had none).
-    fn sync_reply(&self, result: Option<Bytes>) -> Reply {
+    /// The answer to a synchronous call, from the handler's result (`None`: it had none), for
+    /// the request stamped `request` (WeCom signs its encrypted replies with it).
+    fn sync_reply(&self, result: Option<Bytes>, request: Option<&Stamp>) -> Reply {
+        let _ = request;
         Reply::json(result.unwrap_or_else(|| Bytes::from_static(b"{}")))
+    }
+
+    /// How long a synchronous call may take before its answer is late: the platform's wait,
+    /// less the way back (Feishu waits 3 s for a card, WeCom and WeChat 5 s for a reply).
+    fn sync_deadline(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(2_500)
     }
 }
 

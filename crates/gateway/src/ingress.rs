@@ -131,21 +131,37 @@ async fn webhook<S: Store>(
             stats.bump(&stats.challenges, "oncegate_challenges_total");
             return reply(answer);
         }
-        Decoded::Admit { admit, stamp } => (admit, stamp, false),
+        // An event whose route answers it (a passive reply) is a synchronous call too.
+        Decoded::Admit { admit, stamp } => {
+            let replying = shared
+                .route_for(&admit.event.event_type)
+                .is_some_and(|route| route.reply);
+            (admit, stamp, replying)
+        }
         Decoded::Sync { admit, stamp } => (admit, stamp, true),
     };
     // The replay guard runs after the signature: unauthenticated requests never take nonce
     // memory. A nonce is remembered only once its event is admitted (or known), so a nonce can
     // never make the gateway drop an event it has not admitted.
     let now_secs = shared.now_ms() / 1000;
+    let request = stamp.clone();
     let stamp = match check_replay(source, stamp, now_secs) {
         Ok(stamp) => stamp,
+        // A platform retrying a synchronous call by repeating it gets the stored answer: the
+        // claim protocol, not the nonce, keeps it from running twice.
+        Err(refusal)
+            if sync
+                && refusal.kind == RefusalKind::Replayed
+                && source.decoder.retries_repeat_the_request() =>
+        {
+            None
+        }
         Err(refusal) => return refused_by(&shared, source, peer, refusal),
     };
     let answered = if sync {
-        sync_call::call(&shared, admit)
+        sync_call::call(&shared, admit, source.decoder.sync_deadline())
             .await
-            .map(|result| source.decoder.sync_reply(result))
+            .map(|result| source.decoder.sync_reply(result, request.as_ref()))
     } else {
         // The nonce goes to the store too: a store shared by several gateways refuses a
         // replay that reaches another gateway.

@@ -61,11 +61,13 @@ pub(crate) struct Source {
     pub(crate) replay: Option<Mutex<ReplayGuard>>,
 }
 
-/// One route: which event types, which sink, and whether stale events are dropped.
+/// One route: which event types, which sink, whether stale events are dropped, and whether
+/// the sink's answer is the platform's reply (a synchronous call, not queued).
 pub(crate) struct Route {
     pub(crate) patterns: Vec<String>,
     pub(crate) sink: SharedSink,
     pub(crate) stale: StaleEvents,
+    pub(crate) reply: bool,
 }
 
 impl Route {
@@ -316,6 +318,25 @@ impl<S: Store> Gateway<S> {
             patterns: patterns.iter().map(|p| (*p).to_owned()).collect(),
             sink,
             stale,
+            reply: false,
+        });
+        Ok(self)
+    }
+
+    /// Adds a replying route: events whose type matches go to `sink` as they arrive, and its
+    /// answer is the platform's passive reply (WeCom, WeChat), within the platform's deadline.
+    /// They are not queued: a repeat gets the stored answer, a failure is answered as one and
+    /// the platform retries.
+    pub fn replying_route(
+        mut self,
+        patterns: &[&str],
+        sink: SharedSink,
+    ) -> Result<Self, GatewayError> {
+        self.shared_mut()?.routes.push(Route {
+            patterns: patterns.iter().map(|p| (*p).to_owned()).collect(),
+            sink,
+            stale: StaleEvents::Deliver,
+            reply: true,
         });
         Ok(self)
     }
@@ -387,7 +408,11 @@ impl<S: Store> Gateway<S> {
             } else {
                 StaleEvents::Deliver
             };
-            gateway = gateway.route(&patterns, sink, stale)?;
+            gateway = if route.reply {
+                gateway.replying_route(&patterns, sink)?
+            } else {
+                gateway.route(&patterns, sink, stale)?
+            };
         }
         Ok(gateway)
     }

@@ -1,6 +1,6 @@
-//! Synchronous calls (Feishu card buttons): never re-delivered, answered within the platform's
-//! deadline with the handler's result, and a repeat gets the stored result instead of a second
-//! call — a repeat that comes while the first is answered waits for its result.
+//! Synchronous calls (Feishu card buttons, WeCom and WeChat passive replies): answered within
+//! the platform's deadline with the handler's result, and a repeat gets the stored result
+//! instead of a second call — a repeat that comes while the first is answered waits for it.
 
 use std::time::Duration;
 
@@ -11,13 +11,12 @@ use crate::Shared;
 use crate::once::{self, Claimed};
 use crate::sink::Outgoing;
 
-/// Feishu waits 3 s for a card answer; leave room for the way back.
-const DEADLINE: Duration = Duration::from_millis(2_500);
-
-/// Claims the call's primary key, asks the route's sink, stores its answer and returns it.
+/// Claims the call's primary key, asks the route's sink, stores its answer and returns it,
+/// all within `deadline`.
 pub(crate) async fn call<S: Store>(
     shared: &Shared<S>,
     admit: Admit,
+    deadline: Duration,
 ) -> Result<Option<Bytes>, Refusal> {
     let stats = &shared.stats;
     stats.bump(&stats.cards, "oncegate_cards_total");
@@ -34,24 +33,27 @@ pub(crate) async fn call<S: Store>(
     let claiming = once::Claiming {
         key: &key,
         partition,
-        lease: DEADLINE * 2,
+        lease: deadline * 2,
         fingerprint: Some(Fingerprint::of(&admit.event.payload)),
     };
-    let lease = match once::claim_or_wait(&shared.store, claiming, DEADLINE).await {
+    let lease = match once::claim_or_wait(&shared.store, claiming, deadline).await {
         Ok(Claimed::Run(lease)) => lease,
         Ok(Claimed::Done(result)) => return Ok(result),
         Ok(Claimed::InFlight { .. }) => {
             return Err(Refusal::new(
                 RefusalKind::InFlight,
                 "in_flight",
-                "this card action is still being answered; its answer did not come in 2.5 s",
+                format!(
+                    "this call is still being answered; its answer did not come in {} ms",
+                    deadline.as_millis()
+                ),
             ));
         }
         Ok(Claimed::Conflict) => {
             return Err(Refusal::new(
                 RefusalKind::Conflict,
                 "key_conflict",
-                "this card action's key was answered before for another payload",
+                "this call's key was answered before for another payload",
             ));
         }
         Err(error) => return Err(unavailable(&error)),
@@ -66,12 +68,12 @@ pub(crate) async fn call<S: Store>(
     let ran = once::run(
         shared,
         &lease,
-        DEADLINE,
-        DEADLINE * 2,
+        deadline,
+        deadline * 2,
         route.sink.deliver(outgoing),
     );
     // A repeat that waited for a first run which then gave up has only what is left.
-    match tokio::time::timeout(DEADLINE.saturating_sub(started.elapsed()), ran).await {
+    match tokio::time::timeout(deadline.saturating_sub(started.elapsed()), ran).await {
         Ok(Ok(outcome)) => {
             let outcome = outcome.unwrap_or_else(|| Bytes::from_static(b"{}"));
             let _ = once::complete(shared, &lease, Some(outcome.clone())).await;
@@ -83,7 +85,7 @@ pub(crate) async fn call<S: Store>(
             Err(Refusal::new(
                 RefusalKind::Handler,
                 "sync_failed",
-                format!("card handler failed: {error}"),
+                format!("the synchronous handler failed: {error}"),
             ))
         }
         Err(_) => {
@@ -91,7 +93,10 @@ pub(crate) async fn call<S: Store>(
             Err(Refusal::new(
                 RefusalKind::HandlerTimeout,
                 "sync_timeout",
-                "card handler did not answer within 2.5 s",
+                format!(
+                    "the synchronous handler did not answer within {} ms",
+                    deadline.as_millis()
+                ),
             ))
         }
     }

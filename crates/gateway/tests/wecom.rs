@@ -273,3 +273,85 @@ async fn membership_changes_in_one_second_are_both_delivered_and_an_older_join_i
         "the older join is dropped as stale; the same-second pair both count, in order"
     );
 }
+
+/// A downstream that answers every event with a reply XML naming how often it was called.
+async fn replier(calls: Arc<std::sync::atomic::AtomicUsize>) -> String {
+    let app = axum::Router::new().route(
+        "/reply",
+        axum::routing::post(move || {
+            let calls = calls.clone();
+            async move {
+                let n = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                format!("<xml><MsgType><![CDATA[text]]></MsgType><Content><![CDATA[reply {n}]]></Content></xml>")
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}/reply")
+}
+
+/// A field of an encrypted reply envelope.
+fn field<'a>(xml: &'a str, name: &str) -> &'a str {
+    let open = format!("<{name}>");
+    let start = xml.find(&open).map(|at| at + open.len()).expect("field");
+    let rest = &xml[start..];
+    let text = &rest[..rest.find(&format!("</{name}>")).expect("end")];
+    text.trim_start_matches("<![CDATA[").trim_end_matches("]]>")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replying_route_answers_with_the_encrypted_reply_once() {
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let url = replier(calls.clone()).await;
+    let sink = oncegate_gateway::HttpSink::new(&url, None, std::time::Duration::from_secs(3))
+        .expect("sink");
+    let app = Arc::new(corp("ww_a"));
+    let gateway = Arc::new(
+        gateway(vec![("a", app.clone())])
+            .replying_route(&["message.text"], Arc::new(sink))
+            .expect("route"),
+    );
+    let request = app.seal(
+        &app.message(&message("501", "zhangsan")),
+        START_MS / 1000,
+        "reply-nonce",
+        [6; 16],
+    );
+    // The first call and a platform retry of it, byte for byte, while the first still runs.
+    let (first, retry) = tokio::join!(call(&gateway, to_request("a", request.clone())), async {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        call(&gateway, to_request("a", request.clone())).await
+    });
+    for (status, body) in [&first, &retry] {
+        assert_eq!(*status, StatusCode::OK, "{}", String::from_utf8_lossy(body));
+    }
+    assert_eq!(
+        calls.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "one call downstream"
+    );
+    let key = oncegate_wecom::AesKey::from_encoding_aes_key(KEY).expect("key");
+    let timestamp = (START_MS / 1000).to_string();
+    let mut replies = Vec::new();
+    for (_, body) in [first, retry] {
+        let envelope = String::from_utf8(body).expect("utf8");
+        let encrypt = field(&envelope, "Encrypt");
+        assert_eq!(field(&envelope, "TimeStamp"), timestamp);
+        assert_eq!(field(&envelope, "Nonce"), "reply-nonce");
+        assert!(oncegate_wecom::crypto::verify(
+            field(&envelope, "MsgSignature"),
+            &["corp-token", &timestamp, "reply-nonce", encrypt]
+        ));
+        let reply = oncegate_wecom::crypto::decrypt(&key, encrypt, "ww_a").expect("decrypts");
+        replies.push(String::from_utf8(reply).expect("utf8"));
+    }
+    assert!(replies[0].contains("reply 1"), "{}", replies[0]);
+    assert_eq!(replies[0], replies[1], "the retry gets the stored reply");
+    // Replied events are not queued.
+    assert_eq!(gateway.stats().admitted, 0);
+}

@@ -212,6 +212,25 @@ impl WebhookSource for WecomApp {
     fn retries_repeat_the_request(&self) -> bool {
         true
     }
+
+    /// The handler's answer (reply XML, or an AI bot's reply JSON) encrypted for the corp;
+    /// no answer is the empty 200.
+    fn sync_reply(&self, result: Option<Bytes>, request: Option<&Stamp>) -> Reply {
+        let sealing = Sealing {
+            token: &self.token,
+            key: &self.key,
+            receive_id: &self.corp_id,
+        };
+        match result.filter(|answer| !answer.is_empty()) {
+            Some(answer) => passive_reply(sealing, &answer, request),
+            None => Reply::text(Bytes::new()),
+        }
+    }
+
+    /// WeCom waits 5 s.
+    fn sync_deadline(&self) -> std::time::Duration {
+        REPLY_DEADLINE
+    }
 }
 
 impl WechatApp {
@@ -286,6 +305,66 @@ impl WebhookSource for WechatApp {
     fn retries_repeat_the_request(&self) -> bool {
         true
     }
+
+    /// The handler's reply XML, encrypted in safe mode; no answer is `success`.
+    fn sync_reply(&self, result: Option<Bytes>, request: Option<&Stamp>) -> Reply {
+        match (result.filter(|answer| !answer.is_empty()), &self.key) {
+            (Some(answer), Some(key)) => passive_reply(
+                Sealing {
+                    token: &self.token,
+                    key,
+                    receive_id: &self.app_id,
+                },
+                &answer,
+                request,
+            ),
+            (Some(answer), None) => Reply::xml(answer),
+            (None, _) => self.accepted(Accepted::Admitted),
+        }
+    }
+
+    /// WeChat waits 5 s.
+    fn sync_deadline(&self) -> std::time::Duration {
+        REPLY_DEADLINE
+    }
+}
+
+/// Both platforms wait 5 s for an answer; leave room for the way back.
+const REPLY_DEADLINE: std::time::Duration = std::time::Duration::from_millis(4_000);
+
+/// A passive reply, encrypted and signed with the request's timestamp and nonce: XML, or JSON
+/// when the handler answered JSON (an AI bot, whose receive id is empty).
+fn passive_reply(sealing: Sealing<'_>, answer: &[u8], request: Option<&Stamp>) -> Reply {
+    let json = answer.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
+    let receive_id = if json { "" } else { sealing.receive_id };
+    let encrypt = crypto::encrypt(sealing.key, answer, receive_id, random_prefix(answer));
+    let timestamp = request.map_or_else(|| "0".to_owned(), |s| s.timestamp_secs.to_string());
+    let nonce = request.map_or("", |s| s.nonce.as_str());
+    let signature = crypto::signature(&[sealing.token, &timestamp, nonce, &encrypt]);
+    if json {
+        let body = serde_json::json!({
+            "encrypt": encrypt, "msgsignature": signature, "timestamp": timestamp, "nonce": nonce,
+        });
+        return Reply::json(body.to_string());
+    }
+    let nonce = nonce.replace("]]>", "");
+    Reply::xml(format!(
+        "<xml><Encrypt><![CDATA[{encrypt}]]></Encrypt><MsgSignature><![CDATA[{signature}]]></MsgSignature><TimeStamp>{timestamp}</TimeStamp><Nonce><![CDATA[{nonce}]]></Nonce></xml>"
+    ))
+}
+
+/// The 16 random bytes that open every encrypted message; should the system's generator fail,
+/// a digest of the message and the time, so that equal replies still differ.
+fn random_prefix(message: &[u8]) -> [u8; 16] {
+    let mut prefix = [0u8; 16];
+    if getrandom::fill(&mut prefix).is_err() {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let digest = crypto::signature(&[&String::from_utf8_lossy(message), &nanos.to_string()]);
+        prefix.copy_from_slice(&digest.as_bytes()[..16]);
+    }
+    prefix
 }
 
 /// A text message as the platform's XML.

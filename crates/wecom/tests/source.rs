@@ -317,3 +317,55 @@ fn ai_bot_json_callbacks_are_admitted_and_checked_like_xml() {
         .expect_err("refused");
     assert_eq!(refusal.label, "bad_signature");
 }
+
+#[test]
+fn passive_replies_are_encrypted_for_the_app_and_signed_with_the_request() {
+    use bytes::Bytes;
+    let stamp = oncegate_core::Stamp {
+        timestamp_secs: 1_411_525_903,
+        nonce: "461056294".into(),
+    };
+    let reply = Bytes::from_static(b"<xml><Content><![CDATA[ok]]></Content></xml>");
+    let key = oncegate_wecom::AesKey::from_encoding_aes_key(V1_KEY).expect("key");
+    let opened = |body: &[u8], receiver: &str, token: &str| {
+        let text = String::from_utf8(body.to_vec()).expect("utf8");
+        let pick = |name: &str| {
+            let start = text.find(&format!("<{name}>")).expect("field") + name.len() + 2;
+            let end = text[start..].find(&format!("</{name}>")).expect("end") + start;
+            text[start..end]
+                .trim_start_matches("<![CDATA[")
+                .trim_end_matches("]]>")
+                .to_owned()
+        };
+        let encrypt = pick("Encrypt");
+        assert!(oncegate_wecom::crypto::verify(
+            &pick("MsgSignature"),
+            &[token, "1411525903", "461056294", &encrypt]
+        ));
+        oncegate_wecom::crypto::decrypt(&key, &encrypt, receiver).expect("decrypts")
+    };
+    let corp = v1();
+    let answer = corp.sync_reply(Some(reply.clone()), Some(&stamp));
+    assert_eq!(opened(&answer.body, V1_CORP, "QDG6eK"), reply);
+    assert!(corp.sync_reply(None, Some(&stamp)).body.is_empty());
+    let safe = WechatApp::new("wx_oa", "oa", Some(V1_KEY)).expect("app");
+    assert_eq!(
+        opened(
+            &safe.sync_reply(Some(reply.clone()), Some(&stamp)).body,
+            "wx_oa",
+            "oa"
+        ),
+        reply
+    );
+    let plain = WechatApp::new("wx_oa", "oa", None).expect("app");
+    assert_eq!(
+        plain.sync_reply(Some(reply.clone()), Some(&stamp)).body,
+        reply
+    );
+    assert_eq!(&plain.sync_reply(None, None).body[..], b"success");
+    // Two equal replies never encrypt alike.
+    assert_ne!(
+        corp.sync_reply(Some(reply.clone()), Some(&stamp)).body,
+        corp.sync_reply(Some(reply), Some(&stamp)).body
+    );
+}
