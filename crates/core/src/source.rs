@@ -138,6 +138,17 @@ pub enum Decoded {
     },
 }
 
+/// Where an event sits in its chat's version chain (WeCom's member versions): the version it
+/// changed and the one it made. Creation times in whole seconds cannot order two changes of one
+/// second; the chain can.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Versions {
+    /// The version before the event (`LastMemVer`).
+    pub before: String,
+    /// The version after it (`CurMemVer`).
+    pub after: String,
+}
+
 /// How the gateway answers an admitted callback.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Accepted {
@@ -251,6 +262,12 @@ pub trait WebhookSource: Send + Sync + 'static {
 
     /// The answer to an accepted event (Feishu: `{"msg":"success"}`, WeCom: an empty body).
     fn accepted(&self, how: Accepted) -> Reply;
+
+    /// The event's place in its chat's version chain, if its platform keeps one.
+    fn versions(&self, event: &Event) -> Option<Versions> {
+        let _ = event;
+        None
+    }
 
     /// Whether the platform's own retries repeat a request byte for byte, nonce included
     /// (WeCom and WeChat): then a replayed nonce is answered like a duplicate instead of

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use oncegate_core::{
-    Delivery, FenceCheck, KeyHash, Lease, QueueId, Store, WatermarkOutcome, key_for,
+    Delivery, FenceCheck, KeyHash, Lease, QueueId, Store, StoreError, WatermarkOutcome, key_for,
 };
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -165,6 +165,47 @@ fn backoff(base: Duration, max: Duration, attempt: u32) -> Duration {
     ))
 }
 
+/// Gives the key back and the event to the queue for a second later: the store did not answer.
+async fn release_and_retry<S: Store>(shared: &Shared<S>, delivery: &Delivery, lease: &Lease) {
+    let store = &shared.store;
+    insist(&shared.summaries, "release", || store.release(lease)).await;
+    insist(&shared.summaries, "retry", || {
+        store.retry(delivery.id, shared.now_ms() + 1000)
+    })
+    .await;
+}
+
+/// Whether `event` was superseded in its chat's version chain: an event whose successor (the
+/// one that changed the version it made) was applied already is older, even within one second
+/// of creation time. Marks, with the watermark store: `superseded/<chat>/<v>` = 1 once an event
+/// changing `v` is applied; checking writes 0 where nothing was, which is never stale.
+async fn superseded<S: Store>(
+    shared: &Shared<S>,
+    event: &oncegate_core::Event,
+    order: &str,
+) -> Result<bool, StoreError> {
+    let Some(versions) = shared
+        .platform_source(&event.source)
+        .and_then(|source| source.versions(event))
+    else {
+        return Ok(false);
+    };
+    let mark =
+        |version: &str| KeyHash::of(&[&event.source, &event.app, "superseded", order, version]);
+    let retention = shared.timing.retention;
+    let store = &shared.store;
+    if let WatermarkOutcome::Stale { .. } = store
+        .advance_watermark(&mark(&versions.after), 0, retention)
+        .await?
+    {
+        return Ok(true);
+    }
+    store
+        .advance_watermark(&mark(&versions.before), 1, retention)
+        .await?;
+    Ok(false)
+}
+
 async fn handle<S: Store>(shared: &Shared<S>, delivery: Delivery, held: &Held) {
     let stats = &shared.stats;
     let store = &shared.store;
@@ -236,13 +277,21 @@ async fn handle<S: Store>(shared: &Shared<S>, delivery: Delivery, held: &Held) {
             }
             Ok(WatermarkOutcome::Accepted { .. }) => {}
             Err(error) => {
-                insist(&shared.summaries, "release", || store.release(&lease)).await;
-                insist(&shared.summaries, "retry", || {
-                    store.retry(delivery.id, shared.now_ms() + 1000)
-                })
-                .await;
                 summaries.note("watermark_failed", None, &error.to_string());
+                return release_and_retry(shared, &delivery, &lease).await;
+            }
+        }
+        match superseded(shared, event, order).await {
+            Ok(false) => {}
+            Ok(true) => {
+                tracing::info!(event_id = %event.event_id, "superseded event dropped");
+                stats.bump(&stats.stale_dropped, "oncegate_stale_dropped_total");
+                finish(shared, &delivery, &lease).await;
                 return;
+            }
+            Err(error) => {
+                summaries.note("watermark_failed", None, &error.to_string());
+                return release_and_retry(shared, &delivery, &lease).await;
             }
         }
     }

@@ -163,6 +163,14 @@ pub(crate) struct Shared<S> {
 }
 
 impl<S: Store> Shared<S> {
+    /// A source of `platform`: what reads an event's platform-specific parts (its versions).
+    pub(crate) fn platform_source(&self, platform: &str) -> Option<&SharedSource> {
+        self.sources
+            .values()
+            .map(|source| &source.decoder)
+            .find(|decoder| decoder.platform() == platform)
+    }
+
     pub(crate) fn route_for(&self, event_type: &str) -> Option<&Route> {
         self.routes.iter().find(|route| route.matches(event_type))
     }

@@ -189,6 +189,37 @@ impl oncegate_gateway::Handler for Collect {
     }
 }
 
+/// A gateway whose membership events go, watermarked, to the returned collector.
+fn membership_gateway(app: Arc<WecomApp>) -> (Arc<Gateway<Memory>>, Collect) {
+    let seen = Collect::default();
+    let gateway = gateway(vec![("a", app)])
+        .route(
+            &["event.change_external_chat*"],
+            Arc::new(oncegate_gateway::HandlerSink(seen.clone())),
+            oncegate_gateway::StaleEvents::Drop,
+        )
+        .expect("route");
+    (Arc::new(gateway), seen)
+}
+
+/// Runs the dispatcher until `events` were delivered or dropped as stale (at most 2 s).
+async fn dispatch_until_settled(gateway: &Arc<Gateway<Memory>>, events: u64) {
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let dispatcher = {
+        let (gateway, shutdown) = (gateway.clone(), shutdown.clone());
+        tokio::spawn(async move { gateway.dispatch(shutdown).await })
+    };
+    for _ in 0..200 {
+        let stats = gateway.stats();
+        if stats.delivered + stats.stale_dropped >= events {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    shutdown.cancel();
+    dispatcher.await.expect("joined").expect("dispatch");
+}
+
 fn membership(detail: &str, member: &str, created_secs: u64) -> String {
     format!(
         "<xml><ToUserName><![CDATA[ww_a]]></ToUserName><FromUserName><![CDATA[sys]]></FromUserName><CreateTime>{created_secs}</CreateTime><MsgType><![CDATA[event]]></MsgType><Event><![CDATA[change_external_chat]]></Event><ChatId><![CDATA[wr_group]]></ChatId><ChangeType><![CDATA[update]]></ChangeType><UpdateDetail><![CDATA[{detail}]]></UpdateDetail><JoinScene>0</JoinScene><MemChangeCnt>1</MemChangeCnt><MemChangeList><Item><![CDATA[{member}]]></Item></MemChangeList></xml>"
@@ -198,16 +229,7 @@ fn membership(detail: &str, member: &str, created_secs: u64) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn membership_changes_in_one_second_are_both_delivered_and_an_older_join_is_stale() {
     let app = Arc::new(corp("ww_a"));
-    let seen = Collect::default();
-    let gateway = Arc::new(
-        gateway(vec![("a", app.clone())])
-            .route(
-                &["event.change_external_chat*"],
-                Arc::new(oncegate_gateway::HandlerSink(seen.clone())),
-                oncegate_gateway::StaleEvents::Drop,
-            )
-            .expect("route"),
-    );
+    let (gateway, seen) = membership_gateway(app.clone());
     let at = START_MS / 1000 - 60;
     let send = |plain: String| {
         let nonce = format!("{:016x}", fastrand::u64(..));
@@ -231,19 +253,7 @@ async fn membership_changes_in_one_second_are_both_delivered_and_an_older_join_i
         4,
         "four distinct events, no collision"
     );
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let dispatcher = {
-        let (gateway, shutdown) = (gateway.clone(), shutdown.clone());
-        tokio::spawn(async move { gateway.dispatch(shutdown).await })
-    };
-    for _ in 0..200 {
-        if gateway.stats().delivered + gateway.stats().stale_dropped >= 4 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    shutdown.cancel();
-    dispatcher.await.expect("joined").expect("dispatch");
+    dispatch_until_settled(&gateway, 4).await;
     let delivered: Vec<(String, u64)> = seen
         .0
         .lock()
@@ -354,4 +364,54 @@ async fn a_replying_route_answers_with_the_encrypted_reply_once() {
     assert_eq!(replies[0], replies[1], "the retry gets the stored reply");
     // Replied events are not queued.
     assert_eq!(gateway.stats().admitted, 0);
+}
+
+fn versioned(detail: &str, member: &str, created_secs: u64, last: &str, cur: &str) -> String {
+    membership(detail, member, created_secs).replace(
+        "</xml>",
+        &format!("<LastMemVer>{last}</LastMemVer><CurMemVer>{cur}</CurMemVer></xml>"),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn member_versions_order_changes_within_one_second() {
+    let app = Arc::new(corp("ww_a"));
+    let (gateway, seen) = membership_gateway(app.clone());
+    let second = START_MS / 1000 - 30;
+    // One second, two chains: x joins then leaves, arriving backwards (the join is older by
+    // its version, not by its time); y joins then leaves, arriving in order.
+    for plain in [
+        versioned("del_member", "wm_x", second, "v2", "v3"),
+        versioned("add_member", "wm_x", second, "v1", "v2"),
+        versioned("add_member", "wm_y", second, "v3", "v4"),
+        versioned("del_member", "wm_y", second, "v4", "v5"),
+    ] {
+        let nonce = format!("{:016x}", fastrand::u64(..));
+        let request = to_request(
+            "a",
+            app.seal(plain.as_bytes(), START_MS / 1000, &nonce, [4; 16]),
+        );
+        assert_eq!(call(&gateway, request).await.0, StatusCode::OK);
+    }
+    dispatch_until_settled(&gateway, 4).await;
+    let delivered: Vec<String> = seen
+        .0
+        .lock()
+        .expect("log")
+        .iter()
+        .map(|event| {
+            let text = String::from_utf8_lossy(&event.payload);
+            let cur = text
+                .split("<CurMemVer>")
+                .nth(1)
+                .and_then(|rest| rest.split('<').next());
+            cur.unwrap_or_default().to_owned()
+        })
+        .collect();
+    assert_eq!(
+        delivered,
+        ["v3", "v4", "v5"],
+        "the join that the delivered leave superseded is dropped; the in-order pair is not"
+    );
+    assert_eq!(gateway.stats().stale_dropped, 1);
 }

@@ -4,8 +4,8 @@
 
 use bytes::Bytes;
 use oncegate_core::{
-    Accepted, Admit, Callback, Decoded, Method, Refusal, RefusalKind, Reply, SealedRequest, Sealer,
-    Stamp, SyntheticMessage, WebhookSource,
+    Accepted, Admit, Callback, Decoded, Event, Method, Refusal, RefusalKind, Reply, SealedRequest,
+    Sealer, Stamp, SyntheticMessage, Versions, WebhookSource,
 };
 
 use crate::keys::{JSON, Names, Origin, XML, normalize};
@@ -211,6 +211,15 @@ impl WebhookSource for WecomApp {
     /// Retries reuse the query (the SDKs' dedup by `msg_signature` relies on it).
     fn retries_repeat_the_request(&self) -> bool {
         true
+    }
+
+    /// External-group member changes carry `LastMemVer` → `CurMemVer`.
+    fn versions(&self, event: &Event) -> Option<Versions> {
+        let fields = Fields::parse(&event.payload).ok()?;
+        Some(Versions {
+            before: fields.text("LastMemVer")?.to_owned(),
+            after: fields.text("CurMemVer")?.to_owned(),
+        })
     }
 
     /// The handler's answer (reply XML, or an AI bot's reply JSON) encrypted for the corp;
