@@ -6,7 +6,7 @@ use std::collections::HashSet;
 
 mod support;
 
-use support::{Serve, file_route, lines, oncegate};
+use support::{Serve, client, file_route, lines, oncegate};
 
 const AES_KEY: &str = "jWmYm7qr5nMoAUwZRjGtBxmz3KA1tkAj3ykkR6q2B2C";
 
@@ -124,5 +124,33 @@ fn each_platforms_events_are_delivered_once_through_the_binary() {
             300,
             "{source}"
         );
+    }
+    // Callbacks are counted by source, platform and answer.
+    let metrics = tokio::runtime::Runtime::new()
+        .expect("runtime")
+        .block_on(async {
+            let response = client()
+                .get(format!("{}/metrics", serve.admin))
+                .send()
+                .await
+                .expect("metrics");
+            response.text().await.expect("text")
+        });
+    for (source, platform) in [("corp", "wecom"), ("oa", "wechat"), ("bot", "feishu")] {
+        let line = metrics
+            .lines()
+            .find(|line| {
+                line.starts_with("oncegate_callbacks_total{")
+                    && line.contains(&format!("source=\"{source}\""))
+                    && line.contains(&format!("platform=\"{platform}\""))
+                    && line.contains("status=\"200\"")
+            })
+            .unwrap_or_else(|| panic!("no 200s counted for {source}: {metrics}"));
+        let count: f64 = line
+            .rsplit(' ')
+            .next()
+            .and_then(|n| n.parse().ok())
+            .expect("a count");
+        assert!(count >= 300.0, "{line}");
     }
 }

@@ -104,17 +104,38 @@ async fn webhook<S: Store>(
         );
         return refused(&shared, peer, refusal);
     };
+    let response = callback(&shared, source, peer, parts, body).await;
+    // By source and answer: the sources are configured, so the labels are bounded.
+    metrics::counter!(
+        "oncegate_callbacks_total",
+        "source" => name,
+        "platform" => source.decoder.platform().to_owned(),
+        "status" => response.status().as_str().to_owned()
+    )
+    .increment(1);
+    response
+}
+
+/// One callback to a known source, answered.
+async fn callback<S: Store>(
+    shared: &Arc<Shared<S>>,
+    source: &Source,
+    peer: Option<SocketAddr>,
+    parts: axum::http::request::Parts,
+    body: axum::body::Body,
+) -> Response {
+    let stats = &shared.stats;
     let method = match parts.method {
         axum::http::Method::GET => Method::Get,
         axum::http::Method::POST => Method::Post,
         _ => {
             let refusal = Refusal::new(RefusalKind::Method, "method", "use GET or POST");
-            return refused(&shared, peer, refusal);
+            return refused(shared, peer, refusal);
         }
     };
-    let body = match read_body(&shared, &parts.headers, body).await {
+    let body = match read_body(shared, &parts.headers, body).await {
         Ok(body) => body,
-        Err(refusal) => return refused(&shared, peer, refusal),
+        Err(refusal) => return refused(shared, peer, refusal),
     };
     let decoded = source.decoder.decode(&Callback {
         method,
@@ -124,7 +145,7 @@ async fn webhook<S: Store>(
     });
     let decoded = match decoded {
         Ok(decoded) => decoded,
-        Err(refusal) => return refused(&shared, peer, refusal),
+        Err(refusal) => return refused(shared, peer, refusal),
     };
     let (mut admit, stamp, sync) = match decoded {
         Decoded::Challenge(answer) => {
@@ -156,10 +177,10 @@ async fn webhook<S: Store>(
         {
             None
         }
-        Err(refusal) => return refused_by(&shared, source, peer, refusal),
+        Err(refusal) => return refused_by(shared, source, peer, refusal),
     };
     let answered = if sync {
-        sync_call::call(&shared, admit, source.decoder.sync_deadline())
+        sync_call::call(shared, admit, source.decoder.sync_deadline())
             .await
             .map(|result| source.decoder.sync_reply(result, request.as_ref()))
     } else {
@@ -172,7 +193,7 @@ async fn webhook<S: Store>(
                 key: key_for(&admit.event.source, &admit.event.app, "nonce", &stamp.nonce),
                 window_ms: millis(limits.nonce_window()),
             });
-        admission::admit(&shared, admit)
+        admission::admit(shared, admit)
             .await
             .map(|how| source.decoder.accepted(how))
     };
@@ -183,7 +204,7 @@ async fn webhook<S: Store>(
             }
             reply(answer)
         }
-        Err(refusal) => refused_by(&shared, source, peer, refusal),
+        Err(refusal) => refused_by(shared, source, peer, refusal),
     }
 }
 
