@@ -7,7 +7,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
 use clap::Args;
-use oncegate_core::{SealedRequest, Sealer, SyntheticMessage};
+use oncegate_core::{SealedRequest, Sealer, SyntheticMembership, SyntheticMessage};
 use tokio::sync::Mutex;
 
 /// Options of `oncegate simulate`.
@@ -44,6 +44,10 @@ pub(crate) struct SimulateArgs {
     /// Chats the events are spread over.
     #[arg(long, default_value_t = 100)]
     chats: usize,
+    /// Send group member changes instead of messages (platforms that report them): each
+    /// member joins and leaves within one second, and half the pairs arrive leave first.
+    #[arg(long)]
+    membership: bool,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
@@ -83,17 +87,48 @@ fn message(run: u64, i: usize, chats: usize) -> SyntheticMessage {
     }
 }
 
-/// A fresh request for message `i`: a new timestamp and nonce every time, as a platform retry.
-fn seal(sealer: &dyn Sealer, run: u64, i: usize, chats: usize) -> SealedRequest {
+/// Change `i`: events 2k and 2k+1 are member k joining and leaving chat k mod `chats`, in one
+/// second, each moving the chat's version one step along its chain.
+fn membership(run: u64, i: usize, chats: usize) -> SyntheticMembership {
+    let chats = chats.max(1);
+    let pair = i / 2;
+    let chat = pair % chats;
+    let step = (pair / chats) * 2 + i % 2;
+    SyntheticMembership {
+        chat: format!("wr_sim{chat}"),
+        member: format!("wm_sim{run}_{pair}"),
+        joined: i.is_multiple_of(2),
+        created_ms: (run / 1000 + pair as u64) * 1000,
+        before: format!("{run:x}{chat}v{step}"),
+        after: format!("{run:x}{chat}v{}", step + 1),
+    }
+}
+
+/// What one run sends: messages, or member changes.
+#[derive(Clone, Copy)]
+struct Traffic {
+    run: u64,
+    chats: usize,
+    membership: bool,
+}
+
+impl Traffic {
+    /// Event `i`'s plaintext.
+    fn plaintext(self, sealer: &dyn Sealer, i: usize) -> Vec<u8> {
+        let change = self
+            .membership
+            .then(|| sealer.membership(&membership(self.run, i, self.chats)))
+            .flatten();
+        change.unwrap_or_else(|| sealer.message(&message(self.run, i, self.chats)))
+    }
+}
+
+/// A fresh request for event `i`: a new timestamp and nonce every time, as a platform retry.
+fn seal(sealer: &dyn Sealer, traffic: Traffic, i: usize) -> SealedRequest {
     let nonce = format!("{:016x}", fastrand::u64(..));
     let mut iv = [0u8; 16];
     fastrand::fill(&mut iv);
-    sealer.seal(
-        &sealer.message(&message(run, i, chats)),
-        unix_secs(),
-        &nonce,
-        iv,
-    )
+    sealer.seal(&traffic.plaintext(sealer, i), unix_secs(), &nonce, iv)
 }
 
 pub(crate) async fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
@@ -129,8 +164,31 @@ pub(crate) async fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
     let run = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
+    let traffic = Traffic {
+        run,
+        chats: args.chats,
+        membership: args.membership,
+    };
+    if args.membership && sealer.membership(&membership(run, 0, args.chats)).is_none() {
+        bail!(
+            "source {:?}: its platform reports no member changes",
+            source.name
+        );
+    }
     let mut plan = Vec::with_capacity(args.events * 2);
+    let mut swapped = false;
     for i in 0..args.events {
+        // Out of order: half the pairs leave before they join.
+        let i = if !args.membership {
+            i
+        } else if i.is_multiple_of(2) {
+            swapped = i + 1 < args.events && fastrand::bool();
+            if swapped { i + 1 } else { i }
+        } else if swapped {
+            i - 1
+        } else {
+            i
+        };
         plan.push(Send::New(i));
         if i > 0 && fastrand::f64() < args.duplicates {
             plan.push(Send::Retry(fastrand::usize(..i)));
@@ -170,20 +228,19 @@ pub(crate) async fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
             sealer.clone(),
             progress.clone(),
         );
-        let chats = args.chats;
         workers.push(tokio::spawn(async move {
             loop {
                 let index = next.fetch_add(1, Ordering::Relaxed);
                 let Some(step) = plan.get(index) else { break };
                 let request = match *step {
                     Send::New(i) => {
-                        let request = seal(sealer.as_ref(), run, i, chats);
+                        let request = seal(sealer.as_ref(), traffic, i);
                         *sent[i].lock().await = Some(request.clone());
                         request
                     }
                     Send::Retry(i) => match sent[i].lock().await.as_ref() {
                         // A platform retry: the same event, signed again.
-                        Some(_) => seal(sealer.as_ref(), run, i, chats),
+                        Some(_) => seal(sealer.as_ref(), traffic, i),
                         None => continue,
                     },
                     Send::Replay(i) => match sent[i].lock().await.clone() {
@@ -245,14 +302,15 @@ pub(crate) async fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
     while let (Some(at), Some(before)) = (now, before) {
         let admitted =
             at.admitted.saturating_sub(before.admitted) + at.spooled.saturating_sub(before.spooled);
-        if at.delivered.saturating_sub(before.delivered) >= admitted
-            || still.elapsed() > Duration::from_secs(10)
-        {
+        let settled = at.delivered.saturating_sub(before.delivered)
+            + at.stale_dropped.saturating_sub(before.stale_dropped);
+        if settled >= admitted || still.elapsed() > Duration::from_secs(10) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
         let again = counts(&client, &admin, admin_token.as_deref()).await;
-        if again.map(|c| c.delivered) != now.map(|c| c.delivered) {
+        let progress = |c: Option<Counts>| c.map(|c| c.delivered + c.stale_dropped);
+        if progress(again) != progress(now) {
             still = Instant::now();
         }
         now = again;
@@ -293,7 +351,11 @@ pub(crate) async fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
             println!(
                 "delivered          {}",
                 now.delivered.saturating_sub(before.delivered)
-            )
+            );
+            let stale = now.stale_dropped.saturating_sub(before.stale_dropped);
+            if stale > 0 {
+                println!("dropped as stale   {stale}");
+            }
         }
         _ => println!("admitted, delivered unknown (admin API at {admin} not reachable)"),
     }
@@ -320,6 +382,7 @@ struct Counts {
     duplicates: u64,
     spooled: u64,
     delivered: u64,
+    stale_dropped: u64,
 }
 
 async fn counts(client: &reqwest::Client, admin: &str, token: Option<&str>) -> Option<Counts> {
@@ -335,5 +398,6 @@ async fn counts(client: &reqwest::Client, admin: &str, token: Option<&str>) -> O
         duplicates: count("duplicates")?,
         spooled: count("spooled")?,
         delivered: count("delivered")?,
+        stale_dropped: count("stale_dropped")?,
     })
 }

@@ -42,10 +42,46 @@ app_id = "cli_e2e"
 encrypt_key = "feishu-key"
 verification_token = "feishu-token"
 
+[[route]]
+events = ["event.change_external_chat*"]
+sink = "file"
+path = "{}"
+watermark = true
+
 {}
 "#,
+        dir.join("out/members.jsonl").display(),
         file_route(dir, "")
     )
+}
+
+/// Runs `oncegate simulate` as `source` against `serve` with `extra` arguments; its summary.
+fn simulate(serve: &Serve, dir: &std::path::Path, source: &str, extra: &[&str]) -> String {
+    let output = oncegate()
+        .args([
+            "simulate",
+            "--quiet",
+            "--concurrency",
+            "16",
+            "--source",
+            source,
+        ])
+        .args(extra)
+        .arg("--config")
+        .arg(dir.join("oncegate.toml"))
+        .arg("--url")
+        .arg(&serve.base)
+        .arg("--admin")
+        .arg(&serve.admin)
+        .output()
+        .expect("simulate");
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "{source}: {text} {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    text
 }
 
 /// A figure of `simulate`'s summary (`delivered          300`).
@@ -63,36 +99,18 @@ fn each_platforms_events_are_delivered_once_through_the_binary() {
     let serve = Serve::start_with(dir.path(), &config(dir.path()));
     let mut expected = 0;
     for source in ["corp", "oa", "bot"] {
-        let output = oncegate()
-            .args([
-                "simulate",
-                "--quiet",
+        let text = simulate(
+            &serve,
+            dir.path(),
+            source,
+            &[
                 "--events",
                 "300",
-                "--concurrency",
-                "16",
-            ])
-            .args([
                 "--duplicates",
                 "0.3",
                 "--replays",
                 "0.05",
-                "--source",
-                source,
-            ])
-            .arg("--config")
-            .arg(dir.path().join("oncegate.toml"))
-            .arg("--url")
-            .arg(&serve.base)
-            .arg("--admin")
-            .arg(&serve.admin)
-            .output()
-            .expect("simulate");
-        let text = String::from_utf8_lossy(&output.stdout).into_owned();
-        assert!(
-            output.status.success(),
-            "{source}: {text} {}",
-            String::from_utf8_lossy(&output.stderr)
+            ],
         );
         assert_eq!(figure(&text, "admitted"), 300, "{source}: {text}");
         assert_eq!(figure(&text, "delivered"), 300, "{source}: {text}");
@@ -153,4 +171,48 @@ fn each_platforms_events_are_delivered_once_through_the_binary() {
             .expect("a count");
         assert!(count >= 300.0, "{line}");
     }
+}
+
+#[test]
+fn member_changes_out_of_order_keep_their_order_through_the_binary() {
+    let dir = tempfile::tempdir().expect("dir");
+    let serve = Serve::start_with(dir.path(), &config(dir.path()));
+    let text = simulate(
+        &serve,
+        dir.path(),
+        "corp",
+        &[
+            "--membership",
+            "--events",
+            "400",
+            "--chats",
+            "7",
+            "--duplicates",
+            "0.2",
+        ],
+    );
+    assert_eq!(figure(&text, "admitted"), 400, "{text}");
+    let delivered = figure(&text, "delivered");
+    let stale = figure(&text, "dropped as stale");
+    assert_eq!(delivered + stale, 400, "{text}");
+    assert!(stale > 0, "half the pairs arrive leave first: {text}");
+    // Per member: a join is never delivered after its leave.
+    let members = std::fs::read_to_string(dir.path().join("out/members.jsonl")).expect("lines");
+    let mut left = HashSet::new();
+    for line in members.lines() {
+        let line: serde_json::Value = serde_json::from_str(line).expect("json");
+        let payload = line["payload"].as_str().unwrap_or_default();
+        let member = payload
+            .split("<Item><![CDATA[")
+            .nth(1)
+            .and_then(|rest| rest.split("]]>").next())
+            .expect("member")
+            .to_owned();
+        if payload.contains("del_member") {
+            left.insert(member);
+        } else {
+            assert!(!left.contains(&member), "{member} joined after leaving");
+        }
+    }
+    assert_eq!(members.lines().count() as u64, delivered);
 }

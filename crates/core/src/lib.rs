@@ -25,6 +25,6 @@ pub use record::{
 };
 pub use source::{
     Accepted, Admit, Callback, Decoded, Headers, Keys, Method, Refusal, RefusalKind, Reply,
-    SealedRequest, Sealer, Stamp, SyntheticMessage, Versions, WebhookSource,
+    SealedRequest, Sealer, Stamp, SyntheticMembership, SyntheticMessage, Versions, WebhookSource,
 };
 pub use store::{DedupStore, EventQueue, Store, StoreError, WatermarkStore};

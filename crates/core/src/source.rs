@@ -306,6 +306,24 @@ pub struct SyntheticMessage {
     pub created_ms: u64,
 }
 
+/// A synthetic change of a group's members, for `oncegate simulate` and tests: one member joins
+/// or leaves, moving the group from version `before` to `after`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyntheticMembership {
+    /// The group.
+    pub chat: String,
+    /// The member.
+    pub member: String,
+    /// Joined (or left).
+    pub joined: bool,
+    /// Creation time, unix milliseconds (the platforms keep whole seconds).
+    pub created_ms: u64,
+    /// The group's member version before the change.
+    pub before: String,
+    /// And after it.
+    pub after: String,
+}
+
 /// A callback as a platform would send it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SealedRequest {
@@ -325,6 +343,12 @@ pub struct SealedRequest {
 pub trait Sealer: Send + Sync + 'static {
     /// The plaintext document of a message event.
     fn message(&self, message: &SyntheticMessage) -> Vec<u8>;
+
+    /// The plaintext document of a member change, if the platform reports them.
+    fn membership(&self, change: &SyntheticMembership) -> Option<Vec<u8>> {
+        let _ = change;
+        None
+    }
 
     /// `plaintext` as a signed request at `timestamp_secs` with `nonce` (and `iv` where the
     /// platform encrypts).

@@ -5,7 +5,7 @@
 use bytes::Bytes;
 use oncegate_core::{
     Accepted, Admit, Callback, Decoded, Event, Method, Refusal, RefusalKind, Reply, SealedRequest,
-    Sealer, Stamp, SyntheticMessage, Versions, WebhookSource,
+    Sealer, Stamp, SyntheticMembership, SyntheticMessage, Versions, WebhookSource,
 };
 
 use crate::keys::{JSON, Names, Origin, XML, normalize};
@@ -129,12 +129,13 @@ fn admit(
     stamp: Stamp,
 ) -> Result<Decoded, WecomError> {
     let fields = dialect.fields(&document)?;
-    if let (Some(expected), got) = (agent, origin.names.tenant(&fields))
-        && got != Some(expected)
+    // System events (contacts, groups) name no agent; one that names another is refused.
+    if let (Some(expected), Some(got)) = (agent, origin.names.tenant(&fields))
+        && got != expected
     {
         return Err(WecomError::WrongAgent {
             expected: expected.to_owned(),
-            got: got.unwrap_or_default().to_owned(),
+            got: got.to_owned(),
         });
     }
     if let Some(to) = fields.text("ToUserName")
@@ -438,6 +439,27 @@ fn sealed_encrypted(
 }
 
 impl Sealer for WecomApp {
+    /// A `change_external_chat` update with the member versions.
+    fn membership(&self, change: &SyntheticMembership) -> Option<Vec<u8>> {
+        let detail = if change.joined {
+            "add_member"
+        } else {
+            "del_member"
+        };
+        Some(
+            format!(
+                "<xml><ToUserName><![CDATA[{corp}]]></ToUserName><FromUserName><![CDATA[sys]]></FromUserName><CreateTime>{created}</CreateTime><MsgType><![CDATA[event]]></MsgType><Event><![CDATA[change_external_chat]]></Event><ChatId><![CDATA[{chat}]]></ChatId><ChangeType><![CDATA[update]]></ChangeType><UpdateDetail><![CDATA[{detail}]]></UpdateDetail><JoinScene>0</JoinScene><QuitScene>0</QuitScene><MemChangeCnt>1</MemChangeCnt><MemChangeList><Item><![CDATA[{member}]]></Item></MemChangeList><LastMemVer>{before}</LastMemVer><CurMemVer>{after}</CurMemVer></xml>",
+                corp = self.corp_id,
+                created = change.created_ms / 1000,
+                chat = change.chat,
+                member = change.member,
+                before = change.before,
+                after = change.after,
+            )
+            .into_bytes(),
+        )
+    }
+
     fn message(&self, message: &SyntheticMessage) -> Vec<u8> {
         text_message(
             &self.corp_id,
