@@ -59,6 +59,7 @@ pub type SharedSource = Arc<dyn WebhookSource>;
 pub(crate) struct Source {
     pub(crate) decoder: SharedSource,
     pub(crate) replay: Option<Mutex<ReplayGuard>>,
+    pub(crate) answers: ingress::AnswerCounters,
 }
 
 /// One route: which event types, which sink, whether stale events are dropped, and whether
@@ -280,7 +281,15 @@ impl<S: Store> Gateway<S> {
                         limits.max_nonces,
                     ))
                 });
-                (name, Source { decoder, replay })
+                let answers = ingress::AnswerCounters::default();
+                (
+                    name,
+                    Source {
+                        decoder,
+                        replay,
+                        answers,
+                    },
+                )
             })
             .collect();
         Self {
