@@ -82,9 +82,9 @@ async fn call(gateway: &Gateway<Memory>, request: Request<Body>) -> (StatusCode,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ten_concurrent_copies_of_one_message_are_admitted_once() {
+async fn ten_concurrent_copies_of_one_message_are_delivered_once() {
     let app = Arc::new(corp("ww_a"));
-    let gateway = Arc::new(gateway(vec![("a", app.clone())]));
+    let (gateway, seen) = collecting(app.clone(), &["*"], oncegate_gateway::StaleEvents::Deliver);
     for round in 0..10 {
         let copy = message(&format!("{}", 7_000_000 + round), "zhangsan");
         let copies: Vec<_> = (0..10)
@@ -105,6 +105,51 @@ async fn ten_concurrent_copies_of_one_message_are_admitted_once() {
             "round {round}"
         );
     }
+    dispatch_until_settled(&gateway, 10).await;
+    let ids: Vec<String> = seen
+        .0
+        .lock()
+        .expect("log")
+        .iter()
+        .map(|e| e.event_id.clone())
+        .collect();
+    let expected: Vec<String> = (0..10)
+        .map(|round| format!("{}", 7_000_000 + round))
+        .collect();
+    assert_eq!(ids, expected, "each message handled once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sdks_colliding_events_are_each_delivered() {
+    let app = Arc::new(corp("ww_a"));
+    let (gateway, seen) = collecting(app.clone(), &["*"], oncegate_gateway::StaleEvents::Deliver);
+    let second = START_MS / 1000 - 5;
+    let mut documents = Vec::new();
+    for user in 0..5 {
+        documents.push(format!("<xml><ToUserName>ww_a</ToUserName><FromUserName>user{user}</FromUserName><CreateTime>{second}</CreateTime><MsgType>voice</MsgType><MediaId>m{user}</MediaId><MsgId>7000000000000000001</MsgId><AgentID>1000002</AgentID></xml>"));
+    }
+    for n in 0..5 {
+        documents.push(format!("<xml><ToUserName>ww_a</ToUserName><FromUserName>sys</FromUserName><CreateTime>{second}</CreateTime><MsgType>event</MsgType><Event>sys_approval_change</Event><AgentID>3010040</AgentID><ApprovalInfo><SpNo>20230101{n:04}</SpNo></ApprovalInfo></xml>"));
+        documents.push(format!("<xml><ToUserName>ww_a</ToUserName><FromUserName>sys</FromUserName><CreateTime>{second}</CreateTime><MsgType>event</MsgType><Event>change_external_contact</Event><ChangeType>add_external_contact</ChangeType><UserID>zhangsan</UserID><ExternalUserID>wmEXT{n}</ExternalUserID></xml>"));
+    }
+    documents.push(membership("add_member", "wm_z", second));
+    documents.push(membership("del_member", "wm_z", second));
+    for document in &documents {
+        let nonce = format!("{:016x}", fastrand::u64(..));
+        let request = to_request(
+            "a",
+            app.seal(document.as_bytes(), START_MS / 1000, &nonce, [2; 16]),
+        );
+        assert_eq!(call(&gateway, request).await.0, StatusCode::OK);
+    }
+    let count = documents.len() as u64;
+    assert_eq!(
+        gateway.stats().admitted,
+        count,
+        "no two of them share a key"
+    );
+    dispatch_until_settled(&gateway, count).await;
+    assert_eq!(seen.0.lock().expect("log").len() as u64, count);
 }
 
 #[tokio::test]
@@ -189,17 +234,30 @@ impl oncegate_gateway::Handler for Collect {
     }
 }
 
-/// A gateway whose membership events go, watermarked, to the returned collector.
-fn membership_gateway(app: Arc<WecomApp>) -> (Arc<Gateway<Memory>>, Collect) {
+/// A gateway whose events of `patterns` go to the returned collector.
+fn collecting(
+    app: Arc<WecomApp>,
+    patterns: &[&str],
+    stale: oncegate_gateway::StaleEvents,
+) -> (Arc<Gateway<Memory>>, Collect) {
     let seen = Collect::default();
     let gateway = gateway(vec![("a", app)])
         .route(
-            &["event.change_external_chat*"],
+            patterns,
             Arc::new(oncegate_gateway::HandlerSink(seen.clone())),
-            oncegate_gateway::StaleEvents::Drop,
+            stale,
         )
         .expect("route");
     (Arc::new(gateway), seen)
+}
+
+/// A gateway whose membership events go, watermarked, to the returned collector.
+fn membership_gateway(app: Arc<WecomApp>) -> (Arc<Gateway<Memory>>, Collect) {
+    collecting(
+        app,
+        &["event.change_external_chat*"],
+        oncegate_gateway::StaleEvents::Drop,
+    )
 }
 
 /// Runs the dispatcher until `events` were delivered or dropped as stale (at most 2 s).
