@@ -20,9 +20,10 @@ pub(crate) struct SimulateArgs {
         default_value = "examples/oncegate.toml"
     )]
     config: std::path::PathBuf,
-    /// Which source to send as (default: the first).
-    #[arg(long)]
-    source: Option<String>,
+    /// Which sources to send as, comma-separated: events are spread over them, so several
+    /// corps or apps with the same chat ids get traffic at once (default: the first source).
+    #[arg(long, value_delimiter = ',')]
+    source: Vec<String>,
     /// The gateway's base URL (default: from server.listen).
     #[arg(long)]
     url: Option<String>,
@@ -104,6 +105,12 @@ fn membership(run: u64, i: usize, chats: usize) -> SyntheticMembership {
     }
 }
 
+/// Where events go: a source's sealer and its webhook URL.
+struct Target {
+    sealer: Arc<dyn Sealer>,
+    url: String,
+}
+
 /// What one run sends: messages, or member changes.
 #[derive(Clone, Copy)]
 struct Traffic {
@@ -134,17 +141,28 @@ fn seal(sealer: &dyn Sealer, traffic: Traffic, i: usize) -> SealedRequest {
 pub(crate) async fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let config = crate::load(Some(&args.config))?;
-    let source = match &args.source {
-        Some(name) => config.sources.iter().find(|s| &s.name == name),
-        None => config.sources.first(),
+    let sources: Vec<&oncegate_config::SourceConfig> = if args.source.is_empty() {
+        config.sources.first().into_iter().collect()
+    } else {
+        args.source
+            .iter()
+            .map(|name| {
+                config
+                    .sources
+                    .iter()
+                    .find(|s| &s.name == name)
+                    .with_context(|| format!("no source {name:?} in {}", args.config.display()))
+            })
+            .collect::<anyhow::Result<_>>()?
+    };
+    if sources.is_empty() {
+        bail!("no source in {}", args.config.display());
     }
-    .with_context(|| format!("no such source in {}", args.config.display()))?;
     let secret = |s: &Option<oncegate_config::Secret>| -> anyhow::Result<Option<String>> {
         s.as_ref()
             .map(|s| s.resolve().map_err(anyhow::Error::msg))
             .transpose()
     };
-    let sealer = oncegate_gateway::registry::sealer(source)?;
     let base = args
         .url
         .clone()
@@ -153,7 +171,16 @@ pub(crate) async fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
         .admin
         .clone()
         .unwrap_or_else(|| format!("http://{}", config.server.admin_listen));
-    let url = format!("{base}/webhook/{}", source.name);
+    let targets: Vec<Target> = sources
+        .iter()
+        .map(|source| {
+            Ok(Target {
+                sealer: oncegate_gateway::registry::sealer(source)?,
+                url: format!("{base}/webhook/{}", source.name),
+            })
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let targets = Arc::new(targets);
     let admin_token = secret(&config.server.admin_token)?;
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(args.concurrency)
@@ -169,11 +196,18 @@ pub(crate) async fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
         chats: args.chats,
         membership: args.membership,
     };
-    if args.membership && sealer.membership(&membership(run, 0, args.chats)).is_none() {
-        bail!(
-            "source {:?}: its platform reports no member changes",
-            source.name
-        );
+    for (source, target) in sources.iter().zip(targets.iter()) {
+        if args.membership
+            && target
+                .sealer
+                .membership(&membership(run, 0, args.chats))
+                .is_none()
+        {
+            bail!(
+                "source {:?}: its platform reports no member changes",
+                source.name
+            );
+        }
     }
     let mut plan = Vec::with_capacity(args.events * 2);
     let mut swapped = false;
@@ -218,20 +252,22 @@ pub(crate) async fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     let mut workers = Vec::new();
     for _ in 0..args.concurrency.max(1) {
-        let (plan, sent, next, tally, client, url, sealer, progress) = (
+        let (plan, sent, next, tally, client, targets, progress) = (
             plan.clone(),
             sent.clone(),
             next.clone(),
             tally.clone(),
             client.clone(),
-            url.clone(),
-            sealer.clone(),
+            targets.clone(),
             progress.clone(),
         );
         workers.push(tokio::spawn(async move {
             loop {
                 let index = next.fetch_add(1, Ordering::Relaxed);
                 let Some(step) = plan.get(index) else { break };
+                let (Send::New(i) | Send::Retry(i) | Send::Replay(i)) = *step;
+                // A member's join and leave go to one source, so that they share its chain.
+                let Target { sealer, url } = &targets[(i / 2) % targets.len()];
                 let request = match *step {
                     Send::New(i) => {
                         let request = seal(sealer.as_ref(), traffic, i);

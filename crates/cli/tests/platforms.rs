@@ -29,6 +29,13 @@ token = "corp-token"
 encoding_aes_key = "{AES_KEY}"
 
 [[source]]
+name = "corp2"
+platform = "wecom"
+corp_id = "ww_e2e2"
+token = "corp2-token"
+encoding_aes_key = "{AES_KEY}"
+
+[[source]]
 name = "oa"
 platform = "wechat"
 app_id = "wx_e2e"
@@ -174,13 +181,13 @@ fn each_platforms_events_are_delivered_once_through_the_binary() {
 }
 
 #[test]
-fn member_changes_out_of_order_keep_their_order_through_the_binary() {
+fn member_changes_of_two_corps_out_of_order_keep_their_order_through_the_binary() {
     let dir = tempfile::tempdir().expect("dir");
     let serve = Serve::start_with(dir.path(), &config(dir.path()));
     let text = simulate(
         &serve,
         dir.path(),
-        "corp",
+        "corp,corp2",
         &[
             "--membership",
             "--events",
@@ -215,4 +222,9 @@ fn member_changes_out_of_order_keep_their_order_through_the_binary() {
         }
     }
     assert_eq!(members.lines().count() as u64, delivered);
+    // Two corps, the same chat ids: each corp's share arrived under its own app.
+    for corp in ["\"app\":\"ww_e2e\"", "\"app\":\"ww_e2e2\""] {
+        let n = members.lines().filter(|l| l.contains(corp)).count();
+        assert!(n > 50, "{corp}: {n} of {delivered}");
+    }
 }
