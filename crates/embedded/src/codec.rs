@@ -43,24 +43,31 @@ struct RecordV1 {
     expires_at_ms: u64,
 }
 
-/// The current record form, written behind its tag.
-#[derive(Serialize, Deserialize)]
+/// The current record form, read behind its tag.
+#[derive(Deserialize)]
 struct RecordV2 {
     state: RecordState,
     expires_at_ms: u64,
     fingerprint: Option<Fingerprint>,
 }
 
-/// Encodes a record in the current form.
+/// The current record form as written: borrowed, so that writing copies nothing first.
+#[derive(Serialize)]
+struct RecordV2Ref<'a> {
+    state: &'a RecordState,
+    expires_at_ms: u64,
+    fingerprint: Option<Fingerprint>,
+}
+
+/// Encodes a record in the current form: the tag, then the fields, in one buffer.
 pub(crate) fn encode_record(record: &Record) -> Result<Vec<u8>, StoreError> {
-    let stored = RecordV2 {
-        state: record.state.clone(),
+    let stored = RecordV2Ref {
+        state: &record.state,
         expires_at_ms: record.expires_at_ms,
         fingerprint: record.fingerprint,
     };
-    let mut bytes = vec![RECORD_V2];
-    bytes.extend(encode(&stored)?);
-    Ok(bytes)
+    postcard::to_extend(&stored, vec![RECORD_V2])
+        .map_err(|error| StoreError::Corrupt(format!("cannot encode: {error}")))
 }
 
 /// Decodes a record in any form this or an earlier version wrote.
