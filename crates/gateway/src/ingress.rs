@@ -189,9 +189,10 @@ async fn callback<S: Store>(
         }
         // An event whose route answers it (a passive reply) is a synchronous call too.
         Decoded::Admit { admit, stamp } => {
-            let replying = shared
-                .route_for(&admit.event.event_type)
-                .is_some_and(|route| route.reply);
+            let replying = shared.replying
+                && shared
+                    .route_for(&admit.event.event_type)
+                    .is_some_and(|route| route.reply);
             (admit, stamp, replying)
         }
         Decoded::Sync { admit, stamp } => (admit, stamp, true),

@@ -134,6 +134,8 @@ pub(crate) struct Shared<S> {
     pub(crate) store: S,
     pub(crate) sources: HashMap<String, Source>,
     pub(crate) routes: Vec<Route>,
+    /// Whether any route replies: ingress looks an event's route up only then.
+    pub(crate) replying: bool,
     pub(crate) timing: Timing,
     pub(crate) body_limit: usize,
     pub(crate) admin_token: Option<String>,
@@ -297,6 +299,7 @@ impl<S: Store> Gateway<S> {
                 store,
                 sources,
                 routes: Vec::new(),
+                replying: false,
                 timing: parts.timing,
                 body_limit: parts.body_limit,
                 admin_token: parts.admin_token,
@@ -349,7 +352,9 @@ impl<S: Store> Gateway<S> {
         patterns: &[&str],
         sink: SharedSink,
     ) -> Result<Self, GatewayError> {
-        self.shared_mut()?.routes.push(Route {
+        let shared = self.shared_mut()?;
+        shared.replying = true;
+        shared.routes.push(Route {
             patterns: patterns.iter().map(|p| (*p).to_owned()).collect(),
             sink,
             stale: StaleEvents::Deliver,

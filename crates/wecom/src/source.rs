@@ -120,6 +120,26 @@ fn envelope_encrypt(body: &[u8]) -> Result<(String, Dialect), WecomError> {
         .ok_or(WecomError::BadSignature)
 }
 
+/// An encrypted POST, both platforms' way: the envelope's `Encrypt`, its `msg_signature`, the
+/// stamp, then the document decrypted for `receiver` (XML) or `json_receiver` (an AI bot's JSON).
+fn open_encrypted(
+    signed: &Signed<'_>,
+    token: &str,
+    key: &AesKey,
+    body: &[u8],
+    receiver: &str,
+    json_receiver: &str,
+) -> Result<(Dialect, Vec<u8>, Stamp), WecomError> {
+    let (encrypt, dialect) = envelope_encrypt(body)?;
+    signed.verify(token, Some(&encrypt))?;
+    let stamp = signed.stamp()?;
+    let receiver = match dialect {
+        Dialect::Xml => receiver,
+        Dialect::Json => json_receiver,
+    };
+    Ok((dialect, crypto::decrypt(key, &encrypt, receiver)?, stamp))
+}
+
 /// An event for `origin` (and `agent`, when the source names one) from its decrypted document.
 fn admit(
     origin: &Origin<'_>,
@@ -175,14 +195,14 @@ impl WecomApp {
                 Ok(Decoded::Challenge(Reply::text(plain)))
             }
             Method::Post => {
-                let (encrypt, dialect) = envelope_encrypt(callback.body)?;
-                signed.verify(&self.token, Some(&encrypt))?;
-                let stamp = signed.stamp()?;
-                let receiver = match dialect {
-                    Dialect::Xml => self.corp_id.as_str(),
-                    Dialect::Json => "",
-                };
-                let document = crypto::decrypt(&self.key, &encrypt, receiver)?;
+                let (dialect, document, stamp) = open_encrypted(
+                    &signed,
+                    &self.token,
+                    &self.key,
+                    callback.body,
+                    &self.corp_id,
+                    "",
+                )?;
                 admit(
                     &self.origin(dialect),
                     self.agent_id.as_deref(),
@@ -265,10 +285,14 @@ impl WechatApp {
             }
             (Method::Post, true, Some(key)) => {
                 let signed = Signed::from(&query, "msg_signature")?;
-                let (encrypt, dialect) = envelope_encrypt(callback.body)?;
-                signed.verify(&self.token, Some(&encrypt))?;
-                let stamp = signed.stamp()?;
-                let document = crypto::decrypt(key, &encrypt, &self.app_id)?;
+                let (dialect, document, stamp) = open_encrypted(
+                    &signed,
+                    &self.token,
+                    key,
+                    callback.body,
+                    &self.app_id,
+                    &self.app_id,
+                )?;
                 admit(&self.origin(dialect), None, dialect, document, stamp)
             }
             // Plain mode signs only the token, timestamp and nonce, not the body: with a key

@@ -109,8 +109,16 @@ fn ticks_per_second() -> u64 {
         .unwrap_or(100)
 }
 
-/// `GET {admin}/admin/stats`: delivered, stale-dropped and admitted counts.
+/// `GET {admin}/admin/stats`: delivered, stale-dropped and admitted counts; `None` when the
+/// admin API does not answer within the request timeout.
 async fn counts(admin: &str) -> Option<(u64, u64, u64)> {
+    tokio::time::timeout(REQUEST_TIMEOUT, stats_once(admin))
+        .await
+        .ok()
+        .flatten()
+}
+
+async fn stats_once(admin: &str) -> Option<(u64, u64, u64)> {
     let authority = admin.trim_start_matches("http://");
     let stream = tokio::net::TcpStream::connect(authority).await.ok()?;
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
@@ -158,10 +166,15 @@ async fn connection(
         }
         let request = request.body(Full::new(prepared.body.clone()))?;
         let started = Instant::now();
-        match sender.send_request(request).await {
-            Ok(response) => {
-                let status = response.status().as_u16();
-                let drained = response.into_body().collect().await.is_ok();
+        // A server that stops answering ends this connection instead of the run.
+        let answer = tokio::time::timeout(REQUEST_TIMEOUT, async {
+            let response = sender.send_request(request).await?;
+            let status = response.status().as_u16();
+            let drained = response.into_body().collect().await.is_ok();
+            Ok::<_, hyper::Error>((status, drained))
+        });
+        match answer.await {
+            Ok(Ok((status, drained))) => {
                 seen.latencies_us
                     .push(u32::try_from(started.elapsed().as_micros()).unwrap_or(u32::MAX));
                 *seen.statuses.entry(status).or_default() += 1;
@@ -169,13 +182,16 @@ async fn connection(
                     seen.failed += 1;
                 }
             }
-            Err(_) => {
+            Ok(Err(_)) | Err(_) => {
                 seen.failed += 1;
                 return Ok(seen);
             }
         }
     }
 }
+
+/// How long one request may take before its connection is given up.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -267,11 +283,12 @@ async fn main() -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(120);
         while Instant::now() < deadline {
             if let Some((delivered, stale, admitted)) = counts(admin).await
-                && delivered + stale - delivered0 - stale0 >= admitted - admitted0
+                && (delivered + stale).saturating_sub(delivered0 + stale0)
+                    >= admitted.saturating_sub(admitted0)
             {
                 drained = Some((
-                    started.elapsed() - elapsed,
-                    admitted - admitted0,
+                    started.elapsed().saturating_sub(elapsed),
+                    admitted.saturating_sub(admitted0),
                     args.pid.and_then(cpu_ticks),
                 ));
                 break;
@@ -315,7 +332,7 @@ async fn main() -> anyhow::Result<()> {
         println!("failed             {}", seen.failed);
     }
     if let (Some(before), Some(after)) = (cpu_before, cpu_after) {
-        let micros = (after - before) as f64 * 1e6 / hz as f64 / answered as f64;
+        let micros = after.saturating_sub(before) as f64 * 1e6 / hz as f64 / answered as f64;
         println!("server cpu         {micros:.1} us/request");
     }
     match drained {
