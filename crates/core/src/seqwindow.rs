@@ -67,6 +67,28 @@ impl<const WORDS: usize> SeqWindow<WORDS> {
         }
     }
 
+    /// What `check_and_mark` would say of `seq`, without marking it: a frame is looked up when
+    /// it arrives and marked only once it was handled, so a resend of one that failed is
+    /// handled again.
+    pub fn check(&self, seq: u64) -> SeqVerdict {
+        let Some(highest) = self.highest else {
+            return SeqVerdict::New;
+        };
+        if seq > highest {
+            return SeqVerdict::New;
+        }
+        let offset = highest - seq;
+        if offset >= Self::WIDTH {
+            return SeqVerdict::TooOld;
+        }
+        let (word, bit) = ((offset / 64) as usize, offset % 64);
+        if self.bits[word] & (1 << bit) != 0 {
+            SeqVerdict::Duplicate
+        } else {
+            SeqVerdict::New
+        }
+    }
+
     /// Moves every mark `by` places further from the top.
     fn shift(&mut self, by: u64) {
         if by >= Self::WIDTH {
@@ -127,7 +149,9 @@ mod tests {
                 // Mostly near the top, sometimes a jump ahead.
                 base += if jump { step } else { 0 };
                 let seq = base.saturating_sub(step % 300);
+                let peeked = window.check(seq);
                 let verdict = window.check_and_mark(seq);
+                prop_assert_eq!(peeked, verdict, "check and check_and_mark disagree on {}", seq);
                 let inside = highest.is_none_or(|h| seq > h || h - seq < SeqWindow::<4>::WIDTH);
                 if inside {
                     let expected = if seen.contains(&seq) { SeqVerdict::Duplicate } else { SeqVerdict::New };

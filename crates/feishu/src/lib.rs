@@ -217,6 +217,12 @@ impl FeishuApp {
         envelope::open(self, headers, body)
     }
 
+    /// Decodes one document pushed over the long connection, which the app's credentials
+    /// authenticated: no signature or verification token is asked of it.
+    pub fn open_pushed(&self, body: &[u8]) -> Result<Inbound, FeishuError> {
+        envelope::open_pushed(self, body)
+    }
+
     /// Signs and encrypts `plaintext` as Feishu would send it (for `simulate` and tests):
     /// the body and its signature headers for `timestamp` and `nonce`.
     pub fn seal(

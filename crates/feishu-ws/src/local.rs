@@ -1,0 +1,566 @@
+//! A Feishu-like endpoint and WebSocket server on loopback, for tests and `oncegate simulate`:
+//! it hands out client configs, pushes events whole or in fragments in any order, repeats
+//! frames, resends what was not acked (on the same or another connection), refuses handshakes
+//! as Feishu does, goes silent without closing, and records every ack.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Json;
+use axum::extract::State;
+use axum::routing::post;
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
+
+use crate::ClientConfig;
+use crate::frame::{Frame, Header, METHOD_CONTROL, METHOD_DATA};
+
+/// One ack the server received.
+#[derive(Debug, Clone)]
+pub struct AckRecord {
+    /// The connection it came on.
+    pub connection: u64,
+    /// The frame's SeqID.
+    pub seq_id: u64,
+    /// Its `message_id` header.
+    pub message_id: String,
+    /// The answer's `code`.
+    pub code: i64,
+    /// The answer's `data`, base64-decoded.
+    pub data: Option<Vec<u8>>,
+    /// Its `biz_rt` header, if any.
+    pub biz_rt: Option<String>,
+    /// When it came.
+    pub at: Instant,
+}
+
+/// How the parts of a fragmented event are sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PartOrder {
+    /// 0, 1, 2, …
+    InOrder,
+    /// Last first.
+    Reversed,
+}
+
+enum Command {
+    Send(Vec<u8>),
+    Close,
+}
+
+struct Connection {
+    commands: mpsc::UnboundedSender<Command>,
+    silent: Arc<AtomicBool>,
+    next_seq: u64,
+}
+
+#[derive(Default)]
+struct Inner {
+    connections: BTreeMap<u64, Connection>,
+    next_connection: u64,
+    /// Events pushed and not yet acked with code 200, by message id.
+    unacked: HashMap<String, Bytes>,
+    acks: Vec<AckRecord>,
+    handshakes: Vec<Instant>,
+    refusals: VecDeque<(u16, Option<String>)>,
+    endpoint_code: i64,
+    endpoint_calls: u64,
+    pings: u64,
+    pong_config: Option<ClientConfig>,
+}
+
+struct Shared {
+    app_id: String,
+    app_secret: String,
+    config: Mutex<ClientConfig>,
+    inner: Mutex<Inner>,
+    ws_addr: SocketAddr,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The server; it stops when dropped.
+pub struct LocalFeishu {
+    shared: Arc<Shared>,
+    http_addr: SocketAddr,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for LocalFeishu {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+        for connection in self.shared.lock().connections.values() {
+            let _ = connection.commands.send(Command::Close);
+        }
+    }
+}
+
+impl LocalFeishu {
+    /// Starts both listeners on loopback for the app `app_id` with `app_secret`.
+    pub async fn start(
+        app_id: &str,
+        app_secret: &str,
+        config: ClientConfig,
+    ) -> std::io::Result<Self> {
+        let http = TcpListener::bind("127.0.0.1:0").await?;
+        let ws = TcpListener::bind("127.0.0.1:0").await?;
+        let shared = Arc::new(Shared {
+            app_id: app_id.to_owned(),
+            app_secret: app_secret.to_owned(),
+            config: Mutex::new(config),
+            inner: Mutex::new(Inner::default()),
+            ws_addr: ws.local_addr()?,
+        });
+        let http_addr = http.local_addr()?;
+        let router = axum::Router::new()
+            .route("/callback/ws/endpoint", post(endpoint))
+            .with_state(shared.clone());
+        let tasks = vec![
+            tokio::spawn(async move {
+                let _ = axum::serve(http, router).await;
+            }),
+            tokio::spawn(accept(ws, shared.clone())),
+        ];
+        Ok(Self {
+            shared,
+            http_addr,
+            tasks,
+        })
+    }
+
+    /// The domain to configure: `http://127.0.0.1:<port>`.
+    pub fn domain(&self) -> String {
+        format!("http://{}", self.http_addr)
+    }
+
+    /// The client config the endpoint hands out from now on.
+    pub fn set_config(&self, config: ClientConfig) {
+        *self.shared.config.lock().unwrap_or_else(|p| p.into_inner()) = config;
+    }
+
+    /// A client config sent in every pong from now on.
+    pub fn pong_with(&self, config: ClientConfig) {
+        self.shared.lock().pong_config = Some(config);
+    }
+
+    /// The endpoint answers `code` from now on (0: a URL).
+    pub fn endpoint_code(&self, code: i64) {
+        self.shared.lock().endpoint_code = code;
+    }
+
+    /// The next handshake is refused with `status` and, if given, `Handshake-Autherrcode`.
+    pub fn refuse_handshake(&self, status: u16, auth_code: Option<&str>) {
+        self.shared
+            .lock()
+            .refusals
+            .push_back((status, auth_code.map(str::to_owned)));
+    }
+
+    /// Connections open now (not counting silent ones), lowest id first.
+    pub fn connections(&self) -> Vec<u64> {
+        let inner = self.shared.lock();
+        inner
+            .connections
+            .iter()
+            .filter(|(_, c)| !c.silent.load(Ordering::Relaxed))
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// Waits until `n` connections are open; false after `within`.
+    pub async fn wait_for_connections(&self, n: usize, within: Duration) -> bool {
+        let until = Instant::now() + within;
+        while Instant::now() < until {
+            if self.connections().len() >= n {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        false
+    }
+
+    /// When each handshake (refused or not) came.
+    pub fn handshakes(&self) -> Vec<Instant> {
+        self.shared.lock().handshakes.clone()
+    }
+
+    /// Endpoint requests so far.
+    pub fn endpoint_calls(&self) -> u64 {
+        self.shared.lock().endpoint_calls
+    }
+
+    /// Pings received so far.
+    pub fn pings(&self) -> u64 {
+        self.shared.lock().pings
+    }
+
+    /// Every ack so far.
+    pub fn acks(&self) -> Vec<AckRecord> {
+        self.shared.lock().acks.clone()
+    }
+
+    /// Message ids pushed and not acked with code 200.
+    pub fn unacked(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self.shared.lock().unacked.keys().cloned().collect();
+        ids.sort();
+        ids
+    }
+
+    /// Waits until no event waits for its ack; false after `within`.
+    pub async fn wait_all_acked(&self, within: Duration) -> bool {
+        let until = Instant::now() + within;
+        while Instant::now() < until {
+            if self.shared.lock().unacked.is_empty() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        false
+    }
+
+    /// Pushes `payload` as message `message_id` on `connection`, in `parts` fragments sent in
+    /// `order`; returns the SeqIDs used. False if there is no such connection.
+    pub fn push(
+        &self,
+        connection: u64,
+        message_id: &str,
+        payload: &[u8],
+        parts: usize,
+        order: PartOrder,
+    ) -> Option<Vec<u64>> {
+        let mut inner = self.shared.lock();
+        inner
+            .unacked
+            .insert(message_id.to_owned(), Bytes::copy_from_slice(payload));
+        let conn = inner.connections.get_mut(&connection)?;
+        let parts = parts.clamp(1, payload.len().max(1));
+        let chunk = payload.len().div_ceil(parts).max(1);
+        let mut frames: Vec<(u64, Vec<u8>)> = payload
+            .chunks(chunk)
+            .enumerate()
+            .map(|(seq, bytes)| {
+                conn.next_seq += 1;
+                let sum = payload.len().div_ceil(chunk).max(1);
+                (
+                    conn.next_seq,
+                    data_frame(conn.next_seq, message_id, sum, seq, bytes),
+                )
+            })
+            .collect();
+        if payload.is_empty() {
+            conn.next_seq += 1;
+            frames.push((
+                conn.next_seq,
+                data_frame(conn.next_seq, message_id, 1, 0, b""),
+            ));
+        }
+        if order == PartOrder::Reversed {
+            frames.reverse();
+        }
+        for (_, frame) in &frames {
+            let _ = conn.commands.send(Command::Send(frame.clone()));
+        }
+        Some(frames.into_iter().map(|(seq, _)| seq).collect())
+    }
+
+    /// Sends the same frame (same SeqID) again: a resend on one connection.
+    pub fn repeat(&self, connection: u64, seq_id: u64, message_id: &str) -> bool {
+        let inner = self.shared.lock();
+        let (Some(payload), Some(conn)) = (
+            inner
+                .unacked
+                .get(message_id)
+                .cloned()
+                .or_else(|| Some(Bytes::new())),
+            inner.connections.get(&connection),
+        ) else {
+            return false;
+        };
+        let payload = if payload.is_empty() {
+            // Already acked: the repeat still carries something to decode.
+            Bytes::from_static(b"{}")
+        } else {
+            payload
+        };
+        conn.commands
+            .send(Command::Send(data_frame(
+                seq_id, message_id, 1, 0, &payload,
+            )))
+            .is_ok()
+    }
+
+    /// Pushes every event not acked with code 200 again, whole, on `connection`.
+    pub fn resend_unacked(&self, connection: u64) -> usize {
+        let pending: Vec<(String, Bytes)> = self
+            .shared
+            .lock()
+            .unacked
+            .iter()
+            .map(|(id, payload)| (id.clone(), payload.clone()))
+            .collect();
+        pending
+            .iter()
+            .filter(|(id, payload)| {
+                self.push(connection, id, payload, 1, PartOrder::InOrder)
+                    .is_some()
+            })
+            .count()
+    }
+
+    /// Sends raw bytes as one binary message (garbage frames).
+    pub fn send_raw(&self, connection: u64, bytes: Vec<u8>) -> bool {
+        let inner = self.shared.lock();
+        inner
+            .connections
+            .get(&connection)
+            .is_some_and(|conn| conn.commands.send(Command::Send(bytes)).is_ok())
+    }
+
+    /// Closes a connection (the client sees the socket end).
+    pub fn drop_connection(&self, connection: u64) {
+        if let Some(conn) = self.shared.lock().connections.remove(&connection) {
+            let _ = conn.commands.send(Command::Close);
+        }
+    }
+
+    /// Stops answering on a connection without closing it: half-open, as far as the client
+    /// can tell.
+    pub fn silence(&self, connection: u64) {
+        if let Some(conn) = self.shared.lock().connections.get(&connection) {
+            conn.silent.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A data frame of type `event`, part `seq` of `sum`.
+pub fn data_frame(seq_id: u64, message_id: &str, sum: usize, seq: usize, part: &[u8]) -> Vec<u8> {
+    let header = |key: &str, value: String| Header {
+        key: key.into(),
+        value,
+    };
+    Frame {
+        seq_id,
+        log_id: seq_id + 1_000_000,
+        service: 1,
+        method: METHOD_DATA,
+        headers: vec![
+            header("type", "event".into()),
+            header("message_id", message_id.into()),
+            header("sum", sum.to_string()),
+            header("seq", seq.to_string()),
+            header("trace_id", format!("trace-{message_id}")),
+        ],
+        payload_encoding: None,
+        payload_type: None,
+        payload: Some(Bytes::copy_from_slice(part)),
+        log_id_new: None,
+    }
+    .to_bytes()
+}
+
+/// A schema 2.0 `im.message.receive_v1` event, as Feishu pushes it.
+pub fn message_event(app_id: &str, event_id: &str, chat: &str, created_ms: u64) -> Vec<u8> {
+    serde_json::json!({
+        "schema": "2.0",
+        "header": {
+            "event_id": event_id, "token": "", "create_time": created_ms.to_string(),
+            "event_type": "im.message.receive_v1", "tenant_key": "local", "app_id": app_id,
+        },
+        "event": {
+            "sender": {"sender_id": {"open_id": "ou_local"}},
+            "message": {
+                "message_id": format!("om_{event_id}"), "chat_id": chat,
+                "message_type": "text", "content": "{\"text\":\"hello\"}",
+            }
+        }
+    })
+    .to_string()
+    .into_bytes()
+}
+
+/// A `card.action.trigger` callback, as Feishu pushes it over the socket.
+pub fn card_action(app_id: &str, event_id: &str, value: &str) -> Vec<u8> {
+    serde_json::json!({
+        "schema": "2.0",
+        "header": {
+            "event_id": event_id, "token": "", "create_time": "1700000000000",
+            "event_type": "card.action.trigger", "tenant_key": "local", "app_id": app_id,
+        },
+        "event": {
+            "operator": {"open_id": "ou_local"},
+            "action": {"tag": "button", "value": {"choice": value}},
+            "context": {"open_message_id": "om_card", "open_chat_id": "oc_card"},
+        }
+    })
+    .to_string()
+    .into_bytes()
+}
+
+async fn endpoint(
+    State(shared): State<Arc<Shared>>,
+    Json(body): Json<serde_json::Value>,
+) -> Json<serde_json::Value> {
+    let code = {
+        let mut inner = shared.lock();
+        inner.endpoint_calls += 1;
+        inner.endpoint_code
+    };
+    if body["AppID"] != shared.app_id.as_str() || body["AppSecret"] != shared.app_secret.as_str() {
+        return Json(serde_json::json!({"code": 10003, "msg": "invalid app_id or app_secret"}));
+    }
+    if code != 0 {
+        return Json(serde_json::json!({"code": code, "msg": "refused by the local server"}));
+    }
+    let config = *shared.config.lock().unwrap_or_else(|p| p.into_inner());
+    let device = fastrand::u64(..);
+    Json(serde_json::json!({
+        "code": 0, "msg": "ok",
+        "data": {
+            "URL": format!("ws://{}/ws/v2?device_id={device}&service_id=1&access_key=local-secret", shared.ws_addr),
+            "ClientConfig": config_json(&config),
+        }
+    }))
+}
+
+fn config_json(config: &ClientConfig) -> serde_json::Value {
+    serde_json::json!({
+        "ReconnectCount": config.reconnect_count,
+        "ReconnectInterval": config.reconnect_interval,
+        "ReconnectNonce": config.reconnect_nonce,
+        "PingInterval": config.ping_interval,
+    })
+}
+
+async fn accept(listener: TcpListener, shared: Arc<Shared>) {
+    while let Ok((stream, _)) = listener.accept().await {
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let refusal = {
+                let mut inner = shared.lock();
+                inner.handshakes.push(Instant::now());
+                inner.refusals.pop_front()
+            };
+            // The signature is tungstenite's.
+            #[allow(clippy::result_large_err)]
+            let check = move |_: &Request, response: Response| -> Result<Response, ErrorResponse> {
+                match refusal {
+                    None => Ok(response),
+                    Some((status, auth)) => {
+                        let mut refused = ErrorResponse::new(Some("refused".into()));
+                        *refused.status_mut() = axum::http::StatusCode::from_u16(status)
+                            .unwrap_or(axum::http::StatusCode::BAD_GATEWAY);
+                        let headers = refused.headers_mut();
+                        if let Ok(value) = status.to_string().parse() {
+                            headers.insert("Handshake-Status", value);
+                        }
+                        if let Some(value) = auth.and_then(|auth| auth.parse().ok()) {
+                            headers.insert("Handshake-Autherrcode", value);
+                        }
+                        if let Ok(value) = "refused by the local server".parse() {
+                            headers.insert("Handshake-Msg", value);
+                        }
+                        Err(refused)
+                    }
+                }
+            };
+            if let Ok(socket) = tokio_tungstenite::accept_hdr_async(stream, check).await {
+                serve(socket, shared).await;
+            }
+        });
+    }
+}
+
+async fn serve<S>(socket: tokio_tungstenite::WebSocketStream<S>, shared: Arc<Shared>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let (commands, mut orders) = mpsc::unbounded_channel();
+    let silent = Arc::new(AtomicBool::new(false));
+    let id = {
+        let mut inner = shared.lock();
+        inner.next_connection += 1;
+        let id = inner.next_connection;
+        inner.connections.insert(
+            id,
+            Connection {
+                commands,
+                silent: silent.clone(),
+                next_seq: 0,
+            },
+        );
+        id
+    };
+    let (mut sink, mut stream) = socket.split();
+    loop {
+        tokio::select! {
+            order = orders.recv() => match order {
+                Some(Command::Send(bytes)) if !silent.load(Ordering::Relaxed) => {
+                    if sink.send(Message::Binary(bytes.into())).await.is_err() { break; }
+                }
+                Some(Command::Send(_)) => {}
+                Some(Command::Close) | None => break,
+            },
+            message = stream.next() => match message {
+                Some(Ok(Message::Binary(data))) if !silent.load(Ordering::Relaxed) => {
+                    if let Some(pong) = received(&shared, id, &data)
+                        && sink.send(Message::Binary(pong.into())).await.is_err()
+                    {
+                        break;
+                    }
+                }
+                Some(Ok(_)) => {}
+                _ => break,
+            },
+        }
+    }
+    shared.lock().connections.remove(&id);
+}
+
+/// Records an ack, or answers a ping with a pong.
+fn received(shared: &Shared, connection: u64, data: &[u8]) -> Option<Vec<u8>> {
+    let frame = Frame::decode_bytes(data).ok()?;
+    let mut inner = shared.lock();
+    if frame.method == METHOD_CONTROL && frame.kind() == Some("ping") {
+        inner.pings += 1;
+        let mut pong = Frame::ping(frame.service);
+        pong.headers[0].value = "pong".into();
+        pong.payload = inner
+            .pong_config
+            .map(|config| Bytes::from(config_json(&config).to_string()));
+        return Some(pong.to_bytes());
+    }
+    let answer: serde_json::Value =
+        serde_json::from_slice(frame.payload.as_deref().unwrap_or_default()).ok()?;
+    let code = answer["code"].as_i64().unwrap_or(-1);
+    let data = answer["data"].as_str().and_then(|data| {
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD.decode(data).ok()
+    });
+    let message_id = frame.header("message_id").unwrap_or("").to_owned();
+    if code == 200 {
+        inner.unacked.remove(&message_id);
+    }
+    inner.acks.push(AckRecord {
+        connection,
+        seq_id: frame.seq_id,
+        message_id,
+        code,
+        data,
+        biz_rt: frame.header("biz_rt").map(str::to_owned),
+        at: Instant::now(),
+    });
+    None
+}
