@@ -552,7 +552,7 @@ pub enum PlatformConfig {
 }
 
 /// A Feishu or Lark app.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct FeishuSettings {
     /// The app id (`cli_…`).
@@ -564,6 +564,63 @@ pub struct FeishuSettings {
     /// Accept requests with no authentication at all (no encrypt key, no token). Only for local
     /// experiments: anyone who knows the URL can send events.
     pub allow_unsigned: bool,
+    /// How events arrive: Feishu posts them (`webhook`), or oncegate dials Feishu's long
+    /// connection (`websocket`, needs no public address).
+    pub transport: Transport,
+    /// The app secret: the long connection's endpoint asks for it.
+    pub app_secret: Option<Secret>,
+    /// Where the long connection's endpoint is: `https://open.feishu.cn` (Feishu) or
+    /// `https://open.larksuite.com` (Lark) unless set (a local server, a proxy).
+    pub domain: Option<String>,
+    /// Long connections held per gateway (Feishu allows 50 per app, and gives each event to
+    /// one of them).
+    pub connections: usize,
+    /// Which gateways of several hold the long connections.
+    pub instances: Instances,
+    /// How long past a ping interval a connection may stay silent before it is dialled anew;
+    /// unset: half the interval, between 5 s and 60 s.
+    #[serde(with = "duration_opt")]
+    pub pong_grace: Option<Duration>,
+}
+
+/// How a Feishu source's events arrive.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Transport {
+    /// HTTP callbacks to `/webhook/<name>`.
+    #[default]
+    Webhook,
+    /// The long connection (长连接).
+    Websocket,
+}
+
+/// Which of several gateways hold a source's long connections.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Instances {
+    /// Every gateway connects; Feishu spreads the events over them and the shared store
+    /// (Redis) catches redeliveries that reach another gateway.
+    #[default]
+    All,
+    /// One gateway holds them, through a lease in the store; another takes over when it stops.
+    Leader,
+}
+
+impl Default for FeishuSettings {
+    fn default() -> Self {
+        Self {
+            app_id: String::new(),
+            encrypt_key: None,
+            verification_token: None,
+            allow_unsigned: false,
+            transport: Transport::Webhook,
+            app_secret: None,
+            domain: None,
+            connections: 1,
+            instances: Instances::All,
+            pong_grace: None,
+        }
+    }
 }
 
 /// A WeCom app (self-built app or third-party suite).

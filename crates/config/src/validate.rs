@@ -56,6 +56,26 @@ fn check_feishu_secrets(
     feishu: &crate::FeishuSettings,
 ) {
     let at = |field: &str| format!("source[{i}].{field}");
+    if feishu.transport == crate::Transport::Websocket {
+        check_long_connection(report, i, name, feishu);
+        return;
+    }
+    for (field, set) in [
+        ("app_secret", feishu.app_secret.is_some()),
+        ("domain", feishu.domain.is_some()),
+        ("pong_grace", feishu.pong_grace.is_some()),
+    ] {
+        if set {
+            report(
+                Severity::Warning,
+                &at(field),
+                format!(
+                    "source {name:?} takes webhooks: {field} is for transport = \"websocket\" \
+                     and is not used"
+                ),
+            );
+        }
+    }
     let secured = feishu.encrypt_key.is_some() || feishu.verification_token.is_some();
     if !secured && !feishu.allow_unsigned {
         report(
@@ -81,6 +101,58 @@ fn check_feishu_secrets(
             Severity::Error,
             &at("allow_unsigned"),
             "set together with a secret: remove allow_unsigned, the secret is checked".into(),
+        );
+    }
+}
+
+/// A long connection needs the app secret (the endpoint asks for it), at most 50 connections,
+/// and an http(s) domain; the connection, not a token, authenticates its events.
+fn check_long_connection(
+    report: &mut impl FnMut(Severity, &str, String),
+    i: usize,
+    name: &str,
+    feishu: &crate::FeishuSettings,
+) {
+    let at = |field: &str| format!("source[{i}].{field}");
+    if feishu.app_secret.is_none() {
+        report(
+            Severity::Error,
+            &at("app_secret"),
+            format!(
+                "source {name:?} uses the long connection: set app_secret (the app's App \
+                 Secret), which the endpoint asks for"
+            ),
+        );
+    }
+    if !(1..=50).contains(&feishu.connections) {
+        report(
+            Severity::Error,
+            &at("connections"),
+            format!(
+                "connections = {}: Feishu allows 1 to 50 long connections per app",
+                feishu.connections
+            ),
+        );
+    }
+    if let Some(domain) = &feishu.domain
+        && !(domain.starts_with("https://") || domain.starts_with("http://"))
+    {
+        report(
+            Severity::Error,
+            &at("domain"),
+            format!(
+                "{} is not an http(s) URL: use https://open.feishu.cn or \
+                 https://open.larksuite.com",
+                scheme_of(domain)
+            ),
+        );
+    }
+    if feishu.allow_unsigned {
+        report(
+            Severity::Warning,
+            &at("allow_unsigned"),
+            "the long connection is authenticated by the app secret; allow_unsigned is not used"
+                .into(),
         );
     }
 }
@@ -477,6 +549,7 @@ pub fn validate(config: &Config) -> Vec<Problem> {
             PlatformConfig::Feishu(s) | PlatformConfig::Lark(s) => vec![
                 ("encrypt_key", &s.encrypt_key),
                 ("verification_token", &s.verification_token),
+                ("app_secret", &s.app_secret),
             ],
             PlatformConfig::Wecom(crate::WecomSettings {
                 token,
@@ -829,7 +902,7 @@ mod tests {
                 verification_token: Some(Secret::Env {
                     env: "ONCEGATE_TEST_UNSET_TOKEN".into(),
                 }),
-                allow_unsigned: false,
+                ..crate::FeishuSettings::default()
             }),
         };
         let config = Config {
@@ -858,9 +931,48 @@ mod tests {
                 app_id: "cli_1".into(),
                 encrypt_key,
                 verification_token: token,
-                allow_unsigned: false,
+                ..crate::FeishuSettings::default()
             }),
         }
+    }
+
+    #[test]
+    fn a_long_connection_needs_its_secret_and_at_most_fifty_connections() {
+        let mut config = Config {
+            sources: vec![feishu(None, None)],
+            ..Config::default()
+        };
+        let settings = feishu_settings(&mut config);
+        settings.transport = crate::Transport::Websocket;
+        settings.connections = 51;
+        settings.domain = Some("open.feishu.cn".into());
+        let found = errors(&config);
+        for field in ["app_secret", "connections", "domain"] {
+            assert!(
+                found.contains(&format!("source[0].{field}")),
+                "{field}: {found:?}"
+            );
+        }
+        // No encrypt key or token is asked of it: the connection authenticates.
+        assert!(!found.contains(&"source[0]".to_owned()), "{found:?}");
+        let settings = feishu_settings(&mut config);
+        settings.app_secret = Some(Secret::Inline("s".into()));
+        settings.connections = 50;
+        settings.domain = Some("https://open.larksuite.com".into());
+        assert!(errors(&config).is_empty(), "{:?}", errors(&config));
+        // A webhook source with long-connection settings is told they are not used.
+        let settings = feishu_settings(&mut config);
+        settings.transport = crate::Transport::Webhook;
+        settings.verification_token = Some(Secret::Inline("t".into()));
+        let warned: Vec<String> = validate(&config)
+            .into_iter()
+            .filter(|p| p.severity == Severity::Warning)
+            .map(|p| p.setting)
+            .collect();
+        assert!(
+            warned.contains(&"source[0].app_secret".to_owned()),
+            "{warned:?}"
+        );
     }
 
     fn feishu_settings(config: &mut Config) -> &mut crate::FeishuSettings {

@@ -65,6 +65,15 @@ impl<I: Inlet> LongConnection<I> {
         })
     }
 
+    /// Reports into `status` instead of a status of its own (a caller that outlives several
+    /// runs keeps one).
+    pub fn with_status(mut self, status: Arc<Status>) -> Self {
+        if let Some(context) = Arc::get_mut(&mut self.context) {
+            context.status = status;
+        }
+        self
+    }
+
     /// What the connections are doing.
     pub fn status(&self) -> Arc<Status> {
         self.context.status.clone()

@@ -59,6 +59,13 @@ async fn readyz<S: Store>(State(shared): State<Arc<Shared<S>>>) -> Response {
         )
             .into_response();
     }
+    if let Some(reason) = shared.long_sources.iter().find_map(|s| s.not_ready()) {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {reason}"),
+        )
+            .into_response();
+    }
     if crate::admission::queue_full(&shared) {
         return (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -90,7 +97,26 @@ async fn stats<S: Store>(State(shared): State<Arc<Shared<S>>>, headers: HeaderMa
         return denied;
     }
     let store = shared.store.stats().await.ok();
-    axum::Json(json!({ "gateway": shared.stats.snapshot(), "store": store })).into_response()
+    let long_connections: Vec<_> = shared
+        .long_sources
+        .iter()
+        .map(|source| {
+            json!({
+                "source": source.name,
+                "role": source.role(),
+                "open": source.status.open(),
+                "reconnects": source.status.reconnects(),
+                "last_frame_ms": source.status.last_frame_ms(),
+                "fatal": source.status.fatal(),
+            })
+        })
+        .collect();
+    axum::Json(json!({
+        "gateway": shared.stats.snapshot(),
+        "store": store,
+        "long_connections": long_connections,
+    }))
+    .into_response()
 }
 
 #[derive(Debug, Deserialize)]

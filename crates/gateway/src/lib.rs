@@ -8,6 +8,7 @@ mod admin;
 mod admission;
 mod dispatch;
 mod ingress;
+mod longconn;
 mod once;
 pub mod registry;
 mod server;
@@ -163,6 +164,8 @@ pub(crate) struct Shared<S> {
     pub(crate) failure: OnceLock<String>,
     /// Whether events' secondary keys (Feishu's message id) are deduplicated too.
     pub(crate) secondary_keys: bool,
+    /// Sources whose events come over Feishu's long connection.
+    pub(crate) long_sources: Vec<longconn::LongSource>,
 }
 
 impl<S: Store> Shared<S> {
@@ -316,6 +319,7 @@ impl<S: Store> Gateway<S> {
                 replay: parts.replay,
                 failure: OnceLock::new(),
                 secondary_keys: parts.secondary_keys,
+                long_sources: Vec::new(),
             }),
         }
     }
@@ -395,7 +399,14 @@ impl<S: Store> Gateway<S> {
         let sources = config
             .sources
             .iter()
+            .filter(|source| !registry::is_long_connection(source))
             .map(|source| Ok((source.name.clone(), registry::source(source)?)))
+            .collect::<Result<Vec<_>, GatewayError>>()?;
+        let long_sources = config
+            .sources
+            .iter()
+            .filter(|source| registry::is_long_connection(source))
+            .map(registry::long_connection)
             .collect::<Result<Vec<_>, GatewayError>>()?;
         let parts = GatewayParts {
             sources,
@@ -403,6 +414,7 @@ impl<S: Store> Gateway<S> {
             ..GatewayParts::of(config)
         };
         let mut gateway = Self::new(store, parts);
+        gateway.shared_mut()?.long_sources = long_sources;
         for route in &config.routes {
             let sink: SharedSink =
                 match route.sink {
@@ -484,11 +496,12 @@ impl<S: Store> Gateway<S> {
             shared.summaries.clone(),
             shutdown.clone(),
         );
-        let (a, b, (), ()) = tokio::join!(
+        let (a, b, (), (), ()) = tokio::join!(
             webhooks,
             admin,
             admission::watch_queue(shared.clone(), shutdown.clone()),
             shared.summaries.run(shutdown.clone()),
+            longconn::run_all(shared.clone(), shutdown.clone()),
         );
         a?;
         b?;

@@ -3,11 +3,12 @@
 
 use std::sync::Arc;
 
-use oncegate_config::{PlatformConfig, Secret, SourceConfig};
+use oncegate_config::{PlatformConfig, Secret, SourceConfig, Transport};
 use oncegate_core::Sealer;
 use oncegate_feishu::{Cloud, FeishuApp};
 use oncegate_wecom::{WechatApp, WecomApp};
 
+use crate::longconn::LongSource;
 use crate::{GatewayError, SharedSource};
 
 /// Resolves a secret of `source` (never empty: resolution refuses that).
@@ -83,6 +84,50 @@ fn feishu(source: &SourceConfig) -> Result<FeishuApp, GatewayError> {
     }
     FeishuApp::new(cloud, &settings.app_id, encrypt_key, verification_token)
         .map_err(|error| platform_error(source, error))
+}
+
+/// Whether `config` is a Feishu or Lark app on the long connection.
+pub(crate) fn is_long_connection(config: &SourceConfig) -> bool {
+    matches!(
+        &config.platform,
+        PlatformConfig::Feishu(settings) | PlatformConfig::Lark(settings)
+            if settings.transport == Transport::Websocket
+    )
+}
+
+/// A configured long-connection source: its app (an encrypt key, if set, decrypts pushes;
+/// the connection authenticates them) and its connection settings.
+pub(crate) fn long_connection(config: &SourceConfig) -> Result<LongSource, GatewayError> {
+    let (cloud, settings) = match &config.platform {
+        PlatformConfig::Feishu(settings) => (Cloud::Feishu, settings),
+        PlatformConfig::Lark(settings) => (Cloud::Lark, settings),
+        _ => {
+            return Err(platform_error(
+                config,
+                "only Feishu and Lark have a long connection",
+            ));
+        }
+    };
+    let secret = resolve(config, &settings.app_secret, "app_secret")?.ok_or_else(|| {
+        GatewayError::Config(format!(
+            "source {:?} uses the long connection and needs app_secret",
+            config.name
+        ))
+    })?;
+    let encrypt_key = resolve(config, &settings.encrypt_key, "encrypt_key")?;
+    let app = FeishuApp::new(cloud, &settings.app_id, encrypt_key, None)
+        .map_err(|error| platform_error(config, error))?;
+    let domain = settings.domain.clone().unwrap_or_else(|| {
+        match cloud {
+            Cloud::Feishu => "https://open.feishu.cn",
+            Cloud::Lark => "https://open.larksuite.com",
+        }
+        .to_owned()
+    });
+    let mut connection = oncegate_feishu_ws::Settings::new(&config.name, &domain, &secret);
+    connection.connections = settings.connections;
+    connection.pong_grace = settings.pong_grace;
+    Ok(LongSource::new(app, connection, settings.instances))
 }
 
 /// The receiver for one configured source.

@@ -1,0 +1,321 @@
+//! The long connection through the binary: a local Feishu-like server pushes events to
+//! `oncegate serve`, which admits them into its store and delivers each once — across
+//! dropped connections and resends, across two gateways on one Redis, and with one leader.
+
+mod support;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+use oncegate_feishu_ws::ClientConfig;
+use oncegate_feishu_ws::local::{self, LocalFeishu, PartOrder};
+use support::{Serve, file_route, lines, wait_until};
+
+const APP: &str = "cli_e2e_ws";
+const SECRET: &str = "e2e-app-secret";
+
+fn quick() -> ClientConfig {
+    ClientConfig {
+        reconnect_count: -1,
+        reconnect_interval: 1,
+        reconnect_nonce: 1,
+        ping_interval: 2,
+    }
+}
+
+fn config(dir: &Path, store: &str, domain: &str, extra: &str) -> String {
+    format!(
+        r#"
+[store]
+{store}
+
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[lease]
+duration = "3s"
+renew_every = "1s"
+
+[[source]]
+name = "bot"
+platform = "feishu"
+app_id = "{APP}"
+transport = "websocket"
+app_secret = "{SECRET}"
+domain = "{domain}"
+pong_grace = "2s"
+{extra}
+
+{route}
+"#,
+        route = file_route(dir, "")
+    )
+}
+
+fn event(i: usize) -> Vec<u8> {
+    local::message_event(
+        APP,
+        &format!("ws-e{i}"),
+        &format!("oc_{}", i % 5),
+        1_700_000_000_000 + i as u64,
+    )
+}
+
+/// Event ids delivered to the sinks of `dirs`, with how often.
+fn delivered(dirs: &[&Path]) -> HashMap<String, usize> {
+    let mut seen = HashMap::new();
+    for dir in dirs {
+        for line in lines(dir) {
+            let id = line["event_id"].as_str().unwrap_or_default().to_owned();
+            *seen.entry(id).or_insert(0) += 1;
+        }
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_over_the_long_connection_are_delivered_once_across_drops_and_resends() {
+    let server = LocalFeishu::start(APP, SECRET, quick())
+        .await
+        .expect("server");
+    let dir = tempfile::tempdir().expect("dir");
+    let store = format!(
+        "backend = \"embedded\"\npath = \"{}\"",
+        dir.path().join("store").display()
+    );
+    let gateway = Serve::start_with(
+        dir.path(),
+        &config(dir.path(), &store, &server.domain(), ""),
+    );
+    assert!(
+        server
+            .wait_for_connections(1, Duration::from_secs(15))
+            .await,
+        "{}",
+        gateway.stderr()
+    );
+    let first = server.connections()[0];
+    for i in 0..40 {
+        let parts = if i % 4 == 0 { 3 } else { 1 };
+        server.push(
+            first,
+            &format!("m{i}"),
+            &event(i),
+            parts,
+            PartOrder::Reversed,
+        );
+    }
+    assert!(
+        server.wait_all_acked(Duration::from_secs(15)).await,
+        "{}",
+        gateway.stderr()
+    );
+    // The connection drops with events in flight; Feishu resends the unacked ones, and some
+    // acked ones too (a redelivery the gateway must recognize), on the new connection.
+    for i in 40..60 {
+        server.push(first, &format!("m{i}"), &event(i), 1, PartOrder::InOrder);
+    }
+    server.drop_connection(first);
+    wait_until("a new connection", Duration::from_secs(15), || {
+        server.connections().iter().any(|c| *c != first)
+    })
+    .await;
+    let second = server.connections()[0];
+    server.resend_unacked(second);
+    for i in (0..60).step_by(7) {
+        server.push(
+            second,
+            &format!("again{i}"),
+            &event(i),
+            1,
+            PartOrder::InOrder,
+        );
+    }
+    assert!(
+        server.wait_all_acked(Duration::from_secs(15)).await,
+        "{}",
+        gateway.stderr()
+    );
+    wait_until("every event delivered", Duration::from_secs(15), || {
+        delivered(&[dir.path()]).len() == 60
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let seen = delivered(&[dir.path()]);
+    assert_eq!(seen.len(), 60);
+    assert!(seen.values().all(|n| *n == 1), "each once: {seen:?}");
+    assert!(server.acks().iter().all(|ack| ack.code == 200));
+    let (_, stats) = gateway.admin_get("/admin/stats").await;
+    let stats: serde_json::Value = serde_json::from_str(&stats).expect("stats");
+    assert!(
+        stats["gateway"]["duplicates"].as_u64() >= Some(9),
+        "{stats}"
+    );
+    assert_eq!(stats["long_connections"][0]["open"], 1, "{stats}");
+    assert!(stats["long_connections"][0]["reconnects"].as_u64() >= Some(1));
+    let (ready, _) = gateway.admin_get("/readyz").await;
+    assert_eq!(ready, 200);
+}
+
+fn redis_store(prefix: &str) -> String {
+    let Ok(url) = std::env::var("ONCEGATE_TEST_REDIS_URL") else {
+        panic!("ONCEGATE_TEST_REDIS_URL is not set: run scripts/test, which starts redis-server")
+    };
+    format!(
+        "backend = \"redis\"\nurl = \"{url}\"\nprefix = \"{prefix}{}\"\npartitions = 4",
+        fastrand::u32(..)
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_on_redis_handle_a_redelivery_to_the_other_once() {
+    let server = LocalFeishu::start(APP, SECRET, quick())
+        .await
+        .expect("server");
+    let store = redis_store("ws2");
+    let (a, b) = (
+        tempfile::tempdir().expect("dir"),
+        tempfile::tempdir().expect("dir"),
+    );
+    let mut first = Serve::start_with(a.path(), &config(a.path(), &store, &server.domain(), ""));
+    assert!(
+        server
+            .wait_for_connections(1, Duration::from_secs(15))
+            .await
+    );
+    let conn_a = server.connections()[0];
+    let second = Serve::start_with(b.path(), &config(b.path(), &store, &server.domain(), ""));
+    assert!(
+        server
+            .wait_for_connections(2, Duration::from_secs(15))
+            .await,
+        "{}",
+        second.stderr()
+    );
+    let conn_b = *server
+        .connections()
+        .iter()
+        .find(|c| **c != conn_a)
+        .expect("b");
+    for i in 0..30 {
+        server.push(conn_a, &format!("m{i}"), &event(i), 1, PartOrder::InOrder);
+    }
+    assert!(server.wait_all_acked(Duration::from_secs(15)).await);
+    // Gateway A dies at once with more events sent to it; Feishu redelivers all of them, and
+    // the already-acked ones too, to gateway B.
+    for i in 30..45 {
+        server.push(conn_a, &format!("m{i}"), &event(i), 1, PartOrder::InOrder);
+    }
+    first.child.kill().expect("kill -9");
+    let _ = first.child.wait();
+    server.resend_unacked(conn_b);
+    for i in 0..30 {
+        server.push(
+            conn_b,
+            &format!("redelivered{i}"),
+            &event(i),
+            1,
+            PartOrder::InOrder,
+        );
+    }
+    assert!(
+        server.wait_all_acked(Duration::from_secs(20)).await,
+        "{}",
+        second.stderr()
+    );
+    wait_until("every event delivered", Duration::from_secs(20), || {
+        delivered(&[a.path(), b.path()]).len() == 45
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let seen = delivered(&[a.path(), b.path()]);
+    // A killed gateway may have delivered an event it could not complete: then B delivers it
+    // again once A's lease runs out, which is at-least-once to the sink. What it must never do
+    // is lose one, or deliver one twice that A completed.
+    assert_eq!(seen.len(), 45, "none lost: {seen:?}");
+    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        twice.len() <= 2,
+        "at most the ones in flight at the kill: {twice:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_leader_holds_the_connection_and_another_takes_over() {
+    let server = LocalFeishu::start(APP, SECRET, quick())
+        .await
+        .expect("server");
+    let store = redis_store("wsl");
+    let (a, b) = (
+        tempfile::tempdir().expect("dir"),
+        tempfile::tempdir().expect("dir"),
+    );
+    let leader = "instances = \"leader\"\nconnections = 2";
+    let mut first = Serve::start_with(
+        a.path(),
+        &config(a.path(), &store, &server.domain(), leader),
+    );
+    assert!(
+        server
+            .wait_for_connections(2, Duration::from_secs(15))
+            .await
+    );
+    let second = Serve::start_with(
+        b.path(),
+        &config(b.path(), &store, &server.domain(), leader),
+    );
+    second
+        .admin_until("/admin/stats", |body| body.contains("\"standby\""))
+        .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(server.connections().len(), 2, "only the leader connects");
+    let (ready, _) = second.admin_get("/readyz").await;
+    assert_eq!(ready, 200, "a standby is ready");
+    // The leader dies without a word: its lease (3 s) runs out and the standby takes over.
+    first.child.kill().expect("kill -9");
+    let _ = first.child.wait();
+    second
+        .admin_until("/admin/stats", |body| body.contains("\"leading\""))
+        .await;
+    wait_until(
+        "the new leader's connections",
+        Duration::from_secs(15),
+        || server.connections().len() == 2,
+    )
+    .await;
+    let conn = server.connections()[0];
+    server.push(conn, "m-after", &event(1), 1, PartOrder::InOrder);
+    assert!(server.wait_all_acked(Duration::from_secs(10)).await);
+    wait_until("delivered", Duration::from_secs(10), || {
+        delivered(&[b.path()]).len() == 1
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fatal_handshake_shows_in_readiness_and_stats() {
+    let server = LocalFeishu::start(APP, SECRET, quick())
+        .await
+        .expect("server");
+    server.refuse_handshake(514, Some("1000040350"));
+    let dir = tempfile::tempdir().expect("dir");
+    let gateway = Serve::start_with(
+        dir.path(),
+        &config(dir.path(), "backend = \"memory\"", &server.domain(), ""),
+    );
+    let stats = gateway
+        .admin_until("/admin/stats", |body| body.contains("too many connections"))
+        .await;
+    assert!(!stats.contains(SECRET), "{stats}");
+    let (ready, why) = gateway.admin_get("/readyz").await;
+    assert_eq!(ready, 503);
+    assert!(why.contains("too many connections"), "{why}");
+    assert!(
+        gateway.stderr().contains("1000040350"),
+        "logged: {}",
+        gateway.stderr()
+    );
+    assert_eq!(server.handshakes().len(), 1);
+}

@@ -1,0 +1,189 @@
+//! Feishu's long connection in the gateway: its events take the one admission path and its
+//! card actions the claim protocol, like webhooks' do. With `instances = "leader"` one gateway
+//! of several holds the connections, through a lease in the store.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use oncegate_config::Instances;
+use oncegate_core::{Accepted, Admit, Claim, FenceCheck, Refusal, Store, key_for};
+use oncegate_feishu::FeishuApp;
+use oncegate_feishu_ws::{Inlet, LongConnection, Settings, Status};
+use tokio_util::sync::CancellationToken;
+
+use crate::{Shared, admission, sync_call};
+
+/// A gateway that is not the leader asks for the lease this often.
+const STANDBY_POLL: Duration = Duration::from_secs(2);
+
+/// One configured long-connection source.
+pub(crate) struct LongSource {
+    pub(crate) name: String,
+    pub(crate) app: FeishuApp,
+    pub(crate) settings: Settings,
+    pub(crate) instances: Instances,
+    pub(crate) status: Arc<Status>,
+    role: AtomicU8,
+}
+
+const ROLE_CONNECTING: u8 = 0;
+const ROLE_LEADING: u8 = 1;
+const ROLE_STANDBY: u8 = 2;
+
+impl LongSource {
+    pub(crate) fn new(app: FeishuApp, settings: Settings, instances: Instances) -> Self {
+        Self {
+            name: settings.source.clone(),
+            app,
+            settings,
+            instances,
+            status: Arc::new(Status::default()),
+            role: AtomicU8::new(ROLE_CONNECTING),
+        }
+    }
+
+    /// Why this source keeps the gateway from being ready, if it does.
+    pub(crate) fn not_ready(&self) -> Option<String> {
+        if let Some(fatal) = self.status.fatal() {
+            return Some(format!("long connection {}: {fatal}", self.name));
+        }
+        let standby = self.role.load(Ordering::Relaxed) == ROLE_STANDBY;
+        (!standby && self.status.open() == 0)
+            .then(|| format!("long connection {}: no connection open yet", self.name))
+    }
+
+    /// `leading`, `standby` or `all`, for the status answers.
+    pub(crate) fn role(&self) -> &'static str {
+        match (self.instances, self.role.load(Ordering::Relaxed)) {
+            (Instances::All, _) => "all",
+            (Instances::Leader, ROLE_LEADING) => "leading",
+            (Instances::Leader, ROLE_STANDBY) => "standby",
+            (Instances::Leader, _) => "electing",
+        }
+    }
+}
+
+/// The gateway as the long connection's inlet.
+struct GatewayInlet<S>(Arc<Shared<S>>);
+
+impl<S: Store> Inlet for GatewayInlet<S> {
+    async fn admit(&self, admit: Admit) -> Result<Accepted, Refusal> {
+        admission::admit(&self.0, admit).await
+    }
+
+    async fn call(&self, admit: Admit, deadline: Duration) -> Result<Option<Bytes>, Refusal> {
+        sync_call::call(&self.0, admit, deadline).await
+    }
+
+    fn note(&self, label: &'static str, message: &str) {
+        self.0.summaries.note(label, None, message);
+    }
+}
+
+/// Holds every long-connection source's connections until `shutdown`.
+pub(crate) async fn run_all<S: Store>(shared: Arc<Shared<S>>, shutdown: CancellationToken) {
+    let mut running = tokio::task::JoinSet::new();
+    for index in 0..shared.long_sources.len() {
+        let (shared, shutdown) = (shared.clone(), shutdown.clone());
+        running.spawn(async move {
+            let source = &shared.long_sources[index];
+            match source.instances {
+                Instances::All => connect(&shared, source, shutdown).await,
+                Instances::Leader => lead(&shared, source, shutdown).await,
+            }
+        });
+    }
+    while running.join_next().await.is_some() {}
+}
+
+/// Holds `source`'s connections until `stop`.
+async fn connect<S: Store>(shared: &Arc<Shared<S>>, source: &LongSource, stop: CancellationToken) {
+    let inlet = Arc::new(GatewayInlet(shared.clone()));
+    match LongConnection::new(source.app.clone(), source.settings.clone(), inlet) {
+        Ok(client) => {
+            let client = Arc::new(client.with_status(source.status.clone()));
+            client.run(stop).await;
+        }
+        Err(error) => shared.fail(format!("long connection {}: {error}", source.name)),
+    }
+}
+
+/// Holds the lease of `source`'s connections while it can, and the connections with it; waits
+/// as a standby otherwise. The lease is released at shutdown, so that another gateway takes
+/// over at once instead of when it runs out.
+async fn lead<S: Store>(shared: &Arc<Shared<S>>, source: &LongSource, shutdown: CancellationToken) {
+    let key = key_for(
+        shared_platform(source),
+        source.app.app_id(),
+        "leader",
+        "long_connection",
+    );
+    let lease_for = shared.timing.lease;
+    let renew_every = shared.timing.renew_every.min(lease_for / 3);
+    loop {
+        let claimed = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            claimed = shared.store.claim(&key, 0, lease_for) => claimed,
+        };
+        let lease = match claimed {
+            Ok(Claim::Acquired(lease)) => lease,
+            Ok(_) => {
+                source.role.store(ROLE_STANDBY, Ordering::Relaxed);
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(STANDBY_POLL) => continue,
+                }
+            }
+            Err(error) => {
+                shared.summaries.note(
+                    "leader_claim_failed",
+                    None,
+                    &format!("long connection {}: leader lease: {error}", source.name),
+                );
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(STANDBY_POLL) => continue,
+                }
+            }
+        };
+        tracing::info!(source = %source.name, "leading: this gateway holds the long connections");
+        source.role.store(ROLE_LEADING, Ordering::Relaxed);
+        let stop = shutdown.child_token();
+        let connections = connect(shared, source, stop.clone());
+        let keep = async {
+            loop {
+                tokio::time::sleep(renew_every).await;
+                match shared.store.renew(&lease, lease_for).await {
+                    Ok(FenceCheck::Accepted) => {}
+                    // Another gateway holds it now, or the store cannot tell us we still do:
+                    // let go, rather than hold connections on a lease that may be gone.
+                    Ok(FenceCheck::Rejected) => return "the lease was taken over",
+                    Err(_) => return "the lease could not be renewed",
+                }
+            }
+        };
+        tokio::pin!(connections);
+        tokio::select! {
+            _ = &mut connections => {}
+            why = keep => {
+                tracing::warn!(source = %source.name, "no longer leading: {why}");
+                stop.cancel();
+                connections.await;
+            }
+        }
+        source.role.store(ROLE_STANDBY, Ordering::Relaxed);
+        // A fatal answer (wrong credentials, too many connections) would be the same for any
+        // gateway: let go and stop.
+        if shutdown.is_cancelled() || source.status.fatal().is_some() {
+            let _ = shared.store.release(&lease).await;
+            return;
+        }
+    }
+}
+
+/// The platform name a source's events carry (`feishu`, `lark`).
+fn shared_platform(source: &LongSource) -> &str {
+    source.app.source()
+}
