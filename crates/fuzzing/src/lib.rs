@@ -5,8 +5,10 @@
 //! A target fails by panicking: on a crash of the code under test, or on a broken invariant it
 //! asserts.
 
+mod feishu_ws;
 mod wecom;
 
+pub use feishu_ws::feishu_ws_frames;
 pub use wecom::{wecom_callback, wecom_decrypt, wecom_xml};
 
 use oncegate_core::replay::{ReplayGuard, ReplayVerdict};
@@ -24,6 +26,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("wecom_callback", wecom_callback),
     ("wecom_decrypt", wecom_decrypt),
     ("wecom_xml", wecom_xml),
+    ("feishu_ws_frames", feishu_ws_frames),
 ];
 
 const KEY: &str = "fuzz-encrypt-key";
