@@ -2,6 +2,7 @@
 
 mod serve;
 mod simulate;
+mod simulate_ws;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

@@ -32,19 +32,19 @@ pub(crate) struct SimulateArgs {
     admin: Option<String>,
     /// Distinct events to send.
     #[arg(long, default_value_t = 10_000)]
-    events: usize,
+    pub(crate) events: usize,
     /// Share of extra sends that repeat an earlier event with a fresh signature (platform retries).
     #[arg(long, default_value_t = 0.2)]
-    duplicates: f64,
+    pub(crate) duplicates: f64,
     /// Share of extra sends that replay an earlier request byte for byte (same nonce).
     #[arg(long, default_value_t = 0.02)]
     replays: f64,
     /// Requests in flight at once.
     #[arg(long, default_value_t = 64)]
-    concurrency: usize,
+    pub(crate) concurrency: usize,
     /// Chats the events are spread over.
     #[arg(long, default_value_t = 100)]
-    chats: usize,
+    pub(crate) chats: usize,
     /// Send group member changes instead of messages (platforms that report them): each
     /// member joins and leaves within one second, and half the pairs arrive leave first.
     #[arg(long)]
@@ -171,6 +171,30 @@ pub(crate) async fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
         .admin
         .clone()
         .unwrap_or_else(|| format!("http://{}", config.server.admin_listen));
+    let admin_token = secret(&config.server.admin_token)?;
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(args.concurrency)
+        .timeout(Duration::from_secs(30))
+        .build()?;
+    if let [source] = sources.as_slice()
+        && is_long_connection(source)
+    {
+        return crate::simulate_ws::simulate(
+            &args,
+            source,
+            &client,
+            &admin,
+            admin_token.as_deref(),
+        )
+        .await;
+    }
+    if let Some(source) = sources.iter().find(|source| is_long_connection(source)) {
+        bail!(
+            "source {:?} is on the long connection: simulate it on its own (--source {})",
+            source.name,
+            source.name
+        );
+    }
     let targets: Vec<Target> = sources
         .iter()
         .map(|source| {
@@ -181,11 +205,6 @@ pub(crate) async fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
         })
         .collect::<anyhow::Result<_>>()?;
     let targets = Arc::new(targets);
-    let admin_token = secret(&config.server.admin_token)?;
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(args.concurrency)
-        .timeout(Duration::from_secs(30))
-        .build()?;
 
     // The plan: every event once, plus retries and replays of earlier ones, shuffled a little.
     let run = SystemTime::now()
@@ -332,25 +351,7 @@ pub(crate) async fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
     let pct = |p: f64| {
         tally.latencies_us[((tally.latencies_us.len() - 1) as f64 * p) as usize] as f64 / 1000.0
     };
-    // Deliveries trail admission: wait until they catch up or stop moving.
-    let mut now = counts(&client, &admin, admin_token.as_deref()).await;
-    let mut still = Instant::now();
-    while let (Some(at), Some(before)) = (now, before) {
-        let admitted =
-            at.admitted.saturating_sub(before.admitted) + at.spooled.saturating_sub(before.spooled);
-        let settled = at.delivered.saturating_sub(before.delivered)
-            + at.stale_dropped.saturating_sub(before.stale_dropped);
-        if settled >= admitted || still.elapsed() > Duration::from_secs(10) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let again = counts(&client, &admin, admin_token.as_deref()).await;
-        let progress = |c: Option<Counts>| c.map(|c| c.delivered + c.stale_dropped);
-        if progress(again) != progress(now) {
-            still = Instant::now();
-        }
-        now = again;
-    }
+    let now = settled(&client, &admin, admin_token.as_deref(), before).await;
     let sent_count = tally.latencies_us.len();
     println!(
         "sent               {sent_count} requests ({} events, {} retries, {} replays planned)",
@@ -359,22 +360,7 @@ pub(crate) async fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
         plan.iter().filter(|s| matches!(s, Send::Replay(_))).count()
     );
     println!("accepted (200)     {}", tally.accepted);
-    if let (Some(before), Some(now)) = (before, now) {
-        println!(
-            "admitted           {}",
-            now.admitted.saturating_sub(before.admitted)
-        );
-        println!(
-            "duplicates dropped {}",
-            now.duplicates.saturating_sub(before.duplicates)
-        );
-        if now.spooled > before.spooled {
-            println!(
-                "spooled            {} (the store was unreachable)",
-                now.spooled.saturating_sub(before.spooled)
-            );
-        }
-    }
+    print_admitted(before, now);
     println!("replays rejected   {}", tally.replays_rejected);
     for (status, count) in &tally.other {
         println!("answered {status}       {count}");
@@ -382,19 +368,7 @@ pub(crate) async fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
     if tally.failed > 0 {
         println!("failed to send     {}", tally.failed);
     }
-    match (before, now) {
-        (Some(before), Some(now)) => {
-            println!(
-                "delivered          {}",
-                now.delivered.saturating_sub(before.delivered)
-            );
-            let stale = now.stale_dropped.saturating_sub(before.stale_dropped);
-            if stale > 0 {
-                println!("dropped as stale   {stale}");
-            }
-        }
-        _ => println!("admitted, delivered unknown (admin API at {admin} not reachable)"),
-    }
+    print_delivered(before, now, &admin);
     println!(
         "throughput         {:.0} requests/s over {:.2} s, {} in flight",
         sent_count as f64 / elapsed.as_secs_f64(),
@@ -411,17 +385,96 @@ pub(crate) async fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Whether `source` takes its events over Feishu's long connection.
+fn is_long_connection(source: &oncegate_config::SourceConfig) -> bool {
+    matches!(
+        &source.platform,
+        oncegate_config::PlatformConfig::Feishu(settings)
+            | oncegate_config::PlatformConfig::Lark(settings)
+            if settings.transport == oncegate_config::Transport::Websocket
+    )
+}
+
+/// The counters once deliveries caught up with admissions, or stopped moving for 10 s.
+pub(crate) async fn settled(
+    client: &reqwest::Client,
+    admin: &str,
+    token: Option<&str>,
+    before: Option<Counts>,
+) -> Option<Counts> {
+    let mut now = counts(client, admin, token).await;
+    let mut still = Instant::now();
+    while let (Some(at), Some(before)) = (now, before) {
+        let admitted =
+            at.admitted.saturating_sub(before.admitted) + at.spooled.saturating_sub(before.spooled);
+        let settled = at.delivered.saturating_sub(before.delivered)
+            + at.stale_dropped.saturating_sub(before.stale_dropped);
+        if settled >= admitted || still.elapsed() > Duration::from_secs(10) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let again = counts(client, admin, token).await;
+        let progress = |c: Option<Counts>| c.map(|c| c.delivered + c.stale_dropped);
+        if progress(again) != progress(now) {
+            still = Instant::now();
+        }
+        now = again;
+    }
+    now
+}
+
+/// What the gateway admitted, dropped as duplicates and spooled during the run.
+pub(crate) fn print_admitted(before: Option<Counts>, now: Option<Counts>) {
+    if let (Some(before), Some(now)) = (before, now) {
+        println!(
+            "admitted           {}",
+            now.admitted.saturating_sub(before.admitted)
+        );
+        println!(
+            "duplicates dropped {}",
+            now.duplicates.saturating_sub(before.duplicates)
+        );
+        if now.spooled > before.spooled {
+            println!(
+                "spooled            {} (the store was unreachable)",
+                now.spooled.saturating_sub(before.spooled)
+            );
+        }
+    }
+}
+
+/// What the gateway delivered during the run.
+pub(crate) fn print_delivered(before: Option<Counts>, now: Option<Counts>, admin: &str) {
+    match (before, now) {
+        (Some(before), Some(now)) => {
+            println!(
+                "delivered          {}",
+                now.delivered.saturating_sub(before.delivered)
+            );
+            let stale = now.stale_dropped.saturating_sub(before.stale_dropped);
+            if stale > 0 {
+                println!("dropped as stale   {stale}");
+            }
+        }
+        _ => println!("admitted, delivered unknown (admin API at {admin} not reachable)"),
+    }
+}
+
 /// The gateway's counters that a run moves.
 #[derive(Debug, Clone, Copy)]
-struct Counts {
+pub(crate) struct Counts {
     admitted: u64,
     duplicates: u64,
     spooled: u64,
-    delivered: u64,
+    pub(crate) delivered: u64,
     stale_dropped: u64,
 }
 
-async fn counts(client: &reqwest::Client, admin: &str, token: Option<&str>) -> Option<Counts> {
+pub(crate) async fn counts(
+    client: &reqwest::Client,
+    admin: &str,
+    token: Option<&str>,
+) -> Option<Counts> {
     let mut request = client.get(format!("{admin}/admin/stats"));
     if let Some(token) = token {
         request = request.bearer_auth(token);

@@ -319,3 +319,73 @@ async fn a_fatal_handshake_shows_in_readiness_and_stats() {
     );
     assert_eq!(server.handshakes().len(), 1);
 }
+
+/// A card handler that answers with how often it was called.
+async fn card_handler(
+    axum::extract::State(calls): axum::extract::State<
+        std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    >,
+) -> axum::Json<serde_json::Value> {
+    let n = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+    axum::Json(serde_json::json!({"toast": {"type": "success", "content": format!("answer {n}")}}))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_card_action_over_the_socket_is_answered_in_its_ack_once() {
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let handler = axum::Router::new()
+        .route("/cards", axum::routing::post(card_handler))
+        .with_state(calls.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let downstream = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, handler).await });
+    let server = LocalFeishu::start(APP, SECRET, quick())
+        .await
+        .expect("server");
+    let dir = tempfile::tempdir().expect("dir");
+    let cards = format!(
+        "[[route]]\nevents = [\"card.action.trigger\"]\nsink = \"http\"\nurl = \"http://{downstream}/cards\"\n"
+    );
+    let config = config(dir.path(), "backend = \"memory\"", &server.domain(), "")
+        .replace("[[route]]", &format!("{cards}\n[[route]]"));
+    let gateway = Serve::start_with(dir.path(), &config);
+    assert!(
+        server
+            .wait_for_connections(1, Duration::from_secs(15))
+            .await,
+        "{}",
+        gateway.stderr()
+    );
+    let conn = server.connections()[0];
+    let click = local::card_action(APP, "card-ws-1", "yes");
+    server.push(conn, "m-click", &click, 1, PartOrder::InOrder);
+    // The same click again (a second delivery of one callback): the stored answer.
+    assert!(
+        server.wait_all_acked(Duration::from_secs(10)).await,
+        "{}",
+        gateway.stderr()
+    );
+    server.push(conn, "m-click-again", &click, 1, PartOrder::InOrder);
+    assert!(server.wait_all_acked(Duration::from_secs(10)).await);
+    let acks = server.acks();
+    assert_eq!(acks.len(), 2);
+    for ack in &acks {
+        assert_eq!(ack.code, 200);
+        let answer: serde_json::Value =
+            serde_json::from_slice(ack.data.as_deref().expect("data")).expect("json");
+        assert_eq!(answer["toast"]["content"], "answer 1", "{answer}");
+        let biz_rt: u64 = ack.biz_rt.as_deref().expect("biz_rt").parse().expect("ms");
+        assert!(biz_rt < 3000, "within Feishu's 3 s: {biz_rt} ms");
+    }
+    assert_eq!(
+        calls.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "the handler ran once"
+    );
+    assert!(
+        lines(dir.path()).is_empty(),
+        "a card is answered, not queued"
+    );
+}

@@ -24,7 +24,7 @@ pub use record::{
     QueueId, Record, RecordState, StoreStats, WatermarkOutcome,
 };
 pub use source::{
-    Accepted, Admit, Callback, Decoded, Headers, Keys, Method, Refusal, RefusalKind, Reply,
+    Accepted, Admit, Callback, Decoded, Headers, Inlet, Keys, Method, Refusal, RefusalKind, Reply,
     SealedRequest, Sealer, Stamp, SyntheticMembership, SyntheticMessage, Versions, WebhookSource,
 };
 pub use store::{DedupStore, EventQueue, Store, StoreError, WatermarkStore};

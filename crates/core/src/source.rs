@@ -360,3 +360,22 @@ pub trait Sealer: Send + Sync + 'static {
         iv: [u8; 16],
     ) -> SealedRequest;
 }
+
+/// Where a transport that is not a webhook (a long connection) hands its events: the gateway's
+/// one admission path and its claim protocol, as for callbacks.
+pub trait Inlet: Send + Sync + 'static {
+    /// Admits one event; `Ok` once it is recorded (or was already), `Err` if it was not (the
+    /// platform is then told so, and redelivers it).
+    fn admit(&self, admit: Admit) -> impl Future<Output = Result<Accepted, Refusal>> + Send;
+
+    /// Answers one synchronous call (a card action) within `deadline`: the handler's answer,
+    /// or the stored answer of an earlier run.
+    fn call(
+        &self,
+        admit: Admit,
+        deadline: std::time::Duration,
+    ) -> impl Future<Output = Result<Option<Bytes>, Refusal>> + Send;
+
+    /// Notes a failure or refusal for the rate-limited log (never one line per frame).
+    fn note(&self, label: &'static str, message: &str);
+}

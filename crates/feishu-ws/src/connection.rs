@@ -107,6 +107,7 @@ where
         .collect();
     let cards = Arc::new(Semaphore::new(CARDS_AT_ONCE));
     let mut fragments = Fragments::new(context.settings.fragments);
+    let mut reported = 0;
     let mut heard = Instant::now();
     let end = loop {
         let silent_at = heard + context.settings.silence_limit(config);
@@ -180,19 +181,34 @@ where
                     &cards,
                     &outbox,
                 )
-                .await
+                .await;
+                count_dropped(&context, fragments.dropped() - reported);
+                reported = fragments.dropped();
             }
             other => context.garbage("bad_method", &format!("frame method {other}")),
         }
     };
+    // Parts still waiting die with the connection: Feishu resends their messages whole.
     let dropped = fragments.dropped() + fragments.pending() as u64;
-    if dropped > 0 {
-        metrics::counter!("oncegate_ws_fragments_dropped_total", "source" => context.settings.source.clone())
-            .increment(fragments.pending() as u64);
-    }
+    count_dropped(&context, dropped.saturating_sub(reported));
     ended.cancel();
     let _ = writer.await;
     end
+}
+
+/// Counts incomplete messages given up (too old, pushed out by the bounds, or cut off).
+fn count_dropped<I: Inlet>(context: &Context<I>, newly: u64) {
+    if newly > 0 {
+        metrics::counter!("oncegate_ws_fragments_dropped_total", "source" => context.settings.source.clone())
+            .increment(newly);
+        context.inlet.note(
+            "ws_incomplete_message",
+            &format!(
+                "long connection {}: gave up {newly} message(s) whose fragments did not all come",
+                context.settings.source
+            ),
+        );
+    }
 }
 
 fn control<I: Inlet>(

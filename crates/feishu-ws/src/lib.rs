@@ -14,13 +14,11 @@ pub mod fragments;
 pub mod frame;
 pub mod local;
 
-use std::future::Future;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use bytes::Bytes;
-use oncegate_core::{Accepted, Admit, Refusal};
+pub use oncegate_core::Inlet;
 
 pub use client::{LongConnection, SetupError};
 pub use endpoint::{ClientConfig, ConnectError, Endpoint};
@@ -29,24 +27,6 @@ pub use frame::{Frame, FrameError, Header};
 
 /// At most this many connections per app: Feishu refuses more.
 pub const MAX_CONNECTIONS: usize = 50;
-
-/// Where the events of a long connection go: the gateway's one admission path.
-pub trait Inlet: Send + Sync + 'static {
-    /// Admits one event; `Ok` once it is recorded (or was already), `Err` if it was not
-    /// (the frame is then answered with code 500 and Feishu redelivers it).
-    fn admit(&self, admit: Admit) -> impl Future<Output = Result<Accepted, Refusal>> + Send;
-
-    /// Answers one synchronous call (a card action) within `deadline`: the handler's answer,
-    /// or the stored answer of an earlier run.
-    fn call(
-        &self,
-        admit: Admit,
-        deadline: Duration,
-    ) -> impl Future<Output = Result<Option<Bytes>, Refusal>> + Send;
-
-    /// Notes a failure or refusal for the rate-limited log (never one line per frame).
-    fn note(&self, label: &'static str, message: &str);
-}
 
 /// The settings of one app's long connection.
 #[derive(Clone)]
@@ -92,7 +72,7 @@ impl Settings {
             connections: 1,
             pong_grace: None,
             fragments: FragmentLimits::default(),
-            lanes: 16,
+            lanes: 64,
             // Feishu waits 3 s; the ack must still travel back.
             card_deadline: Duration::from_millis(2_500),
             connect_timeout: Duration::from_secs(15),

@@ -39,6 +39,25 @@ pub struct AckRecord {
     pub biz_rt: Option<String>,
     /// When it came.
     pub at: Instant,
+    /// How long after its event was (last) pushed.
+    pub after: Option<Duration>,
+}
+
+/// What [`LocalFeishu::drive`] saw.
+#[derive(Debug, Clone, Default)]
+pub struct Driven {
+    /// Events pushed (redeliveries included).
+    pub pushed: usize,
+    /// Acks with code 200.
+    pub acked: usize,
+    /// Acks with another code.
+    pub failed: usize,
+    /// Events still unacked when the run ended.
+    pub unacked: usize,
+    /// From the first push to the last ack.
+    pub elapsed: Duration,
+    /// Push-to-ack time of every ack with code 200, sorted.
+    pub latencies: Vec<Duration>,
 }
 
 /// How the parts of a fragmented event are sent.
@@ -65,8 +84,10 @@ struct Connection {
 struct Inner {
     connections: BTreeMap<u64, Connection>,
     next_connection: u64,
-    /// Events pushed and not yet acked with code 200, by message id.
-    unacked: HashMap<String, Bytes>,
+    /// Every event pushed, by message id.
+    payloads: HashMap<String, Bytes>,
+    /// Events pushed and not yet acked with code 200, with when they were last pushed.
+    unacked: HashMap<String, Instant>,
     acks: Vec<AckRecord>,
     handshakes: Vec<Instant>,
     refusals: VecDeque<(u16, Option<String>)>,
@@ -109,14 +130,26 @@ impl Drop for LocalFeishu {
 }
 
 impl LocalFeishu {
-    /// Starts both listeners on loopback for the app `app_id` with `app_secret`.
+    /// Starts both listeners on loopback ports of their own for the app `app_id` with
+    /// `app_secret`.
     pub async fn start(
         app_id: &str,
         app_secret: &str,
         config: ClientConfig,
     ) -> std::io::Result<Self> {
-        let http = TcpListener::bind("127.0.0.1:0").await?;
-        let ws = TcpListener::bind("127.0.0.1:0").await?;
+        Self::start_at("127.0.0.1:0", app_id, app_secret, config).await
+    }
+
+    /// Starts the endpoint on `http_addr` (what a gateway's `domain` names) and the socket on
+    /// a free port beside it.
+    pub async fn start_at(
+        http_addr: &str,
+        app_id: &str,
+        app_secret: &str,
+        config: ClientConfig,
+    ) -> std::io::Result<Self> {
+        let http = TcpListener::bind(http_addr).await?;
+        let ws = TcpListener::bind((http.local_addr()?.ip(), 0)).await?;
         let shared = Arc::new(Shared {
             app_id: app_id.to_owned(),
             app_secret: app_secret.to_owned(),
@@ -242,9 +275,6 @@ impl LocalFeishu {
         order: PartOrder,
     ) -> Option<Vec<u64>> {
         let mut inner = self.shared.lock();
-        inner
-            .unacked
-            .insert(message_id.to_owned(), Bytes::copy_from_slice(payload));
         let conn = inner.connections.get_mut(&connection)?;
         let parts = parts.clamp(1, payload.len().max(1));
         let chunk = payload.len().div_ceil(parts).max(1);
@@ -273,6 +303,10 @@ impl LocalFeishu {
         for (_, frame) in &frames {
             let _ = conn.commands.send(Command::Send(frame.clone()));
         }
+        inner
+            .payloads
+            .insert(message_id.to_owned(), Bytes::copy_from_slice(payload));
+        inner.unacked.insert(message_id.to_owned(), Instant::now());
         Some(frames.into_iter().map(|(seq, _)| seq).collect())
     }
 
@@ -280,37 +314,25 @@ impl LocalFeishu {
     pub fn repeat(&self, connection: u64, seq_id: u64, message_id: &str) -> bool {
         let inner = self.shared.lock();
         let (Some(payload), Some(conn)) = (
-            inner
-                .unacked
-                .get(message_id)
-                .cloned()
-                .or_else(|| Some(Bytes::new())),
+            inner.payloads.get(message_id),
             inner.connections.get(&connection),
         ) else {
             return false;
         };
-        let payload = if payload.is_empty() {
-            // Already acked: the repeat still carries something to decode.
-            Bytes::from_static(b"{}")
-        } else {
-            payload
-        };
-        conn.commands
-            .send(Command::Send(data_frame(
-                seq_id, message_id, 1, 0, &payload,
-            )))
-            .is_ok()
+        let frame = data_frame(seq_id, message_id, 1, 0, payload);
+        conn.commands.send(Command::Send(frame)).is_ok()
     }
 
     /// Pushes every event not acked with code 200 again, whole, on `connection`.
     pub fn resend_unacked(&self, connection: u64) -> usize {
-        let pending: Vec<(String, Bytes)> = self
-            .shared
-            .lock()
-            .unacked
-            .iter()
-            .map(|(id, payload)| (id.clone(), payload.clone()))
-            .collect();
+        let pending: Vec<(String, Bytes)> = {
+            let inner = self.shared.lock();
+            inner
+                .unacked
+                .keys()
+                .filter_map(|id| Some((id.clone(), inner.payloads.get(id)?.clone())))
+                .collect()
+        };
         pending
             .iter()
             .filter(|(id, payload)| {
@@ -318,6 +340,74 @@ impl LocalFeishu {
                     .is_some()
             })
             .count()
+    }
+
+    /// Pushes `plan` (message id, event) over the open connections in turn, with at most
+    /// `window` unacked at once, and waits for the acks until `within` has passed.
+    pub async fn drive(
+        &self,
+        plan: Vec<(String, Vec<u8>)>,
+        window: usize,
+        within: Duration,
+    ) -> Driven {
+        let started = Instant::now();
+        let acks_before = self.shared.lock().acks.len();
+        let mut pushed = 0;
+        let mut turn = 0usize;
+        for (message_id, payload) in &plan {
+            loop {
+                let (open, waiting) = {
+                    let inner = self.shared.lock();
+                    let open: Vec<u64> = inner
+                        .connections
+                        .iter()
+                        .filter(|(_, c)| !c.silent.load(Ordering::Relaxed))
+                        .map(|(id, _)| *id)
+                        .collect();
+                    (open, inner.unacked.len())
+                };
+                if started.elapsed() > within {
+                    break;
+                }
+                if open.is_empty() || waiting >= window {
+                    tokio::time::sleep(Duration::from_micros(200)).await;
+                    continue;
+                }
+                turn += 1;
+                if self
+                    .push(
+                        open[turn % open.len()],
+                        message_id,
+                        payload,
+                        1,
+                        PartOrder::InOrder,
+                    )
+                    .is_some()
+                {
+                    pushed += 1;
+                    break;
+                }
+            }
+        }
+        let remaining = within.saturating_sub(started.elapsed());
+        self.wait_all_acked(remaining).await;
+        let inner = self.shared.lock();
+        let acks = &inner.acks[acks_before..];
+        let mut latencies: Vec<Duration> = acks
+            .iter()
+            .filter(|ack| ack.code == 200)
+            .filter_map(|ack| ack.after)
+            .collect();
+        latencies.sort_unstable();
+        let last = acks.iter().map(|ack| ack.at).max().unwrap_or(started);
+        Driven {
+            pushed,
+            acked: acks.iter().filter(|ack| ack.code == 200).count(),
+            failed: acks.iter().filter(|ack| ack.code != 200).count(),
+            unacked: inner.unacked.len(),
+            elapsed: last.saturating_duration_since(started),
+            latencies,
+        }
     }
 
     /// Sends raw bytes as one binary message (garbage frames).
@@ -550,6 +640,11 @@ fn received(shared: &Shared, connection: u64, data: &[u8]) -> Option<Vec<u8>> {
         base64::engine::general_purpose::STANDARD.decode(data).ok()
     });
     let message_id = frame.header("message_id").unwrap_or("").to_owned();
+    let now = Instant::now();
+    let after = inner
+        .unacked
+        .get(&message_id)
+        .map(|pushed| now.saturating_duration_since(*pushed));
     if code == 200 {
         inner.unacked.remove(&message_id);
     }
@@ -560,7 +655,8 @@ fn received(shared: &Shared, connection: u64, data: &[u8]) -> Option<Vec<u8>> {
         code,
         data,
         biz_rt: frame.header("biz_rt").map(str::to_owned),
-        at: Instant::now(),
+        at: now,
+        after,
     });
     None
 }

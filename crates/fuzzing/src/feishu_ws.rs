@@ -56,6 +56,9 @@ pub fn feishu_ws_frames(data: &[u8]) {
             }
             Part::Pending | Part::Refused(_) => {}
         }
-        assert!(fragments.pending() <= limits.max_messages, "the message bound holds");
+        assert!(
+            fragments.pending() <= limits.max_messages,
+            "the message bound holds"
+        );
     }
 }

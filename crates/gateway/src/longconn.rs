@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use oncegate_config::Instances;
-use oncegate_core::{Accepted, Admit, Claim, FenceCheck, Refusal, Store, key_for};
+use oncegate_core::{Accepted, Admit, Claim, FenceCheck, Inlet, Refusal, Store, key_for};
 use oncegate_feishu::FeishuApp;
-use oncegate_feishu_ws::{Inlet, LongConnection, Settings, Status};
+use oncegate_feishu_ws::{LongConnection, Settings, Status};
 use tokio_util::sync::CancellationToken;
 
 use crate::{Shared, admission, sync_call};
