@@ -63,6 +63,19 @@ fn event(i: usize) -> Vec<u8> {
     )
 }
 
+/// Pushes events `indexes` whole on `connection`, as messages `{prefix}{i}`.
+fn push_each(
+    server: &LocalFeishu,
+    connection: u64,
+    prefix: &str,
+    indexes: impl Iterator<Item = usize>,
+) {
+    for i in indexes {
+        let message_id = format!("{prefix}{i}");
+        server.push(connection, &message_id, &event(i), 1, PartOrder::InOrder);
+    }
+}
+
 /// Event ids delivered to the sinks of `dirs`, with how often.
 fn delivered(dirs: &[&Path]) -> HashMap<String, usize> {
     let mut seen = HashMap::new();
@@ -124,15 +137,7 @@ async fn events_over_the_long_connection_are_delivered_once_across_drops_and_res
     .await;
     let second = server.connections()[0];
     server.resend_unacked(second);
-    for i in (0..60).step_by(7) {
-        server.push(
-            second,
-            &format!("again{i}"),
-            &event(i),
-            1,
-            PartOrder::InOrder,
-        );
-    }
+    push_each(&server, second, "again", (0..60).step_by(7));
     assert!(
         server.wait_all_acked(Duration::from_secs(15)).await,
         "{}",
@@ -211,15 +216,7 @@ async fn two_gateways_on_redis_handle_a_redelivery_to_the_other_once() {
     first.child.kill().expect("kill -9");
     let _ = first.child.wait();
     server.resend_unacked(conn_b);
-    for i in 0..30 {
-        server.push(
-            conn_b,
-            &format!("redelivered{i}"),
-            &event(i),
-            1,
-            PartOrder::InOrder,
-        );
-    }
+    push_each(&server, conn_b, "redelivered", 0..30);
     assert!(
         server.wait_all_acked(Duration::from_secs(20)).await,
         "{}",

@@ -42,29 +42,27 @@ impl<const WORDS: usize> SeqWindow<WORDS> {
 
     /// Checks `seq` and marks it seen.
     pub fn check_and_mark(&mut self, seq: u64) -> SeqVerdict {
-        let Some(highest) = self.highest else {
-            self.highest = Some(seq);
-            self.bits = [0; WORDS];
-            self.bits[0] = 1;
-            return SeqVerdict::New;
-        };
-        if seq > highest {
-            self.shift(seq - highest);
-            self.highest = Some(seq);
-            self.bits[0] |= 1;
-            return SeqVerdict::New;
+        let verdict = self.check(seq);
+        if verdict != SeqVerdict::New {
+            return verdict;
         }
-        let offset = highest - seq;
-        if offset >= Self::WIDTH {
-            return SeqVerdict::TooOld;
+        match self.highest {
+            Some(highest) if seq <= highest => {
+                let offset = highest - seq;
+                self.bits[(offset / 64) as usize] |= 1 << (offset % 64);
+            }
+            Some(highest) => {
+                self.shift(seq - highest);
+                self.highest = Some(seq);
+                self.bits[0] |= 1;
+            }
+            None => {
+                self.highest = Some(seq);
+                self.bits = [0; WORDS];
+                self.bits[0] = 1;
+            }
         }
-        let (word, bit) = ((offset / 64) as usize, offset % 64);
-        if self.bits[word] & (1 << bit) != 0 {
-            SeqVerdict::Duplicate
-        } else {
-            self.bits[word] |= 1 << bit;
-            SeqVerdict::New
-        }
+        SeqVerdict::New
     }
 
     /// What `check_and_mark` would say of `seq`, without marking it: a frame is looked up when

@@ -89,6 +89,10 @@ async fn start(config: ClientConfig, inlet: Recorder, tune: impl FnOnce(&mut Set
     let server = LocalFeishu::start(APP, SECRET, config)
         .await
         .expect("server");
+    start_tuned(server, inlet, tune)
+}
+
+fn start_tuned(server: LocalFeishu, inlet: Recorder, tune: impl FnOnce(&mut Settings)) -> Running {
     let inlet = Arc::new(inlet);
     let app = FeishuApp::new(Cloud::Feishu, APP, None, None).expect("app");
     let mut settings = Settings::new("feishu-ws", &server.domain(), SECRET);
@@ -343,21 +347,7 @@ async fn fatal_handshakes_stop_and_others_are_retried_on_the_interval() {
 }
 
 async fn start_on(server: LocalFeishu) -> Running {
-    let inlet = Arc::new(Recorder::default());
-    let app = FeishuApp::new(Cloud::Feishu, APP, None, None).expect("app");
-    let mut settings = Settings::new("feishu-ws", &server.domain(), SECRET);
-    settings.pong_grace = Some(Duration::from_secs(1));
-    let client = Arc::new(LongConnection::new(app, settings, inlet.clone()).expect("client"));
-    let status = client.status();
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(client.run(shutdown.clone()));
-    Running {
-        server,
-        inlet,
-        status,
-        shutdown,
-        task,
-    }
+    start_tuned(server, Recorder::default(), |_| {})
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
