@@ -386,3 +386,81 @@ async fn a_card_action_over_the_socket_is_answered_in_its_ack_once() {
         "a card is answered, not queued"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simulate_plays_feishu_for_a_long_connection_source() {
+    let dir = tempfile::tempdir().expect("dir");
+    // A free loopback port for simulate's endpoint: the gateway dials the configured domain.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("free port")
+        .port();
+    let domain = format!("http://127.0.0.1:{port}");
+    let config = config(
+        dir.path(),
+        "backend = \"memory\"",
+        &domain,
+        "connections = 2",
+    );
+    std::fs::write(dir.path().join("oncegate.toml"), &config).expect("config");
+    let simulate = support::oncegate()
+        .args([
+            "simulate",
+            "--quiet",
+            "--events",
+            "300",
+            "--duplicates",
+            "0.3",
+        ])
+        .arg("--config")
+        .arg(dir.path().join("oncegate.toml"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("simulate");
+    // The gateway comes up after simulate listens, as the README says to start them. Its
+    // admin port is chosen at start (port 0), so simulate cannot read its counters here: the
+    // sink's lines tell what was delivered.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let gateway = Serve::start_with(dir.path(), &config);
+    let output = tokio::task::spawn_blocking(move || simulate.wait_with_output())
+        .await
+        .expect("join")
+        .expect("simulate ran");
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "{text} {} {}",
+        String::from_utf8_lossy(&output.stderr),
+        gateway.stderr()
+    );
+    let pushed_line = text
+        .lines()
+        .find(|l| l.starts_with("pushed"))
+        .expect("pushed line");
+    assert!(
+        pushed_line.contains("300 new") && pushed_line.contains("2 connection(s)"),
+        "{text}"
+    );
+    let acked: usize = text
+        .lines()
+        .find(|l| l.starts_with("acked (code 200)"))
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|n| n.parse().ok())
+        .expect("acked");
+    let pushed: usize = pushed_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .expect("pushed");
+    assert_eq!(acked, pushed, "every push acked: {text}");
+    wait_until("delivered", Duration::from_secs(10), || {
+        lines(dir.path()).len() == 300
+    })
+    .await;
+    let ids: std::collections::HashSet<String> = lines(dir.path())
+        .iter()
+        .map(|l| l["event_id"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(ids.len(), 300, "each event once");
+}
