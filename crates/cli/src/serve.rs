@@ -114,13 +114,29 @@ async fn run<S: Store>(
                 config.server.admin_listen
             )
         })?;
+    let api = match gateway.has_api() {
+        true => Some(
+            TcpListener::bind(&config.api.listen)
+                .await
+                .with_context(|| format!("listen on {} (api.listen)", config.api.listen))?,
+        ),
+        false => None,
+    };
+    let api_line = match &api {
+        Some(api) => format!(", api on http://{}", api.local_addr()?),
+        None => String::new(),
+    };
     // The first line on stdout: scripts and tests read the bound addresses from it.
     println!(
-        "oncegate listening on http://{} (webhooks at /webhook/<source>), admin on http://{}",
+        "oncegate listening on http://{} (webhooks at /webhook/<source>), admin on http://{}{api_line}",
         listener.local_addr()?,
         admin.local_addr()?
     );
     let shutdown = CancellationToken::new();
+    let api = api.map(|api| {
+        let (gateway, shutdown) = (gateway.clone(), shutdown.clone());
+        tokio::spawn(async move { gateway.serve_api(api, shutdown).await })
+    });
     tokio::spawn(on_signals(shutdown.clone()));
     let dispatcher = {
         let (gateway, shutdown) = (gateway.clone(), shutdown.clone());
@@ -133,6 +149,9 @@ async fn run<S: Store>(
     let dispatched = dispatcher
         .await
         .context("the dispatcher stopped abnormally")?;
+    if let Some(api) = api {
+        api.await.context("the API listener stopped abnormally")??;
+    }
     served?;
     dispatched?;
     tracing::info!(stats = ?gateway.stats(), "stopped");

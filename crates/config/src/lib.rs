@@ -40,6 +40,54 @@ pub struct Config {
     /// Where events go, by event type.
     #[serde(rename = "route")]
     pub routes: Vec<RouteConfig>,
+    /// The API for bots behind the gateway (business keys).
+    pub api: ApiConfig,
+}
+
+/// `[api]`: business keys over HTTP for handlers in any language. Served only when a caller
+/// is configured: it is never open.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ApiConfig {
+    /// Where the API listens.
+    pub listen: String,
+    /// The longest lease a caller may take on a key.
+    #[serde(with = "duration")]
+    pub max_lease: Duration,
+    /// The longest a claim may wait for another holder's result.
+    #[serde(with = "duration")]
+    pub max_wait: Duration,
+    /// Who may call, each with a token of its own.
+    #[serde(rename = "caller")]
+    pub callers: Vec<CallerConfig>,
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:9191".into(),
+            max_lease: Duration::from_secs(3600),
+            max_wait: Duration::from_secs(30),
+            callers: Vec::new(),
+        }
+    }
+}
+
+/// `[[api.caller]]`: one caller of the API.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CallerConfig {
+    /// The caller's name, for logs and metrics.
+    pub name: String,
+    /// Its bearer token.
+    pub token: Secret,
+    /// Callers of one namespace share their keys (a Python and a Node handler of one shop).
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+}
+
+fn default_namespace() -> String {
+    "default".into()
 }
 
 /// `[server]`

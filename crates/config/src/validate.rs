@@ -306,6 +306,56 @@ fn bounds(config: &Config, report: &mut impl FnMut(Severity, &str, String)) {
     }
 }
 
+/// The API's callers: named once each, with a token that resolves, and a bounded lease.
+fn check_api(config: &Config, report: &mut impl FnMut(Severity, &str, String)) {
+    let mut names = std::collections::HashSet::new();
+    for (i, caller) in config.api.callers.iter().enumerate() {
+        let at = |field: &str| format!("api.caller[{i}].{field}");
+        if caller.name.trim().is_empty() || !names.insert(caller.name.as_str()) {
+            report(
+                Severity::Error,
+                &at("name"),
+                format!(
+                    "{:?}: every caller needs a name of its own (logs and metrics tell them apart)",
+                    caller.name
+                ),
+            );
+        }
+        if caller.namespace.trim().is_empty() {
+            report(
+                Severity::Error,
+                &at("namespace"),
+                "is empty: leave it out for \"default\"".into(),
+            );
+        }
+        if let Err(message) = caller.token.resolve() {
+            report(Severity::Error, &at("token"), message);
+        }
+    }
+    if config.api.max_lease < Duration::from_secs(1)
+        || config.api.max_lease > Duration::from_secs(24 * 3600)
+    {
+        report(
+            Severity::Error,
+            "api.max_lease",
+            format!(
+                "{}: between 1s and 24h (a lease outliving its holder blocks the key that long)",
+                human(config.api.max_lease)
+            ),
+        );
+    }
+    if config.api.max_wait > Duration::from_secs(300) {
+        report(
+            Severity::Error,
+            "api.max_wait",
+            format!(
+                "{}: at most 5m (a caller waiting longer holds a connection that long)",
+                human(config.api.max_wait)
+            ),
+        );
+    }
+}
+
 /// Every problem of `config`, errors first.
 pub fn validate(config: &Config) -> Vec<Problem> {
     let mut problems = Vec::new();
@@ -335,7 +385,9 @@ pub fn validate(config: &Config) -> Vec<Problem> {
         report(
             Severity::Warning,
             "dedup.business_keys",
-            "has no effect (there is no business-key API yet); remove the line".into(),
+            "has no effect: business keys are claimed through the API ([api], /keys); remove \
+             the line"
+                .into(),
         );
     }
     if !config.dedup.event_id && !config.replay.enabled {
@@ -647,6 +699,7 @@ pub fn validate(config: &Config) -> Vec<Problem> {
         );
     }
     bounds(config, &mut report);
+    check_api(config, &mut report);
     if config.dispatcher.concurrency == 0 {
         report(
             Severity::Error,

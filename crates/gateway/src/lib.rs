@@ -8,6 +8,7 @@ mod admin;
 mod admission;
 mod dispatch;
 mod ingress;
+mod keys_api;
 mod longconn;
 mod once;
 pub mod registry;
@@ -166,6 +167,9 @@ pub(crate) struct Shared<S> {
     pub(crate) secondary_keys: bool,
     /// Sources whose events come over Feishu's long connection.
     pub(crate) long_sources: Vec<longconn::LongSource>,
+    /// Who may call `/keys`, and its limits.
+    pub(crate) api_callers: Vec<keys_api::Caller>,
+    pub(crate) key_limits: keys_api::KeyLimits,
 }
 
 impl<S: Store> Shared<S> {
@@ -320,6 +324,8 @@ impl<S: Store> Gateway<S> {
                 failure: OnceLock::new(),
                 secondary_keys: parts.secondary_keys,
                 long_sources: Vec::new(),
+                api_callers: Vec::new(),
+                key_limits: keys_api::KeyLimits::default(),
             }),
         }
     }
@@ -413,8 +419,29 @@ impl<S: Store> Gateway<S> {
             admin_token: resolve(&config.server.admin_token, "server.admin_token")?,
             ..GatewayParts::of(config)
         };
+        let callers = config
+            .api
+            .callers
+            .iter()
+            .map(|caller| {
+                let token = caller.token.resolve().map_err(|message| {
+                    GatewayError::Config(format!("api.caller {:?} token: {message}", caller.name))
+                })?;
+                Ok(keys_api::Caller::new(
+                    &caller.name,
+                    &caller.namespace,
+                    &token,
+                ))
+            })
+            .collect::<Result<Vec<_>, GatewayError>>()?;
         let mut gateway = Self::new(store, parts);
-        gateway.shared_mut()?.long_sources = long_sources;
+        let shared = gateway.shared_mut()?;
+        shared.long_sources = long_sources;
+        shared.api_callers = callers;
+        shared.key_limits = keys_api::KeyLimits {
+            max_lease: config.api.max_lease,
+            max_wait: config.api.max_wait,
+        };
         for route in &config.routes {
             let sink: SharedSink =
                 match route.sink {
@@ -464,6 +491,54 @@ impl<S: Store> Gateway<S> {
     /// The callback routes (`/webhook/<source>`), for serving elsewhere or calling in process.
     pub fn webhooks_router(&self) -> axum::Router {
         ingress::router(self.shared.clone())
+    }
+
+    /// Adds a caller of the API (`/keys`) with its bearer token; callers of one namespace
+    /// share their keys.
+    pub fn api_caller(
+        mut self,
+        name: &str,
+        namespace: &str,
+        token: &str,
+    ) -> Result<Self, GatewayError> {
+        if token.trim().is_empty() {
+            return Err(GatewayError::Config(format!(
+                "api caller {name:?}: the token is empty"
+            )));
+        }
+        self.shared_mut()?
+            .api_callers
+            .push(keys_api::Caller::new(name, namespace, token));
+        Ok(self)
+    }
+
+    /// Whether any caller may use the API: only then is it served.
+    pub fn has_api(&self) -> bool {
+        !self.shared.api_callers.is_empty()
+    }
+
+    /// The API routes (`/keys/*`), for serving elsewhere or calling in process.
+    pub fn api_router(&self) -> axum::Router {
+        keys_api::router(self.shared.clone())
+    }
+
+    /// Serves the API on `listener` until `shutdown`, with the listeners' bounds and deadlines.
+    pub async fn serve_api(
+        &self,
+        listener: TcpListener,
+        shutdown: CancellationToken,
+    ) -> Result<(), GatewayError> {
+        let shared = &self.shared;
+        server::serve(
+            "api",
+            listener,
+            self.api_router(),
+            shared.limits.clone(),
+            shared.summaries.clone(),
+            shutdown,
+        )
+        .await?;
+        Ok(())
     }
 
     /// The admin routes (health, readiness, metrics, `/admin/*`).

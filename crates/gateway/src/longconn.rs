@@ -15,6 +15,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{Shared, admission, sync_call};
 
+/// The longest leader lease: how long connections may go unheld after a leader dies.
+const LEADER_LEASE: Duration = Duration::from_secs(15);
 /// A gateway that is not the leader asks for the lease this often.
 const STANDBY_POLL: Duration = Duration::from_secs(2);
 
@@ -120,8 +122,10 @@ async fn lead<S: Store>(shared: &Arc<Shared<S>>, source: &LongSource, shutdown: 
         "leader",
         "long_connection",
     );
-    let lease_for = shared.timing.lease;
-    let renew_every = shared.timing.renew_every.min(lease_for / 3);
+    // A leader that dies is replaced when its lease runs out: not the minutes a handler's
+    // lease may take.
+    let lease_for = shared.timing.lease.min(LEADER_LEASE);
+    let renew_every = lease_for / 3;
     loop {
         let claimed = tokio::select! {
             _ = shutdown.cancelled() => return,

@@ -16,6 +16,8 @@ pub(crate) struct Serve {
     pub(crate) child: Child,
     pub(crate) base: String,
     pub(crate) admin: String,
+    /// The API's base URL, when callers are configured.
+    pub(crate) api: Option<String>,
     stderr: Arc<Mutex<Vec<String>>>,
 }
 
@@ -56,9 +58,8 @@ impl Serve {
             .filter(|w| w.starts_with("http://"))
             .map(|w| w.trim_end_matches(',').to_owned())
             .collect();
-        assert_eq!(
-            urls.len(),
-            2,
+        assert!(
+            urls.len() >= 2,
             "first line {line:?}, stderr {:?}",
             stderr.lock()
         );
@@ -67,6 +68,7 @@ impl Serve {
             child,
             base: urls[0].clone(),
             admin: urls[1].clone(),
+            api: urls.get(2).cloned(),
             stderr,
         }
     }

@@ -1,0 +1,299 @@
+//! `/keys` through the binary: business keys claimed by several processes at once, across one
+//! gateway and across two gateways on one Redis; fences, conflicts, namespaces, refusals.
+
+mod support;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::{Serve, client};
+
+const TOKEN_A: &str = "caller-a-token";
+const TOKEN_B: &str = "caller-b-token";
+const TOKEN_OTHER: &str = "other-namespace-token";
+
+fn config(store: &str) -> String {
+    format!(
+        r#"
+[store]
+{store}
+
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[api]
+listen = "127.0.0.1:0"
+
+[[api.caller]]
+name = "python"
+token = "{TOKEN_A}"
+namespace = "shop"
+
+[[api.caller]]
+name = "node"
+token = "{TOKEN_B}"
+namespace = "shop"
+
+[[api.caller]]
+name = "elsewhere"
+token = "{TOKEN_OTHER}"
+"#
+    )
+}
+
+async fn call(api: &str, token: &str, op: &str, body: Value) -> (u16, Value) {
+    let response = client()
+        .post(format!("{api}/keys/{op}"))
+        .bearer_auth(token)
+        .json(&body)
+        .send()
+        .await
+        .expect("api request");
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+/// One worker process: claims every key of the run (waiting for another holder's result),
+/// and for each it acquired applies the side effect (a line in the effects file) and
+/// completes with a result. Prints what it saw, one JSON line per key.
+#[tokio::test]
+async fn keys_worker() {
+    let (Ok(apis), Ok(keys), Ok(effects)) = (
+        std::env::var("KEYS_WORKER_APIS"),
+        std::env::var("KEYS_WORKER_KEYS"),
+        std::env::var("KEYS_WORKER_EFFECTS"),
+    ) else {
+        return; // only a worker when the test below starts it
+    };
+    let apis: Vec<&str> = apis.split(',').collect();
+    let keys: usize = keys.parse().expect("keys");
+    let me = std::process::id();
+    let token = if me.is_multiple_of(2) {
+        TOKEN_A
+    } else {
+        TOKEN_B
+    };
+    let mut order: Vec<usize> = (0..keys).collect();
+    fastrand::shuffle(&mut order);
+    for (n, k) in order.into_iter().enumerate() {
+        let api = apis[n % apis.len()];
+        let key = format!("create order {k}");
+        let body =
+            json!({"key": key, "wait_ms": 10_000, "lease_ms": 10_000, "payload": "order body"});
+        let (status, claimed) = call(api, token, "claim", body).await;
+        assert_eq!(status, 200, "{claimed}");
+        let seen = match claimed["state"].as_str() {
+            Some("acquired") => {
+                use std::io::Write;
+                let mut file = std::fs::OpenOptions::new()
+                    .append(true)
+                    .create(true)
+                    .open(&effects)
+                    .expect("effects");
+                writeln!(file, "{key}").expect("effect");
+                let result = json!({"order": k, "by": me});
+                let done = json!({"key": key, "lease": claimed["lease"], "result": result});
+                let (status, answer) = call(api, token, "complete", done).await;
+                assert_eq!(status, 200, "{answer}");
+                json!({"key": key, "acquired": true, "result": result})
+            }
+            Some("done") => json!({"key": key, "acquired": false, "result": claimed["result"]}),
+            other => panic!("{key}: {other:?} {claimed}"),
+        };
+        println!("WORKER {seen}");
+    }
+}
+
+/// Starts `workers` worker processes against `apis` and checks that each key was acquired
+/// once, applied once, and that everyone else got the acquirer's result.
+async fn race(apis: &[String], workers: usize, keys: usize, dir: &Path) {
+    let effects = dir.join("effects.txt");
+    let children: Vec<_> = (0..workers)
+        .map(|_| {
+            support::oncegate(); // the binary is built; the worker is this test binary
+            std::process::Command::new(std::env::current_exe().expect("test binary"))
+                .args([
+                    "--exact",
+                    "keys_worker",
+                    "--nocapture",
+                    "--test-threads",
+                    "1",
+                ])
+                .env("KEYS_WORKER_APIS", apis.join(","))
+                .env("KEYS_WORKER_KEYS", keys.to_string())
+                .env("KEYS_WORKER_EFFECTS", &effects)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("worker")
+        })
+        .collect();
+    let mut seen: Vec<Value> = Vec::new();
+    for child in children {
+        let output = tokio::task::spawn_blocking(move || child.wait_with_output())
+            .await
+            .expect("join")
+            .expect("worker ran");
+        let text = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert!(
+            output.status.success(),
+            "worker: {text} {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        seen.extend(
+            text.lines()
+                // libtest may print its own words before the first line.
+                .filter_map(|l| l.split_once("WORKER ").map(|(_, seen)| seen))
+                .map(|l| serde_json::from_str::<Value>(l).expect("json")),
+        );
+    }
+    assert_eq!(seen.len(), workers * keys, "every worker saw every key");
+    let mut acquired: HashMap<String, Value> = HashMap::new();
+    for line in seen.iter().filter(|l| l["acquired"] == true) {
+        let key = line["key"].as_str().expect("key").to_owned();
+        assert!(
+            acquired
+                .insert(key.clone(), line["result"].clone())
+                .is_none(),
+            "{key} acquired twice"
+        );
+    }
+    assert_eq!(acquired.len(), keys, "each key acquired once");
+    for line in seen.iter().filter(|l| l["acquired"] == false) {
+        assert_eq!(
+            line["result"],
+            acquired[line["key"].as_str().expect("key")],
+            "the stored result"
+        );
+    }
+    let effects = std::fs::read_to_string(effects).expect("effects");
+    let mut applied: HashMap<&str, usize> = HashMap::new();
+    for line in effects.lines() {
+        *applied.entry(line).or_default() += 1;
+    }
+    assert_eq!(applied.len(), keys);
+    assert!(applied.values().all(|n| *n == 1), "each side effect once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_processes_acquire_each_key_once_and_the_rest_get_its_result() {
+    let dir = tempfile::tempdir().expect("dir");
+    let store = format!(
+        "backend = \"embedded\"\npath = \"{}\"",
+        dir.path().join("store").display()
+    );
+    let gateway = Serve::start_with(dir.path(), &config(&store));
+    let api = gateway.api.clone().expect("an api listener");
+    race(&[api], 6, 40, dir.path()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_on_one_redis_share_the_keys() {
+    let Ok(url) = std::env::var("ONCEGATE_TEST_REDIS_URL") else {
+        panic!("ONCEGATE_TEST_REDIS_URL is not set: run scripts/test, which starts redis-server")
+    };
+    let store = format!(
+        "backend = \"redis\"\nurl = \"{url}\"\nprefix = \"keys{}\"\npartitions = 4",
+        fastrand::u32(..)
+    );
+    let (a, b) = (
+        tempfile::tempdir().expect("dir"),
+        tempfile::tempdir().expect("dir"),
+    );
+    let first = Serve::start_with(a.path(), &config(&store));
+    let second = Serve::start_with(b.path(), &config(&store));
+    let apis = [
+        first.api.clone().expect("api"),
+        second.api.clone().expect("api"),
+    ];
+    race(&apis, 6, 30, a.path()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_conflicts_namespaces_and_refusals() {
+    let dir = tempfile::tempdir().expect("dir");
+    let gateway = Serve::start_with(dir.path(), &config("backend = \"memory\""));
+    let api = gateway.api.clone().expect("api");
+    // A short lease runs out; another caller takes the key; the first one's completion is fenced.
+    let claim = json!({"key": "refund 7", "lease_ms": 150, "payload": "p"});
+    let (_, first) = call(&api, TOKEN_A, "claim", claim.clone()).await;
+    assert_eq!(first["state"], "acquired", "{first}");
+    let (status, busy) = call(&api, TOKEN_B, "claim", claim.clone()).await;
+    assert_eq!(
+        (status, busy["state"].as_str()),
+        (409, Some("in_flight")),
+        "{busy}"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (_, second) = call(&api, TOKEN_B, "claim", claim.clone()).await;
+    assert_eq!(second["state"], "acquired", "{second}");
+    let late = json!({"key": "refund 7", "lease": first["lease"], "result": {"by": "first"}});
+    let (status, fenced) = call(&api, TOKEN_A, "complete", late).await;
+    assert_eq!(
+        (status, fenced["state"].as_str()),
+        (409, Some("fenced")),
+        "{fenced}"
+    );
+    let renewed = json!({"key": "refund 7", "lease": second["lease"], "lease_ms": 5000});
+    let (status, _) = call(&api, TOKEN_B, "renew", renewed).await;
+    assert_eq!(status, 200);
+    let done = json!({"key": "refund 7", "lease": second["lease"], "result": {"by": "second"}});
+    assert_eq!(call(&api, TOKEN_B, "complete", done).await.0, 200);
+    let (_, stored) = call(&api, TOKEN_A, "claim", claim.clone()).await;
+    assert_eq!(stored, json!({"state": "done", "result": {"by": "second"}}));
+    // The same key for another payload: a conflict, never the other payload's result.
+    let other = json!({"key": "refund 7", "payload": "another body"});
+    let (status, conflict) = call(&api, TOKEN_A, "claim", other).await;
+    assert_eq!(
+        (status, conflict["state"].as_str()),
+        (409, Some("conflict")),
+        "{conflict}"
+    );
+    // Another namespace has keys of its own.
+    let (_, elsewhere) = call(&api, TOKEN_OTHER, "claim", claim.clone()).await;
+    assert_eq!(elsewhere["state"], "acquired", "{elsewhere}");
+    // Released, the key is free again.
+    let release = json!({"key": "refund 7", "lease": elsewhere["lease"]});
+    assert_eq!(call(&api, TOKEN_OTHER, "release", release).await.0, 200);
+    let (_, again) = call(&api, TOKEN_OTHER, "claim", claim.clone()).await;
+    assert_eq!(again["state"], "acquired");
+    // Refusals.
+    assert_eq!(
+        call(&api, "wrong token", "claim", claim.clone()).await.0,
+        401
+    );
+    let response = client()
+        .post(format!("{api}/keys/claim"))
+        .json(&claim)
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(response.status().as_u16(), 401, "no token");
+    let (status, bad) = call(&api, TOKEN_A, "claim", json!({"key": ""})).await;
+    assert_eq!(status, 400, "{bad}");
+    let (status, bad) = call(&api, TOKEN_A, "claim", json!({"key": "x".repeat(600)})).await;
+    assert_eq!(status, 400, "{bad}");
+    let (status, bad) = call(
+        &api,
+        TOKEN_A,
+        "complete",
+        json!({"key": "k", "lease": "not a lease"}),
+    )
+    .await;
+    assert_eq!(status, 400, "{bad}");
+    let (status, bad) = call(&api, TOKEN_A, "claim", json!({"key": "k", "typo": 1})).await;
+    assert!(
+        status == 400 && bad["error"].as_str().is_some_and(|e| e.contains("typo")),
+        "{bad}"
+    );
+    let huge = json!({"key": "big", "lease": "1", "result": "x".repeat(70_000)});
+    assert_eq!(call(&api, TOKEN_A, "complete", huge).await.0, 413);
+    // Without callers there is no API at all.
+    let bare = tempfile::tempdir().expect("dir");
+    let plain = "[store]\nbackend = \"memory\"\n[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n";
+    let without = Serve::start_with(bare.path(), plain);
+    assert!(without.api.is_none(), "never open by default");
+}

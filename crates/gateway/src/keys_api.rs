@@ -1,0 +1,370 @@
+//! `/keys`: the claim protocol over HTTP, so that a handler in any language makes its own side
+//! effects once ("create order 42"). Claim a key (acquired with a lease, in flight until, or
+//! done with the stored result), renew, complete with a result, release — each fenced by the
+//! lease's token. Every caller authenticates with its own token; callers of one namespace
+//! share keys.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use oncegate_core::{FenceCheck, FencingToken, Fingerprint, KeyHash, Lease, Store, key_for};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use crate::Shared;
+use crate::once::{self, Claimed, Claiming};
+
+/// The largest request: a key, a lease and a result.
+const BODY_LIMIT: usize = 256 * 1024;
+/// The largest key, in bytes.
+const KEY_LIMIT: usize = 512;
+/// The largest stored result, in bytes.
+const RESULT_LIMIT: usize = 64 * 1024;
+/// A claim's lease when the caller names none.
+const DEFAULT_LEASE: Duration = Duration::from_secs(60);
+
+/// One caller of the API, its token kept as a digest (compared in constant time, no length
+/// told).
+pub(crate) struct Caller {
+    pub(crate) name: String,
+    pub(crate) namespace: String,
+    digest: [u8; 32],
+}
+
+impl Caller {
+    /// A caller named `name` with `token`.
+    pub(crate) fn new(name: &str, namespace: &str, token: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            namespace: namespace.to_owned(),
+            digest: Sha256::digest(token.as_bytes()).into(),
+        }
+    }
+}
+
+/// The API's limits.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct KeyLimits {
+    pub(crate) max_lease: Duration,
+    pub(crate) max_wait: Duration,
+}
+
+impl Default for KeyLimits {
+    fn default() -> Self {
+        let config = oncegate_config::ApiConfig::default();
+        Self {
+            max_lease: config.max_lease,
+            max_wait: config.max_wait,
+        }
+    }
+}
+
+pub(crate) fn router<S: Store>(shared: Arc<Shared<S>>) -> Router {
+    Router::new()
+        .route("/keys/claim", post(claim::<S>))
+        .route("/keys/renew", post(renew::<S>))
+        .route("/keys/complete", post(complete::<S>))
+        .route("/keys/release", post(release::<S>))
+        .fallback(|| async {
+            refused(
+                StatusCode::NOT_FOUND,
+                "POST /keys/claim, /keys/renew, /keys/complete or /keys/release",
+            )
+        })
+        .layer(axum::extract::DefaultBodyLimit::max(BODY_LIMIT))
+        .with_state(shared)
+}
+
+fn answer(status: StatusCode, body: Value) -> Response {
+    (status, axum::Json(body)).into_response()
+}
+
+/// A refused call: its status and what was wrong.
+struct Refused(StatusCode, String);
+
+impl IntoResponse for Refused {
+    fn into_response(self) -> Response {
+        answer(self.0, json!({ "error": self.1 }))
+    }
+}
+
+fn refused(status: StatusCode, message: impl Into<String>) -> Refused {
+    Refused(status, message.into())
+}
+
+/// `oncegate_keys_total{caller,op,outcome}`: callers are configured, so the labels are bounded.
+fn count(caller: &str, op: &'static str, outcome: &'static str) {
+    metrics::counter!("oncegate_keys_total", "caller" => caller.to_owned(), "op" => op, "outcome" => outcome)
+        .increment(1);
+}
+
+/// The caller the bearer token names.
+fn caller<'a, S>(shared: &'a Shared<S>, headers: &HeaderMap) -> Result<&'a Caller, Refused> {
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| Sha256::digest(token.trim().as_bytes()));
+    let found = given.and_then(|given| {
+        shared
+            .api_callers
+            .iter()
+            .find(|caller| bool::from(caller.digest.as_slice().ct_eq(given.as_slice())))
+    });
+    found.ok_or_else(|| {
+        count("unknown", "auth", "refused");
+        refused(
+            StatusCode::UNAUTHORIZED,
+            "send Authorization: Bearer <token> of an [[api.caller]]",
+        )
+    })
+}
+
+/// The request's fields, or a 400 that says which is wrong.
+fn parse<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T, Refused> {
+    serde_json::from_slice(body).map_err(|error| {
+        refused(
+            StatusCode::BAD_REQUEST,
+            format!("the body is not the JSON this call takes: {error}"),
+        )
+    })
+}
+
+/// The key's hash in the caller's namespace, and its partition.
+fn key_of<S: Store>(
+    shared: &Shared<S>,
+    caller: &Caller,
+    key: &str,
+) -> Result<(KeyHash, u16), Refused> {
+    if key.is_empty() || key.len() > KEY_LIMIT {
+        return Err(refused(
+            StatusCode::BAD_REQUEST,
+            format!("key must be 1 to {KEY_LIMIT} bytes"),
+        ));
+    }
+    let hash = key_for("api", &caller.namespace, "business_key", key);
+    Ok((hash, hash.home(shared.store.partitions())))
+}
+
+fn unavailable(caller: &Caller, error: &dyn std::fmt::Display) -> Response {
+    count(&caller.name, "store", "unavailable");
+    refused(
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!("the store cannot answer: {error}; nothing changed, retry"),
+    )
+    .into_response()
+}
+
+/// The lease a caller hands back: its token (a string: JavaScript numbers lose its bits).
+fn lease_of(text: &str, key: KeyHash, partition: u16) -> Result<Lease, Refused> {
+    let token = text.trim().parse::<u64>().map_err(|_| {
+        refused(
+            StatusCode::BAD_REQUEST,
+            "lease must be the string a claim answered with",
+        )
+    })?;
+    Ok(Lease {
+        key,
+        partition,
+        token: FencingToken(token),
+        until_ms: 0,
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ClaimRequest {
+    key: String,
+    lease_ms: Option<u64>,
+    wait_ms: Option<u64>,
+    /// Anything that identifies the request's payload (its body, a digest of it): a later
+    /// claim with another one is a conflict.
+    payload: Option<String>,
+}
+
+async fn claim<S: Store>(
+    State(shared): State<Arc<Shared<S>>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let caller = match caller(&shared, &headers) {
+        Ok(caller) => caller,
+        Err(denied) => return denied.into_response(),
+    };
+    let request: ClaimRequest = match parse(&body) {
+        Ok(request) => request,
+        Err(bad) => return bad.into_response(),
+    };
+    let (key, partition) = match key_of(&shared, caller, &request.key) {
+        Ok(key) => key,
+        Err(bad) => return bad.into_response(),
+    };
+    let limits = shared.key_limits;
+    let lease = request
+        .lease_ms
+        .map_or(DEFAULT_LEASE, Duration::from_millis)
+        .clamp(Duration::from_millis(100), limits.max_lease);
+    let wait = request
+        .wait_ms
+        .map_or(Duration::ZERO, Duration::from_millis)
+        .min(limits.max_wait);
+    let claiming = Claiming {
+        key: &key,
+        partition,
+        lease,
+        fingerprint: request
+            .payload
+            .as_deref()
+            .map(|p| Fingerprint::of(p.as_bytes())),
+    };
+    match once::claim_or_wait(&shared.store, claiming, wait).await {
+        Ok(Claimed::Run(lease)) => {
+            count(&caller.name, "claim", "acquired");
+            answer(
+                StatusCode::OK,
+                json!({"state": "acquired", "lease": lease.token.0.to_string(), "until_ms": lease.until_ms}),
+            )
+        }
+        Ok(Claimed::Done(result)) => {
+            count(&caller.name, "claim", "done");
+            let result = result
+                .and_then(|bytes| serde_json::from_slice::<Value>(&bytes).ok())
+                .unwrap_or(Value::Null);
+            answer(StatusCode::OK, json!({"state": "done", "result": result}))
+        }
+        Ok(Claimed::InFlight { until_ms }) => {
+            count(&caller.name, "claim", "in_flight");
+            let retry_secs = until_ms
+                .saturating_sub(shared.now_ms())
+                .div_ceil(1000)
+                .max(1);
+            (
+                StatusCode::CONFLICT,
+                [(header::RETRY_AFTER, retry_secs.to_string())],
+                axum::Json(json!({"state": "in_flight", "until_ms": until_ms})),
+            )
+                .into_response()
+        }
+        Ok(Claimed::Conflict) => {
+            count(&caller.name, "claim", "conflict");
+            answer(
+                StatusCode::CONFLICT,
+                json!({"state": "conflict", "error": "this key was claimed for another payload"}),
+            )
+        }
+        Err(error) => unavailable(caller, &error),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LeaseRequest {
+    key: String,
+    lease: String,
+    lease_ms: Option<u64>,
+    result: Option<Value>,
+}
+
+/// What a fenced call answers.
+fn fenced(caller: &Caller, op: &'static str, check: FenceCheck, done: Value) -> Response {
+    match check {
+        FenceCheck::Accepted => {
+            count(&caller.name, op, "accepted");
+            answer(StatusCode::OK, done)
+        }
+        FenceCheck::Rejected => {
+            count(&caller.name, op, "fenced");
+            answer(
+                StatusCode::CONFLICT,
+                json!({"state": "fenced", "error": "this lease is not the key's current one (it ran out and was taken, or the key is settled): do not apply the side effect's result"}),
+            )
+        }
+    }
+}
+
+/// Parses a call on a held lease: the caller, the request and the lease.
+fn held<'a, S: Store>(
+    shared: &'a Shared<S>,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<(&'a Caller, LeaseRequest, Lease), Refused> {
+    let caller = caller(shared, headers)?;
+    let request: LeaseRequest = parse(body)?;
+    let (key, partition) = key_of(shared, caller, &request.key)?;
+    let lease = lease_of(&request.lease, key, partition)?;
+    Ok((caller, request, lease))
+}
+
+async fn renew<S: Store>(
+    State(shared): State<Arc<Shared<S>>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let (caller, request, lease) = match held(&shared, &headers, &body) {
+        Ok(held) => held,
+        Err(bad) => return bad.into_response(),
+    };
+    let extend = request
+        .lease_ms
+        .map_or(DEFAULT_LEASE, Duration::from_millis)
+        .clamp(Duration::from_millis(100), shared.key_limits.max_lease);
+    match shared.store.renew(&lease, extend).await {
+        Ok(check) => {
+            let until_ms = shared.now_ms() + oncegate_core::store::millis(extend);
+            fenced(
+                caller,
+                "renew",
+                check,
+                json!({"state": "renewed", "until_ms": until_ms}),
+            )
+        }
+        Err(error) => unavailable(caller, &error),
+    }
+}
+
+async fn complete<S: Store>(
+    State(shared): State<Arc<Shared<S>>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let (caller, request, lease) = match held(&shared, &headers, &body) {
+        Ok(held) => held,
+        Err(bad) => return bad.into_response(),
+    };
+    let result = request.result.map(|value| value.to_string().into_bytes());
+    if result.as_ref().is_some_and(|r| r.len() > RESULT_LIMIT) {
+        return refused(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("result larger than {RESULT_LIMIT} bytes: store a reference to it instead"),
+        )
+        .into_response();
+    }
+    match once::complete(&shared, &lease, result.map(bytes::Bytes::from)).await {
+        Ok(check) => fenced(caller, "complete", check, json!({"state": "done"})),
+        Err(error) => unavailable(caller, &error),
+    }
+}
+
+async fn release<S: Store>(
+    State(shared): State<Arc<Shared<S>>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let (caller, _, lease) = match held(&shared, &headers, &body) {
+        Ok(held) => held,
+        Err(bad) => return bad.into_response(),
+    };
+    match shared.store.release(&lease).await {
+        Ok(check) => fenced(caller, "release", check, json!({"state": "released"})),
+        Err(error) => unavailable(caller, &error),
+    }
+}
