@@ -82,6 +82,8 @@ macro_rules! contract_suite {
             queue_dead_letters_keep_the_reason,
             queue_unknown_ids_are_refused,
             watermarks_only_move_up_and_expire,
+            rates_grant_a_burst_then_the_sustained_rate,
+            racing_takers_never_exceed_the_budget,
             lookups_and_stats_for_operators,
             racing_admits_admit_once,
             racing_claims_grant_one_live_lease,

@@ -8,6 +8,7 @@ pub mod event;
 pub mod key;
 pub mod passthrough;
 pub mod queue_index;
+pub mod rates;
 pub mod record;
 pub mod redact;
 pub mod replay;
@@ -19,6 +20,7 @@ pub mod transition;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use event::Event;
 pub use key::{KeyHash, key_for};
+pub use rates::{Rate, RateVerdict};
 pub use record::{
     Admission, Claim, DeadLetter, Delivery, FenceCheck, FencingToken, Fingerprint, Lease, Nonce,
     QueueId, Record, RecordState, StoreStats, WatermarkOutcome,
@@ -27,4 +29,4 @@ pub use source::{
     Accepted, Admit, Callback, Decoded, Headers, Inlet, Keys, Method, Refusal, RefusalKind, Reply,
     SealedRequest, Sealer, Stamp, SyntheticMembership, SyntheticMessage, Versions, WebhookSource,
 };
-pub use store::{DedupStore, EventQueue, Store, StoreError, WatermarkStore};
+pub use store::{DedupStore, EventQueue, RateStore, Store, StoreError, WatermarkStore};

@@ -201,10 +201,21 @@ pub trait WatermarkStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<WatermarkOutcome, StoreError>> + Send;
 }
 
-/// A complete backend.
-pub trait Store: DedupStore + EventQueue + WatermarkStore {}
+/// Rate budgets by bucket (an app, a chat, a user): shared by every gateway of a shared store,
+/// process-local in the others (`rates::LocalRates`).
+pub trait RateStore: Send + Sync + 'static {
+    /// Takes one call from `bucket` under `rate`, or says how long to wait (nothing taken).
+    fn take_rate(
+        &self,
+        bucket: &KeyHash,
+        rate: crate::rates::Rate,
+    ) -> impl Future<Output = Result<crate::rates::RateVerdict, StoreError>> + Send;
+}
 
-impl<T: DedupStore + EventQueue + WatermarkStore> Store for T {}
+/// A complete backend.
+pub trait Store: DedupStore + EventQueue + WatermarkStore + RateStore {}
+
+impl<T: DedupStore + EventQueue + WatermarkStore + RateStore> Store for T {}
 
 /// The check every backend's `admit` starts with: at least one key.
 pub fn require_keys(keys: &[KeyHash]) -> Result<(), StoreError> {

@@ -161,6 +161,8 @@ pub(crate) fn unavailable(error: impl std::fmt::Display) -> StoreError {
 pub struct EmbeddedStore<C: Clock = SystemClock> {
     shared: Arc<Shared>,
     clock: C,
+    /// Rate buckets: the file is locked to one process, so they live in it.
+    rates: oncegate_core::rates::LocalRates,
     commands: Option<mpsc::Sender<Command>>,
     writer: Option<JoinHandle<()>>,
     /// What must live as long as the store (a temporary folder).
@@ -320,5 +322,18 @@ impl<C: Clock + Clone> WatermarkStore for EmbeddedStore<C> {
             reply,
         })
         .await
+    }
+}
+
+impl<C: Clock> oncegate_core::RateStore for EmbeddedStore<C> {
+    async fn take_rate(
+        &self,
+        bucket: &KeyHash,
+        rate: oncegate_core::Rate,
+    ) -> Result<oncegate_core::RateVerdict, StoreError> {
+        // One gateway owns this store: its buckets live in its process.
+        Ok(self
+            .rates
+            .take(bucket, rate, self.clock.now_ms().saturating_mul(1000)))
     }
 }

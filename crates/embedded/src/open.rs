@@ -127,6 +127,7 @@ impl<C: Clock + Clone> EmbeddedStore<C> {
         Ok(Self {
             shared,
             clock,
+            rates: oncegate_core::rates::LocalRates::default(),
             commands: Some(commands),
             writer: Some(writer),
             _keep: keep,

@@ -106,6 +106,16 @@ impl WatermarkStore for Switchable {
     }
 }
 
+impl oncegate_core::RateStore for Switchable {
+    async fn take_rate(
+        &self,
+        bucket: &KeyHash,
+        rate: oncegate_core::Rate,
+    ) -> Result<oncegate_core::RateVerdict, StoreError> {
+        self.inner.take_rate(bucket, rate).await
+    }
+}
+
 /// A gateway serving and dispatching on loopback, until `shutdown`.
 struct Running {
     webhooks: String,

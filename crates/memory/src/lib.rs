@@ -63,6 +63,7 @@ pub struct MemoryStore<C: Clock = SystemClock> {
     dead_letters: Mutex<VecDeque<DeadLetter>>,
     next_token: AtomicU64,
     evicted_early: AtomicU64,
+    rates: oncegate_core::rates::LocalRates,
 }
 
 /// Takes a lock even if a holder panicked: every critical section leaves the data consistent
@@ -106,6 +107,7 @@ impl<C: Clock> MemoryStore<C> {
             next_token: AtomicU64::new(FencingToken::compose(run, 1).0),
             evicted_early: AtomicU64::new(0),
             clock,
+            rates: oncegate_core::rates::LocalRates::default(),
         }
     }
 
@@ -420,5 +422,18 @@ impl<C: Clock> WatermarkStore for MemoryStore<C> {
             }
         }
         Ok(outcome)
+    }
+}
+
+impl<C: Clock> oncegate_core::RateStore for MemoryStore<C> {
+    async fn take_rate(
+        &self,
+        bucket: &KeyHash,
+        rate: oncegate_core::Rate,
+    ) -> Result<oncegate_core::RateVerdict, StoreError> {
+        // One gateway owns this store: its buckets live in its process.
+        Ok(self
+            .rates
+            .take(bucket, rate, self.clock.now_ms().saturating_mul(1000)))
     }
 }

@@ -28,8 +28,8 @@ use oncegate_core::queue_index::PartitionIndex;
 use oncegate_core::store::millis;
 use oncegate_core::{
     Admission, Claim, Clock, DeadLetter, DedupStore, Delivery, Event, EventQueue, FenceCheck,
-    FencingToken, Fingerprint, KeyHash, Lease, Nonce, QueueId, Record, RecordState, StoreError,
-    StoreStats, SystemClock, WatermarkOutcome, WatermarkStore,
+    FencingToken, Fingerprint, KeyHash, Lease, Nonce, QueueId, Rate, RateStore, RateVerdict,
+    Record, RecordState, StoreError, StoreStats, SystemClock, WatermarkOutcome, WatermarkStore,
 };
 use redis::{Script, Value};
 use serde::{Deserialize, Serialize};
@@ -70,6 +70,7 @@ struct Scripts {
     claim: Script,
     fence: Script,
     watermark: Script,
+    rate: Script,
     dead_letter: Script,
     own: Script,
     complete_ack: Script,
@@ -205,6 +206,7 @@ impl<C: Clock> RedisStore<C> {
                     claim: Script::new(include_str!("../lua/claim.lua")),
                     fence: Script::new(include_str!("../lua/fence.lua")),
                     watermark: Script::new(include_str!("../lua/watermark.lua")),
+                    rate: Script::new(include_str!("../lua/rate.lua")),
                     dead_letter: Script::new(include_str!("../lua/dead_letter.lua")),
                     own: Script::new(include_str!("../lua/own.lua")),
                     complete_ack: Script::new(include_str!("../lua/complete_ack.lua")),

@@ -291,3 +291,46 @@ fn an_entry_read_for_the_owner_whose_answer_was_lost_is_still_handed_out() {
         );
     });
 }
+
+/// Three stores on one Redis (three gateways) take from one WeCom member's budget at once:
+/// together they get the budget once, not once each.
+#[test]
+fn stores_on_one_redis_share_rate_budgets() {
+    use oncegate_core::{Rate, RateStore, RateVerdict};
+    let prefix = format!("rate{}", std::process::id());
+    let stores: Vec<RedisStore> = (0..3)
+        .map(|_| RedisStore::connect_with_clock(config(&prefix), SystemClock).expect("connect"))
+        .collect();
+    let rate = Rate::per_minute(30, 10);
+    for round in 0..10 {
+        let bucket = key_for("wecom", "ww_rates", "member", &format!("m{round}"));
+        let granted: usize = std::thread::scope(|scope| {
+            let takers: Vec<_> = stores
+                .iter()
+                .map(|store| {
+                    scope.spawn(move || {
+                        block_on(async {
+                            let mut granted = 0;
+                            for _ in 0..8 {
+                                match store.take_rate(&bucket, rate).await.expect("take") {
+                                    RateVerdict::Granted => granted += 1,
+                                    RateVerdict::Wait(wait) => {
+                                        // About one emission interval (2 s), less what passed.
+                                        assert!(wait <= Duration::from_secs(2), "{wait:?}");
+                                    }
+                                }
+                            }
+                            granted
+                        })
+                    })
+                })
+                .collect();
+            takers.into_iter().map(|t| t.join().expect("taker")).sum()
+        });
+        // The burst, plus at most one more if the round straddled an emission interval.
+        assert!(
+            (10..=11).contains(&granted),
+            "round {round}: {granted} granted"
+        );
+    }
+}

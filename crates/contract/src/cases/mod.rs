@@ -6,6 +6,7 @@ mod fingerprint;
 mod operators;
 mod queue;
 mod races;
+mod rates;
 
 pub use admit::*;
 pub use claim::*;
@@ -13,6 +14,7 @@ pub use fingerprint::*;
 pub use operators::*;
 pub use queue::*;
 pub use races::*;
+pub use rates::*;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Barrier, Mutex};
