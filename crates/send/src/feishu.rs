@@ -1,0 +1,252 @@
+//! The Feishu/Lark open API: `tenant_access_token` shared by all callers, and message sends
+//! and replies that carry a `uuid`, so that a repeat within Feishu's hour sends once even if
+//! oncegate itself lost track.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::SendError;
+use crate::token::TokenCache;
+
+/// Feishu's answers that no retry changes: a receiver the bot cannot reach, a card older than
+/// 14 days, a streaming card that expired, and the like.
+const PERMANENT: &[i64] = &[
+    230001, 230002, 230006, 230011, 230013, 230017, 230018, 230031, 230099, 200850, 99991672,
+];
+/// "request trigger frequency limit" (HTTP 429), and the message API's own limit (HTTP 400).
+const RATE_LIMITED: &[i64] = &[99991400, 230020];
+/// The token is not (or no longer) valid.
+const BAD_TOKEN: &[i64] = &[99991663, 99991671, 99991661];
+/// The largest answer read from Feishu.
+const MAX_ANSWER: usize = 1 << 20;
+
+/// One message to send, or to send as a reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    /// `chat_id`, `open_id`, `user_id`, `union_id` or `email`.
+    pub receive_id_type: String,
+    /// Who receives it (for a reply: ignored).
+    pub receive_id: String,
+    /// `text`, `post`, `interactive`, …
+    pub msg_type: String,
+    /// The content document, as Feishu takes it: a JSON string.
+    pub content: String,
+    /// Reply to this message instead of sending to `receive_id`.
+    pub reply_to: Option<String>,
+    /// Feishu's idempotency key (at most 50 characters): the same for every retry.
+    pub uuid: String,
+}
+
+/// One app's client.
+pub struct FeishuApi {
+    http: reqwest::Client,
+    domain: String,
+    app_id: String,
+    app_secret: String,
+    token: TokenCache,
+}
+
+impl std::fmt::Debug for FeishuApi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FeishuApi")
+            .field("domain", &self.domain)
+            .field("app_id", &self.app_id)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Deserialize)]
+struct TokenAnswer {
+    code: i64,
+    #[serde(default)]
+    msg: String,
+    tenant_access_token: Option<String>,
+    expire: Option<u64>,
+}
+
+impl FeishuApi {
+    /// A client of `domain` (`https://open.feishu.cn`, `https://open.larksuite.com`, or a
+    /// local server) for one app; every call is bounded by `timeout`.
+    pub fn new(
+        domain: &str,
+        app_id: &str,
+        app_secret: &str,
+        timeout: Duration,
+    ) -> Result<Self, SendError> {
+        if app_secret.trim().is_empty() {
+            return Err(SendError::Permanent {
+                code: 0,
+                message: "the app secret is empty".into(),
+            });
+        }
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(timeout.min(Duration::from_secs(5)))
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|error| SendError::Transient(error.to_string()))?;
+        Ok(Self {
+            http,
+            domain: domain.trim_end_matches('/').to_owned(),
+            app_id: app_id.to_owned(),
+            app_secret: app_secret.to_owned(),
+            token: TokenCache::default(),
+        })
+    }
+
+    async fn fetch_token(&self) -> Result<(String, Duration), SendError> {
+        let url = format!(
+            "{}/open-apis/auth/v3/tenant_access_token/internal",
+            self.domain
+        );
+        let sent = self
+            .http
+            .post(url)
+            .json(&json!({"app_id": self.app_id, "app_secret": self.app_secret}))
+            .send()
+            .await
+            .map_err(|error| SendError::Transient(format!("token: {}", error.without_url())))?;
+        let body = read(sent).await.map_err(|(_, error)| {
+            SendError::Transient(format!("token: {error}"))
+        })?;
+        let answer: TokenAnswer = serde_json::from_slice(&body)
+            .map_err(|error| SendError::Transient(format!("token answer: {error}")))?;
+        match (answer.code, answer.tenant_access_token, answer.expire) {
+            (0, Some(token), Some(expire)) if !token.is_empty() => {
+                Ok((token, Duration::from_secs(expire)))
+            }
+            (code, _, _) => Err(SendError::Permanent {
+                code,
+                message: format!(
+                    "tenant_access_token refused: {}; check app_id and app_secret",
+                    answer.msg.chars().take(200).collect::<String>()
+                ),
+            }),
+        }
+    }
+
+    /// Sends (or replies with) `message`; the platform's answer document on success.
+    pub async fn send(&self, message: &Message) -> Result<Value, SendError> {
+        // A token refused mid-way is fetched again once, and the send made once more.
+        for attempt in 0..2 {
+            let token = self.token.get(async || self.fetch_token().await).await?;
+            match self.send_with(&token, message).await {
+                Err(Refused::BadToken) if attempt == 0 => self.token.invalidate(&token).await,
+                Err(Refused::BadToken) => {
+                    return Err(SendError::Transient(
+                        "Feishu refused a freshly fetched token".into(),
+                    ));
+                }
+                Err(Refused::Send(error)) => return Err(error),
+                Ok(answer) => return Ok(answer),
+            }
+        }
+        Err(SendError::Transient("unreachable".into()))
+    }
+
+    async fn send_with(&self, token: &str, message: &Message) -> Result<Value, Refused> {
+        let (url, body) = match &message.reply_to {
+            Some(parent) => (
+                format!("{}/open-apis/im/v1/messages/{parent}/reply", self.domain),
+                json!({"content": message.content, "msg_type": message.msg_type, "uuid": message.uuid}),
+            ),
+            None => (
+                format!(
+                    "{}/open-apis/im/v1/messages?receive_id_type={}",
+                    self.domain, message.receive_id_type
+                ),
+                json!({
+                    "receive_id": message.receive_id, "msg_type": message.msg_type,
+                    "content": message.content, "uuid": message.uuid,
+                }),
+            ),
+        };
+        let sent = self
+            .http
+            .post(url)
+            .bearer_auth(token)
+            .json(&body)
+            .send()
+            .await
+            .map_err(|error| Refused::Send(classify_io(error)))?;
+        let status = sent.status().as_u16();
+        let reset = sent
+            .headers()
+            .get("x-ogw-ratelimit-reset")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        let body = read(sent)
+            .await
+            .map_err(|(unknown, error)| Refused::Send(if unknown {
+                SendError::Unknown(error)
+            } else {
+                SendError::Transient(error)
+            }))?;
+        let answer: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        let code = answer["code"].as_i64();
+        let message_text = answer["msg"].as_str().unwrap_or("").chars().take(200).collect::<String>();
+        match code {
+            Some(0) if (200..300).contains(&status) => Ok(answer),
+            Some(code) if BAD_TOKEN.contains(&code) => Err(Refused::BadToken),
+            Some(code) if RATE_LIMITED.contains(&code) || status == 429 => {
+                Err(Refused::Send(SendError::RetryAfter {
+                    after: Duration::from_secs(reset.unwrap_or(1).clamp(1, 3600)),
+                    code,
+                }))
+            }
+            None if status == 429 => Err(Refused::Send(SendError::RetryAfter {
+                after: Duration::from_secs(reset.unwrap_or(1).clamp(1, 3600)),
+                code: 0,
+            })),
+            Some(code) if PERMANENT.contains(&code) || (400..500).contains(&status) => {
+                Err(Refused::Send(SendError::Permanent {
+                    code,
+                    message: message_text,
+                }))
+            }
+            // A server error: Feishu did not send it (the uuid makes a retry safe either way).
+            code => Err(Refused::Send(SendError::Transient(format!(
+                "HTTP {status}, code {}: {message_text}",
+                code.map_or_else(|| "none".to_owned(), |c| c.to_string())
+            )))),
+        }
+    }
+}
+
+enum Refused {
+    BadToken,
+    Send(SendError),
+}
+
+/// A request error: before anything was sent (no connection) it is transient; once the
+/// request may have been written (a timeout, a reset), the outcome is unknown.
+fn classify_io(error: reqwest::Error) -> SendError {
+    let connect = error.is_connect();
+    let text = error.without_url().to_string();
+    if connect {
+        SendError::Transient(text)
+    } else {
+        SendError::Unknown(text)
+    }
+}
+
+/// The answer's body within its bound; an error says whether the request may have been taken
+/// (the body was cut off: unknown).
+async fn read(mut response: reqwest::Response) -> Result<Vec<u8>, (bool, String)> {
+    let mut body = Vec::new();
+    loop {
+        match response.chunk().await {
+            Ok(Some(chunk)) => {
+                if body.len() + chunk.len() > MAX_ANSWER {
+                    return Err((true, format!("answer larger than {MAX_ANSWER} bytes")));
+                }
+                body.extend_from_slice(&chunk);
+            }
+            Ok(None) => return Ok(body),
+            Err(error) => return Err((true, error.without_url().to_string())),
+        }
+    }
+}

@@ -1,0 +1,80 @@
+//! Acting once on the platforms: API clients that fetch one access token for all their callers,
+//! carry the platform's own idempotency key (Feishu's `uuid`) derived from the caller's, and
+//! class every failure by what a retry may do. Knows no store: the gateway adds the stored
+//! results and the rate budgets.
+//!
+//! [`local`] is a Feishu-like API server for tests: it enforces tokens, rate limits and uuid
+//! dedup, and counts what it really sent.
+
+pub mod feishu;
+/// A Feishu-like API server for tests.
+pub mod local;
+mod token;
+
+use std::time::Duration;
+
+pub use feishu::{FeishuApi, Message};
+
+/// Why a send did not go out (or may not have).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SendError {
+    /// The platform refused it for good (a bad receiver, a card too old to edit): a retry
+    /// gets the same answer, so none is made.
+    #[error("refused by the platform (code {code}): {message}")]
+    Permanent {
+        /// The platform's error code.
+        code: i64,
+        /// Its message.
+        message: String,
+    },
+    /// Over the platform's rate limit: wait this long, then send again with the same key.
+    #[error("rate limited by the platform (code {code}); retry after {after:?}")]
+    RetryAfter {
+        /// How long the platform asked to wait.
+        after: Duration,
+        /// The platform's error code.
+        code: i64,
+    },
+    /// The request may have reached the platform (a timeout, a reset connection): the message
+    /// may be out. Only a retry with the same key is safe.
+    #[error("outcome unknown: {0}; retry with the same idempotency key, never a new one")]
+    Unknown(String),
+    /// It failed before the platform took it (no connection, the platform's server error):
+    /// a retry with the same key is safe.
+    #[error("not sent: {0}")]
+    Transient(String),
+}
+
+impl SendError {
+    /// A short label for metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            SendError::Permanent { .. } => "permanent",
+            SendError::RetryAfter { .. } => "rate_limited",
+            SendError::Unknown(_) => "unknown_outcome",
+            SendError::Transient(_) => "transient",
+        }
+    }
+}
+
+/// The platform's idempotency key for a caller's key: the same for every retry, restart and
+/// gateway, at most 50 characters (Feishu's bound on `uuid`), and telling nothing of the key.
+pub fn platform_key(namespace: &str, idempotency_key: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(format!("{namespace}\n{idempotency_key}").as_bytes());
+    digest.iter().take(16).map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_platform_key_is_stable_short_and_per_namespace() {
+        let key = platform_key("shop", "order-42");
+        assert_eq!(key, platform_key("shop", "order-42"));
+        assert_eq!(key.len(), 32);
+        assert_ne!(key, platform_key("other", "order-42"));
+        assert_ne!(key, platform_key("shop", "order-43"));
+    }
+}

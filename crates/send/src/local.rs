@@ -1,0 +1,239 @@
+//! A Feishu-like open API on loopback, for tests: it issues `tenant_access_token`s and refuses
+//! stale ones (99991663), limits each receiver to Feishu's 5 messages per second (429, code
+//! 99991400, `x-ogw-ratelimit-reset`), sends a `uuid` once per hour, can answer slowly (a
+//! client's timeout after the message went out), and counts what it really sent.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use oncegate_core::rates::LocalRates;
+use oncegate_core::{KeyHash, Rate, RateVerdict};
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+
+/// One message the server really sent.
+#[derive(Debug, Clone)]
+pub struct Sent {
+    /// Its receiver (for a reply: the parent message).
+    pub receive_id: String,
+    /// The uuid it came with.
+    pub uuid: String,
+    /// Its content.
+    pub content: String,
+    /// When it was sent.
+    pub at: Instant,
+}
+
+#[derive(Default)]
+struct Inner {
+    token: Option<String>,
+    tokens_issued: u64,
+    by_uuid: HashMap<String, (String, Instant)>,
+    sent: Vec<Sent>,
+    delay: Option<Duration>,
+}
+
+struct Shared {
+    app_id: String,
+    app_secret: String,
+    lifetime: Duration,
+    rates: LocalRates,
+    started: Instant,
+    inner: Mutex<Inner>,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The server; it stops when dropped.
+pub struct LocalFeishuApi {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for LocalFeishuApi {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Feishu's limit on one receiver: 5 messages per second.
+pub const PER_RECEIVER: Rate = Rate::per_second(5);
+
+impl LocalFeishuApi {
+    /// Serves the API for app `app_id` with `app_secret`; tokens live `token_lifetime`.
+    pub async fn start(
+        app_id: &str,
+        app_secret: &str,
+        token_lifetime: Duration,
+    ) -> std::io::Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            app_id: app_id.to_owned(),
+            app_secret: app_secret.to_owned(),
+            lifetime: token_lifetime,
+            rates: LocalRates::default(),
+            started: Instant::now(),
+            inner: Mutex::new(Inner::default()),
+        });
+        let router = axum::Router::new()
+            .route(
+                "/open-apis/auth/v3/tenant_access_token/internal",
+                post(token),
+            )
+            .route("/open-apis/im/v1/messages", post(send))
+            .route("/open-apis/im/v1/messages/{parent}/reply", post(reply))
+            .with_state(shared.clone());
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, router).await;
+        });
+        Ok(Self { shared, addr, task })
+    }
+
+    /// The domain to configure.
+    pub fn domain(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Tokens issued so far.
+    pub fn tokens_issued(&self) -> u64 {
+        self.shared.lock().tokens_issued
+    }
+
+    /// Makes the current token invalid, as Feishu does when it runs out.
+    pub fn expire_token(&self) {
+        self.shared.lock().token = None;
+    }
+
+    /// Sends are answered only after this long from now on (a client may time out after the
+    /// message went out).
+    pub fn answer_after(&self, delay: Option<Duration>) {
+        self.shared.lock().delay = delay;
+    }
+
+    /// Every message really sent.
+    pub fn sent(&self) -> Vec<Sent> {
+        self.shared.lock().sent.clone()
+    }
+}
+
+fn answer(status: StatusCode, body: Value) -> Response {
+    (status, Json(body)).into_response()
+}
+
+async fn token(State(shared): State<Arc<Shared>>, Json(body): Json<Value>) -> Response {
+    if body["app_id"] != shared.app_id.as_str() || body["app_secret"] != shared.app_secret.as_str()
+    {
+        return answer(
+            StatusCode::OK,
+            json!({"code": 10014, "msg": "app secret invalid"}),
+        );
+    }
+    let mut inner = shared.lock();
+    inner.tokens_issued += 1;
+    let token = format!("t-local-{}", inner.tokens_issued);
+    inner.token = Some(token.clone());
+    answer(
+        StatusCode::OK,
+        json!({"code": 0, "msg": "ok", "tenant_access_token": token, "expire": shared.lifetime.as_secs()}),
+    )
+}
+
+async fn send(
+    State(shared): State<Arc<Shared>>,
+    Query(query): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> Response {
+    if !query.contains_key("receive_id_type") {
+        return answer(
+            StatusCode::BAD_REQUEST,
+            json!({"code": 99992402, "msg": "field validation failed: receive_id_type"}),
+        );
+    }
+    let receiver = body["receive_id"].as_str().unwrap_or_default().to_owned();
+    deliver(&shared, &headers, receiver, &body).await
+}
+
+async fn reply(
+    State(shared): State<Arc<Shared>>,
+    Path(parent): Path<String>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> Response {
+    deliver(&shared, &headers, parent, &body).await
+}
+
+async fn deliver(shared: &Shared, headers: &HeaderMap, receiver: String, body: &Value) -> Response {
+    let given = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let (answered, delay) = {
+        let mut inner = shared.lock();
+        if given.is_none() || given != inner.token.as_deref() {
+            return answer(
+                StatusCode::BAD_REQUEST,
+                json!({"code": 99991663, "msg": "Invalid access token for authorization"}),
+            );
+        }
+        if receiver.is_empty() {
+            return answer(
+                StatusCode::BAD_REQUEST,
+                json!({"code": 230001, "msg": "invalid receive_id"}),
+            );
+        }
+        let uuid = body["uuid"].as_str().unwrap_or_default().to_owned();
+        let now = Instant::now();
+        let known = inner
+            .by_uuid
+            .get(&uuid)
+            .filter(|(_, at)| !uuid.is_empty() && now.duration_since(*at) < Duration::from_secs(3600))
+            .map(|(id, _)| id.clone());
+        let message_id = match known {
+            Some(id) => id,
+            None => {
+                let bucket = KeyHash::of(&["local", &receiver]);
+                let now_us = now.duration_since(shared.started).as_micros() as u64;
+                if let RateVerdict::Wait(wait) = shared.rates.take(&bucket, PER_RECEIVER, now_us) {
+                    let reset = wait.as_secs_f64().ceil().max(1.0) as u64;
+                    return (
+                        StatusCode::TOO_MANY_REQUESTS,
+                        [("x-ogw-ratelimit-limit", "5".to_owned()), ("x-ogw-ratelimit-reset", reset.to_string())],
+                        Json(json!({"code": 99991400, "msg": "request trigger frequency limit"})),
+                    )
+                        .into_response();
+                }
+                let id = format!("om_local_{}", inner.sent.len() + 1);
+                inner.sent.push(Sent {
+                    receive_id: receiver.clone(),
+                    uuid: uuid.clone(),
+                    content: body["content"].as_str().unwrap_or_default().to_owned(),
+                    at: now,
+                });
+                if !uuid.is_empty() {
+                    inner.by_uuid.insert(uuid, (id.clone(), now));
+                }
+                id
+            }
+        };
+        let answered = json!({"code": 0, "msg": "success", "data": {"message_id": message_id, "chat_id": receiver}});
+        (answered, inner.delay)
+    };
+    if let Some(delay) = delay {
+        tokio::time::sleep(delay).await;
+    }
+    answer(StatusCode::OK, answered)
+}

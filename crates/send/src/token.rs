@@ -1,0 +1,53 @@
+//! An access token fetched once for every concurrent caller (single flight), kept until a few
+//! minutes before it runs out, and fetched again once when the platform says it is invalid.
+
+use std::time::{Duration, Instant};
+
+use tokio::sync::Mutex;
+
+/// How long before its end a token is replaced: the SDKs' three minutes.
+const REFRESH_AHEAD: Duration = Duration::from_secs(180);
+
+#[derive(Clone)]
+struct Held {
+    value: String,
+    until: Instant,
+}
+
+/// One app's token.
+#[derive(Default)]
+pub(crate) struct TokenCache {
+    held: Mutex<Option<Held>>,
+}
+
+impl TokenCache {
+    /// The current token, fetching one with `fetch` (value, lifetime) when there is none or
+    /// it runs out soon. Callers that come while one fetches wait for that fetch.
+    pub(crate) async fn get<F, E>(&self, fetch: F) -> Result<String, E>
+    where
+        F: AsyncFnOnce() -> Result<(String, Duration), E>,
+    {
+        let mut held = self.held.lock().await;
+        if let Some(token) = held.as_ref()
+            && Instant::now() + REFRESH_AHEAD < token.until
+        {
+            return Ok(token.value.clone());
+        }
+        let (value, lifetime) = fetch().await?;
+        metrics::counter!("oncegate_send_token_refreshes_total").increment(1);
+        *held = Some(Held {
+            value: value.clone(),
+            until: Instant::now() + lifetime,
+        });
+        Ok(value)
+    }
+
+    /// Forgets `value` if it is still the current token (the platform refused it): the next
+    /// `get` fetches a new one, once, however many callers saw the refusal.
+    pub(crate) async fn invalidate(&self, value: &str) {
+        let mut held = self.held.lock().await;
+        if held.as_ref().is_some_and(|token| token.value == value) {
+            *held = None;
+        }
+    }
+}
