@@ -54,9 +54,13 @@ pub struct ApiConfig {
     /// The longest lease a caller may take on a key.
     #[serde(with = "duration")]
     pub max_lease: Duration,
-    /// The longest a claim may wait for another holder's result.
+    /// The longest a claim may wait for another holder's result, and a send for its rate
+    /// budget.
     #[serde(with = "duration")]
     pub max_wait: Duration,
+    /// How long one call to a platform's API may take; past it the outcome is unknown.
+    #[serde(with = "duration")]
+    pub send_timeout: Duration,
     /// Who may call, each with a token of its own.
     #[serde(rename = "caller")]
     pub callers: Vec<CallerConfig>,
@@ -68,6 +72,7 @@ impl Default for ApiConfig {
             listen: "127.0.0.1:9191".into(),
             max_lease: Duration::from_secs(3600),
             max_wait: Duration::from_secs(30),
+            send_timeout: Duration::from_secs(10),
             callers: Vec::new(),
         }
     }

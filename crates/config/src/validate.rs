@@ -60,10 +60,11 @@ fn check_feishu_secrets(
         check_long_connection(report, i, name, feishu);
         return;
     }
+    // app_secret and domain also serve /send; only the connection's own settings are idle.
     for (field, set) in [
-        ("app_secret", feishu.app_secret.is_some()),
-        ("domain", feishu.domain.is_some()),
         ("pong_grace", feishu.pong_grace.is_some()),
+        ("connections", feishu.connections != 1),
+        ("instances", feishu.instances != crate::Instances::All),
     ] {
         if set {
             report(
@@ -1016,6 +1017,7 @@ mod tests {
         // A webhook source with long-connection settings is told they are not used.
         let settings = feishu_settings(&mut config);
         settings.transport = crate::Transport::Webhook;
+        settings.connections = 3;
         settings.verification_token = Some(Secret::Inline("t".into()));
         let warned: Vec<String> = validate(&config)
             .into_iter()
@@ -1023,8 +1025,12 @@ mod tests {
             .map(|p| p.setting)
             .collect();
         assert!(
-            warned.contains(&"source[0].app_secret".to_owned()),
+            warned.contains(&"source[0].connections".to_owned()),
             "{warned:?}"
+        );
+        assert!(
+            !warned.contains(&"source[0].app_secret".to_owned()),
+            "the app secret sends: {warned:?}"
         );
     }
 

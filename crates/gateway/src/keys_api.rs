@@ -69,6 +69,7 @@ impl Default for KeyLimits {
 
 pub(crate) fn router<S: Store>(shared: Arc<Shared<S>>) -> Router {
     Router::new()
+        .route("/send/{source}", post(crate::send_api::send::<S>))
         .route("/keys/claim", post(claim::<S>))
         .route("/keys/renew", post(renew::<S>))
         .route("/keys/complete", post(complete::<S>))
@@ -76,7 +77,7 @@ pub(crate) fn router<S: Store>(shared: Arc<Shared<S>>) -> Router {
         .fallback(|| async {
             refused(
                 StatusCode::NOT_FOUND,
-                "POST /keys/claim, /keys/renew, /keys/complete or /keys/release",
+                "POST /keys/claim, /keys/renew, /keys/complete, /keys/release or /send/<source>",
             )
         })
         .layer(axum::extract::DefaultBodyLimit::max(BODY_LIMIT))
@@ -88,7 +89,7 @@ fn answer(status: StatusCode, body: Value) -> Response {
 }
 
 /// A refused call: its status and what was wrong.
-struct Refused(StatusCode, String);
+pub(crate) struct Refused(pub(crate) StatusCode, pub(crate) String);
 
 impl IntoResponse for Refused {
     fn into_response(self) -> Response {
@@ -107,7 +108,10 @@ fn count(caller: &str, op: &'static str, outcome: &'static str) {
 }
 
 /// The caller the bearer token names.
-fn caller<'a, S>(shared: &'a Shared<S>, headers: &HeaderMap) -> Result<&'a Caller, Refused> {
+pub(crate) fn caller<'a, S>(
+    shared: &'a Shared<S>,
+    headers: &HeaderMap,
+) -> Result<&'a Caller, Refused> {
     let given = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())

@@ -12,6 +12,7 @@ mod keys_api;
 mod longconn;
 mod once;
 pub mod registry;
+mod send_api;
 mod server;
 pub mod sink;
 mod spooling;
@@ -170,6 +171,10 @@ pub(crate) struct Shared<S> {
     /// Who may call `/keys`, and its limits.
     pub(crate) api_callers: Vec<keys_api::Caller>,
     pub(crate) key_limits: keys_api::KeyLimits,
+    /// The apps `/send/<source>` can send as, by source name.
+    pub(crate) senders: HashMap<String, send_api::Sender>,
+    /// One platform API call's deadline.
+    pub(crate) send_timeout: Duration,
 }
 
 impl<S: Store> Shared<S> {
@@ -326,6 +331,8 @@ impl<S: Store> Gateway<S> {
                 long_sources: Vec::new(),
                 api_callers: Vec::new(),
                 key_limits: keys_api::KeyLimits::default(),
+                senders: HashMap::new(),
+                send_timeout: Duration::from_secs(10),
             }),
         }
     }
@@ -442,6 +449,12 @@ impl<S: Store> Gateway<S> {
             max_lease: config.api.max_lease,
             max_wait: config.api.max_wait,
         };
+        shared.send_timeout = config.api.send_timeout;
+        for source in &config.sources {
+            if let Some(sender) = registry::sender(source, config.api.send_timeout)? {
+                shared.senders.insert(source.name.clone(), sender);
+            }
+        }
         for route in &config.routes {
             let sink: SharedSink =
                 match route.sink {

@@ -117,17 +117,45 @@ pub(crate) fn long_connection(config: &SourceConfig) -> Result<LongSource, Gatew
     let encrypt_key = resolve(config, &settings.encrypt_key, "encrypt_key")?;
     let app = FeishuApp::new(cloud, &settings.app_id, encrypt_key, None)
         .map_err(|error| platform_error(config, error))?;
-    let domain = settings.domain.clone().unwrap_or_else(|| {
+    let mut connection =
+        oncegate_feishu_ws::Settings::new(&config.name, &domain(cloud, settings), &secret);
+    connection.connections = settings.connections;
+    connection.pong_grace = settings.pong_grace;
+    Ok(LongSource::new(app, connection, settings.instances))
+}
+
+/// The sending side of a configured Feishu or Lark app with an app secret: what
+/// `/send/<source>` sends as. Other sources cannot send yet (`None`).
+pub(crate) fn sender(
+    config: &SourceConfig,
+    timeout: std::time::Duration,
+) -> Result<Option<crate::send_api::Sender>, GatewayError> {
+    let (cloud, settings) = match &config.platform {
+        PlatformConfig::Feishu(settings) => (Cloud::Feishu, settings),
+        PlatformConfig::Lark(settings) => (Cloud::Lark, settings),
+        _ => return Ok(None),
+    };
+    let Some(secret) = resolve(config, &settings.app_secret, "app_secret")? else {
+        return Ok(None);
+    };
+    let api =
+        oncegate_send::FeishuApi::new(&domain(cloud, settings), &settings.app_id, &secret, timeout)
+            .map_err(|error| platform_error(config, error))?;
+    Ok(Some(crate::send_api::Sender {
+        api,
+        app_id: settings.app_id.clone(),
+    }))
+}
+
+/// The open platform's address of an app: its `domain`, or its cloud's.
+fn domain(cloud: Cloud, settings: &oncegate_config::FeishuSettings) -> String {
+    settings.domain.clone().unwrap_or_else(|| {
         match cloud {
             Cloud::Feishu => "https://open.feishu.cn",
             Cloud::Lark => "https://open.larksuite.com",
         }
         .to_owned()
-    });
-    let mut connection = oncegate_feishu_ws::Settings::new(&config.name, &domain, &secret);
-    connection.connections = settings.connections;
-    connection.pong_grace = settings.pong_grace;
-    Ok(LongSource::new(app, connection, settings.instances))
+    })
 }
 
 /// The receiver for one configured source.

@@ -109,9 +109,9 @@ impl FeishuApi {
             .send()
             .await
             .map_err(|error| SendError::Transient(format!("token: {}", error.without_url())))?;
-        let body = read(sent).await.map_err(|(_, error)| {
-            SendError::Transient(format!("token: {error}"))
-        })?;
+        let body = read(sent)
+            .await
+            .map_err(|(_, error)| SendError::Transient(format!("token: {error}")))?;
         let answer: TokenAnswer = serde_json::from_slice(&body)
             .map_err(|error| SendError::Transient(format!("token answer: {error}")))?;
         match (answer.code, answer.tenant_access_token, answer.expire) {
@@ -178,16 +178,21 @@ impl FeishuApi {
             .get("x-ogw-ratelimit-reset")
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse::<u64>().ok());
-        let body = read(sent)
-            .await
-            .map_err(|(unknown, error)| Refused::Send(if unknown {
+        let body = read(sent).await.map_err(|(unknown, error)| {
+            Refused::Send(if unknown {
                 SendError::Unknown(error)
             } else {
                 SendError::Transient(error)
-            }))?;
+            })
+        })?;
         let answer: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
         let code = answer["code"].as_i64();
-        let message_text = answer["msg"].as_str().unwrap_or("").chars().take(200).collect::<String>();
+        let message_text = answer["msg"]
+            .as_str()
+            .unwrap_or("")
+            .chars()
+            .take(200)
+            .collect::<String>();
         match code {
             Some(0) if (200..300).contains(&status) => Ok(answer),
             Some(code) if BAD_TOKEN.contains(&code) => Err(Refused::BadToken),

@@ -37,6 +37,8 @@ struct Inner {
     tokens_issued: u64,
     by_uuid: HashMap<String, (String, Instant)>,
     sent: Vec<Sent>,
+    refused: u64,
+    limited: u64,
     delay: Option<Duration>,
 }
 
@@ -123,6 +125,16 @@ impl LocalFeishuApi {
         self.shared.lock().delay = delay;
     }
 
+    /// Sends refused for good (to a chat whose id starts with `oc_gone`, which the bot left).
+    pub fn refused(&self) -> u64 {
+        self.shared.lock().refused
+    }
+
+    /// Sends answered 429 (over 5 per second to one receiver).
+    pub fn limited(&self) -> u64 {
+        self.shared.lock().limited
+    }
+
     /// Every message really sent.
     pub fn sent(&self) -> Vec<Sent> {
         self.shared.lock().sent.clone()
@@ -189,6 +201,13 @@ async fn deliver(shared: &Shared, headers: &HeaderMap, receiver: String, body: &
                 json!({"code": 99991663, "msg": "Invalid access token for authorization"}),
             );
         }
+        if receiver.starts_with("oc_gone") {
+            inner.refused += 1;
+            return answer(
+                StatusCode::BAD_REQUEST,
+                json!({"code": 230002, "msg": "The bot can not be outside the group"}),
+            );
+        }
         if receiver.is_empty() {
             return answer(
                 StatusCode::BAD_REQUEST,
@@ -200,7 +219,9 @@ async fn deliver(shared: &Shared, headers: &HeaderMap, receiver: String, body: &
         let known = inner
             .by_uuid
             .get(&uuid)
-            .filter(|(_, at)| !uuid.is_empty() && now.duration_since(*at) < Duration::from_secs(3600))
+            .filter(|(_, at)| {
+                !uuid.is_empty() && now.duration_since(*at) < Duration::from_secs(3600)
+            })
             .map(|(id, _)| id.clone());
         let message_id = match known {
             Some(id) => id,
@@ -208,10 +229,14 @@ async fn deliver(shared: &Shared, headers: &HeaderMap, receiver: String, body: &
                 let bucket = KeyHash::of(&["local", &receiver]);
                 let now_us = now.duration_since(shared.started).as_micros() as u64;
                 if let RateVerdict::Wait(wait) = shared.rates.take(&bucket, PER_RECEIVER, now_us) {
+                    inner.limited += 1;
                     let reset = wait.as_secs_f64().ceil().max(1.0) as u64;
                     return (
                         StatusCode::TOO_MANY_REQUESTS,
-                        [("x-ogw-ratelimit-limit", "5".to_owned()), ("x-ogw-ratelimit-reset", reset.to_string())],
+                        [
+                            ("x-ogw-ratelimit-limit", "5".to_owned()),
+                            ("x-ogw-ratelimit-reset", reset.to_string()),
+                        ],
                         Json(json!({"code": 99991400, "msg": "request trigger frequency limit"})),
                     )
                         .into_response();

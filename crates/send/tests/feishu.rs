@@ -23,7 +23,9 @@ fn text(chat: &str, key: &str) -> Message {
 }
 
 async fn setup(timeout: Duration) -> (LocalFeishuApi, Arc<FeishuApi>) {
-    let server = LocalFeishuApi::start(APP, SECRET, Duration::from_secs(7200)).await.expect("server");
+    let server = LocalFeishuApi::start(APP, SECRET, Duration::from_secs(7200))
+        .await
+        .expect("server");
     let api = FeishuApi::new(&server.domain(), APP, SECRET, timeout).expect("client");
     (server, Arc::new(api))
 }
@@ -47,7 +49,11 @@ async fn one_token_for_all_callers_and_one_refresh_when_it_is_refused() {
     for send in sends.collect::<Vec<_>>() {
         send.await.expect("join").expect("sent after the refresh");
     }
-    assert_eq!(server.tokens_issued(), 2, "refreshed once for all waiting callers");
+    assert_eq!(
+        server.tokens_issued(),
+        2,
+        "refreshed once for all waiting callers"
+    );
     assert_eq!(server.sent().len(), 80);
 }
 
@@ -64,7 +70,11 @@ async fn a_repeat_and_a_retry_after_a_timeout_send_once() {
     assert!(matches!(late, Err(SendError::Unknown(_))), "{late:?}");
     server.answer_after(None);
     let retried = api.send(&text("oc_1", "order-43")).await.expect("retry");
-    assert_eq!(server.sent().len(), 2, "the retry with the same key did not send again");
+    assert_eq!(
+        server.sent().len(),
+        2,
+        "the retry with the same key did not send again"
+    );
     assert_eq!(retried["data"]["message_id"], "om_local_2");
 }
 
@@ -83,12 +93,27 @@ async fn rate_limits_and_refusals_are_classed() {
             Err(other) => panic!("{other:?}"),
         }
     }
-    assert_eq!((server.sent().len(), limited), (5, 3), "5 per second per chat");
+    assert_eq!(
+        (server.sent().len(), limited),
+        (5, 3),
+        "5 per second per chat"
+    );
     let refused = api.send(&text("", "nobody")).await;
-    assert!(matches!(refused, Err(SendError::Permanent { code: 230001, .. })), "{refused:?}");
-    let wrong = FeishuApi::new(&server.domain(), APP, "wrong", Duration::from_secs(5)).expect("client");
+    assert!(
+        matches!(refused, Err(SendError::Permanent { code: 230001, .. })),
+        "{refused:?}"
+    );
+    let wrong =
+        FeishuApi::new(&server.domain(), APP, "wrong", Duration::from_secs(5)).expect("client");
     let denied = wrong.send(&text("oc_1", "x")).await;
-    assert!(matches!(denied, Err(SendError::Permanent { code: 10014, .. })), "{denied:?}");
-    let nowhere = FeishuApi::new("http://127.0.0.1:9", APP, SECRET, Duration::from_secs(1)).expect("client");
-    assert!(matches!(nowhere.send(&text("oc_1", "y")).await, Err(SendError::Transient(_))));
+    assert!(
+        matches!(denied, Err(SendError::Permanent { code: 10014, .. })),
+        "{denied:?}"
+    );
+    let nowhere =
+        FeishuApi::new("http://127.0.0.1:9", APP, SECRET, Duration::from_secs(1)).expect("client");
+    assert!(matches!(
+        nowhere.send(&text("oc_1", "y")).await,
+        Err(SendError::Transient(_))
+    ));
 }

@@ -1,0 +1,295 @@
+//! `/send/<source>` through the binary, against the local Feishu-like API that counts what it
+//! really sent: concurrent repeats, a restart between a send and its retry, a timeout and its
+//! retry, conflicts, and a burst to one chat within Feishu's 5 per second.
+
+mod support;
+
+use std::path::Path;
+use std::time::Duration;
+
+use oncegate_send::local::LocalFeishuApi;
+use serde_json::{Value, json};
+use support::{Serve, client};
+
+const APP: &str = "cli_e2e_send";
+const SECRET: &str = "e2e-send-secret";
+const TOKEN: &str = "bot-token";
+
+fn config(dir: &Path, domain: &str, send_timeout: &str) -> String {
+    let store = format!(
+        "backend = \"embedded\"\npath = \"{}\"",
+        dir.join("store.redb").display()
+    );
+    config_on(&store, domain, send_timeout)
+}
+
+fn config_on(store: &str, domain: &str, send_timeout: &str) -> String {
+    format!(
+        r#"
+[store]
+{store}
+
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[api]
+listen = "127.0.0.1:0"
+send_timeout = "{send_timeout}"
+
+[[api.caller]]
+name = "bot"
+token = "{TOKEN}"
+
+[[source]]
+name = "feishu"
+platform = "feishu"
+app_id = "{APP}"
+verification_token = "t"
+app_secret = "{SECRET}"
+domain = "{domain}"
+"#
+    )
+}
+
+async fn send(api: &str, key: &str, body: &Value) -> (u16, Value, bool) {
+    let response = client()
+        .post(format!("{api}/send/feishu"))
+        .bearer_auth(TOKEN)
+        .header("idempotency-key", key)
+        .json(body)
+        .send()
+        .await
+        .expect("send");
+    let status = response.status().as_u16();
+    let replayed = response.headers().contains_key("idempotent-replayed");
+    (
+        status,
+        response.json().await.unwrap_or(Value::Null),
+        replayed,
+    )
+}
+
+fn hello(chat: &str) -> Value {
+    json!({"receive_id": chat, "msg_type": "text", "content": {"text": "hello"}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_repeats_and_a_restart_send_once() {
+    let platform = LocalFeishuApi::start(APP, SECRET, Duration::from_secs(7200))
+        .await
+        .expect("api");
+    let dir = tempfile::tempdir().expect("dir");
+    let config = config(dir.path(), &platform.domain(), "5s");
+    let mut gateway = Serve::start_with(dir.path(), &config);
+    let api = gateway.api.clone().expect("api");
+    let sends: Vec<_> = (0..20)
+        .map(|_| {
+            let api = api.clone();
+            tokio::spawn(async move { send(&api, "order-42", &hello("oc_1")).await })
+        })
+        .collect();
+    let mut ids = std::collections::HashSet::new();
+    for sent in sends {
+        let (status, answer, _) = sent.await.expect("join");
+        assert_eq!(status, 200, "{answer}");
+        ids.insert(
+            answer["data"]["message_id"]
+                .as_str()
+                .expect("id")
+                .to_owned(),
+        );
+    }
+    assert_eq!(ids.len(), 1, "every caller got the one message: {ids:?}");
+    assert_eq!(platform.sent().len(), 1, "one platform message");
+    // The gateway restarts; the caller retries: the stored answer, no second message.
+    gateway.signal("TERM");
+    gateway.wait_exit(Duration::from_secs(15));
+    let gateway = Serve::start_with(dir.path(), &config);
+    let api = gateway.api.clone().expect("api");
+    let (status, answer, replayed) = send(&api, "order-42", &hello("oc_1")).await;
+    assert_eq!((status, replayed), (200, true), "{answer}");
+    assert!(ids.contains(answer["data"]["message_id"].as_str().expect("id")));
+    assert_eq!(platform.sent().len(), 1);
+    // The same key for another message: a conflict, nothing sent.
+    let (status, answer, _) = send(&api, "order-42", &hello("oc_other")).await;
+    assert_eq!(status, 409, "{answer}");
+    assert_eq!(platform.sent().len(), 1);
+    assert_eq!(
+        platform.tokens_issued(),
+        1,
+        "the restarted gateway answered from the store"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeout_then_a_retry_send_once() {
+    let platform = LocalFeishuApi::start(APP, SECRET, Duration::from_secs(7200))
+        .await
+        .expect("api");
+    let dir = tempfile::tempdir().expect("dir");
+    let gateway = Serve::start_with(dir.path(), &config(dir.path(), &platform.domain(), "500ms"));
+    let api = gateway.api.clone().expect("api");
+    // The token first, so that only the send is slow.
+    assert_eq!(send(&api, "warm-up", &hello("oc_w")).await.0, 200);
+    platform.answer_after(Some(Duration::from_secs(2)));
+    let (status, answer, _) = send(&api, "refund-7", &hello("oc_1")).await;
+    assert_eq!(status, 504, "an unknown outcome: {answer}");
+    assert!(
+        answer["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("same idempotency key")),
+        "{answer}"
+    );
+    platform.answer_after(None);
+    let (status, answer, _) = send(&api, "refund-7", &hello("oc_1")).await;
+    assert_eq!(status, 200, "{answer}");
+    let to_chat: Vec<_> = platform
+        .sent()
+        .into_iter()
+        .filter(|s| s.receive_id == "oc_1")
+        .collect();
+    assert_eq!(
+        to_chat.len(),
+        1,
+        "the message went out once: the platform's uuid caught the retry"
+    );
+    assert_eq!(answer["data"]["message_id"], "om_local_2");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_to_one_chat_stays_within_its_rate_and_loses_nothing() {
+    let platform = LocalFeishuApi::start(APP, SECRET, Duration::from_secs(7200))
+        .await
+        .expect("api");
+    let dir = tempfile::tempdir().expect("dir");
+    let gateway = Serve::start_with(dir.path(), &config(dir.path(), &platform.domain(), "5s"));
+    let api = gateway.api.clone().expect("api");
+    const BURST: usize = 40;
+    let sends: Vec<_> = (0..BURST)
+        .map(|i| {
+            let api = api.clone();
+            tokio::spawn(async move {
+                let body = json!({"receive_id": "oc_busy", "msg_type": "text",
+                                  "content": {"text": format!("n{i}")}, "wait_ms": 30000});
+                send(&api, &format!("burst-{i}"), &body).await
+            })
+        })
+        .collect();
+    for sent in sends {
+        let (status, answer, _) = sent.await.expect("join");
+        assert_eq!(status, 200, "{answer}");
+    }
+    let sent = platform.sent();
+    assert_eq!(sent.len(), BURST, "none lost, none twice");
+    // The platform never had to refuse one: the gateway kept within its rate.
+    assert_eq!(platform.limited(), 0, "no 429 from the platform");
+    let mut times: Vec<_> = sent.iter().map(|s| s.at).collect();
+    times.sort();
+    for (i, start) in times.iter().enumerate() {
+        let inside = times[i..]
+            .iter()
+            .take_while(|t| t.duration_since(*start) < Duration::from_secs(1))
+            .count();
+        assert!(inside <= 9, "{inside} messages within one second");
+    }
+    let (_, metrics) = gateway.admin_get("/metrics").await;
+    assert!(
+        metrics.contains("oncegate_send_rate_waits_total"),
+        "waits are counted"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sends_are_refused_clearly() {
+    let platform = LocalFeishuApi::start(APP, SECRET, Duration::from_secs(7200))
+        .await
+        .expect("api");
+    let dir = tempfile::tempdir().expect("dir");
+    let gateway = Serve::start_with(dir.path(), &config(dir.path(), &platform.domain(), "5s"));
+    let api = gateway.api.clone().expect("api");
+    let anonymous = client()
+        .post(format!("{api}/send/feishu"))
+        .header("idempotency-key", "k")
+        .json(&hello("oc"))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(anonymous.status().as_u16(), 401);
+    let keyless = client()
+        .post(format!("{api}/send/feishu"))
+        .bearer_auth(TOKEN)
+        .json(&hello("oc"))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(keyless.status().as_u16(), 400);
+    let (status, _, _) = send(&api, "k", &json!({"msg_type": "text"})).await;
+    assert_eq!(status, 400, "no content");
+    let nowhere = client()
+        .post(format!("{api}/send/nowhere"))
+        .bearer_auth(TOKEN)
+        .header("idempotency-key", "k")
+        .json(&hello("oc"))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(nowhere.status().as_u16(), 404);
+    // A permanent refusal is the key's answer: the repeat gets it without a second call.
+    let (status, answer, replayed) = send(&api, "gone", &hello("oc_gone_1")).await;
+    assert_eq!(
+        (status, replayed, answer["code"].as_i64()),
+        (422, false, Some(230002)),
+        "{answer}"
+    );
+    let (status, _, replayed) = send(&api, "gone", &hello("oc_gone_1")).await;
+    assert_eq!((status, replayed), (422, true));
+    assert_eq!(platform.refused(), 1, "not retried");
+    assert!(platform.sent().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_on_one_redis_share_a_chats_rate() {
+    let Ok(url) = std::env::var("ONCEGATE_TEST_REDIS_URL") else {
+        panic!("ONCEGATE_TEST_REDIS_URL is not set: run scripts/test, which starts redis-server")
+    };
+    let store = format!(
+        "backend = \"redis\"\nurl = \"{url}\"\nprefix = \"send{}\"\npartitions = 4",
+        fastrand::u32(..)
+    );
+    let platform = LocalFeishuApi::start(APP, SECRET, Duration::from_secs(7200))
+        .await
+        .expect("api");
+    let (a, b) = (
+        tempfile::tempdir().expect("dir"),
+        tempfile::tempdir().expect("dir"),
+    );
+    let config = config_on(&store, &platform.domain(), "5s");
+    let first = Serve::start_with(a.path(), &config);
+    let second = Serve::start_with(b.path(), &config);
+    let apis = [
+        first.api.clone().expect("api"),
+        second.api.clone().expect("api"),
+    ];
+    const BURST: usize = 30;
+    let sends: Vec<_> = (0..BURST)
+        .map(|i| {
+            let api = apis[i % 2].clone();
+            tokio::spawn(async move {
+                let body = json!({"receive_id": "oc_shared", "msg_type": "text",
+                                  "content": {"text": format!("n{i}")}, "wait_ms": 30000});
+                send(&api, &format!("shared-{i}"), &body).await
+            })
+        })
+        .collect();
+    for sent in sends {
+        let (status, answer, _) = sent.await.expect("join");
+        assert_eq!(status, 200, "{answer}");
+    }
+    assert_eq!(platform.sent().len(), BURST);
+    assert_eq!(
+        platform.limited(),
+        0,
+        "two gateways, one budget: the platform never refused"
+    );
+}

@@ -1,0 +1,295 @@
+//! `/send/<source>`: a message sent once whatever the caller retries. The caller's
+//! `Idempotency-Key` claims through the claim protocol (a repeat gets the stored answer, one
+//! that comes while the first is in flight waits for it, another body under the same key is a
+//! conflict); the send waits for the receiver's and the app's rate budgets (shared by every
+//! gateway of a shared store) and carries the platform's own key derived from the caller's,
+//! so that even a retry after an unknown outcome sends once.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use oncegate_core::{Fingerprint, Rate, RateVerdict, Store, key_for};
+use oncegate_send::{FeishuApi, Message, SendError, platform_key};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use crate::Shared;
+use crate::keys_api::{Refused, caller};
+use crate::once::{self, Claimed, Claiming};
+
+/// The longest `Idempotency-Key`.
+const KEY_LIMIT: usize = 255;
+/// What one receiver may get from this app: Feishu allows 5 per second; the burst is kept one
+/// below Feishu's so that network jitter never tips a send over the platform's own count.
+const PER_RECEIVER: Rate = Rate {
+    count: 5,
+    per: Duration::from_secs(1),
+    burst: 4,
+};
+/// What the app may send in all: Feishu's 50 per second per API.
+const PER_APP: Rate = Rate::per_second(50);
+
+/// A configured app that can send.
+pub(crate) struct Sender {
+    pub(crate) api: FeishuApi,
+    pub(crate) app_id: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SendRequest {
+    #[serde(default = "chat_id")]
+    receive_id_type: String,
+    #[serde(default)]
+    receive_id: String,
+    msg_type: String,
+    /// The content document: an object, or the string Feishu takes.
+    content: Value,
+    reply_to: Option<String>,
+    /// How long the send may wait for its rate budget (and for a first attempt in flight).
+    wait_ms: Option<u64>,
+}
+
+fn chat_id() -> String {
+    "chat_id".into()
+}
+
+fn count(source: &str, outcome: &'static str) {
+    metrics::counter!("oncegate_sends_total", "source" => source.to_owned(), "outcome" => outcome)
+        .increment(1);
+}
+
+/// A stored answer: the status and body every repeat gets.
+fn stored(status: StatusCode, body: &Value) -> bytes::Bytes {
+    bytes::Bytes::from(json!({"status": status.as_u16(), "body": body}).to_string())
+}
+
+fn replayed(result: Option<bytes::Bytes>) -> Response {
+    let doc: Value = result
+        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+        .unwrap_or(Value::Null);
+    let status = doc["status"]
+        .as_u64()
+        .and_then(|s| StatusCode::from_u16(s as u16).ok())
+        .unwrap_or(StatusCode::OK);
+    (
+        status,
+        [("idempotent-replayed", "true")],
+        axum::Json(doc["body"].clone()),
+    )
+        .into_response()
+}
+
+fn retry_after(after: Duration, message: String) -> Response {
+    (
+        StatusCode::TOO_MANY_REQUESTS,
+        [(
+            header::RETRY_AFTER,
+            after.as_secs_f64().ceil().max(1.0).to_string(),
+        )],
+        axum::Json(json!({"error": message})),
+    )
+        .into_response()
+}
+
+pub(crate) async fn send<S: Store>(
+    State(shared): State<Arc<Shared<S>>>,
+    Path(source): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    match send_once(&shared, &source, &headers, &body).await {
+        Ok(response) => response,
+        Err(refused) => refused.into_response(),
+    }
+}
+
+async fn send_once<S: Store>(
+    shared: &Shared<S>,
+    source: &str,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<Response, Refused> {
+    let started = Instant::now();
+    let caller = caller(shared, headers)?;
+    let sender = shared.senders.get(source).ok_or_else(|| {
+        Refused(
+            StatusCode::NOT_FOUND,
+            "no such source that can send: a Feishu or Lark [[source]] with app_secret".into(),
+        )
+    })?;
+    let key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|k| !k.is_empty() && k.len() <= KEY_LIMIT)
+        .ok_or_else(|| {
+            Refused(
+                StatusCode::BAD_REQUEST,
+                format!("send an Idempotency-Key header of 1 to {KEY_LIMIT} characters, the same for every retry"),
+            )
+        })?;
+    let request: SendRequest = serde_json::from_slice(body).map_err(|error| {
+        Refused(
+            StatusCode::BAD_REQUEST,
+            format!("the body is not a send: {error}"),
+        )
+    })?;
+    if request.reply_to.is_none() && request.receive_id.is_empty() {
+        return Err(Refused(
+            StatusCode::BAD_REQUEST,
+            "name receive_id (or reply_to)".into(),
+        ));
+    }
+    let content = match &request.content {
+        Value::String(text) => text.clone(),
+        other => other.to_string(),
+    };
+    let wait = request
+        .wait_ms
+        .map_or(Duration::from_secs(10), Duration::from_millis)
+        .min(shared.key_limits.max_wait);
+    // The payload that a reuse of the key must match: the send itself, not how long it waits.
+    let payload = json!([
+        request.receive_id_type,
+        request.receive_id,
+        request.msg_type,
+        content,
+        request.reply_to
+    ]);
+    let hash = key_for("send", &caller.namespace, source, key);
+    let claiming = Claiming {
+        key: &hash,
+        partition: hash.home(shared.store.partitions()),
+        lease: shared.send_timeout * 3 + wait,
+        fingerprint: Some(Fingerprint::of(payload.to_string().as_bytes())),
+    };
+    let unavailable = |error: &dyn std::fmt::Display| {
+        Refused(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the store cannot answer: {error}; nothing was sent, retry"),
+        )
+    };
+    let lease = match once::claim_or_wait(&shared.store, claiming, wait).await {
+        Ok(Claimed::Run(lease)) => lease,
+        Ok(Claimed::Done(result)) => {
+            count(source, "repeat");
+            return Ok(replayed(result));
+        }
+        Ok(Claimed::InFlight { .. }) => {
+            count(source, "in_flight");
+            return Err(Refused(
+                StatusCode::CONFLICT,
+                "a send with this Idempotency-Key is still in flight; retry with the same key"
+                    .into(),
+            ));
+        }
+        Ok(Claimed::Conflict) => {
+            count(source, "conflict");
+            return Err(Refused(
+                StatusCode::CONFLICT,
+                "this Idempotency-Key was used for another message".into(),
+            ));
+        }
+        Err(error) => return Err(unavailable(&error)),
+    };
+    let message = Message {
+        receive_id_type: request.receive_id_type,
+        receive_id: request.receive_id.clone(),
+        msg_type: request.msg_type,
+        content,
+        reply_to: request.reply_to.clone(),
+        uuid: platform_key(&caller.namespace, key),
+    };
+    let receiver = request.reply_to.as_deref().unwrap_or(&request.receive_id);
+    let budgets = [
+        (
+            key_for("send", &sender.app_id, "receiver", receiver),
+            PER_RECEIVER,
+        ),
+        (key_for("send", &sender.app_id, "app", ""), PER_APP),
+    ];
+    let deadline = started + wait;
+    let give_up = async |after: Duration, why: String| {
+        let _ = shared.store.release(&lease).await;
+        count(source, "rate_limited");
+        retry_after(after, why)
+    };
+    for (bucket, rate) in &budgets {
+        loop {
+            match shared.store.take_rate(bucket, *rate).await {
+                Ok(RateVerdict::Granted) => break,
+                Ok(RateVerdict::Wait(pause)) if Instant::now() + pause <= deadline => {
+                    metrics::counter!("oncegate_send_rate_waits_total", "source" => source.to_owned())
+                        .increment(1);
+                    tokio::time::sleep(pause).await;
+                }
+                Ok(RateVerdict::Wait(pause)) => {
+                    return Ok(give_up(
+                        pause,
+                        format!(
+                            "over the rate budget for {} ms more than the send may wait (wait_ms)",
+                            pause.as_millis()
+                        ),
+                    )
+                    .await);
+                }
+                Err(error) => {
+                    let _ = shared.store.release(&lease).await;
+                    return Err(unavailable(&error));
+                }
+            }
+        }
+    }
+    loop {
+        let sent = sender.api.send(&message).await;
+        let (status, answer) = match sent {
+            Ok(answer) => (StatusCode::OK, answer),
+            // The platform's own limit: back off as it says, within the send's wait.
+            Err(SendError::RetryAfter { after, .. }) if Instant::now() + after <= deadline => {
+                metrics::counter!("oncegate_send_rate_waits_total", "source" => source.to_owned())
+                    .increment(1);
+                tokio::time::sleep(after).await;
+                continue;
+            }
+            Err(SendError::RetryAfter { after, code }) => {
+                return Ok(
+                    give_up(after, format!("the platform's rate limit (code {code})")).await,
+                );
+            }
+            Err(SendError::Permanent { code, message }) => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                json!({"error": format!("refused by the platform: {message}"), "code": code}),
+            ),
+            Err(error @ SendError::Unknown(_)) => {
+                let _ = shared.store.release(&lease).await;
+                count(source, "unknown_outcome");
+                return Err(Refused(StatusCode::GATEWAY_TIMEOUT, error.to_string()));
+            }
+            Err(error @ SendError::Transient(_)) => {
+                let _ = shared.store.release(&lease).await;
+                count(source, "transient");
+                return Err(Refused(StatusCode::BAD_GATEWAY, error.to_string()));
+            }
+        };
+        // The answer is the key's from now on: a repeat gets it instead of a second send.
+        match once::complete(shared, &lease, Some(stored(status, &answer))).await {
+            Ok(_) => {}
+            Err(error) => tracing::warn!(source, "send answered but not stored: {error}"),
+        }
+        count(
+            source,
+            if status == StatusCode::OK {
+                "sent"
+            } else {
+                "refused"
+            },
+        );
+        return Ok((status, axum::Json(answer)).into_response());
+    }
+}
