@@ -293,3 +293,85 @@ async fn two_gateways_on_one_redis_share_a_chats_rate() {
         "two gateways, one budget: the platform never refused"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wecom_sends_to_one_member_stay_under_the_silent_drop() {
+    use oncegate_send::local_wecom::LocalWecomApi;
+    let platform = LocalWecomApi::start("ww_e2e", "wecom-secret", 8)
+        .await
+        .expect("api");
+    let dir = tempfile::tempdir().expect("dir");
+    let config = format!(
+        r#"
+[store]
+backend = "memory"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+[api]
+listen = "127.0.0.1:0"
+[[api.caller]]
+name = "bot"
+token = "{TOKEN}"
+[[source]]
+name = "corp"
+platform = "wecom"
+corp_id = "ww_e2e"
+agent_id = "1000002"
+token = "t"
+encoding_aes_key = "jWmYm7qr5nMoAUwZRjGtBxmz3KA1tkAj3ykkR6q2B2C"
+secret = "wecom-secret"
+domain = "{domain}"
+"#,
+        domain = platform.domain()
+    );
+    let gateway = Serve::start_with(dir.path(), &config);
+    let api = gateway.api.clone().expect("api");
+    // WeCom drops, without an error, what passes 30 per minute to one member: the gateway's
+    // budget (burst 10, then one every 2 s) keeps every message under it.
+    const SENDS: usize = 14;
+    let sends: Vec<_> = (0..SENDS)
+        .map(|i| {
+            let api = api.clone();
+            tokio::spawn(async move {
+                let body = json!({"touser": "zhangsan", "msgtype": "text",
+                                  "text": {"content": format!("n{i}")}, "wait_ms": 30000});
+                let response = client()
+                    .post(format!("{api}/send/corp"))
+                    .bearer_auth(TOKEN)
+                    .header("idempotency-key", format!("w{i}"))
+                    .json(&body)
+                    .send()
+                    .await
+                    .expect("send");
+                (
+                    response.status().as_u16(),
+                    response.json::<Value>().await.unwrap_or(Value::Null),
+                )
+            })
+        })
+        .collect();
+    for sent in sends {
+        let (status, answer) = sent.await.expect("join");
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(answer["errcode"], 0);
+    }
+    assert_eq!(
+        platform.delivered_to("zhangsan"),
+        SENDS,
+        "every one delivered"
+    );
+    assert_eq!(platform.dropped(), 0, "none silently dropped");
+    let (status, _) = {
+        let response = client()
+            .post(format!("{api}/send/corp"))
+            .bearer_auth(TOKEN)
+            .header("idempotency-key", "bad")
+            .json(&json!({"msgtype": "text"}))
+            .send()
+            .await
+            .expect("send");
+        (response.status().as_u16(), ())
+    };
+    assert_eq!(status, 400, "a WeCom send names its receiver");
+}

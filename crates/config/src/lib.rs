@@ -689,6 +689,10 @@ pub struct WecomSettings {
     pub token: Option<Secret>,
     /// The 43-character EncodingAESKey.
     pub encoding_aes_key: Option<Secret>,
+    /// The app's Secret: `/send/<source>` sends as this agent with it (needs `agent_id`).
+    pub secret: Option<Secret>,
+    /// WeCom's API address: `https://qyapi.weixin.qq.com` unless set (a local server, a proxy).
+    pub domain: Option<String>,
 }
 
 /// A WeChat Official Account.

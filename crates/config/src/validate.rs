@@ -636,6 +636,24 @@ pub fn validate(config: &Config) -> Vec<Problem> {
             }
         }
         if let PlatformConfig::Wecom(wecom) = &source.platform
+            && let Some(secret) = &wecom.secret
+        {
+            if let Err(message) = secret.resolve() {
+                report(Severity::Error, &at("secret"), message);
+            }
+            if wecom
+                .agent_id
+                .as_deref()
+                .is_none_or(|agent| agent.trim().parse::<i64>().is_err())
+            {
+                report(
+                    Severity::Error,
+                    &at("agent_id"),
+                    "sending (secret is set) needs agent_id, the app's numeric AgentId".into(),
+                );
+            }
+        }
+        if let PlatformConfig::Wecom(wecom) = &source.platform
             && wecom.encoding_aes_key.is_none()
         {
             report(

@@ -124,27 +124,60 @@ pub(crate) fn long_connection(config: &SourceConfig) -> Result<LongSource, Gatew
     Ok(LongSource::new(app, connection, settings.instances))
 }
 
-/// The sending side of a configured Feishu or Lark app with an app secret: what
-/// `/send/<source>` sends as. Other sources cannot send yet (`None`).
+/// The sending side of a configured app with its API secret: what `/send/<source>` sends as
+/// (a Feishu or Lark app with `app_secret`, a WeCom agent with `secret`); `None` for others.
 pub(crate) fn sender(
     config: &SourceConfig,
     timeout: std::time::Duration,
 ) -> Result<Option<crate::send_api::Sender>, GatewayError> {
-    let (cloud, settings) = match &config.platform {
-        PlatformConfig::Feishu(settings) => (Cloud::Feishu, settings),
-        PlatformConfig::Lark(settings) => (Cloud::Lark, settings),
-        _ => return Ok(None),
-    };
-    let Some(secret) = resolve(config, &settings.app_secret, "app_secret")? else {
-        return Ok(None);
-    };
-    let api =
-        oncegate_send::FeishuApi::new(&domain(cloud, settings), &settings.app_id, &secret, timeout)
+    let (api, scope) = match &config.platform {
+        PlatformConfig::Feishu(settings) | PlatformConfig::Lark(settings) => {
+            let cloud = match &config.platform {
+                PlatformConfig::Lark(_) => Cloud::Lark,
+                _ => Cloud::Feishu,
+            };
+            let Some(secret) = resolve(config, &settings.app_secret, "app_secret")? else {
+                return Ok(None);
+            };
+            let api = oncegate_send::FeishuApi::new(
+                &domain(cloud, settings),
+                &settings.app_id,
+                &secret,
+                timeout,
+            )
             .map_err(|error| platform_error(config, error))?;
-    Ok(Some(crate::send_api::Sender {
-        api,
-        app_id: settings.app_id.clone(),
-    }))
+            (oncegate_send::Api::Feishu(api), settings.app_id.clone())
+        }
+        PlatformConfig::Wecom(settings) => {
+            let Some(secret) = resolve(config, &settings.secret, "secret")? else {
+                return Ok(None);
+            };
+            let agent = settings
+                .agent_id
+                .as_deref()
+                .and_then(|agent| agent.trim().parse::<i64>().ok())
+                .ok_or_else(|| {
+                    platform_error(config, "sending needs agent_id, the app's numeric AgentId")
+                })?;
+            let options = oncegate_send::wecom::WecomOptions {
+                timeout,
+                ..Default::default()
+            };
+            let domain = settings
+                .domain
+                .clone()
+                .unwrap_or_else(|| "https://qyapi.weixin.qq.com".to_owned());
+            let api =
+                oncegate_send::WecomApi::new(&domain, &settings.corp_id, agent, &secret, options)
+                    .map_err(|error| platform_error(config, error))?;
+            (
+                oncegate_send::Api::Wecom(api),
+                format!("{}/{agent}", settings.corp_id),
+            )
+        }
+        PlatformConfig::Wechat(_) => return Ok(None),
+    };
+    Ok(Some(crate::send_api::Sender { api, scope }))
 }
 
 /// The open platform's address of an app: its `domain`, or its cloud's.

@@ -12,9 +12,8 @@ use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use oncegate_core::{Fingerprint, Rate, RateVerdict, Store, key_for};
-use oncegate_send::{FeishuApi, Message, SendError, platform_key};
-use serde::Deserialize;
+use oncegate_core::{Fingerprint, RateVerdict, Store, key_for};
+use oncegate_send::{Api, SendError, platform_key};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
@@ -24,39 +23,12 @@ use crate::once::{self, Claimed, Claiming};
 
 /// The longest `Idempotency-Key`.
 const KEY_LIMIT: usize = 255;
-/// What one receiver may get from this app: Feishu allows 5 per second; the burst is kept one
-/// below Feishu's so that network jitter never tips a send over the platform's own count.
-const PER_RECEIVER: Rate = Rate {
-    count: 5,
-    per: Duration::from_secs(1),
-    burst: 4,
-};
-/// What the app may send in all: Feishu's 50 per second per API.
-const PER_APP: Rate = Rate::per_second(50);
 
 /// A configured app that can send.
 pub(crate) struct Sender {
-    pub(crate) api: FeishuApi,
-    pub(crate) app_id: String,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct SendRequest {
-    #[serde(default = "chat_id")]
-    receive_id_type: String,
-    #[serde(default)]
-    receive_id: String,
-    msg_type: String,
-    /// The content document: an object, or the string Feishu takes.
-    content: Value,
-    reply_to: Option<String>,
-    /// How long the send may wait for its rate budget (and for a first attempt in flight).
-    wait_ms: Option<u64>,
-}
-
-fn chat_id() -> String {
-    "chat_id".into()
+    pub(crate) api: Api,
+    /// What its rate buckets are named by: the app (and corp) it is.
+    pub(crate) scope: String,
 }
 
 fn count(source: &str, outcome: &'static str) {
@@ -134,34 +106,25 @@ async fn send_once<S: Store>(
                 format!("send an Idempotency-Key header of 1 to {KEY_LIMIT} characters, the same for every retry"),
             )
         })?;
-    let request: SendRequest = serde_json::from_slice(body).map_err(|error| {
+    let mut request: Value = serde_json::from_slice(body).map_err(|error| {
         Refused(
             StatusCode::BAD_REQUEST,
-            format!("the body is not a send: {error}"),
+            format!("the body is not JSON: {error}"),
         )
     })?;
-    if request.reply_to.is_none() && request.receive_id.is_empty() {
-        return Err(Refused(
-            StatusCode::BAD_REQUEST,
-            "name receive_id (or reply_to)".into(),
-        ));
-    }
-    let content = match &request.content {
-        Value::String(text) => text.clone(),
-        other => other.to_string(),
-    };
-    let wait = request
-        .wait_ms
+    let wait_ms = request
+        .as_object_mut()
+        .and_then(|fields| fields.remove("wait_ms"))
+        .and_then(|wait| wait.as_u64());
+    let wait = wait_ms
         .map_or(Duration::from_secs(10), Duration::from_millis)
         .min(shared.key_limits.max_wait);
+    let prepared = sender
+        .api
+        .prepare(request, platform_key(&caller.namespace, key))
+        .map_err(|error| Refused(StatusCode::BAD_REQUEST, error))?;
     // The payload that a reuse of the key must match: the send itself, not how long it waits.
-    let payload = json!([
-        request.receive_id_type,
-        request.receive_id,
-        request.msg_type,
-        content,
-        request.reply_to
-    ]);
+    let payload = &prepared.payload;
     let hash = key_for("send", &caller.namespace, source, key);
     let claiming = Claiming {
         key: &hash,
@@ -198,22 +161,11 @@ async fn send_once<S: Store>(
         }
         Err(error) => return Err(unavailable(&error)),
     };
-    let message = Message {
-        receive_id_type: request.receive_id_type,
-        receive_id: request.receive_id.clone(),
-        msg_type: request.msg_type,
-        content,
-        reply_to: request.reply_to.clone(),
-        uuid: platform_key(&caller.namespace, key),
-    };
-    let receiver = request.reply_to.as_deref().unwrap_or(&request.receive_id);
-    let budgets = [
-        (
-            key_for("send", &sender.app_id, "receiver", receiver),
-            PER_RECEIVER,
-        ),
-        (key_for("send", &sender.app_id, "app", ""), PER_APP),
-    ];
+    let budgets: Vec<_> = prepared
+        .budgets
+        .iter()
+        .map(|(name, rate)| (key_for("send", &sender.scope, name, ""), *rate))
+        .collect();
     let deadline = started + wait;
     let give_up = async |after: Duration, why: String| {
         let _ = shared.store.release(&lease).await;
@@ -247,7 +199,7 @@ async fn send_once<S: Store>(
         }
     }
     loop {
-        let sent = sender.api.send(&message).await;
+        let sent = sender.api.send(&prepared).await;
         let (status, answer) = match sent {
             Ok(answer) => (StatusCode::OK, answer),
             // The platform's own limit: back off as it says, within the send's wait.

@@ -6,14 +6,41 @@
 //! [`local`] is a Feishu-like API server for tests: it enforces tokens, rate limits and uuid
 //! dedup, and counts what it really sent.
 
+mod api;
 pub mod feishu;
 /// A Feishu-like API server for tests.
 pub mod local;
+pub mod local_wecom;
 mod token;
+pub mod wecom;
 
 use std::time::Duration;
 
+pub use api::{Api, Prepared};
 pub use feishu::{FeishuApi, Message};
+pub use oncegate_core::Rate as Budget;
+pub use wecom::{WecomApi, WecomMessage};
+
+/// The platforms' published limits, kept a little inside them.
+pub mod limits {
+    use std::time::Duration;
+
+    use crate::Budget;
+
+    /// Feishu: 5 messages per second to one receiver; the burst one below Feishu's own, so
+    /// that network jitter never tips a send over the platform's count.
+    pub const FEISHU_RECEIVER: Budget = Budget {
+        count: 5,
+        per: Duration::from_secs(1),
+        burst: 4,
+    };
+    /// Feishu: 50 calls per second per API and app.
+    pub const FEISHU_APP: Budget = Budget::per_second(50);
+    /// WeCom: 30 messages per minute to one member (beyond, WeCom drops them without a word).
+    pub const WECOM_MEMBER: Budget = Budget::per_minute(30, 10);
+    /// WeCom: 10 000 calls per minute per API and corp.
+    pub const WECOM_APP: Budget = Budget::per_minute(10_000, 200);
+}
 
 /// Why a send did not go out (or may not have).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

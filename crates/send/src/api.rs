@@ -1,0 +1,122 @@
+//! The one sending seam: a configured app of any platform, what a caller's body means to it
+//! (the message, the rate budgets it spends, the payload a reused key must match), and the
+//! call itself.
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::feishu::{FeishuApi, Message};
+use crate::limits::{FEISHU_APP, FEISHU_RECEIVER, WECOM_APP, WECOM_MEMBER};
+use crate::wecom::{WecomApi, WecomMessage};
+use crate::{Budget, SendError};
+
+/// An app that can send.
+#[derive(Debug)]
+pub enum Api {
+    /// A Feishu or Lark app.
+    Feishu(FeishuApi),
+    /// A WeCom app (one agent of a corp).
+    Wecom(WecomApi),
+}
+
+/// A caller's send, ready to go.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    /// What a reuse of the caller's key must match (not how long it may wait).
+    pub payload: Value,
+    /// The budgets the send spends, each by its bucket's name.
+    pub budgets: Vec<(String, Budget)>,
+    outgoing: Outgoing,
+}
+
+#[derive(Debug, Clone)]
+enum Outgoing {
+    Feishu(Message),
+    Wecom(WecomMessage),
+}
+
+#[derive(Deserialize)]
+struct FeishuSend {
+    #[serde(default = "chat_id")]
+    receive_id_type: String,
+    #[serde(default)]
+    receive_id: String,
+    msg_type: String,
+    content: Value,
+    reply_to: Option<String>,
+}
+
+fn chat_id() -> String {
+    "chat_id".into()
+}
+
+impl Api {
+    /// Reads a caller's body (its `wait_ms` already taken out) as this platform's send, with
+    /// `platform_key` as the platform's own idempotency key.
+    pub fn prepare(&self, body: Value, platform_key: String) -> Result<Prepared, String> {
+        match self {
+            Api::Feishu(_) => {
+                let send: FeishuSend = serde_json::from_value(body)
+                    .map_err(|error| format!("not a Feishu send: {error}"))?;
+                if send.reply_to.is_none() && send.receive_id.is_empty() {
+                    return Err("name receive_id (or reply_to)".into());
+                }
+                let content = match &send.content {
+                    Value::String(text) => text.clone(),
+                    other => other.to_string(),
+                };
+                let receiver = send
+                    .reply_to
+                    .clone()
+                    .unwrap_or_else(|| send.receive_id.clone());
+                let payload = json!([
+                    send.receive_id_type,
+                    send.receive_id,
+                    send.msg_type,
+                    content,
+                    send.reply_to
+                ]);
+                Ok(Prepared {
+                    payload,
+                    budgets: vec![
+                        (format!("receiver:{receiver}"), FEISHU_RECEIVER),
+                        ("app".into(), FEISHU_APP),
+                    ],
+                    outgoing: Outgoing::Feishu(Message {
+                        receive_id_type: send.receive_id_type,
+                        receive_id: send.receive_id,
+                        msg_type: send.msg_type,
+                        content,
+                        reply_to: send.reply_to,
+                        uuid: platform_key,
+                    }),
+                })
+            }
+            Api::Wecom(api) => {
+                let message = api.prepare(body)?;
+                let mut budgets: Vec<(String, Budget)> = message
+                    .members()
+                    .map(|member| (format!("member:{member}"), WECOM_MEMBER))
+                    .collect();
+                budgets.push(("app".into(), WECOM_APP));
+                Ok(Prepared {
+                    payload: message.body.clone(),
+                    budgets,
+                    outgoing: Outgoing::Wecom(message),
+                })
+            }
+        }
+    }
+
+    /// Sends a prepared message: the platform's answer, or why not.
+    pub async fn send(&self, prepared: &Prepared) -> Result<Value, SendError> {
+        match (self, &prepared.outgoing) {
+            (Api::Feishu(api), Outgoing::Feishu(message)) => api.send(message).await,
+            (Api::Wecom(api), Outgoing::Wecom(message)) => api.send(message).await,
+            _ => Err(SendError::Permanent {
+                code: 0,
+                message: "prepared for another platform".into(),
+            }),
+        }
+    }
+}

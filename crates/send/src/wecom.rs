@@ -1,0 +1,265 @@
+//! The WeCom app message API: one `access_token` per corp app shared by all callers, sends
+//! with WeCom's duplicate check, a cap on calls in flight (45033 is a concurrency limit, not
+//! only a rate), and failures classed by what a retry may do.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::Value;
+use tokio::sync::Semaphore;
+
+use crate::SendError;
+use crate::token::TokenCache;
+
+/// The token is invalid or expired.
+const BAD_TOKEN: &[i64] = &[40014, 42001, 41001];
+/// Over a frequency limit (WeCom blocks a minute's excess for 60 s).
+const FREQUENCY: i64 = 45009;
+/// Too many calls in flight at once.
+const CONCURRENCY: i64 = 45033;
+/// WeCom is busy: nothing was sent.
+const BUSY: i64 = -1;
+/// The largest answer read.
+const MAX_ANSWER: usize = 1 << 20;
+
+/// One message: WeCom's own body, with this app's `agentid` and the duplicate check set.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WecomMessage {
+    /// The body sent to `message/send`.
+    pub body: Value,
+}
+
+impl WecomMessage {
+    /// The members it goes to (`touser`, `|`-separated; `@all` is one bucket of its own).
+    pub fn members(&self) -> impl Iterator<Item = &str> {
+        self.body["touser"]
+            .as_str()
+            .unwrap_or("")
+            .split('|')
+            .filter(|member| !member.is_empty())
+    }
+}
+
+/// One WeCom app (a corp's agent).
+pub struct WecomApi {
+    http: reqwest::Client,
+    domain: String,
+    corp_id: String,
+    secret: String,
+    agent_id: i64,
+    duplicate_check_interval: Duration,
+    token: TokenCache,
+    in_flight: Semaphore,
+}
+
+impl std::fmt::Debug for WecomApi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WecomApi")
+            .field("domain", &self.domain)
+            .field("corp_id", &self.corp_id)
+            .field("agent_id", &self.agent_id)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Deserialize)]
+struct TokenAnswer {
+    errcode: i64,
+    #[serde(default)]
+    errmsg: String,
+    access_token: Option<String>,
+    expires_in: Option<u64>,
+}
+
+/// How a `WecomApi` behaves.
+#[derive(Debug, Clone, Copy)]
+pub struct WecomOptions {
+    /// One call's deadline.
+    pub timeout: Duration,
+    /// Calls in flight at once (45033 answers more).
+    pub max_in_flight: usize,
+    /// WeCom's duplicate check window: the same content within it is delivered once (at most
+    /// 4 hours).
+    pub duplicate_check_interval: Duration,
+}
+
+impl Default for WecomOptions {
+    fn default() -> Self {
+        Self {
+            timeout: Duration::from_secs(10),
+            max_in_flight: 16,
+            duplicate_check_interval: Duration::from_secs(1800),
+        }
+    }
+}
+
+impl WecomApi {
+    /// A client of `domain` (`https://qyapi.weixin.qq.com` or a local server) for agent
+    /// `agent_id` of corp `corp_id`, with the app's `secret`.
+    pub fn new(
+        domain: &str,
+        corp_id: &str,
+        agent_id: i64,
+        secret: &str,
+        options: WecomOptions,
+    ) -> Result<Self, SendError> {
+        if secret.trim().is_empty() {
+            return Err(SendError::Permanent {
+                code: 0,
+                message: "the app secret is empty".into(),
+            });
+        }
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let http = reqwest::Client::builder()
+            .timeout(options.timeout)
+            .connect_timeout(options.timeout.min(Duration::from_secs(5)))
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|error| SendError::Transient(error.to_string()))?;
+        Ok(Self {
+            http,
+            domain: domain.trim_end_matches('/').to_owned(),
+            corp_id: corp_id.to_owned(),
+            secret: secret.to_owned(),
+            agent_id,
+            duplicate_check_interval: options
+                .duplicate_check_interval
+                .min(Duration::from_secs(4 * 3600)),
+            token: TokenCache::default(),
+            in_flight: Semaphore::new(options.max_in_flight.max(1)),
+        })
+    }
+
+    /// A caller's body as this app's message: `msgtype` and a receiver are required; the
+    /// `agentid` is this app's; the duplicate check is on unless the caller turned it off.
+    pub fn prepare(&self, mut body: Value) -> Result<WecomMessage, String> {
+        let Some(fields) = body.as_object_mut() else {
+            return Err("a WeCom send is a JSON object".into());
+        };
+        if !fields.get("msgtype").is_some_and(Value::is_string) {
+            return Err("name msgtype (text, markdown, textcard, …)".into());
+        }
+        if !["touser", "toparty", "totag"].iter().any(|field| {
+            fields
+                .get(*field)
+                .and_then(Value::as_str)
+                .is_some_and(|v| !v.is_empty())
+        }) {
+            return Err("name touser, toparty or totag".into());
+        }
+        fields.insert("agentid".into(), self.agent_id.into());
+        fields.entry("enable_duplicate_check").or_insert(1.into());
+        fields
+            .entry("duplicate_check_interval")
+            .or_insert(self.duplicate_check_interval.as_secs().into());
+        Ok(WecomMessage { body })
+    }
+
+    async fn fetch_token(&self) -> Result<(String, Duration), SendError> {
+        let url = format!("{}/cgi-bin/gettoken", self.domain);
+        let sent = self
+            .http
+            .get(url)
+            .query(&[("corpid", &self.corp_id), ("corpsecret", &self.secret)])
+            .send()
+            .await
+            .map_err(|error| SendError::Transient(format!("token: {}", error.without_url())))?;
+        let body = read(sent).await.map_err(SendError::Transient)?;
+        let answer: TokenAnswer = serde_json::from_slice(&body)
+            .map_err(|error| SendError::Transient(format!("token answer: {error}")))?;
+        match (answer.errcode, answer.access_token, answer.expires_in) {
+            (0, Some(token), Some(expires)) if !token.is_empty() => {
+                Ok((token, Duration::from_secs(expires)))
+            }
+            (BUSY, _, _) => Err(SendError::Transient("WeCom is busy (token)".into())),
+            (code, _, _) => Err(SendError::Permanent {
+                code,
+                message: format!(
+                    "access_token refused: {}; check corp_id and the app's secret",
+                    answer.errmsg.chars().take(200).collect::<String>()
+                ),
+            }),
+        }
+    }
+
+    /// Sends `message`: WeCom's answer (`msgid`, `invaliduser`, …) on success.
+    pub async fn send(&self, message: &WecomMessage) -> Result<Value, SendError> {
+        let _permit = self
+            .in_flight
+            .acquire()
+            .await
+            .map_err(|_| SendError::Transient("the client is closing".into()))?;
+        for attempt in 0..2 {
+            let token = self.token.get(async || self.fetch_token().await).await?;
+            let url = format!("{}/cgi-bin/message/send", self.domain);
+            let sent = self
+                .http
+                .post(url)
+                .query(&[("access_token", &token)])
+                .json(&message.body)
+                .send()
+                .await
+                .map_err(|error| {
+                    let connect = error.is_connect();
+                    let text = error.without_url().to_string();
+                    if connect {
+                        SendError::Transient(text)
+                    } else {
+                        SendError::Unknown(text)
+                    }
+                })?;
+            let body = read(sent).await.map_err(SendError::Unknown)?;
+            let answer: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            let code = answer["errcode"].as_i64().unwrap_or(-2);
+            let text: String = answer["errmsg"]
+                .as_str()
+                .unwrap_or("")
+                .chars()
+                .take(200)
+                .collect();
+            match code {
+                0 => return Ok(answer),
+                code if BAD_TOKEN.contains(&code) && attempt == 0 => {
+                    self.token.invalidate(&token).await;
+                }
+                FREQUENCY => {
+                    return Err(SendError::RetryAfter {
+                        after: Duration::from_secs(60),
+                        code,
+                    });
+                }
+                CONCURRENCY => {
+                    return Err(SendError::RetryAfter {
+                        after: Duration::from_secs(1),
+                        code,
+                    });
+                }
+                BUSY | -2 => return Err(SendError::Transient(format!("code {code}: {text}"))),
+                code => {
+                    return Err(SendError::Permanent {
+                        code,
+                        message: text,
+                    });
+                }
+            }
+        }
+        Err(SendError::Transient(
+            "WeCom refused a freshly fetched token".into(),
+        ))
+    }
+}
+
+async fn read(mut response: reqwest::Response) -> Result<Vec<u8>, String> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|error| error.without_url().to_string())?
+    {
+        if body.len() + chunk.len() > MAX_ANSWER {
+            return Err(format!("answer larger than {MAX_ANSWER} bytes"));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
