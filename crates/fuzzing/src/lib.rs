@@ -6,9 +6,11 @@
 //! asserts.
 
 mod feishu_ws;
+mod send;
 mod wecom;
 
 pub use feishu_ws::feishu_ws_frames;
+pub use send::send_body;
 pub use wecom::{wecom_callback, wecom_decrypt, wecom_xml};
 
 use oncegate_core::replay::{ReplayGuard, ReplayVerdict};
@@ -27,6 +29,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("wecom_decrypt", wecom_decrypt),
     ("wecom_xml", wecom_xml),
     ("feishu_ws_frames", feishu_ws_frames),
+    ("send_body", send_body),
 ];
 
 const KEY: &str = "fuzz-encrypt-key";
