@@ -375,3 +375,64 @@ domain = "{domain}"
     };
     assert_eq!(status, 400, "a WeCom send names its receiver");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_goes_before_waiting_notifications_and_the_waiting_are_bounded() {
+    let platform = LocalFeishuApi::start(APP, SECRET, Duration::from_secs(7200))
+        .await
+        .expect("api");
+    let dir = tempfile::tempdir().expect("dir");
+    let config = config(dir.path(), &platform.domain(), "5s").replace(
+        "send_timeout = \"5s\"",
+        "send_timeout = \"5s\"\nmax_waiting_sends = 9",
+    );
+    let gateway = Serve::start_with(dir.path(), &config);
+    let api = gateway.api.clone().expect("api");
+    let notify = |i: usize| {
+        let api = api.clone();
+        tokio::spawn(async move {
+            let body = json!({"receive_id": "oc_prio", "msg_type": "text",
+                              "content": {"text": format!("notice {i}")}, "wait_ms": 30000});
+            send(&api, &format!("notice-{i}"), &body).await
+        })
+    };
+    let notices: Vec<_> = (0..12).map(notify).collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A reply in the same chat, while most notices still wait for the chat's budget.
+    let body = json!({"reply_to": "om_question", "receive_id": "oc_prio", "msg_type": "text",
+                      "content": {"text": "the answer"}, "wait_ms": 30000});
+    let reply = {
+        let api = api.clone();
+        tokio::spawn(async move { send(&api, "reply-1", &body).await })
+    };
+    // Past the bound of waiting sends: told at once, nothing sent.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let crowded: Vec<_> = (100..104).map(notify).collect();
+    let mut refused = 0;
+    for sent in crowded {
+        let (status, answer, _) = sent.await.expect("join");
+        if status == 503 {
+            assert!(
+                answer["error"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("max_waiting_sends")),
+                "{answer}"
+            );
+            refused += 1;
+        }
+    }
+    assert!(refused >= 1, "the bound of 9 waiting sends answers 503");
+    assert_eq!(reply.await.expect("join").0, 200);
+    for sent in notices {
+        assert_eq!(sent.await.expect("join").0, 200);
+    }
+    let order: Vec<String> = platform.sent().into_iter().map(|s| s.receive_id).collect();
+    let position = order
+        .iter()
+        .position(|to| to == "om_question")
+        .expect("the reply was sent");
+    assert!(
+        position <= 7,
+        "the reply went before the waiting notices: position {position} of {order:?}"
+    );
+}

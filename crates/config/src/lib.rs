@@ -61,6 +61,8 @@ pub struct ApiConfig {
     /// How long one call to a platform's API may take; past it the outcome is unknown.
     #[serde(with = "duration")]
     pub send_timeout: Duration,
+    /// Sends that may wait for their rate budgets at once; more are answered 503.
+    pub max_waiting_sends: usize,
     /// Who may call, each with a token of its own.
     #[serde(rename = "caller")]
     pub callers: Vec<CallerConfig>,
@@ -73,6 +75,7 @@ impl Default for ApiConfig {
             max_lease: Duration::from_secs(3600),
             max_wait: Duration::from_secs(30),
             send_timeout: Duration::from_secs(10),
+            max_waiting_sends: 1000,
             callers: Vec::new(),
         }
     }

@@ -345,6 +345,13 @@ fn check_api(config: &Config, report: &mut impl FnMut(Severity, &str, String)) {
             ),
         );
     }
+    if !(1..=1_000_000).contains(&config.api.max_waiting_sends) {
+        report(
+            Severity::Error,
+            "api.max_waiting_sends",
+            format!("{}: between 1 and 1000000", config.api.max_waiting_sends),
+        );
+    }
     if config.api.max_wait > Duration::from_secs(300) {
         report(
             Severity::Error,

@@ -13,6 +13,7 @@ mod longconn;
 mod once;
 pub mod registry;
 mod send_api;
+mod send_budget;
 mod server;
 pub mod sink;
 mod spooling;
@@ -175,6 +176,9 @@ pub(crate) struct Shared<S> {
     pub(crate) senders: HashMap<String, send_api::Sender>,
     /// One platform API call's deadline.
     pub(crate) send_timeout: Duration,
+    /// Sends waiting for their rate budgets, and how many may.
+    pub(crate) sends_waiting: send_budget::Waiting,
+    pub(crate) max_waiting_sends: usize,
 }
 
 impl<S: Store> Shared<S> {
@@ -333,6 +337,8 @@ impl<S: Store> Gateway<S> {
                 key_limits: keys_api::KeyLimits::default(),
                 senders: HashMap::new(),
                 send_timeout: Duration::from_secs(10),
+                sends_waiting: send_budget::Waiting::default(),
+                max_waiting_sends: 1000,
             }),
         }
     }
@@ -450,6 +456,7 @@ impl<S: Store> Gateway<S> {
             max_wait: config.api.max_wait,
         };
         shared.send_timeout = config.api.send_timeout;
+        shared.max_waiting_sends = config.api.max_waiting_sends;
         for source in &config.sources {
             if let Some(sender) = registry::sender(source, config.api.send_timeout)? {
                 shared.senders.insert(source.name.clone(), sender);

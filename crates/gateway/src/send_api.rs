@@ -12,7 +12,7 @@ use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use oncegate_core::{Fingerprint, RateVerdict, Store, key_for};
+use oncegate_core::{Fingerprint, Store, key_for};
 use oncegate_send::{Api, SendError, platform_key};
 use serde_json::{Value, json};
 use tokio::time::Instant;
@@ -20,6 +20,7 @@ use tokio::time::Instant;
 use crate::Shared;
 use crate::keys_api::{Refused, caller};
 use crate::once::{self, Claimed, Claiming};
+use crate::send_budget::{self, Lane, NoBudget};
 
 /// The longest `Idempotency-Key`.
 const KEY_LIMIT: usize = 255;
@@ -112,10 +113,26 @@ async fn send_once<S: Store>(
             format!("the body is not JSON: {error}"),
         )
     })?;
-    let wait_ms = request
-        .as_object_mut()
-        .and_then(|fields| fields.remove("wait_ms"))
-        .and_then(|wait| wait.as_u64());
+    let fields = request.as_object_mut();
+    let (wait_ms, priority) = match fields {
+        Some(fields) => (fields.remove("wait_ms"), fields.remove("priority")),
+        None => (None, None),
+    };
+    let wait_ms = wait_ms.and_then(|wait| wait.as_u64());
+    // Replies go first unless the caller says otherwise; `"priority": "high"` for mentions.
+    let replying = request.get("reply_to").is_some_and(|to| !to.is_null());
+    let lane = match priority.as_ref().and_then(Value::as_str) {
+        Some("high") => Lane::High,
+        Some("bulk") => Lane::Bulk,
+        None if replying => Lane::High,
+        None => Lane::Bulk,
+        Some(other) => {
+            return Err(Refused(
+                StatusCode::BAD_REQUEST,
+                format!("priority {other:?}: \"high\" (replies, mentions) or \"bulk\""),
+            ));
+        }
+    };
     let wait = wait_ms
         .map_or(Duration::from_secs(10), Duration::from_millis)
         .min(shared.key_limits.max_wait);
@@ -172,33 +189,37 @@ async fn send_once<S: Store>(
         count(source, "rate_limited");
         retry_after(after, why)
     };
-    for (bucket, rate) in &budgets {
-        loop {
-            match shared.store.take_rate(bucket, *rate).await {
-                Ok(RateVerdict::Granted) => break,
-                Ok(RateVerdict::Wait(pause)) if Instant::now() + pause <= deadline => {
-                    metrics::counter!("oncegate_send_rate_waits_total", "source" => source.to_owned())
-                        .increment(1);
-                    tokio::time::sleep(pause).await;
-                }
-                Ok(RateVerdict::Wait(pause)) => {
-                    return Ok(give_up(
-                        pause,
-                        format!(
-                            "over the rate budget for {} ms more than the send may wait (wait_ms)",
-                            pause.as_millis()
-                        ),
-                    )
-                    .await);
-                }
-                Err(error) => {
-                    let _ = shared.store.release(&lease).await;
-                    return Err(unavailable(&error));
-                }
-            }
+    match send_budget::take(shared, source, &budgets, lane, deadline).await {
+        Ok(()) => {}
+        Err(NoBudget::Later(pause)) => {
+            return Ok(give_up(
+                pause,
+                format!(
+                    "over the rate budget for {} ms more than the send may wait (wait_ms)",
+                    pause.as_millis()
+                ),
+            )
+            .await);
+        }
+        Err(NoBudget::Crowded(max)) => {
+            let _ = shared.store.release(&lease).await;
+            count(source, "crowded");
+            return Err(Refused(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "{max} sends already wait for their rate budgets (api.max_waiting_sends): nothing was sent, retry later"
+                ),
+            ));
+        }
+        Err(NoBudget::Store(error)) => {
+            let _ = shared.store.release(&lease).await;
+            return Err(unavailable(&error));
         }
     }
     loop {
+        // Every call counts against a tenant's quota, whatever it answers.
+        metrics::counter!("oncegate_send_api_calls_total", "source" => source.to_owned())
+            .increment(1);
         let sent = sender.api.send(&prepared).await;
         let (status, answer) = match sent {
             Ok(answer) => (StatusCode::OK, answer),

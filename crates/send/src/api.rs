@@ -65,10 +65,12 @@ impl Api {
                     Value::String(text) => text.clone(),
                     other => other.to_string(),
                 };
-                let receiver = send
-                    .reply_to
-                    .clone()
-                    .unwrap_or_else(|| send.receive_id.clone());
+                // A reply's budget is its chat's when the caller names it (Feishu limits the
+                // chat), else the parent message's own.
+                let receiver = match (&send.reply_to, send.receive_id.is_empty()) {
+                    (Some(parent), true) => parent.clone(),
+                    _ => send.receive_id.clone(),
+                };
                 let payload = json!([
                     send.receive_id_type,
                     send.receive_id,
