@@ -436,3 +436,51 @@ async fn a_reply_goes_before_waiting_notifications_and_the_waiting_are_bounded()
         "the reply went before the waiting notices: position {position} of {order:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn edits_of_one_card_go_one_at_a_time_and_the_latest_wins() {
+    let platform = LocalFeishuApi::start(APP, SECRET, Duration::from_secs(7200))
+        .await
+        .expect("api");
+    let dir = tempfile::tempdir().expect("dir");
+    let gateway = Serve::start_with(dir.path(), &config(dir.path(), &platform.domain(), "5s"));
+    let api = gateway.api.clone().expect("api");
+    // A streaming card: 25 edits of one message, 10 ms apart, each its own key.
+    let edits: Vec<_> = (0..25)
+        .map(|i| {
+            let api = api.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(i * 10)).await;
+                let body = json!({"update": "om_card", "content": {"elements": [{"tag": "markdown", "content": format!("v{i}")}]}, "wait_ms": 30000});
+                send(&api, &format!("edit-{i}"), &body).await
+            })
+        })
+        .collect();
+    let mut superseded = 0;
+    for edit in edits {
+        let (status, answer, _) = edit.await.expect("join");
+        assert_eq!(status, 200, "{answer}");
+        if answer["superseded"] == true {
+            superseded += 1;
+        }
+    }
+    let applied = platform.updates("om_card");
+    assert_eq!(platform.most_updates_at_once(), 1, "one at a time");
+    assert!(
+        applied.last().is_some_and(|last| last.contains("v24")),
+        "the latest wins: {applied:?}"
+    );
+    assert!(
+        superseded > 0 && applied.len() + superseded == 25,
+        "{} applied, {superseded} superseded",
+        applied.len()
+    );
+    let versions: Vec<u32> = applied
+        .iter()
+        .filter_map(|c| c.split("\"v").nth(1)?.split('"').next()?.parse().ok())
+        .collect();
+    assert!(
+        versions.windows(2).all(|w| w[0] < w[1]),
+        "never an older edit after a newer one: {versions:?}"
+    );
+}

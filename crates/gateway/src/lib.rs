@@ -14,6 +14,7 @@ mod once;
 pub mod registry;
 mod send_api;
 mod send_budget;
+mod send_edits;
 mod server;
 pub mod sink;
 mod spooling;
@@ -179,6 +180,8 @@ pub(crate) struct Shared<S> {
     /// Sends waiting for their rate budgets, and how many may.
     pub(crate) sends_waiting: send_budget::Waiting,
     pub(crate) max_waiting_sends: usize,
+    /// Edits of one message, one at a time, the latest winning.
+    pub(crate) edits: send_edits::Edits,
 }
 
 impl<S: Store> Shared<S> {
@@ -339,6 +342,7 @@ impl<S: Store> Gateway<S> {
                 send_timeout: Duration::from_secs(10),
                 sends_waiting: send_budget::Waiting::default(),
                 max_waiting_sends: 1000,
+                edits: send_edits::Edits::default(),
             }),
         }
     }

@@ -178,6 +178,20 @@ async fn send_once<S: Store>(
         }
         Err(error) => return Err(unavailable(&error)),
     };
+    // An edit waits for the edits of its message before it; a newer one makes it moot.
+    let message_key = prepared.edit_of.as_ref().map(|id| format!("{source}/{id}"));
+    let _turn = match &message_key {
+        Some(message) => match shared.edits.turn(message).await {
+            Some(turn) => Some(turn),
+            None => {
+                count(source, "superseded");
+                let answer = json!({"superseded": true, "note": "a later edit of this message replaced this one before it was sent"});
+                let _ = once::complete(shared, &lease, Some(stored(StatusCode::OK, &answer))).await;
+                return Ok((StatusCode::OK, axum::Json(answer)).into_response());
+            }
+        },
+        None => None,
+    };
     let budgets: Vec<_> = prepared
         .budgets
         .iter()

@@ -26,6 +26,9 @@ pub struct Prepared {
     pub payload: Value,
     /// The budgets the send spends, each by its bucket's name.
     pub budgets: Vec<(String, Budget)>,
+    /// The message this send edits, if it is an edit: edits of one message go one at a time
+    /// and the latest wins.
+    pub edit_of: Option<String>,
     outgoing: Outgoing,
 }
 
@@ -41,9 +44,11 @@ struct FeishuSend {
     receive_id_type: String,
     #[serde(default)]
     receive_id: String,
+    #[serde(default)]
     msg_type: String,
     content: Value,
     reply_to: Option<String>,
+    update: Option<String>,
 }
 
 fn chat_id() -> String {
@@ -58,38 +63,42 @@ impl Api {
             Api::Feishu(_) => {
                 let send: FeishuSend = serde_json::from_value(body)
                     .map_err(|error| format!("not a Feishu send: {error}"))?;
-                if send.reply_to.is_none() && send.receive_id.is_empty() {
-                    return Err("name receive_id (or reply_to)".into());
+                if send.update.is_none() && send.reply_to.is_none() && send.receive_id.is_empty() {
+                    return Err("name receive_id (or reply_to, or update)".into());
+                }
+                if send.update.is_none() && send.msg_type.is_empty() {
+                    return Err("name msg_type (text, post, interactive, …)".into());
                 }
                 let content = match &send.content {
                     Value::String(text) => text.clone(),
                     other => other.to_string(),
                 };
-                // A reply's budget is its chat's when the caller names it (Feishu limits the
-                // chat), else the parent message's own.
-                let receiver = match (&send.reply_to, send.receive_id.is_empty()) {
-                    (Some(parent), true) => parent.clone(),
-                    _ => send.receive_id.clone(),
+                // Feishu limits updates per message, and sends per chat: a reply's budget is
+                // its chat's when the caller names it, else the parent message's own.
+                let bucket = match (&send.update, &send.reply_to, send.receive_id.is_empty()) {
+                    (Some(id), _, _) => format!("message:{id}"),
+                    (None, Some(parent), true) => format!("receiver:{parent}"),
+                    _ => format!("receiver:{}", send.receive_id),
                 };
                 let payload = json!([
                     send.receive_id_type,
                     send.receive_id,
                     send.msg_type,
                     content,
-                    send.reply_to
+                    send.reply_to,
+                    send.update
                 ]);
                 Ok(Prepared {
                     payload,
-                    budgets: vec![
-                        (format!("receiver:{receiver}"), FEISHU_RECEIVER),
-                        ("app".into(), FEISHU_APP),
-                    ],
+                    budgets: vec![(bucket, FEISHU_RECEIVER), ("app".into(), FEISHU_APP)],
+                    edit_of: send.update.clone(),
                     outgoing: Outgoing::Feishu(Message {
                         receive_id_type: send.receive_id_type,
                         receive_id: send.receive_id,
                         msg_type: send.msg_type,
                         content,
                         reply_to: send.reply_to,
+                        update_of: send.update,
                         uuid: platform_key,
                     }),
                 })
@@ -104,6 +113,7 @@ impl Api {
                 Ok(Prepared {
                     payload: message.body.clone(),
                     budgets,
+                    edit_of: None,
                     outgoing: Outgoing::Wecom(message),
                 })
             }

@@ -35,6 +35,9 @@ pub struct Message {
     pub content: String,
     /// Reply to this message instead of sending to `receive_id`.
     pub reply_to: Option<String>,
+    /// Update this (card) message's content instead: streaming cards edit one message many
+    /// times.
+    pub update_of: Option<String>,
     /// Feishu's idempotency key (at most 50 characters): the same for every retry.
     pub uuid: String,
 }
@@ -148,12 +151,19 @@ impl FeishuApi {
     }
 
     async fn send_with(&self, token: &str, message: &Message) -> Result<Value, Refused> {
-        let (url, body) = match &message.reply_to {
-            Some(parent) => (
+        let (method, url, body) = match (&message.update_of, &message.reply_to) {
+            (Some(id), _) => (
+                reqwest::Method::PATCH,
+                format!("{}/open-apis/im/v1/messages/{id}", self.domain),
+                json!({"content": message.content}),
+            ),
+            (None, Some(parent)) => (
+                reqwest::Method::POST,
                 format!("{}/open-apis/im/v1/messages/{parent}/reply", self.domain),
                 json!({"content": message.content, "msg_type": message.msg_type, "uuid": message.uuid}),
             ),
-            None => (
+            (None, None) => (
+                reqwest::Method::POST,
                 format!(
                     "{}/open-apis/im/v1/messages?receive_id_type={}",
                     self.domain, message.receive_id_type
@@ -166,7 +176,7 @@ impl FeishuApi {
         };
         let sent = self
             .http
-            .post(url)
+            .request(method, url)
             .bearer_auth(token)
             .json(&body)
             .send()

@@ -40,6 +40,11 @@ struct Inner {
     refused: u64,
     limited: u64,
     delay: Option<Duration>,
+    /// Updates applied, by message, in order.
+    updates: HashMap<String, Vec<String>>,
+    /// Updates of one message running at once, now and at most.
+    updating: HashMap<String, usize>,
+    most_at_once: usize,
 }
 
 struct Shared {
@@ -97,6 +102,10 @@ impl LocalFeishuApi {
             )
             .route("/open-apis/im/v1/messages", post(send))
             .route("/open-apis/im/v1/messages/{parent}/reply", post(reply))
+            .route(
+                "/open-apis/im/v1/messages/{id}",
+                axum::routing::patch(update),
+            )
             .with_state(shared.clone());
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, router).await;
@@ -133,6 +142,21 @@ impl LocalFeishuApi {
     /// Sends answered 429 (over 5 per second to one receiver).
     pub fn limited(&self) -> u64 {
         self.shared.lock().limited
+    }
+
+    /// The contents `message` was updated to, in order.
+    pub fn updates(&self, message: &str) -> Vec<String> {
+        self.shared
+            .lock()
+            .updates
+            .get(message)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// The most updates of one message that ran at once.
+    pub fn most_updates_at_once(&self) -> usize {
+        self.shared.lock().most_at_once
     }
 
     /// Every message really sent.
@@ -261,4 +285,43 @@ async fn deliver(shared: &Shared, headers: &HeaderMap, receiver: String, body: &
         tokio::time::sleep(delay).await;
     }
     answer(StatusCode::OK, answered)
+}
+
+/// `PATCH /open-apis/im/v1/messages/{id}`: a card's new content. Each takes 30 ms, so that
+/// updates of one message that overlap show.
+async fn update(
+    State(shared): State<Arc<Shared>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> Response {
+    let given = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::to_owned);
+    {
+        let mut inner = shared.lock();
+        if given.is_none() || given.as_deref() != inner.token.as_deref() {
+            return answer(
+                StatusCode::BAD_REQUEST,
+                json!({"code": 99991663, "msg": "Invalid access token for authorization"}),
+            );
+        }
+        let running = inner.updating.entry(id.clone()).or_default();
+        *running += 1;
+        let now = *running;
+        inner.most_at_once = inner.most_at_once.max(now);
+    }
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let mut inner = shared.lock();
+    if let Some(running) = inner.updating.get_mut(&id) {
+        *running -= 1;
+    }
+    let content = body["content"].as_str().unwrap_or_default().to_owned();
+    inner.updates.entry(id).or_default().push(content);
+    answer(
+        StatusCode::OK,
+        json!({"code": 0, "msg": "success", "data": {}}),
+    )
 }

@@ -18,6 +18,7 @@ fn text(chat: &str, key: &str) -> Message {
         msg_type: "text".into(),
         content: r#"{"text":"hello"}"#.into(),
         reply_to: None,
+        update_of: None,
         uuid: platform_key("test", key),
     }
 }
