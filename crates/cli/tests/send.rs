@@ -163,15 +163,18 @@ async fn a_burst_to_one_chat_stays_within_its_rate_and_loses_nothing() {
         .await
         .expect("api");
     let dir = tempfile::tempdir().expect("dir");
-    let gateway = Serve::start_with(dir.path(), &config(dir.path(), &platform.domain(), "5s"));
+    // 500 sends at 5 per second take 100 s: the sends may wait that long.
+    let config = config(dir.path(), &platform.domain(), "5s")
+        .replace("[api]\n", "[api]\nmax_wait = \"5m\"\n");
+    let gateway = Serve::start_with(dir.path(), &config);
     let api = gateway.api.clone().expect("api");
-    const BURST: usize = 40;
+    const BURST: usize = 500;
     let sends: Vec<_> = (0..BURST)
         .map(|i| {
             let api = api.clone();
             tokio::spawn(async move {
                 let body = json!({"receive_id": "oc_busy", "msg_type": "text",
-                                  "content": {"text": format!("n{i}")}, "wait_ms": 30000});
+                                  "content": {"text": format!("n{i}")}, "wait_ms": 200000});
                 send(&api, &format!("burst-{i}"), &body).await
             })
         })
@@ -191,7 +194,8 @@ async fn a_burst_to_one_chat_stays_within_its_rate_and_loses_nothing() {
             .iter()
             .take_while(|t| t.duration_since(*start) < Duration::from_secs(1))
             .count();
-        assert!(inside <= 9, "{inside} messages within one second");
+        // Feishu's own bound: its burst of 5 plus 5 in the second.
+        assert!(inside <= 10, "{inside} messages within one second");
     }
     let (_, metrics) = gateway.admin_get("/metrics").await;
     assert!(
@@ -482,5 +486,38 @@ async fn edits_of_one_card_go_one_at_a_time_and_the_latest_wins() {
     assert!(
         versions.windows(2).all(|w| w[0] < w[1]),
         "never an older edit after a newer one: {versions:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_over_its_own_budget_gets_429_at_once() {
+    let platform = LocalFeishuApi::start(APP, SECRET, Duration::from_secs(7200))
+        .await
+        .expect("api");
+    let dir = tempfile::tempdir().expect("dir");
+    let config = config(dir.path(), &platform.domain(), "5s").replace(
+        "token = \"bot-token\"\n",
+        "token = \"bot-token\"\nsends_per_second = 2\n",
+    );
+    let gateway = Serve::start_with(dir.path(), &config);
+    let api = gateway.api.clone().expect("api");
+    let mut statuses = Vec::new();
+    for i in 0..4 {
+        let response = client()
+            .post(format!("{api}/send/feishu"))
+            .bearer_auth(TOKEN)
+            .header("idempotency-key", format!("budget-{i}"))
+            .json(&hello(&format!("oc_{i}")))
+            .send()
+            .await
+            .expect("send");
+        let retry_after = response.headers().get("retry-after").is_some();
+        statuses.push((response.status().as_u16(), retry_after));
+    }
+    assert_eq!(statuses[..2], [(200, false), (200, false)], "{statuses:?}");
+    assert_eq!(statuses[2], (429, true), "{statuses:?}");
+    assert_eq!(
+        platform.sent().len(),
+        statuses.iter().filter(|(s, _)| *s == 200).count()
     );
 }

@@ -92,6 +92,10 @@ pub struct CallerConfig {
     /// Callers of one namespace share their keys (a Python and a Node handler of one shop).
     #[serde(default = "default_namespace")]
     pub namespace: String,
+    /// Sends per second this caller may make (its own budget, apart from the platforms');
+    /// beyond it `/send` answers 429 with Retry-After at once. Unbounded unless set.
+    #[serde(default)]
+    pub sends_per_second: Option<u32>,
 }
 
 fn default_namespace() -> String {

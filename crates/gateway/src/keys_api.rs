@@ -37,6 +37,8 @@ pub(crate) struct Caller {
     pub(crate) name: String,
     pub(crate) namespace: String,
     digest: [u8; 32],
+    /// Sends per second this caller may make, if bounded.
+    pub(crate) sends_per_second: Option<u32>,
 }
 
 impl Caller {
@@ -46,6 +48,7 @@ impl Caller {
             name: name.to_owned(),
             namespace: namespace.to_owned(),
             digest: Sha256::digest(token.as_bytes()).into(),
+            sends_per_second: None,
         }
     }
 }

@@ -444,11 +444,9 @@ impl<S: Store> Gateway<S> {
                 let token = caller.token.resolve().map_err(|message| {
                     GatewayError::Config(format!("api.caller {:?} token: {message}", caller.name))
                 })?;
-                Ok(keys_api::Caller::new(
-                    &caller.name,
-                    &caller.namespace,
-                    &token,
-                ))
+                let mut api_caller = keys_api::Caller::new(&caller.name, &caller.namespace, &token);
+                api_caller.sends_per_second = caller.sends_per_second;
+                Ok(api_caller)
             })
             .collect::<Result<Vec<_>, GatewayError>>()?;
         let mut gateway = Self::new(store, parts);

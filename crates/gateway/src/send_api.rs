@@ -90,6 +90,29 @@ async fn send_once<S: Store>(
 ) -> Result<Response, Refused> {
     let started = Instant::now();
     let caller = caller(shared, headers)?;
+    if let Some(per_second) = caller.sends_per_second {
+        let bucket = key_for("api", "caller", &caller.name, "sends");
+        let rate = oncegate_core::Rate::per_second(per_second.max(1));
+        match shared.store.take_rate(&bucket, rate).await {
+            Ok(oncegate_core::RateVerdict::Granted) => {}
+            Ok(oncegate_core::RateVerdict::Wait(after)) => {
+                count(source, "caller_over_budget");
+                return Ok(retry_after(
+                    after,
+                    format!(
+                        "caller {:?} is over its budget of {per_second} sends per second (api.caller.sends_per_second)",
+                        caller.name
+                    ),
+                ));
+            }
+            Err(error) => {
+                return Err(Refused(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("the store cannot answer: {error}; nothing was sent, retry"),
+                ));
+            }
+        }
+    }
     let sender = shared.senders.get(source).ok_or_else(|| {
         Refused(
             StatusCode::NOT_FOUND,
@@ -203,34 +226,36 @@ async fn send_once<S: Store>(
         count(source, "rate_limited");
         retry_after(after, why)
     };
-    match send_budget::take(shared, source, &budgets, lane, deadline).await {
-        Ok(()) => {}
-        Err(NoBudget::Later(pause)) => {
-            return Ok(give_up(
-                pause,
-                format!(
-                    "over the rate budget for {} ms more than the send may wait (wait_ms)",
-                    pause.as_millis()
-                ),
-            )
-            .await);
-        }
-        Err(NoBudget::Crowded(max)) => {
-            let _ = shared.store.release(&lease).await;
-            count(source, "crowded");
-            return Err(Refused(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!(
-                    "{max} sends already wait for their rate budgets (api.max_waiting_sends): nothing was sent, retry later"
-                ),
-            ));
-        }
-        Err(NoBudget::Store(error)) => {
-            let _ = shared.store.release(&lease).await;
-            return Err(unavailable(&error));
-        }
-    }
     loop {
+        // Every attempt spends the budgets, a retry after the platform's 429 too: a retry
+        // outside them would crowd the receiver further.
+        match send_budget::take(shared, source, &budgets, lane, deadline).await {
+            Ok(()) => {}
+            Err(NoBudget::Later(pause)) => {
+                return Ok(give_up(
+                    pause,
+                    format!(
+                        "over the rate budget for {} ms more than the send may wait (wait_ms)",
+                        pause.as_millis()
+                    ),
+                )
+                .await);
+            }
+            Err(NoBudget::Crowded(max)) => {
+                let _ = shared.store.release(&lease).await;
+                count(source, "crowded");
+                return Err(Refused(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!(
+                        "{max} sends already wait for their rate budgets (api.max_waiting_sends): nothing was sent, retry later"
+                    ),
+                ));
+            }
+            Err(NoBudget::Store(error)) => {
+                let _ = shared.store.release(&lease).await;
+                return Err(unavailable(&error));
+            }
+        }
         // Every call counts against a tenant's quota, whatever it answers.
         metrics::counter!("oncegate_send_api_calls_total", "source" => source.to_owned())
             .increment(1);
