@@ -6,10 +6,12 @@
 //! asserts.
 
 mod feishu_ws;
+mod keys;
 mod send;
 mod wecom;
 
 pub use feishu_ws::feishu_ws_frames;
+pub use keys::keys_body;
 pub use send::send_body;
 pub use wecom::{wecom_callback, wecom_decrypt, wecom_xml};
 
@@ -30,6 +32,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("wecom_xml", wecom_xml),
     ("feishu_ws_frames", feishu_ws_frames),
     ("send_body", send_body),
+    ("keys_body", keys_body),
 ];
 
 const KEY: &str = "fuzz-encrypt-key";

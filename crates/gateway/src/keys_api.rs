@@ -146,18 +146,39 @@ fn parse<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T, Refused> {
     })
 }
 
-/// The key's hash in the caller's namespace, and its partition.
-fn key_of<S: Store>(
-    shared: &Shared<S>,
-    caller: &Caller,
-    key: &str,
-) -> Result<(KeyHash, u16), Refused> {
+/// A key within its bounds.
+fn check_key(key: &str) -> Result<(), Refused> {
     if key.is_empty() || key.len() > KEY_LIMIT {
         return Err(refused(
             StatusCode::BAD_REQUEST,
             format!("key must be 1 to {KEY_LIMIT} bytes"),
         ));
     }
+    Ok(())
+}
+
+/// Reads a `/keys/<op>` body as the API does, without a store: what the fuzz harness drives.
+/// `Ok` means every check a call makes before the store passed.
+pub fn read_body(op: &str, body: &[u8]) -> Result<(), String> {
+    let body = Bytes::copy_from_slice(body);
+    let checked = match op {
+        "claim" => parse::<ClaimRequest>(&body).and_then(|request| check_key(&request.key)),
+        _ => parse::<LeaseRequest>(&body).and_then(|request| {
+            check_key(&request.key)?;
+            lease_token(&request.lease)?;
+            result_bytes(request.result).map(|_| ())
+        }),
+    };
+    checked.map_err(|Refused(_, message)| message)
+}
+
+/// The key's hash in the caller's namespace, and its partition.
+fn key_of<S: Store>(
+    shared: &Shared<S>,
+    caller: &Caller,
+    key: &str,
+) -> Result<(KeyHash, u16), Refused> {
+    check_key(key)?;
     let hash = key_for("api", &caller.namespace, "business_key", key);
     Ok((hash, hash.home(shared.store.partitions())))
 }
@@ -173,18 +194,33 @@ fn unavailable(caller: &Caller, error: &dyn std::fmt::Display) -> Response {
 
 /// The lease a caller hands back: its token (a string: JavaScript numbers lose its bits).
 fn lease_of(text: &str, key: KeyHash, partition: u16) -> Result<Lease, Refused> {
-    let token = text.trim().parse::<u64>().map_err(|_| {
+    Ok(Lease {
+        key,
+        partition,
+        token: FencingToken(lease_token(text)?),
+        until_ms: 0,
+    })
+}
+
+fn lease_token(text: &str) -> Result<u64, Refused> {
+    text.trim().parse::<u64>().map_err(|_| {
         refused(
             StatusCode::BAD_REQUEST,
             "lease must be the string a claim answered with",
         )
-    })?;
-    Ok(Lease {
-        key,
-        partition,
-        token: FencingToken(token),
-        until_ms: 0,
     })
+}
+
+/// A result as it is stored: its JSON, within the bound.
+fn result_bytes(result: Option<Value>) -> Result<Option<Vec<u8>>, Refused> {
+    let result = result.map(|value| value.to_string().into_bytes());
+    if result.as_ref().is_some_and(|r| r.len() > RESULT_LIMIT) {
+        return Err(refused(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("result larger than {RESULT_LIMIT} bytes: store a reference to it instead"),
+        ));
+    }
+    Ok(result)
 }
 
 #[derive(Deserialize)]
@@ -347,14 +383,10 @@ async fn complete<S: Store>(
         Ok(held) => held,
         Err(bad) => return bad.into_response(),
     };
-    let result = request.result.map(|value| value.to_string().into_bytes());
-    if result.as_ref().is_some_and(|r| r.len() > RESULT_LIMIT) {
-        return refused(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("result larger than {RESULT_LIMIT} bytes: store a reference to it instead"),
-        )
-        .into_response();
-    }
+    let result = match result_bytes(request.result) {
+        Ok(result) => result,
+        Err(too_large) => return too_large.into_response(),
+    };
     match once::complete(&shared, &lease, result.map(bytes::Bytes::from)).await {
         Ok(check) => fenced(caller, "complete", check, json!({"state": "done"})),
         Err(error) => unavailable(caller, &error),

@@ -8,7 +8,7 @@ mod admin;
 mod admission;
 mod dispatch;
 mod ingress;
-mod keys_api;
+pub mod keys_api;
 mod longconn;
 mod once;
 pub mod registry;
