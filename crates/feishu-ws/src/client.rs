@@ -57,6 +57,7 @@ impl<I: Inlet> LongConnection<I> {
         Ok(Self {
             context: Arc::new(Context {
                 app,
+                counters: crate::connection::EventCounters::new(&settings.source),
                 settings,
                 inlet,
                 status: Arc::new(Status::default()),

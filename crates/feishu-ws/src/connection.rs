@@ -45,6 +45,26 @@ pub(crate) struct Context<I> {
     pub(crate) settings: Settings,
     pub(crate) inlet: Arc<I>,
     pub(crate) status: Arc<Status>,
+    pub(crate) counters: EventCounters,
+}
+
+/// The counters every event moves, registered once: a labelled counter looked up by its
+/// labels costs an allocation and a registry lookup per event.
+pub(crate) struct EventCounters {
+    events: metrics::Counter,
+    acked: metrics::Counter,
+    failed: metrics::Counter,
+}
+
+impl EventCounters {
+    pub(crate) fn new(source: &str) -> Self {
+        let source = source.to_owned();
+        Self {
+            events: metrics::counter!("oncegate_ws_frames_total", "source" => source.clone(), "type" => "event"),
+            acked: metrics::counter!("oncegate_ws_acks_total", "source" => source.clone(), "code" => "200"),
+            failed: metrics::counter!("oncegate_ws_acks_total", "source" => source, "code" => "500"),
+        }
+    }
 }
 
 impl<I: Inlet> Context<I> {
@@ -262,7 +282,7 @@ async fn data_frame<I: Inlet>(
         let _ = outbox.send(frame.ack(200, None, 0)).await;
         return;
     }
-    context.count_frame("event");
+    context.counters.events.increment(1);
     let parts = (frame.number("sum"), frame.number("seq"));
     let (sum, seq) = match parts {
         (Ok(sum), Ok(seq)) => (sum, seq),
@@ -396,8 +416,10 @@ async fn admit_in_order<I: Inlet>(
                 500
             }
         };
-        metrics::counter!("oncegate_ws_acks_total", "source" => context.settings.source.clone(), "code" => if code == 200 { "200" } else { "500" })
-            .increment(1);
+        match code {
+            200 => context.counters.acked.increment(1),
+            _ => context.counters.failed.increment(1),
+        }
         let ack = frame.ack(code, None, elapsed_ms(received));
         // A connection that ended lost its acks: Feishu redelivers, the event id catches it.
         let _ = outbox.send(ack).await;

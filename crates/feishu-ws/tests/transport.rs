@@ -371,12 +371,16 @@ async fn a_half_open_socket_is_replaced_and_the_pong_config_applies() {
         ping_interval: 120,
         ..quick()
     };
-    let running = start(config, Recorder::default(), |_| {}).await;
-    // Pongs say: ping every second.
-    running.server.pong_with(ClientConfig {
+    // Pongs say: ping every second (set before the client dials, so that its first pong says
+    // it too).
+    let server = LocalFeishu::start(APP, SECRET, config)
+        .await
+        .expect("server");
+    server.pong_with(ClientConfig {
         ping_interval: 1,
         ..quick()
     });
+    let running = start_tuned(server, Recorder::default(), |_| {});
     let conn = first_connection(&running).await;
     assert!(
         until(Duration::from_secs(15), || running.server.pings() >= 3).await,

@@ -114,7 +114,7 @@ impl FeishuApi {
             .map_err(|error| SendError::Transient(format!("token: {}", error.without_url())))?;
         let body = read(sent)
             .await
-            .map_err(|(_, error)| SendError::Transient(format!("token: {error}")))?;
+            .map_err(|error| SendError::Transient(format!("token: {error}")))?;
         let answer: TokenAnswer = serde_json::from_slice(&body)
             .map_err(|error| SendError::Transient(format!("token answer: {error}")))?;
         match (answer.code, answer.tenant_access_token, answer.expire) {
@@ -188,13 +188,10 @@ impl FeishuApi {
             .get("x-ogw-ratelimit-reset")
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse::<u64>().ok());
-        let body = read(sent).await.map_err(|(unknown, error)| {
-            Refused::Send(if unknown {
-                SendError::Unknown(error)
-            } else {
-                SendError::Transient(error)
-            })
-        })?;
+        // The request was taken: an answer cut off leaves the outcome unknown.
+        let body = read(sent)
+            .await
+            .map_err(|error| Refused::Send(SendError::Unknown(error)))?;
         let answer: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
         let code = answer["code"].as_i64();
         let message_text = answer["msg"]
@@ -248,20 +245,19 @@ fn classify_io(error: reqwest::Error) -> SendError {
     }
 }
 
-/// The answer's body within its bound; an error says whether the request may have been taken
-/// (the body was cut off: unknown).
-async fn read(mut response: reqwest::Response) -> Result<Vec<u8>, (bool, String)> {
+/// The answer's body within its bound (WeCom's client reads through it too).
+pub(crate) async fn read(mut response: reqwest::Response) -> Result<Vec<u8>, String> {
     let mut body = Vec::new();
     loop {
         match response.chunk().await {
             Ok(Some(chunk)) => {
                 if body.len() + chunk.len() > MAX_ANSWER {
-                    return Err((true, format!("answer larger than {MAX_ANSWER} bytes")));
+                    return Err(format!("answer larger than {MAX_ANSWER} bytes"));
                 }
                 body.extend_from_slice(&chunk);
             }
             Ok(None) => return Ok(body),
-            Err(error) => return Err((true, error.without_url().to_string())),
+            Err(error) => return Err(error.without_url().to_string()),
         }
     }
 }

@@ -19,8 +19,6 @@ const FREQUENCY: i64 = 45009;
 const CONCURRENCY: i64 = 45033;
 /// WeCom is busy: nothing was sent.
 const BUSY: i64 = -1;
-/// The largest answer read.
-const MAX_ANSWER: usize = 1 << 20;
 
 /// One message: WeCom's own body, with this app's `agentid` and the duplicate check set.
 #[derive(Debug, Clone, PartialEq)]
@@ -164,7 +162,9 @@ impl WecomApi {
             .send()
             .await
             .map_err(|error| SendError::Transient(format!("token: {}", error.without_url())))?;
-        let body = read(sent).await.map_err(SendError::Transient)?;
+        let body = crate::feishu::read(sent)
+            .await
+            .map_err(SendError::Transient)?;
         let answer: TokenAnswer = serde_json::from_slice(&body)
             .map_err(|error| SendError::Transient(format!("token answer: {error}")))?;
         match (answer.errcode, answer.access_token, answer.expires_in) {
@@ -208,7 +208,9 @@ impl WecomApi {
                         SendError::Unknown(text)
                     }
                 })?;
-            let body = read(sent).await.map_err(SendError::Unknown)?;
+            let body = crate::feishu::read(sent)
+                .await
+                .map_err(SendError::Unknown)?;
             let answer: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
             let code = answer["errcode"].as_i64().unwrap_or(-2);
             let text: String = answer["errmsg"]
@@ -247,19 +249,4 @@ impl WecomApi {
             "WeCom refused a freshly fetched token".into(),
         ))
     }
-}
-
-async fn read(mut response: reqwest::Response) -> Result<Vec<u8>, String> {
-    let mut body = Vec::new();
-    while let Some(chunk) = response
-        .chunk()
-        .await
-        .map_err(|error| error.without_url().to_string())?
-    {
-        if body.len() + chunk.len() > MAX_ANSWER {
-            return Err(format!("answer larger than {MAX_ANSWER} bytes"));
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(body)
 }
