@@ -116,7 +116,7 @@ async fn concurrent_repeats_and_a_restart_send_once() {
     assert_eq!(status, 409, "{answer}");
     assert_eq!(platform.sent().len(), 1);
     assert_eq!(
-        platform.tokens_issued(),
+        platform.token_requests(),
         1,
         "the restarted gateway answered from the store"
     );
@@ -185,13 +185,11 @@ async fn a_burst_to_one_chat_stays_within_its_rate_and_loses_nothing() {
     }
     let sent = platform.sent();
     assert_eq!(sent.len(), BURST, "none lost, none twice");
-    // The gateway spaces its sends under Feishu's rate; a test server starved of CPU (the
-    // suite runs tests in parallel on 2 cores) may still stamp a few arrivals together and
-    // refuse them, which the gateway backs off and retries within the send's wait: none lost,
-    // none twice (above). Sequencing a receiver's sends from the previous answer would make
-    // even that impossible; see the notes.
-    assert!(
-        platform.limited() <= 5,
+    // One chat's sends start a fifth of a second after the previous answer: they arrive that
+    // far apart however starved the machine, so the platform never refuses one.
+    assert_eq!(
+        platform.limited(),
+        0,
         "{} refused of {BURST}",
         platform.limited()
     );
@@ -202,8 +200,7 @@ async fn a_burst_to_one_chat_stays_within_its_rate_and_loses_nothing() {
             .iter()
             .take_while(|t| t.duration_since(*start) < Duration::from_secs(1))
             .count();
-        // Feishu's own bound: its burst of 5 plus 5 in the second.
-        assert!(inside <= 10, "{inside} messages within one second");
+        assert!(inside <= 5, "{inside} messages within one second");
     }
     let (_, metrics) = gateway.admin_get("/metrics").await;
     assert!(
@@ -340,8 +337,9 @@ domain = "{domain}"
     let gateway = Serve::start_with(dir.path(), &config);
     let api = gateway.api.clone().expect("api");
     // WeCom drops, without an error, what passes 30 per minute to one member: the gateway's
-    // budget (burst 10, then one every 2 s) keeps every message under it.
-    const SENDS: usize = 14;
+    // budget (burst 5, then one every 2.5 s: 28 in any minute, see send/tests/limits.rs) keeps
+    // every message under it.
+    const SENDS: usize = 9;
     let sends: Vec<_> = (0..SENDS)
         .map(|i| {
             let api = api.clone();
@@ -396,7 +394,7 @@ async fn a_reply_goes_before_waiting_notifications_and_the_waiting_are_bounded()
     let dir = tempfile::tempdir().expect("dir");
     let config = config(dir.path(), &platform.domain(), "5s").replace(
         "send_timeout = \"5s\"",
-        "send_timeout = \"5s\"\nmax_waiting_sends = 9",
+        "send_timeout = \"5s\"\nmax_waiting_sends = 14",
     );
     let gateway = Serve::start_with(dir.path(), &config);
     let api = gateway.api.clone().expect("api");
@@ -419,7 +417,7 @@ async fn a_reply_goes_before_waiting_notifications_and_the_waiting_are_bounded()
     };
     // Past the bound of waiting sends: told at once, nothing sent.
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let crowded: Vec<_> = (100..104).map(notify).collect();
+    let crowded: Vec<_> = (100..106).map(notify).collect();
     let mut refused = 0;
     for sent in crowded {
         let (status, answer, _) = sent.await.expect("join");
@@ -433,7 +431,7 @@ async fn a_reply_goes_before_waiting_notifications_and_the_waiting_are_bounded()
             refused += 1;
         }
     }
-    assert!(refused >= 1, "the bound of 9 waiting sends answers 503");
+    assert!(refused >= 1, "the bound of 14 waiting sends answers 503");
     assert_eq!(reply.await.expect("join").0, 200);
     for sent in notices {
         assert_eq!(sent.await.expect("join").0, 200);
@@ -443,8 +441,10 @@ async fn a_reply_goes_before_waiting_notifications_and_the_waiting_are_bounded()
         .iter()
         .position(|to| to == "om_question")
         .expect("the reply was sent");
+    // The chat's sends go one at a time: the reply right after the one or two notices that
+    // went before it arrived (12 with the lane removed).
     assert!(
-        position <= 7,
+        position <= 3,
         "the reply went before the waiting notices: position {position} of {order:?}"
     );
 }

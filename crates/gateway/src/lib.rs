@@ -15,6 +15,7 @@ pub mod registry;
 mod send_api;
 mod send_budget;
 mod send_edits;
+mod send_pace;
 mod server;
 pub mod sink;
 mod spooling;
@@ -182,6 +183,8 @@ pub(crate) struct Shared<S> {
     pub(crate) max_waiting_sends: usize,
     /// Edits of one message, one at a time, the latest winning.
     pub(crate) edits: send_edits::Edits,
+    /// Each receiver's sends one at a time, spaced from the previous answer.
+    pub(crate) pacer: Arc<send_pace::Pacer>,
 }
 
 impl<S: Store> Shared<S> {
@@ -343,6 +346,7 @@ impl<S: Store> Gateway<S> {
                 sends_waiting: send_budget::Waiting::default(),
                 max_waiting_sends: 1000,
                 edits: send_edits::Edits::default(),
+                pacer: Arc::default(),
             }),
         }
     }

@@ -21,6 +21,7 @@ use crate::Shared;
 use crate::keys_api::{Refused, caller};
 use crate::once::{self, Claimed, Claiming};
 use crate::send_budget::{self, Lane, NoBudget};
+use crate::send_pace::TooLate;
 
 /// The longest `Idempotency-Key`.
 const KEY_LIMIT: usize = 255;
@@ -226,40 +227,65 @@ async fn send_once<S: Store>(
         count(source, "rate_limited");
         retry_after(after, why)
     };
-    loop {
-        // Every attempt spends the budgets, a retry after the platform's 429 too: a retry
-        // outside them would crowd the receiver further.
-        match send_budget::take(shared, source, &budgets, lane, deadline).await {
-            Ok(()) => {}
-            Err(NoBudget::Later(pause)) => {
-                return Ok(give_up(
-                    pause,
-                    format!(
-                        "over the rate budget for {} ms more than the send may wait (wait_ms)",
-                        pause.as_millis()
-                    ),
-                )
-                .await);
-            }
-            Err(NoBudget::Crowded(max)) => {
-                let _ = shared.store.release(&lease).await;
-                count(source, "crowded");
-                return Err(Refused(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    format!(
-                        "{max} sends already wait for their rate budgets (api.max_waiting_sends): nothing was sent, retry later"
-                    ),
-                ));
-            }
-            Err(NoBudget::Store(error)) => {
-                let _ = shared.store.release(&lease).await;
-                return Err(unavailable(&error));
+    let no_budget = async |why: NoBudget| match why {
+        NoBudget::Later(pause) => Ok(give_up(
+            pause,
+            format!(
+                "over the rate budget for {} ms more than the send may wait (wait_ms)",
+                pause.as_millis()
+            ),
+        )
+        .await),
+        NoBudget::Crowded(max) => {
+            let _ = shared.store.release(&lease).await;
+            count(source, "crowded");
+            Err(Refused(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "{max} sends already wait for their rate budgets (api.max_waiting_sends): nothing was sent, retry later"
+                ),
+            ))
+        }
+        NoBudget::Store(error) => {
+            let _ = shared.store.release(&lease).await;
+            Err(unavailable(&error))
+        }
+    };
+    // Counted among the waiting sends from here until its first call to the platform.
+    let mut waiting = match shared.sends_waiting.enter(shared.max_waiting_sends) {
+        Ok(waiting) => Some(waiting),
+        Err(why) => return no_budget(why).await,
+    };
+    // A paced receiver's sends from this gateway go one at a time, replies first.
+    let turn = match &prepared.pace {
+        Some((name, spacing)) => {
+            let receiver = key_for("send", &sender.scope, name, "");
+            match shared.pacer.turn(receiver, *spacing, lane, deadline).await {
+                Ok(turn) => Some(turn),
+                Err(TooLate(after)) => return no_budget(NoBudget::Later(after)).await,
             }
         }
+        None => None,
+    };
+    loop {
+        if let Some(turn) = &turn
+            && let Err(TooLate(after)) = turn.ready(deadline).await
+        {
+            return no_budget(NoBudget::Later(after)).await;
+        }
+        // Every attempt spends the budgets, a retry after the platform's 429 too: a retry
+        // outside them would crowd the receiver further.
+        if let Err(why) = send_budget::take(shared, source, &budgets, lane, deadline).await {
+            return no_budget(why).await;
+        }
+        drop(waiting.take());
         // Every call counts against a tenant's quota, whatever it answers.
         metrics::counter!("oncegate_send_api_calls_total", "source" => source.to_owned())
             .increment(1);
         let sent = sender.api.send(&prepared).await;
+        if let Some(turn) = &turn {
+            turn.answered();
+        }
         let (status, answer) = match sent {
             Ok(answer) => (StatusCode::OK, answer),
             // The platform's own limit: back off as it says, within the send's wait.

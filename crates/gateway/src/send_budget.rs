@@ -43,7 +43,27 @@ pub(crate) enum NoBudget {
     Store(StoreError),
 }
 
-/// Holds a place among the waiting sends (and in the high lane's counts) until dropped.
+/// Holds a place among the waiting sends until dropped.
+pub(crate) struct Counted<'a>(&'a AtomicUsize);
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Waiting {
+    /// A place among the sends that wait, unless `max` already do.
+    pub(crate) fn enter(&self, max: usize) -> Result<Counted<'_>, NoBudget> {
+        if self.count.fetch_add(1, Ordering::Relaxed) >= max {
+            self.count.fetch_sub(1, Ordering::Relaxed);
+            return Err(NoBudget::Crowded(max));
+        }
+        Ok(Counted(&self.count))
+    }
+}
+
+/// Holds a place in the high lane's counts until dropped.
 struct Place<'a> {
     waiting: &'a Waiting,
     high: Vec<KeyHash>,
@@ -51,7 +71,6 @@ struct Place<'a> {
 
 impl Drop for Place<'_> {
     fn drop(&mut self) {
-        self.waiting.count.fetch_sub(1, Ordering::Relaxed);
         let mut high = lock(&self.waiting.high);
         for bucket in &self.high {
             if let Some(n) = high.get_mut(bucket) {
@@ -68,7 +87,8 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Takes one call from every budget, waiting until `deadline` at most.
+/// Takes one call from every budget, waiting until `deadline` at most (a send counts itself
+/// among the waiting with [`Waiting::enter`] first).
 pub(crate) async fn take<S: Store>(
     shared: &Shared<S>,
     source: &str,
@@ -77,11 +97,6 @@ pub(crate) async fn take<S: Store>(
     deadline: Instant,
 ) -> Result<(), NoBudget> {
     let waiting = &shared.sends_waiting;
-    let max = shared.max_waiting_sends;
-    if waiting.count.fetch_add(1, Ordering::Relaxed) >= max {
-        waiting.count.fetch_sub(1, Ordering::Relaxed);
-        return Err(NoBudget::Crowded(max));
-    }
     let mut place = Place {
         waiting,
         high: Vec::new(),

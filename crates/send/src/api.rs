@@ -6,7 +6,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::feishu::{FeishuApi, Message};
-use crate::limits::{FEISHU_APP, FEISHU_RECEIVER, WECOM_APP, WECOM_MEMBER};
+use crate::limits::{FEISHU_APP, FEISHU_PACE, FEISHU_RECEIVER, WECOM_APP, WECOM_MEMBER};
 use crate::wecom::{WecomApi, WecomMessage};
 use crate::{Budget, SendError};
 
@@ -29,6 +29,10 @@ pub struct Prepared {
     /// The message this send edits, if it is an edit: edits of one message go one at a time
     /// and the latest wins.
     pub edit_of: Option<String>,
+    /// The budget (by its bucket's name) whose sends from one gateway go one at a time, each
+    /// started at least this long after the previous one's answer, so that they arrive that
+    /// far apart however late each was.
+    pub pace: Option<(String, std::time::Duration)>,
     outgoing: Outgoing,
 }
 
@@ -90,6 +94,7 @@ impl Api {
                 ]);
                 Ok(Prepared {
                     payload,
+                    pace: Some((bucket.clone(), FEISHU_PACE)),
                     budgets: vec![(bucket, FEISHU_RECEIVER), ("app".into(), FEISHU_APP)],
                     edit_of: send.update.clone(),
                     outgoing: Outgoing::Feishu(Message {
@@ -114,6 +119,8 @@ impl Api {
                     payload: message.body.clone(),
                     budgets,
                     edit_of: None,
+                    // WeCom counts per minute: the budget's slack covers arrival jitter.
+                    pace: None,
                     outgoing: Outgoing::Wecom(message),
                 })
             }

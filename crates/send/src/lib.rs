@@ -35,10 +35,15 @@ pub mod limits {
         per: Duration::from_secs(2),
         burst: 3,
     };
+    /// Feishu: one receiver's sends from one gateway start at least 1/5 s after the previous
+    /// answer, so they arrive at most 5 in any second.
+    pub const FEISHU_PACE: Duration = Duration::from_millis(200);
     /// Feishu: 50 calls per second per API and app.
     pub const FEISHU_APP: Budget = Budget::per_second(50);
     /// WeCom: 30 messages per minute to one member (beyond, WeCom drops them without a word).
-    pub const WECOM_MEMBER: Budget = Budget::per_minute(30, 10);
+    /// A bucket of `n` per minute with a burst of `b` lets `n + b - 1` through in some minute,
+    /// so 24 with a burst of 5: 28 at most in any 60 s, two spare for arrival jitter.
+    pub const WECOM_MEMBER: Budget = Budget::per_minute(24, 5);
     /// WeCom: 10 000 calls per minute per API and corp.
     pub const WECOM_APP: Budget = Budget::per_minute(10_000, 200);
 }

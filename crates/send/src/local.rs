@@ -33,8 +33,11 @@ pub struct Sent {
 
 #[derive(Default)]
 struct Inner {
-    token: Option<String>,
+    /// Valid tokens and when each expires: the newest, and the one before it until it runs out.
+    tokens: HashMap<String, Instant>,
+    newest: Option<String>,
     tokens_issued: u64,
+    token_requests: u64,
     by_uuid: HashMap<String, (String, Instant)>,
     sent: Vec<Sent>,
     refused: u64,
@@ -123,9 +126,16 @@ impl LocalFeishuApi {
         self.shared.lock().tokens_issued
     }
 
-    /// Makes the current token invalid, as Feishu does when it runs out.
+    /// Token requests answered so far (a valid token is answered again, not reissued).
+    pub fn token_requests(&self) -> u64 {
+        self.shared.lock().token_requests
+    }
+
+    /// Makes every token invalid, as Feishu does when they run out.
     pub fn expire_token(&self) {
-        self.shared.lock().token = None;
+        let mut inner = self.shared.lock();
+        inner.tokens.clear();
+        inner.newest = None;
     }
 
     /// Sends are answered only after this long from now on (a client may time out after the
@@ -178,13 +188,39 @@ async fn token(State(shared): State<Arc<Shared>>, Json(body): Json<Value>) -> Re
         );
     }
     let mut inner = shared.lock();
-    inner.tokens_issued += 1;
-    let token = format!("t-local-{}", inner.tokens_issued);
-    inner.token = Some(token.clone());
+    inner.token_requests += 1;
+    let now = Instant::now();
+    inner.tokens.retain(|_, expires| *expires > now);
+    // Feishu answers the same token while more than 30 minutes of it remain; after that a new
+    // one, and the old one stays valid until it runs out (several clients never evict each
+    // other's).
+    let current = inner
+        .newest
+        .as_ref()
+        .and_then(|token| Some((token.clone(), *inner.tokens.get(token)?)))
+        .filter(|(_, expires)| *expires > now + Duration::from_secs(30 * 60));
+    let (token, expires) = match current {
+        Some(current) => current,
+        None => {
+            inner.tokens_issued += 1;
+            let token = format!("t-local-{}", inner.tokens_issued);
+            let expires = now + shared.lifetime;
+            inner.tokens.insert(token.clone(), expires);
+            inner.newest = Some(token.clone());
+            (token, expires)
+        }
+    };
     answer(
         StatusCode::OK,
-        json!({"code": 0, "msg": "ok", "tenant_access_token": token, "expire": shared.lifetime.as_secs()}),
+        json!({"code": 0, "msg": "ok", "tenant_access_token": token, "expire": (expires - now).as_secs()}),
     )
+}
+
+/// Whether `given` (an `Authorization` header's bearer token) is valid now.
+fn valid(inner: &Inner, given: Option<&str>) -> bool {
+    given
+        .and_then(|token| inner.tokens.get(token))
+        .is_some_and(|expires| *expires > Instant::now())
 }
 
 async fn send(
@@ -219,7 +255,7 @@ async fn deliver(shared: &Shared, headers: &HeaderMap, receiver: String, body: &
         .and_then(|v| v.strip_prefix("Bearer "));
     let (answered, delay) = {
         let mut inner = shared.lock();
-        if given.is_none() || given != inner.token.as_deref() {
+        if !valid(&inner, given) {
             return answer(
                 StatusCode::BAD_REQUEST,
                 json!({"code": 99991663, "msg": "Invalid access token for authorization"}),
@@ -302,7 +338,7 @@ async fn update(
         .map(str::to_owned);
     {
         let mut inner = shared.lock();
-        if given.is_none() || given.as_deref() != inner.token.as_deref() {
+        if !valid(&inner, given.as_deref()) {
             return answer(
                 StatusCode::BAD_REQUEST,
                 json!({"code": 99991663, "msg": "Invalid access token for authorization"}),

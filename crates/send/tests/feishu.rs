@@ -41,7 +41,7 @@ async fn one_token_for_all_callers_and_one_refresh_when_it_is_refused() {
     for send in sends.collect::<Vec<_>>() {
         send.await.expect("join").expect("sent");
     }
-    assert_eq!(server.tokens_issued(), 1, "single flight");
+    assert_eq!(server.token_requests(), 1, "single flight");
     server.expire_token();
     let sends = (0..40).map(|i| {
         let api = api.clone();
@@ -51,7 +51,7 @@ async fn one_token_for_all_callers_and_one_refresh_when_it_is_refused() {
         send.await.expect("join").expect("sent after the refresh");
     }
     assert_eq!(
-        server.tokens_issued(),
+        server.token_requests(),
         2,
         "refreshed once for all waiting callers"
     );

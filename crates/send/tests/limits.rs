@@ -1,0 +1,81 @@
+//! The budgets against the platforms' own counting: however greedy the callers and however
+//! late each call arrives after its grant (within a bound), the platform never counts more
+//! than it allows.
+
+use std::time::Duration;
+
+use oncegate_core::rates::gcra;
+use oncegate_core::{Rate, RateVerdict};
+use oncegate_send::limits::{FEISHU_RECEIVER, WECOM_MEMBER};
+use proptest::prelude::*;
+
+/// Grants of `budget` to callers who ask again at once after each grant and as soon as told,
+/// over `span`, each arriving at the platform a jitter (from `jitters`, cycled) later; sorted.
+fn arrivals(budget: Rate, span: Duration, jitters: &[u64]) -> Vec<u64> {
+    let (mut tat, mut now, mut out) = (None, 0u64, Vec::new());
+    let end = span.as_micros() as u64;
+    while now < end {
+        let (verdict, next) = gcra(tat, now, budget);
+        match verdict {
+            RateVerdict::Granted => {
+                tat = next;
+                out.push(now + jitters[out.len() % jitters.len()]);
+            }
+            RateVerdict::Wait(wait) => now += wait.as_micros() as u64,
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
+/// The most arrivals inside any window of `window`.
+fn most_in_any(arrivals: &[u64], window: Duration) -> usize {
+    let window = window.as_micros() as u64;
+    (0..arrivals.len())
+        .map(|i| {
+            arrivals[i..]
+                .iter()
+                .take_while(|at| **at - arrivals[i] < window)
+                .count()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// WeCom drops, without a word, what passes 30 in a minute to one member.
+    #[test]
+    fn wecom_members_never_get_more_than_30_in_any_minute(
+        jitters in prop::collection::vec(0u64..3_000_000, 1..64),
+    ) {
+        let arrivals = arrivals(WECOM_MEMBER, Duration::from_secs(300), &jitters);
+        prop_assert!(arrivals.len() >= 110, "the budget still sends: {}", arrivals.len());
+        let most = most_in_any(&arrivals, Duration::from_secs(60));
+        prop_assert!(most <= 30, "{most} arrivals in one minute");
+    }
+
+    /// Feishu counts 5 per second per receiver with a burst of 5 (as its local stand-in does):
+    /// several gateways sharing a receiver's budget, whose calls arrive up to 250 ms late,
+    /// are never refused.
+    #[test]
+    fn feishu_receivers_are_never_refused_when_calls_arrive_late(
+        jitters in prop::collection::vec(0u64..250_000, 1..64),
+    ) {
+        let arrivals = arrivals(FEISHU_RECEIVER, Duration::from_secs(60), &jitters);
+        prop_assert!(arrivals.len() >= 260, "the budget still sends: {}", arrivals.len());
+        let mut tat = None;
+        for at in arrivals {
+            let (verdict, next) = gcra(tat, at, Rate::per_second(5));
+            prop_assert_eq!(verdict, RateVerdict::Granted, "refused at {} µs", at);
+            tat = next;
+        }
+    }
+}
+
+#[test]
+fn an_unjittered_wecom_burst_is_counted_as_documented() {
+    let arrivals = arrivals(WECOM_MEMBER, Duration::from_secs(60), &[0]);
+    assert_eq!(most_in_any(&arrivals, Duration::from_secs(60)), 28);
+}
