@@ -1,5 +1,6 @@
 //! The `oncegate` command.
 
+mod remote;
 mod serve;
 mod simulate;
 mod simulate_ws;
@@ -41,6 +42,10 @@ enum Command {
     Inspect(InspectArgs),
     /// Print the commented defaults every configuration is laid over.
     Defaults,
+    /// A running gateway's dead letters: list, replay (once, keeping their keys) or purge.
+    Dlq(remote::DlqArgs),
+    /// A running gateway on one screen: readiness, traffic, store, connections.
+    Status(remote::StatusArgs),
 }
 
 #[derive(Debug, Args)]
@@ -119,6 +124,8 @@ fn main() -> ExitCode {
         Command::Simulate(args) => runtime()
             .and_then(|rt| rt.block_on(simulate::simulate(args)))
             .map(|()| true),
+        Command::Dlq(args) => runtime().and_then(|rt| rt.block_on(remote::dlq(args))),
+        Command::Status(args) => runtime().and_then(|rt| rt.block_on(remote::status(args))),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

@@ -725,12 +725,16 @@ async fn transient_failures_retry_and_permanent_ones_are_dead_lettered() {
                 .json()
                 .await
                 .expect("json");
-        if letters.as_array().is_some_and(|l| l.len() >= 2) || Instant::now() > deadline {
+        if letters["dead_letters"]
+            .as_array()
+            .is_some_and(|l| l.len() >= 2)
+            || Instant::now() > deadline
+        {
             break letters;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    let letters = letters.as_array().expect("array");
+    let letters = letters["dead_letters"].as_array().expect("array");
     let reason = |id: &str| {
         letters
             .iter()
@@ -749,6 +753,81 @@ async fn transient_failures_retry_and_permanent_ones_are_dead_lettered() {
     let stats = gateway.stats().await;
     assert_eq!(stats["gateway"]["dead_letters"], 2);
     assert_eq!(downstream.count("bad"), 0);
+
+    // The operator fixes the receiver and replays "bad" from the command line: delivered once.
+    downstream
+        .behavior
+        .lock()
+        .expect("behavior")
+        .permanent
+        .clear();
+    let (ok, listed) = cli(
+        &gateway,
+        &["dlq", "list", "--event-type", "im.message.receive_v1"],
+    );
+    assert!(ok, "{listed}");
+    assert!(
+        listed.contains("bad") && listed.contains("down") && listed.contains("2 dead letters"),
+        "{listed}"
+    );
+    let (ok, replayed) = cli(&gateway, &["dlq", "replay", "--all", "--event-id", "bad"]);
+    assert!(ok, "{replayed}");
+    assert!(replayed.contains("replayed 1"), "{replayed}");
+    downstream
+        .wait_for("the replayed bad", |got| {
+            got.iter().any(|g| g.event_id == "bad")
+        })
+        .await;
+    // The same dead letter again: it is not there any more; nothing is delivered twice.
+    let bad_id = letters
+        .iter()
+        .find(|l| l["event_id"] == "bad")
+        .and_then(|l| l["id"].as_str())
+        .expect("an id")
+        .to_owned();
+    let (ok, again) = cli(&gateway, &["dlq", "replay", "--id", &bad_id]);
+    assert!(!ok, "a second replay of one letter is refused: {again}");
+    assert!(again.contains("not a dead letter"), "{again}");
+    // The one that will never work is purged; a misspelt filter is refused, not widened.
+    let (ok, purged) = cli(
+        &gateway,
+        &["dlq", "purge", "--all", "--reason", "gave up after 3"],
+    );
+    assert!(ok && purged.contains("purged 1"), "{purged}");
+    let misspelt = client
+        .post(format!("{}/admin/dead-letters/replay", gateway.admin))
+        .json(&serde_json::json!({"all": true, "event_typ": "x"}))
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(misspelt.status(), 400);
+    let (_, listed) = cli(&gateway, &["dlq", "list", "--json"]);
+    let listed: serde_json::Value = serde_json::from_str(&listed).expect("json");
+    assert_eq!(listed["dead_letters"], serde_json::json!([]));
+    let (ok, status) = cli(&gateway, &["status"]);
+    assert!(ok, "{status}");
+    assert!(status.contains("ready        true"), "{status}");
+    assert!(status.contains("dead letters 0"), "{status}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(downstream.count("bad"), 1, "replayed once, delivered once");
+}
+
+/// Runs `oncegate <args> --admin <the gateway's admin listener>`: success, and what it printed.
+fn cli(gateway: &Gateway, args: &[&str]) -> (bool, String) {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_oncegate"))
+        .args(args)
+        .args(["--admin", &gateway.admin])
+        .env_remove("ONCEGATE_CONFIG")
+        .output()
+        .expect("oncegate");
+    (
+        output.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        ),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -93,7 +93,10 @@ async fn keys_worker() {
                     .create(true)
                     .open(&effects)
                     .expect("effects");
-                writeln!(file, "{key}").expect("effect");
+                // One write of the whole line: O_APPEND keeps it whole among the processes'
+                // (`writeln!` may split it in two writes, which interleave).
+                file.write_all(format!("{key}\n").as_bytes())
+                    .expect("effect");
                 let result = json!({"order": k, "by": me});
                 let done = json!({"key": key, "lease": claimed["lease"], "result": result});
                 let (status, answer) = call(api, token, "complete", done).await;
@@ -174,8 +177,11 @@ async fn race(apis: &[String], workers: usize, keys: usize, dir: &Path) {
     for line in effects.lines() {
         *applied.entry(line).or_default() += 1;
     }
-    assert_eq!(applied.len(), keys);
-    assert!(applied.values().all(|n| *n == 1), "each side effect once");
+    assert_eq!(applied.len(), keys, "each side effect applied: {effects}");
+    assert!(
+        applied.values().all(|n| *n == 1),
+        "each side effect once: {effects}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

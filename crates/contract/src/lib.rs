@@ -80,6 +80,8 @@ macro_rules! contract_suite {
             queue_hands_out_in_order_per_key,
             queue_retry_waits_and_counts_attempts,
             queue_dead_letters_keep_the_reason,
+            dead_letters_replay_once_and_purge,
+            racing_replays_queue_each_dead_letter_once,
             queue_unknown_ids_are_refused,
             watermarks_only_move_up_and_expire,
             rates_grant_a_burst_then_the_sustained_rate,

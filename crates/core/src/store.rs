@@ -187,6 +187,20 @@ pub trait EventQueue: Send + Sync + 'static {
         &self,
         limit: usize,
     ) -> impl Future<Output = Result<Vec<DeadLetter>, StoreError>> + Send;
+
+    /// Puts dead letter `id` back at the end of its partition's queue with its key and event,
+    /// attempts counted from 0 again: its new queue id, or `None` when there is no such dead
+    /// letter (replayed or purged already — two replays never queue it twice).
+    fn replay_dead_letter(
+        &self,
+        id: QueueId,
+    ) -> impl Future<Output = Result<Option<QueueId>, StoreError>> + Send;
+
+    /// Removes dead letter `id` for good; `false` when there is none.
+    fn purge_dead_letter(
+        &self,
+        id: QueueId,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 }
 
 /// Per-order-key watermarks that only move upwards.

@@ -91,6 +91,10 @@ impl<C: Clock + Clone> EmbeddedStore<C> {
                 configured: config.partitions,
             });
         }
+        rekey_dead_letters(&db).map_err(|error| OpenError::Database {
+            path: path.clone(),
+            message: error.to_string(),
+        })?;
         let order = load_order(&db, partitions).map_err(|error| OpenError::Database {
             path: path.clone(),
             message: error.to_string(),
@@ -230,6 +234,30 @@ pub(super) fn count_states(db: &Database) -> Result<[u64; 3], StoreError> {
     Ok(counts)
 }
 
+/// Files written before dead letters could be replayed kept them under a counter: keep each
+/// under its queue seq instead, where a replay or purge finds it (once; a no-op after).
+pub(super) fn rekey_dead_letters(db: &Database) -> Result<(), StoreError> {
+    let txn = db.begin_write().map_err(unavailable)?;
+    {
+        let mut dead = txn.open_table(DEAD).map_err(unavailable)?;
+        let mut moved = Vec::new();
+        for entry in dead.iter().map_err(unavailable)? {
+            let (position, value) = entry.map_err(unavailable)?;
+            let letter: DeadLetter = decode(value.value())?;
+            if letter.id.seq != position.value() {
+                moved.push((position.value(), letter.id.seq, value.value().to_vec()));
+            }
+        }
+        for (old, _, _) in &moved {
+            dead.remove(*old).map_err(unavailable)?;
+        }
+        for (_, seq, bytes) in &moved {
+            dead.insert(*seq, bytes.as_slice()).map_err(unavailable)?;
+        }
+    }
+    txn.commit().map_err(unavailable)
+}
+
 /// Rebuilds every partition's hand-out order from the queue table.
 pub(super) fn load_order(
     db: &Database,
@@ -248,4 +276,87 @@ pub(super) fn load_order(
         }
     }
     Ok(order.into_iter().map(Mutex::new).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use oncegate_contract::{block_on, event, key};
+    use oncegate_core::{Admission, DedupStore, EventQueue};
+
+    /// A file from before replays kept dead letters under a counter (0, 1, …), which may be
+    /// another letter's seq: reopened, every letter is found by its id.
+    #[test]
+    fn dead_letters_of_an_older_file_are_rekeyed_and_replayable() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("old.redb");
+        let ids = block_on(async {
+            let store = EmbeddedStore::open(EmbeddedConfig::at(&path)).expect("open");
+            let mut ids = Vec::new();
+            for name in ["o0", "o1", "o2"] {
+                let Admission::Admitted { id } = store
+                    .admit(event(name, None), &[key(name)], Duration::from_secs(3600))
+                    .await
+                    .expect("admit")
+                else {
+                    panic!("admitted")
+                };
+                ids.push(id);
+            }
+            for partition in 0..store.partitions() {
+                store.pull(partition, 10).await.expect("pull");
+            }
+            // Dead in the order 2, 0: the old counter put seq 2 at 0 and seq 0 at 1.
+            for id in [ids[2], ids[0]] {
+                assert!(store.dead_letter(id, "old").await.expect("dead"));
+            }
+            ids
+        });
+        {
+            let db = Database::open(&path).expect("db");
+            let txn = db.begin_write().expect("txn");
+            {
+                let mut dead = txn.open_table(DEAD).expect("dead");
+                let letters: Vec<Vec<u8>> = [ids[2].seq, ids[0].seq]
+                    .iter()
+                    .map(|seq| {
+                        dead.remove(*seq)
+                            .expect("remove")
+                            .expect("present")
+                            .value()
+                            .to_vec()
+                    })
+                    .collect();
+                for (counter, bytes) in letters.iter().enumerate() {
+                    dead.insert(counter as u64, bytes.as_slice())
+                        .expect("insert");
+                }
+            }
+            txn.commit().expect("commit");
+        }
+        block_on(async {
+            let store = EmbeddedStore::open(EmbeddedConfig::at(&path)).expect("reopen");
+            assert_eq!(store.dead_letters(10).await.expect("list").len(), 2);
+            assert_eq!(store.stats().await.expect("stats").queued, 1, "o1 alone");
+            for id in [ids[0], ids[2]] {
+                let replayed = store.replay_dead_letter(id).await.expect("replay");
+                assert!(replayed.is_some(), "{id:?} found after the rekey");
+            }
+            assert!(store.dead_letters(10).await.expect("list").is_empty());
+            assert_eq!(store.stats().await.expect("stats").queued, 3);
+        });
+        // A replay survives a restart.
+        block_on(async {
+            let store = EmbeddedStore::open(EmbeddedConfig::at(&path)).expect("reopen");
+            let mut events = Vec::new();
+            for partition in 0..store.partitions() {
+                for delivery in store.pull(partition, 10).await.expect("pull") {
+                    assert_eq!(delivery.attempt, 0);
+                    events.push(delivery.event.event_id);
+                }
+            }
+            events.sort();
+            assert_eq!(events, ["o0", "o1", "o2"]);
+        });
+    }
 }

@@ -93,4 +93,12 @@ impl<C: Clock + Clone> EventQueue for EmbeddedStore<C> {
         })?;
         raw.iter().map(|bytes| decode(bytes)).collect()
     }
+
+    async fn replay_dead_letter(&self, id: QueueId) -> Result<Option<QueueId>, StoreError> {
+        self.send(|reply| Command::ReplayDead { id, reply }).await
+    }
+
+    async fn purge_dead_letter(&self, id: QueueId) -> Result<bool, StoreError> {
+        self.send(|reply| Command::PurgeDead { id, reply }).await
+    }
 }

@@ -76,6 +76,14 @@ pub(crate) enum Command {
         reason: String,
         reply: Reply<bool>,
     },
+    ReplayDead {
+        id: QueueId,
+        reply: Reply<Option<QueueId>>,
+    },
+    PurgeDead {
+        id: QueueId,
+        reply: Reply<bool>,
+    },
     Watermark {
         scope: KeyHash,
         value: u64,
@@ -113,6 +121,26 @@ fn answer_admit(
                 }
                 result
             }
+        });
+    })
+}
+
+/// A replayed dead letter: once committed, it joins the hand-out order.
+fn answer_replay(
+    reply: Reply<Option<QueueId>>,
+    result: Result<Option<(QueueId, u64)>, StoreError>,
+) -> Finish {
+    Box::new(move |shared, failed| {
+        let _ = reply.send(match failed {
+            Some(error) => Err(unavailable(error)),
+            None => result.map(|replayed| {
+                replayed.map(|(id, order_hash)| {
+                    if let Some(order) = shared.order.get(usize::from(id.partition)) {
+                        lock(order).push(id.seq, order_hash, 0);
+                    }
+                    id
+                })
+            }),
         });
     })
 }
@@ -290,11 +318,7 @@ impl<C: Clock> Writer<C> {
             .get("seq")
             .map_err(unavailable)?
             .map_or(0, |v| v.value());
-        let mut next_dead = meta
-            .get("dead_seq")
-            .map_err(unavailable)?
-            .map_or(0, |v| v.value());
-        let (seq_before, dead_before) = (next_seq, next_dead);
+        let seq_before = next_seq;
         let mut tables = Tables {
             deltas: [0; 3],
             records: txn.open_table(RECORDS).map_err(unavailable)?,
@@ -414,8 +438,23 @@ impl<C: Clock> Writer<C> {
                     answer_queue(reply, id, Then::Retry { not_before_ms }, result)
                 }
                 Command::DeadLetter { id, reason, reply } => {
-                    let result = dead_letter(&mut tables, id, reason, now_ms, &mut next_dead)?;
+                    let result = dead_letter(&mut tables, id, reason, now_ms)?;
                     answer_queue(reply, id, Then::Remove, result)
+                }
+                Command::ReplayDead { id, reply } => {
+                    let result = replay_dead(&mut tables, id, &mut next_seq)?;
+                    answer_replay(reply, result)
+                }
+                Command::PurgeDead { id, reply } => {
+                    let result = match find_dead(&tables, id)? {
+                        Ok(Some(_)) => {
+                            tables.dead.remove(id.seq).map_err(unavailable)?;
+                            Ok(true)
+                        }
+                        Ok(None) => Ok(false),
+                        Err(corrupt) => Err(corrupt),
+                    };
+                    answer(reply, result)
                 }
                 Command::Watermark {
                     scope,
@@ -433,9 +472,6 @@ impl<C: Clock> Writer<C> {
         *deltas = tables.deltas;
         if next_seq != seq_before {
             meta.insert("seq", next_seq).map_err(unavailable)?;
-        }
-        if next_dead != dead_before {
-            meta.insert("dead_seq", next_dead).map_err(unavailable)?;
         }
         Ok(())
     }
@@ -589,7 +625,6 @@ fn dead_letter(
     id: QueueId,
     reason: String,
     now_ms: u64,
-    next_dead: &mut u64,
 ) -> Result<Result<bool, StoreError>, StoreError> {
     let Some(bytes) = tables
         .queue
@@ -614,10 +649,59 @@ fn dead_letter(
     let bytes = encode(&letter)?;
     tables
         .dead
-        .insert(*next_dead, bytes.as_slice())
+        .insert(id.seq, bytes.as_slice())
         .map_err(unavailable)?;
-    *next_dead += 1;
     Ok(Ok(true))
+}
+
+/// Dead letter `id` (kept under its queue seq, which no other entry ever had).
+fn find_dead(
+    tables: &Tables<'_>,
+    id: QueueId,
+) -> Result<Result<Option<DeadLetter>, StoreError>, StoreError> {
+    let Some(stored) = tables.dead.get(id.seq).map_err(unavailable)? else {
+        return Ok(Ok(None));
+    };
+    Ok(decode::<DeadLetter>(stored.value()).map(|letter| (letter.id == id).then_some(letter)))
+}
+
+/// Moves dead letter `id` to the end of the queue: the new entry and its order hash.
+fn replay_dead(
+    tables: &mut Tables<'_>,
+    id: QueueId,
+    next_seq: &mut u64,
+) -> Result<Result<Option<(QueueId, u64)>, StoreError>, StoreError> {
+    let letter = match find_dead(tables, id)? {
+        Ok(Some(letter)) => letter,
+        Ok(None) => return Ok(Ok(None)),
+        Err(corrupt) => return Ok(Err(corrupt)),
+    };
+    let order_hash = letter.event.order_hash();
+    let queued = Queued {
+        key: letter.key,
+        order_hash,
+        attempt: 0,
+        not_before_ms: 0,
+        event: letter.event,
+    };
+    let bytes = match encode(&queued) {
+        Ok(bytes) => bytes,
+        Err(error) => return Ok(Err(error)),
+    };
+    let seq = *next_seq;
+    *next_seq += 1;
+    tables.dead.remove(id.seq).map_err(unavailable)?;
+    tables
+        .queue
+        .insert(seq, bytes.as_slice())
+        .map_err(unavailable)?;
+    Ok(Ok(Some((
+        QueueId {
+            partition: id.partition,
+            seq,
+        },
+        order_hash,
+    ))))
 }
 
 fn watermark(

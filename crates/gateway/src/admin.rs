@@ -6,7 +6,7 @@ use axum::Router;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use oncegate_core::{KeyHash, RecordState, Store};
 use serde::Deserialize;
 use serde_json::json;
@@ -17,16 +17,26 @@ use crate::Shared;
 pub(crate) fn router<S: Store>(shared: Arc<Shared<S>>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
+        // The process answers: a liveness probe that never depends on the store.
+        .route("/livez", get(|| async { "ok" }))
         .route("/readyz", get(readyz::<S>))
         .route("/metrics", get(metrics::<S>))
         .route("/admin/stats", get(stats::<S>))
         .route("/admin/record", get(record::<S>))
-        .route("/admin/dead-letters", get(dead_letters::<S>))
+        .route("/admin/dead-letters", get(crate::admin_dlq::list::<S>))
+        .route(
+            "/admin/dead-letters/replay",
+            post(crate::admin_dlq::replay::<S>),
+        )
+        .route(
+            "/admin/dead-letters/purge",
+            post(crate::admin_dlq::purge::<S>),
+        )
         .with_state(shared)
 }
 
 #[allow(clippy::result_large_err)]
-fn authorized<S>(shared: &Shared<S>, headers: &HeaderMap) -> Result<(), Response> {
+pub(crate) fn authorized<S>(shared: &Shared<S>, headers: &HeaderMap) -> Result<(), Response> {
     let Some(token) = &shared.admin_token else {
         return Ok(());
     };
@@ -51,38 +61,59 @@ fn authorized<S>(shared: &Shared<S>, headers: &HeaderMap) -> Result<(), Response
     }
 }
 
+/// Every readiness check with its verdict: 200 when all pass, else 503, with what failed.
 async fn readyz<S: Store>(State(shared): State<Arc<Shared<S>>>) -> Response {
-    if let Some(failure) = shared.failure.get() {
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("not ready: {failure}"),
-        )
-            .into_response();
+    let mut checks = Vec::new();
+    let mut check = |name: String, ok: bool, detail: String| {
+        checks.push(json!({"check": name, "ok": ok, "detail": detail}));
+        ok
+    };
+    let mut ready = check(
+        "background".into(),
+        shared.failure.get().is_none(),
+        shared
+            .failure
+            .get()
+            .cloned()
+            .unwrap_or_else(|| "dispatcher and background tasks running".into()),
+    );
+    for source in shared.long_sources.iter() {
+        let failed = source.not_ready();
+        ready &= check(
+            format!("long_connection {}", source.name),
+            failed.is_none(),
+            failed.unwrap_or_else(|| format!("{} ({} open)", source.role(), source.status.open())),
+        );
     }
-    if let Some(reason) = shared.long_sources.iter().find_map(|s| s.not_ready()) {
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("not ready: {reason}"),
-        )
-            .into_response();
-    }
-    if crate::admission::queue_full(&shared) {
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: the queue is full (dispatcher.max_queued)",
-        )
-            .into_response();
-    }
-    match (shared.store.ping().await, &shared.spool) {
-        (Ok(()), _) => (StatusCode::OK, "ready").into_response(),
+    let full = crate::admission::queue_full(&shared);
+    ready &= check(
+        "queue".into(),
+        !full,
+        if full {
+            "the queue is full (dispatcher.max_queued)".into()
+        } else {
+            "taking events".into()
+        },
+    );
+    let store = match (shared.store.ping().await, &shared.spool) {
+        (Ok(()), _) => (true, "answering".to_owned()),
         // Requests are still taken (into the spool), so stay in the load balancer.
         (Err(error), Some(spool)) if spool.has_room() => {
-            (StatusCode::OK, format!("ready, spooling: store: {error}")).into_response()
+            (true, format!("spooling: store: {error}"))
         }
-        (Err(error), _) => {
-            (StatusCode::SERVICE_UNAVAILABLE, format!("store: {error}")).into_response()
-        }
-    }
+        (Err(error), _) => (false, format!("store: {error}")),
+    };
+    ready &= check("store".into(), store.0, store.1);
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        status,
+        axum::Json(json!({"ready": ready, "checks": checks})),
+    )
+        .into_response()
 }
 
 async fn metrics<S: Store>(State(shared): State<Arc<Shared<S>>>) -> Response {
@@ -206,24 +237,5 @@ async fn record<S: Store>(
             axum::Json(json!({"error": error.to_string()})),
         )
             .into_response(),
-    }
-}
-
-async fn dead_letters<S: Store>(
-    State(shared): State<Arc<Shared<S>>>,
-    headers: HeaderMap,
-) -> Response {
-    if let Err(denied) = authorized(&shared, &headers) {
-        return denied;
-    }
-    match shared.store.dead_letters(100).await {
-        Ok(letters) => axum::Json(
-            letters
-                .iter()
-                .map(|l| json!({"id": l.id.to_string(), "event_id": l.event.event_id, "event_type": &*l.event.event_type, "attempts": l.attempts, "reason": l.reason, "at_ms": l.at_ms}))
-                .collect::<Vec<_>>(),
-        )
-        .into_response(),
-        Err(error) => (StatusCode::SERVICE_UNAVAILABLE, axum::Json(json!({"error": error.to_string()}))).into_response(),
     }
 }

@@ -5,6 +5,7 @@
 //! library use), then run [`Gateway::serve`] and [`Gateway::dispatch`] until shutdown.
 
 mod admin;
+mod admin_dlq;
 mod admission;
 mod dispatch;
 mod ingress;

@@ -93,6 +93,12 @@ impl EventQueue for Switchable {
     async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
         self.inner.dead_letters(limit).await
     }
+    async fn replay_dead_letter(&self, id: QueueId) -> Result<Option<QueueId>, StoreError> {
+        self.inner.replay_dead_letter(id).await
+    }
+    async fn purge_dead_letter(&self, id: QueueId) -> Result<bool, StoreError> {
+        self.inner.purge_dead_letter(id).await
+    }
 }
 
 impl WatermarkStore for Switchable {

@@ -28,7 +28,7 @@ use oncegate_core::{
 };
 
 use expiry::ExpiryIndex;
-use queue::{Partition, Queued};
+use queue::Partition;
 use shard::*;
 
 /// Sizing of a memory store.
@@ -60,7 +60,7 @@ pub struct MemoryStore<C: Clock = SystemClock> {
     shards: Box<[Mutex<Shard>]>,
     per_shard_limit: usize,
     partitions: Box<[Mutex<Partition>]>,
-    dead_letters: Mutex<VecDeque<DeadLetter>>,
+    dead_letters: Mutex<queue::DeadLetters>,
     next_token: AtomicU64,
     evicted_early: AtomicU64,
     rates: oncegate_core::rates::LocalRates,
@@ -103,7 +103,7 @@ impl<C: Clock> MemoryStore<C> {
             partitions: (0..config.partitions.max(1))
                 .map(|_| Mutex::new(Partition::default()))
                 .collect(),
-            dead_letters: Mutex::new(VecDeque::new()),
+            dead_letters: Mutex::default(),
             next_token: AtomicU64::new(FencingToken::compose(run, 1).0),
             evicted_early: AtomicU64::new(0),
             clock,
@@ -197,17 +197,10 @@ impl<C: Clock> MemoryStore<C> {
             order_hash,
             partition,
         } = placed;
-        let mut queue = lock(&self.partitions[usize::from(partition)]);
-        let seq = queue.head_seq + queue.entries.len() as u64;
-        queue.entries.push_back(Some(Queued {
-            key: primary,
-            event,
-            attempt: 0,
-        }));
-        queue.order.push(seq, order_hash, 0);
-        Ok(Admission::Admitted {
-            id: QueueId { partition, seq },
-        })
+        let id = self
+            .enqueue(partition, primary, event, order_hash)
+            .ok_or_else(|| StoreError::Invalid(format!("no partition {partition}")))?;
+        Ok(Admission::Admitted { id })
     }
 
     fn with_record<T>(
@@ -362,7 +355,7 @@ impl<C: Clock> DedupStore for MemoryStore<C> {
             stats.queued += partition.order.len() as u64;
             stats.in_flight += partition.order.in_flight() as u64;
         }
-        stats.dead_letters = lock(&self.dead_letters).len() as u64;
+        stats.dead_letters = lock(&self.dead_letters).by_order.len() as u64;
         Ok(stats)
     }
 }

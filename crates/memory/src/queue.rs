@@ -37,6 +37,48 @@ impl Partition {
     }
 }
 
+/// Dead letters in the order they died, findable by their queue id.
+#[derive(Debug, Default)]
+pub(super) struct DeadLetters {
+    next: u64,
+    pub(super) by_order: std::collections::BTreeMap<u64, DeadLetter>,
+    by_id: HashMap<QueueId, u64>,
+}
+
+impl DeadLetters {
+    fn push(&mut self, letter: DeadLetter) {
+        self.by_id.insert(letter.id, self.next);
+        self.by_order.insert(self.next, letter);
+        self.next += 1;
+    }
+
+    fn take(&mut self, id: QueueId) -> Option<DeadLetter> {
+        let order = self.by_id.remove(&id)?;
+        self.by_order.remove(&order)
+    }
+}
+
+impl<C: Clock> MemoryStore<C> {
+    /// Appends `event` to `partition`'s queue.
+    pub(super) fn enqueue(
+        &self,
+        partition: u16,
+        key: KeyHash,
+        event: Event,
+        order_hash: u64,
+    ) -> Option<QueueId> {
+        let mut queue = lock(self.partitions.get(usize::from(partition))?);
+        let seq = queue.head_seq + queue.entries.len() as u64;
+        queue.entries.push_back(Some(Queued {
+            key,
+            event,
+            attempt: 0,
+        }));
+        queue.order.push(seq, order_hash, 0);
+        Some(QueueId { partition, seq })
+    }
+}
+
 impl<C: Clock> EventQueue for MemoryStore<C> {
     fn partitions(&self) -> u16 {
         self.partitions.len() as u16
@@ -92,7 +134,7 @@ impl<C: Clock> EventQueue for MemoryStore<C> {
         let Some(entry) = lock(queue).take_in_flight(id.seq) else {
             return Ok(false);
         };
-        lock(&self.dead_letters).push_back(DeadLetter {
+        lock(&self.dead_letters).push(DeadLetter {
             id,
             key: entry.key,
             event: entry.event,
@@ -105,9 +147,22 @@ impl<C: Clock> EventQueue for MemoryStore<C> {
 
     async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
         Ok(lock(&self.dead_letters)
-            .iter()
+            .by_order
+            .values()
             .take(limit)
             .cloned()
             .collect())
+    }
+
+    async fn replay_dead_letter(&self, id: QueueId) -> Result<Option<QueueId>, StoreError> {
+        let Some(letter) = lock(&self.dead_letters).take(id) else {
+            return Ok(None);
+        };
+        let order_hash = letter.event.order_hash();
+        Ok(self.enqueue(letter.id.partition, letter.key, letter.event, order_hash))
+    }
+
+    async fn purge_dead_letter(&self, id: QueueId) -> Result<bool, StoreError> {
+        Ok(lock(&self.dead_letters).take(id).is_some())
     }
 }

@@ -1,4 +1,4 @@
--- dead letter: KEYS = stream, attempts hash, dead stream
+-- dead letter: KEYS = stream, attempts hash, dead stream, dead index (seq -> dead entry id)
 -- ARGV = entry id, seq, reason, now_ms, partition, group
 -- 1 when moved, 0 when the entry is gone.
 local entries = redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1])
@@ -15,7 +15,8 @@ for i = 1, #fields, 2 do
   if fields[i] == 'k' then k = fields[i + 1] end
   if fields[i] == 'e' then e = fields[i + 1] end
 end
-redis.call('XADD', KEYS[3], '*', 'p', ARGV[5], 's', ARGV[2], 'k', k, 'e', e, 'a', attempt + 1, 'r', ARGV[3], 't', ARGV[4])
+local dead = redis.call('XADD', KEYS[3], '*', 'p', ARGV[5], 's', ARGV[2], 'k', k, 'e', e, 'a', attempt + 1, 'r', ARGV[3], 't', ARGV[4])
+redis.call('HSET', KEYS[4], ARGV[2], dead)
 redis.call('XACK', KEYS[1], ARGV[6], ARGV[1])
 redis.call('XDEL', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[2])

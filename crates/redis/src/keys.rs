@@ -20,6 +20,10 @@ impl<C> Inner<C> {
     pub(super) fn dead(&self, partition: u16) -> String {
         format!("{{{}:{partition}}}:dead", self.prefix)
     }
+    /// Each dead letter's entry in the dead stream, by its queue seq.
+    pub(super) fn dead_index(&self, partition: u16) -> String {
+        format!("{{{}:{partition}}}:deadidx", self.prefix)
+    }
     pub(super) fn tokens(&self, partition: u16) -> String {
         format!("{{{}:{partition}}}:token", self.prefix)
     }

@@ -72,6 +72,8 @@ struct Scripts {
     watermark: Script,
     rate: Script,
     dead_letter: Script,
+    dead_replay: Script,
+    dead_purge: Script,
     own: Script,
     complete_ack: Script,
 }
@@ -208,6 +210,8 @@ impl<C: Clock> RedisStore<C> {
                     watermark: Script::new(include_str!("../lua/watermark.lua")),
                     rate: Script::new(include_str!("../lua/rate.lua")),
                     dead_letter: Script::new(include_str!("../lua/dead_letter.lua")),
+                    dead_replay: Script::new(include_str!("../lua/dead_replay.lua")),
+                    dead_purge: Script::new(include_str!("../lua/dead_purge.lua")),
                     own: Script::new(include_str!("../lua/own.lua")),
                     complete_ack: Script::new(include_str!("../lua/complete_ack.lua")),
                 },

@@ -110,6 +110,7 @@ impl<C: Clock> EventQueue for RedisStore<C> {
                 .key(inner.stream(id.partition))
                 .key(inner.attempts(id.partition))
                 .key(inner.dead(id.partition))
+                .key(inner.dead_index(id.partition))
                 .arg(format!("0-{}", id.seq))
                 .arg(id.seq)
                 .arg(reason)
@@ -149,5 +150,100 @@ impl<C: Clock> EventQueue for RedisStore<C> {
             Ok(out)
         })
         .await
+    }
+
+    async fn replay_dead_letter(&self, id: QueueId) -> Result<Option<QueueId>, StoreError> {
+        self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
+            let Some((entry, letter)) = find_dead(&inner, &mut conn, id).await? else {
+                return Ok(None);
+            };
+            let seq: i64 = inner
+                .scripts
+                .dead_replay
+                .key(inner.dead(id.partition))
+                .key(inner.dead_index(id.partition))
+                .key(inner.stream(id.partition))
+                .key(inner.sequence(id.partition))
+                .arg(entry)
+                .arg(id.seq)
+                .arg(letter.event.order_hash())
+                .invoke_async(&mut conn)
+                .await
+                .map_err(unavailable)?;
+            Ok(u64::try_from(seq).ok().map(|seq| QueueId {
+                partition: id.partition,
+                seq,
+            }))
+        })
+        .await
+    }
+
+    async fn purge_dead_letter(&self, id: QueueId) -> Result<bool, StoreError> {
+        self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
+            let Some((entry, _)) = find_dead(&inner, &mut conn, id).await? else {
+                return Ok(false);
+            };
+            let removed: i64 = inner
+                .scripts
+                .dead_purge
+                .key(inner.dead(id.partition))
+                .key(inner.dead_index(id.partition))
+                .arg(entry)
+                .arg(id.seq)
+                .invoke_async(&mut conn)
+                .await
+                .map_err(unavailable)?;
+            Ok(removed == 1)
+        })
+        .await
+    }
+}
+
+/// Dead letter `id` and its entry in the dead stream: through the index, or (for letters
+/// written before it existed) by reading the partition's dead stream.
+async fn find_dead<C>(
+    inner: &Inner<C>,
+    conn: &mut Conn,
+    id: QueueId,
+) -> Result<Option<(String, DeadLetter)>, StoreError> {
+    if id.partition >= inner.partitions {
+        return Ok(None);
+    }
+    let indexed: Option<String> = redis::cmd("HGET")
+        .arg(inner.dead_index(id.partition))
+        .arg(id.seq)
+        .query_async(conn)
+        .await
+        .map_err(unavailable)?;
+    let (start, end, count) = match &indexed {
+        Some(entry) => (entry.clone(), entry.clone(), 1),
+        None => ("-".to_owned(), "+".to_owned(), 1000),
+    };
+    let mut start = start;
+    loop {
+        let entries: Value = redis::cmd("XRANGE")
+            .arg(inner.dead(id.partition))
+            .arg(&start)
+            .arg(&end)
+            .arg("COUNT")
+            .arg(count)
+            .query_async(conn)
+            .await
+            .map_err(unavailable)?;
+        let entries = array(entries)?;
+        let (seen, last) = (entries.len(), entries.last().and_then(entry_id));
+        for entry in entries {
+            let name = entry_id(&entry);
+            let letter = parse_dead_letter(entry)?;
+            if letter.id == id
+                && let Some(name) = name
+            {
+                return Ok(Some((name, letter)));
+            }
+        }
+        match last {
+            Some(last) if indexed.is_none() && seen == count => start = format!("({last}"),
+            _ => return Ok(None),
+        }
     }
 }

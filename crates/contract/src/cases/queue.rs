@@ -165,3 +165,92 @@ pub fn queue_unknown_ids_are_refused<S: Store>(make: impl Fn(ManualClock) -> S) 
         assert_eq!(store.pull(id.partition, 1).await.expect("pull").len(), 1);
     });
 }
+
+/// A dead letter replayed goes back to the end of its queue once, with its key and event and
+/// attempts from 0, and its record can be claimed again; a purged one is gone for good.
+pub fn dead_letters_replay_once_and_purge<S: Store>(make: impl Fn(ManualClock) -> S) {
+    let store = make(clock());
+    block_on(async {
+        let ids = admit_in_order(&store, &["r1", "r2"], Some("chat-r")).await;
+        let partition = ids[0].partition;
+        let out = store.pull(partition, 10).await.expect("pull");
+        assert_eq!(out.len(), 1);
+        let lease = lease_of(
+            store
+                .claim(&out[0].key, partition, LEASE)
+                .await
+                .expect("claim"),
+        );
+        assert_eq!(
+            store.release(&lease).await.expect("release"),
+            FenceCheck::Accepted
+        );
+        assert!(store.dead_letter(ids[0], "gave up").await.expect("dead"));
+        let replayed = store
+            .replay_dead_letter(ids[0])
+            .await
+            .expect("replay")
+            .expect("a dead letter to replay");
+        assert_eq!(replayed.partition, partition);
+        assert_ne!(replayed, ids[0], "a new place at the end of the queue");
+        assert_eq!(
+            store
+                .replay_dead_letter(ids[0])
+                .await
+                .expect("replay twice"),
+            None,
+            "replayed once"
+        );
+        assert!(!store.purge_dead_letter(ids[0]).await.expect("purge"));
+        assert!(store.dead_letters(10).await.expect("list").is_empty());
+        // r2 was queued before the replayed r1: the chat's order is the queue's.
+        let next = store.pull(partition, 10).await.expect("pull");
+        assert_eq!(next.iter().map(|d| d.id).collect::<Vec<_>>(), vec![ids[1]]);
+        assert!(store.ack(ids[1]).await.expect("ack"));
+        let again = store.pull(partition, 10).await.expect("pull");
+        assert_eq!(again.len(), 1);
+        assert_eq!(again[0].id, replayed);
+        assert_eq!(again[0].event.event_id, "r1");
+        assert_eq!(again[0].key, out[0].key, "the same key");
+        assert_eq!(again[0].attempt, 0, "attempts start again");
+        let _lease = lease_of(
+            store
+                .claim(&again[0].key, partition, LEASE)
+                .await
+                .expect("claim"),
+        );
+        assert!(
+            store
+                .dead_letter(replayed, "still broken")
+                .await
+                .expect("dead")
+        );
+        let dead = store.dead_letters(10).await.expect("list");
+        assert_eq!(dead.len(), 1);
+        assert_eq!((dead[0].id, dead[0].attempts), (replayed, 1));
+        assert!(store.purge_dead_letter(replayed).await.expect("purge"));
+        assert!(
+            !store
+                .purge_dead_letter(replayed)
+                .await
+                .expect("purge twice")
+        );
+        assert_eq!(
+            store.replay_dead_letter(replayed).await.expect("replay"),
+            None
+        );
+        let stats = store.stats().await.expect("stats");
+        assert_eq!((stats.dead_letters, stats.queued), (0, 0));
+        // An id that names another partition is no dead letter.
+        let elsewhere = oncegate_core::QueueId {
+            partition: partition.wrapping_add(1) % store.partitions(),
+            seq: replayed.seq,
+        };
+        if elsewhere != replayed {
+            assert_eq!(
+                store.replay_dead_letter(elsewhere).await.expect("replay"),
+                None
+            );
+        }
+    });
+}

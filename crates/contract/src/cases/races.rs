@@ -265,3 +265,41 @@ pub fn random_operations_match_the_model<S: Store>(make: impl Fn(ManualClock) ->
         panic!("the store disagrees with the model: {failure}");
     }
 }
+
+/// Operators replaying the same dead letters at once queue each exactly once.
+pub fn racing_replays_queue_each_dead_letter_once<S: Store>(make: impl Fn(ManualClock) -> S) {
+    const LETTERS: usize = 12;
+    const THREADS: usize = 6;
+    let store = make(clock());
+    let ids = block_on(async {
+        let names: Vec<String> = (0..LETTERS).map(|i| format!("rr{i}")).collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let ids = admit_in_order(&store, &names, None).await;
+        for partition in 0..store.partitions() {
+            store.pull(partition, 100).await.expect("pull");
+        }
+        for id in &ids {
+            assert!(store.dead_letter(*id, "gave up").await.expect("dead"));
+        }
+        ids
+    });
+    let replayed = race(&store, THREADS, |store, _| {
+        block_on(async {
+            let mut mine = Vec::new();
+            for id in &ids {
+                if let Some(new) = store.replay_dead_letter(*id).await.expect("replay") {
+                    mine.push(new);
+                }
+            }
+            mine
+        })
+    });
+    let all: Vec<_> = replayed.into_iter().flatten().collect();
+    assert_eq!(all.len(), LETTERS, "each replayed once: {all:?}");
+    let unique: HashSet<_> = all.iter().collect();
+    assert_eq!(unique.len(), LETTERS);
+    block_on(async {
+        let stats = store.stats().await.expect("stats");
+        assert_eq!((stats.dead_letters, stats.queued), (0, LETTERS as u64));
+    });
+}

@@ -1,0 +1,366 @@
+//! Commands against a running gateway's admin listener: dead letters (`dlq`) and `status`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::{Args, Subcommand};
+use serde_json::{Value, json};
+
+/// Where the gateway's admin listener is and how to get in.
+#[derive(Debug, Args)]
+pub(crate) struct Admin {
+    /// The gateway's configuration: its server.admin_listen and server.admin_token.
+    #[arg(long, env = "ONCEGATE_CONFIG", global = true)]
+    config: Option<PathBuf>,
+    /// The admin listener's URL (overrides the configuration), e.g. http://127.0.0.1:9090.
+    #[arg(long, env = "ONCEGATE_ADMIN_URL", global = true)]
+    admin: Option<String>,
+    /// The admin token (overrides the configuration's server.admin_token).
+    #[arg(
+        long,
+        env = "ONCEGATE_ADMIN_TOKEN",
+        global = true,
+        hide_env_values = true
+    )]
+    token: Option<String>,
+    /// Print the gateway's JSON answer instead of a summary.
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+/// Which dead letters: filters narrow `list` and an `--all` replay or purge.
+#[derive(Debug, Args)]
+pub(crate) struct Filters {
+    /// The platform: feishu, lark, wecom, wechat.
+    #[arg(long)]
+    source: Option<String>,
+    /// The app on it.
+    #[arg(long)]
+    app: Option<String>,
+    /// The event type, exactly.
+    #[arg(long)]
+    event_type: Option<String>,
+    /// Part of the reason it died.
+    #[arg(long)]
+    reason: Option<String>,
+    /// Its event id.
+    #[arg(long)]
+    event_id: Option<String>,
+}
+
+impl Filters {
+    fn fields(&self) -> Vec<(&'static str, &String)> {
+        [
+            ("source", &self.source),
+            ("app", &self.app),
+            ("event_type", &self.event_type),
+            ("reason", &self.reason),
+            ("event_id", &self.event_id),
+        ]
+        .into_iter()
+        .filter_map(|(name, value)| value.as_ref().map(|v| (name, v)))
+        .collect()
+    }
+}
+
+/// `oncegate dlq …`.
+#[derive(Debug, Args)]
+pub(crate) struct DlqArgs {
+    #[command(flatten)]
+    admin: Admin,
+    #[command(subcommand)]
+    what: Dlq,
+}
+
+#[derive(Debug, Subcommand)]
+enum Dlq {
+    /// Dead letters, oldest first.
+    List {
+        #[command(flatten)]
+        filters: Filters,
+        /// How many.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
+    /// Put dead letters back into their queue, once each, keeping their keys.
+    Replay(Selection),
+    /// Remove dead letters for good.
+    Purge(Selection),
+}
+
+#[derive(Debug, Args)]
+struct Selection {
+    /// A dead letter's id (partition:seq, as `list` shows); repeat for several.
+    #[arg(long = "id", required_unless_present = "all", conflicts_with = "all")]
+    ids: Vec<String>,
+    /// Every dead letter the filters match (all of them without filters).
+    #[arg(long)]
+    all: bool,
+    #[command(flatten)]
+    filters: Filters,
+}
+
+/// `oncegate status`.
+#[derive(Debug, Args)]
+pub(crate) struct StatusArgs {
+    #[command(flatten)]
+    admin: Admin,
+}
+
+struct Client {
+    http: reqwest::Client,
+    base: String,
+    token: Option<String>,
+}
+
+impl Client {
+    fn new(admin: &Admin) -> anyhow::Result<Self> {
+        let config = match (&admin.admin, &admin.token) {
+            (Some(_), Some(_)) => None,
+            _ => Some(crate::load(admin.config.as_deref())?),
+        };
+        let base = match (&admin.admin, &config) {
+            (Some(url), _) => url.trim_end_matches('/').to_owned(),
+            (None, Some(config)) => format!("http://{}", config.server.admin_listen),
+            (None, None) => unreachable!("a configuration is loaded without --admin"),
+        };
+        let token = match (
+            &admin.token,
+            config.as_ref().and_then(|c| c.server.admin_token.as_ref()),
+        ) {
+            (Some(token), _) => Some(token.clone()),
+            (None, Some(secret)) => Some(
+                secret
+                    .resolve()
+                    .map_err(|error| anyhow::anyhow!("server.admin_token: {error}"))?,
+            ),
+            (None, None) => None,
+        };
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .connect_timeout(Duration::from_secs(5))
+            .build()?;
+        Ok(Self { http, base, token })
+    }
+
+    async fn call(&self, request: reqwest::RequestBuilder) -> anyhow::Result<(u16, Value)> {
+        let request = match &self.token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        };
+        let response = request
+            .send()
+            .await
+            .with_context(|| format!("no answer from the gateway's admin listener at {}: is it running? (--admin, server.admin_listen)", self.base))?;
+        let status = response.status().as_u16();
+        let text = response
+            .text()
+            .await
+            .context("reading the gateway's answer")?;
+        let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        if status == 401 {
+            bail!(
+                "the gateway wants its admin token: --token, ONCEGATE_ADMIN_TOKEN or server.admin_token in --config"
+            );
+        }
+        Ok((status, body))
+    }
+
+    async fn get(&self, path: &str, query: &[(&str, &String)]) -> anyhow::Result<(u16, Value)> {
+        self.call(self.http.get(format!("{}{path}", self.base)).query(query))
+            .await
+    }
+
+    async fn post(&self, path: &str, body: &Value) -> anyhow::Result<Value> {
+        let (status, answer) = self
+            .call(self.http.post(format!("{}{path}", self.base)).json(body))
+            .await?;
+        if status != 200 {
+            bail!("{path}: {status} {}", error_of(&answer));
+        }
+        Ok(answer)
+    }
+}
+
+fn error_of(answer: &Value) -> String {
+    answer["error"]
+        .as_str()
+        .map_or_else(|| answer.to_string(), str::to_owned)
+}
+
+fn print_json(value: &Value) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string())
+    );
+}
+
+pub(crate) async fn dlq(args: DlqArgs) -> anyhow::Result<bool> {
+    let client = Client::new(&args.admin)?;
+    match args.what {
+        Dlq::List { filters, limit } => {
+            let limit = limit.to_string();
+            let mut query = filters.fields();
+            query.push(("limit", &limit));
+            let (status, answer) = client.get("/admin/dead-letters", &query).await?;
+            if status != 200 {
+                bail!("/admin/dead-letters: {status} {}", error_of(&answer));
+            }
+            if args.admin.json {
+                print_json(&answer);
+                return Ok(true);
+            }
+            let letters = answer["dead_letters"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            println!(
+                "{:<12} {:<28} {:<24} {:>8}  reason",
+                "id", "event type", "event id", "attempts"
+            );
+            for letter in &letters {
+                println!(
+                    "{:<12} {:<28} {:<24} {:>8}  {}",
+                    letter["id"].as_str().unwrap_or(""),
+                    letter["event_type"].as_str().unwrap_or(""),
+                    letter["event_id"].as_str().unwrap_or(""),
+                    letter["attempts"],
+                    letter["reason"].as_str().unwrap_or(""),
+                );
+            }
+            println!(
+                "{} dead letter{}",
+                letters.len(),
+                if letters.len() == 1 { "" } else { "s" }
+            );
+            Ok(true)
+        }
+        Dlq::Replay(selection) => {
+            let answer = client
+                .post("/admin/dead-letters/replay", &body(&selection))
+                .await?;
+            report(&answer, "replayed", args.admin.json)
+        }
+        Dlq::Purge(selection) => {
+            let answer = client
+                .post("/admin/dead-letters/purge", &body(&selection))
+                .await?;
+            report(&answer, "purged", args.admin.json)
+        }
+    }
+}
+
+fn body(selection: &Selection) -> Value {
+    let mut body = json!({});
+    if selection.all {
+        body["all"] = json!(true);
+        for (name, value) in selection.filters.fields() {
+            body[name] = json!(value);
+        }
+    } else {
+        body["ids"] = json!(selection.ids);
+    }
+    body
+}
+
+/// Prints what a replay or purge did; `false` when some named letter was not there.
+fn report(answer: &Value, done: &str, json: bool) -> anyhow::Result<bool> {
+    let missing = answer["missing"].as_array().cloned().unwrap_or_default();
+    if json {
+        print_json(answer);
+        return Ok(missing.is_empty());
+    }
+    let count = answer[done].as_array().map_or(0, Vec::len);
+    println!("{done} {count}");
+    for id in &missing {
+        println!(
+            "not a dead letter (replayed or purged already?): {}",
+            id.as_str().unwrap_or("")
+        );
+    }
+    Ok(missing.is_empty())
+}
+
+pub(crate) async fn status(args: StatusArgs) -> anyhow::Result<bool> {
+    let client = Client::new(&args.admin)?;
+    let (ready_status, ready) = client.get("/readyz", &[]).await?;
+    let (status, stats) = client.get("/admin/stats", &[]).await?;
+    if status != 200 {
+        bail!("/admin/stats: {status} {}", error_of(&stats));
+    }
+    if args.admin.json {
+        print_json(&json!({"ready": ready_status == 200, "readyz": ready, "stats": stats}));
+        return Ok(ready_status == 200);
+    }
+    let checks = ready["checks"].as_array().cloned().unwrap_or_default();
+    let failed: Vec<String> = checks
+        .iter()
+        .filter(|c| c["ok"] != true)
+        .map(|c| {
+            format!(
+                "{}: {}",
+                c["check"].as_str().unwrap_or(""),
+                c["detail"].as_str().unwrap_or("")
+            )
+        })
+        .collect();
+    println!("gateway      {}", client.base);
+    if failed.is_empty() {
+        println!(
+            "ready        {} ({} checks pass)",
+            ready_status == 200,
+            checks.len()
+        );
+    } else {
+        println!("ready        false ({})", failed.join("; "));
+    }
+    let gateway = &stats["gateway"];
+    let n = |v: &Value, name: &str| v[name].as_u64().unwrap_or(0);
+    println!(
+        "requests     {} (admitted {}, duplicates {}, refused {})",
+        n(gateway, "requests"),
+        n(gateway, "admitted"),
+        n(gateway, "duplicates"),
+        n(gateway, "bad_requests")
+            + n(gateway, "replays_rejected")
+            + n(gateway, "stale_timestamps"),
+    );
+    println!(
+        "delivered    {} (retries {}, dead letters {}, stale dropped {})",
+        n(gateway, "delivered"),
+        n(gateway, "retries"),
+        n(gateway, "dead_letters"),
+        n(gateway, "stale_dropped"),
+    );
+    let store = &stats["store"];
+    if store.is_object() {
+        println!(
+            "store        queued {}, in flight {}, dead letters {}; records pending {}, processing {}, completed {}",
+            n(store, "queued"),
+            n(store, "in_flight"),
+            n(store, "dead_letters"),
+            n(store, "pending"),
+            n(store, "processing"),
+            n(store, "completed"),
+        );
+    } else {
+        println!("store        not answering");
+    }
+    for connection in stats["long_connections"].as_array().into_iter().flatten() {
+        println!(
+            "long conn    {} {}: {} open, {} reconnects, last frame {} ms ago{}",
+            connection["source"].as_str().unwrap_or(""),
+            connection["role"].as_str().unwrap_or(""),
+            connection["open"],
+            connection["reconnects"],
+            connection["last_frame_ms"],
+            connection["fatal"]
+                .as_str()
+                .map(|f| format!(", stopped: {f}"))
+                .unwrap_or_default(),
+        );
+    }
+    Ok(ready_status == 200)
+}

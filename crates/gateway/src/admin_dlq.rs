@@ -1,0 +1,251 @@
+//! Dead letters for operators: listed with filters, replayed (back into their queue once,
+//! keeping their key) or purged.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use oncegate_core::{DeadLetter, QueueId, Store};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::Shared;
+use crate::admin::authorized;
+
+/// Dead letters read per request: filters apply to this many, oldest first.
+pub(crate) const SCAN: usize = 100_000;
+/// The most ids one replay or purge may name.
+const MAX_IDS: usize = 10_000;
+
+/// Which dead letters a request means: for a replay or purge, the named `ids`, or every letter
+/// the filters match when `all` is true. Unknown fields are refused: a misspelt filter must not
+/// widen a replay to every letter.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Ask {
+    /// The most to list.
+    limit: Option<usize>,
+    #[serde(default)]
+    ids: Vec<String>,
+    #[serde(default)]
+    all: bool,
+    /// The platform (`feishu`, `wecom`, …).
+    source: Option<String>,
+    /// The app on it.
+    app: Option<String>,
+    /// The event type, exactly.
+    event_type: Option<String>,
+    /// Part of the reason it died.
+    reason: Option<String>,
+    /// Its event id.
+    event_id: Option<String>,
+}
+
+impl Ask {
+    fn matches(&self, letter: &DeadLetter) -> bool {
+        let event = &letter.event;
+        self.source.as_deref().is_none_or(|s| *event.source == *s)
+            && self.app.as_deref().is_none_or(|a| *event.app == *a)
+            && self
+                .event_type
+                .as_deref()
+                .is_none_or(|t| *event.event_type == *t)
+            && self
+                .reason
+                .as_deref()
+                .is_none_or(|r| letter.reason.contains(r))
+            && self.event_id.as_deref().is_none_or(|e| event.event_id == e)
+    }
+}
+
+/// `partition:seq`, the id operators see.
+pub(crate) fn id_text(id: QueueId) -> String {
+    format!("{}:{}", id.partition, id.seq)
+}
+
+fn parse_id(text: &str) -> Option<QueueId> {
+    let (partition, seq) = text.split_once(':')?;
+    Some(QueueId {
+        partition: partition.parse().ok()?,
+        seq: seq.parse().ok()?,
+    })
+}
+
+pub(crate) fn letter_json(letter: &DeadLetter) -> Value {
+    json!({
+        "id": id_text(letter.id),
+        "key": letter.key.to_string(),
+        "source": &*letter.event.source,
+        "app": &*letter.event.app,
+        "event_id": letter.event.event_id,
+        "event_type": &*letter.event.event_type,
+        "order_key": letter.event.order_key,
+        "attempts": letter.attempts,
+        "reason": letter.reason,
+        "at_ms": letter.at_ms,
+    })
+}
+
+fn refused(status: StatusCode, error: String) -> Response {
+    (status, axum::Json(json!({"error": error}))).into_response()
+}
+
+fn unavailable(error: impl std::fmt::Display) -> Response {
+    refused(
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!("the store cannot answer: {error}; retry"),
+    )
+}
+
+pub(crate) async fn list<S: Store>(
+    State(shared): State<Arc<Shared<S>>>,
+    headers: HeaderMap,
+    uri: axum::http::Uri,
+) -> Response {
+    if let Err(denied) = authorized(&shared, &headers) {
+        return denied;
+    }
+    let query = match Query::<Ask>::try_from_uri(&uri) {
+        Ok(Query(query)) => query,
+        Err(error) => {
+            return refused(
+                StatusCode::BAD_REQUEST,
+                format!("{error}; filters: source, app, event_type, reason, event_id; limit"),
+            );
+        }
+    };
+    let limit = query.limit.unwrap_or(100).clamp(1, SCAN);
+    match shared.store.dead_letters(SCAN).await {
+        Ok(letters) => {
+            let total = letters.len();
+            let matching: Vec<Value> = letters
+                .iter()
+                .filter(|l| query.matches(l))
+                .take(limit)
+                .map(letter_json)
+                .collect();
+            axum::Json(json!({"dead_letters": matching, "scanned": total})).into_response()
+        }
+        Err(error) => unavailable(error),
+    }
+}
+
+/// The ids a selection names, or why it names none.
+#[allow(clippy::result_large_err)]
+async fn selected<S: Store>(shared: &Shared<S>, body: &Bytes) -> Result<Vec<QueueId>, Response> {
+    let selection: Ask = serde_json::from_slice(body).map_err(|error| {
+        refused(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "{error}; send {{\"ids\": [\"partition:seq\", …]}} or {{\"all\": true, …filters}}"
+            ),
+        )
+    })?;
+    if selection.ids.len() > MAX_IDS {
+        return Err(refused(
+            StatusCode::BAD_REQUEST,
+            format!("at most {MAX_IDS} ids at once"),
+        ));
+    }
+    match (selection.ids.is_empty(), selection.all) {
+        (false, false) => selection
+            .ids
+            .iter()
+            .map(|text| {
+                parse_id(text).ok_or_else(|| {
+                    refused(
+                        StatusCode::BAD_REQUEST,
+                        format!("{text:?} is not a dead letter id (partition:seq)"),
+                    )
+                })
+            })
+            .collect(),
+        (true, true) => match shared.store.dead_letters(SCAN).await {
+            Ok(letters) => Ok(letters
+                .iter()
+                .filter(|l| selection.matches(l))
+                .map(|l| l.id)
+                .collect()),
+            Err(error) => Err(unavailable(error)),
+        },
+        _ => Err(refused(
+            StatusCode::BAD_REQUEST,
+            "name the dead letters: \"ids\", or \"all\": true (with filters to narrow it), not both".into(),
+        )),
+    }
+}
+
+pub(crate) async fn replay<S: Store>(
+    State(shared): State<Arc<Shared<S>>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let Err(denied) = authorized(&shared, &headers) {
+        return denied;
+    }
+    let ids = match selected(&shared, &body).await {
+        Ok(ids) => ids,
+        Err(refusal) => return refusal,
+    };
+    let (mut replayed, mut missing) = (Vec::new(), Vec::new());
+    for id in ids {
+        match shared.store.replay_dead_letter(id).await {
+            Ok(Some(queued)) => {
+                metrics::counter!("oncegate_dead_letters_replayed_total").increment(1);
+                tracing::info!(dead_letter = %id_text(id), queued = %id_text(queued), "dead letter replayed");
+                replayed.push(json!({"id": id_text(id), "queued": id_text(queued)}));
+            }
+            Ok(None) => missing.push(id_text(id)),
+            Err(error) => return unavailable(error),
+        }
+    }
+    axum::Json(json!({"replayed": replayed, "missing": missing})).into_response()
+}
+
+pub(crate) async fn purge<S: Store>(
+    State(shared): State<Arc<Shared<S>>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let Err(denied) = authorized(&shared, &headers) {
+        return denied;
+    }
+    let ids = match selected(&shared, &body).await {
+        Ok(ids) => ids,
+        Err(refusal) => return refusal,
+    };
+    let (mut purged, mut missing) = (Vec::new(), Vec::new());
+    for id in ids {
+        match shared.store.purge_dead_letter(id).await {
+            Ok(true) => {
+                metrics::counter!("oncegate_dead_letters_purged_total").increment(1);
+                tracing::info!(dead_letter = %id_text(id), "dead letter purged");
+                purged.push(id_text(id));
+            }
+            Ok(false) => missing.push(id_text(id)),
+            Err(error) => return unavailable(error),
+        }
+    }
+    axum::Json(json!({"purged": purged, "missing": missing})).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_read_back_and_bad_ones_are_refused() {
+        let id = QueueId {
+            partition: 7,
+            seq: 123_456,
+        };
+        assert_eq!(parse_id(&id_text(id)), Some(id));
+        for bad in [
+            "", "7", "7:", ":5", "x:5", "7:y", "70000:1", "1:2:3", "-1:2",
+        ] {
+            assert_eq!(parse_id(bad), None, "{bad:?}");
+        }
+    }
+}
