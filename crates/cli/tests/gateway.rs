@@ -466,6 +466,16 @@ async fn ten_concurrent_copies_are_delivered_once() {
     assert_eq!(status, 400, "{refused}");
     let (status, _) = record(format!("key={}", "0".repeat(32))).await;
     assert_eq!(status, 404);
+    // By the platform's own id: the same record.
+    let event_id = &got[0].event_id;
+    let (status, by_id) = record(format!("platform=feishu&app={APP_ID}&id={event_id}")).await;
+    assert_eq!(status, 200, "{by_id}");
+    assert_eq!(by_id["key"], key, "{by_id}");
+    assert_eq!(by_id["dead_letter"], serde_json::Value::Null);
+    let (status, _) = record(format!("platform=feishu&app={APP_ID}&id=never-sent")).await;
+    assert_eq!(status, 404);
+    let (status, _) = record(format!("platform=feishu&id={event_id}")).await;
+    assert_eq!(status, 400, "an app is needed");
 }
 
 impl Signed {

@@ -150,12 +150,37 @@ async fn stats<S: Store>(State(shared): State<Arc<Shared<S>>>, headers: HeaderMa
     .into_response()
 }
 
+/// A record by its key hash, or by the platform's id (platform, app, kind, id).
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct RecordQuery {
-    key: String,
+    key: Option<String>,
+    /// The platform: feishu, lark, wecom, wechat.
+    platform: Option<String>,
+    app: Option<String>,
+    /// `event_id` (the default), `message_id`, or a business key's kind.
+    kind: Option<String>,
+    id: Option<String>,
     /// Where to look; every partition when absent.
     partition: Option<u16>,
 }
+
+impl RecordQuery {
+    fn key(&self) -> Option<KeyHash> {
+        match (&self.key, &self.platform, &self.app, &self.id) {
+            (Some(hex), None, None, None) => KeyHash::from_hex(hex),
+            (None, Some(platform), Some(app), Some(id)) => Some(oncegate_core::key_for(
+                platform,
+                app,
+                self.kind.as_deref().unwrap_or("event_id"),
+                id,
+            )),
+            _ => None,
+        }
+    }
+}
+
+const RECORD_USAGE: &str = "use ?key=<32 hex characters> or ?platform=feishu&app=<app id>&id=<event id>[&kind=event_id], and optionally &partition=N";
 
 async fn record<S: Store>(
     State(shared): State<Arc<Shared<S>>>,
@@ -171,15 +196,15 @@ async fn record<S: Store>(
         Err(error) => {
             return (
                 StatusCode::BAD_REQUEST,
-                axum::Json(json!({"error": format!("{error}; use ?key=<32 hex characters>[&partition=N]")})),
+                axum::Json(json!({"error": format!("{error}; {RECORD_USAGE}")})),
             )
                 .into_response();
         }
     };
-    let Some(key) = KeyHash::from_hex(&query.key) else {
+    let Some(key) = query.key() else {
         return (
             StatusCode::BAD_REQUEST,
-            axum::Json(json!({"error": "key must be 32 hex characters"})),
+            axum::Json(json!({"error": RECORD_USAGE})),
         )
             .into_response();
     };
@@ -221,9 +246,17 @@ async fn record<S: Store>(
                     json!({"state": "completed", "outcome_bytes": outcome.map(|o| o.len())})
                 }
             };
+            // Why it is not done, if it died: the dead letter keeps the reason and attempts.
+            let dead_letter = match shared.store.dead_letters(crate::admin_dlq::SCAN).await {
+                Ok(letters) => letters
+                    .iter()
+                    .find(|l| l.key == key)
+                    .map(crate::admin_dlq::letter_json),
+                Err(_) => None,
+            };
             axum::Json(
-                json!({"key": query.key, "partition": partition, "record": state, "expires_at_ms": record.expires_at_ms,
-                       "fingerprint": record.fingerprint.map(|f| f.to_string())}),
+                json!({"key": key.to_string(), "partition": partition, "record": state, "expires_at_ms": record.expires_at_ms,
+                       "fingerprint": record.fingerprint.map(|f| f.to_string()), "dead_letter": dead_letter}),
             )
             .into_response()
         }
