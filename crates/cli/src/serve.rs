@@ -27,8 +27,23 @@ pub(crate) async fn serve(config_path: Option<&Path>) -> anyhow::Result<()> {
         );
     }
     let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            metrics_exporter_prometheus::Matcher::Suffix("_seconds".into()),
+            &oncegate_gateway::SECONDS_BUCKETS,
+        )
+        .context("histogram buckets")?
         .install_recorder()
         .context("install the metrics recorder")?;
+    // Histogram samples wait in the recorder until its upkeep folds them into the buckets:
+    // without it they would pile up between scrapes (or forever, unscraped).
+    let upkeep = metrics.clone();
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(std::time::Duration::from_secs(5));
+        loop {
+            every.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
     let render = move || metrics.render();
     match &config.store {
         StoreConfig::Embedded(settings) => {

@@ -49,6 +49,9 @@ pub(crate) struct SimulateArgs {
     /// member joins and leaves within one second, and half the pairs arrive leave first.
     #[arg(long)]
     membership: bool,
+    /// Requests per second at most, to watch a steady stream (0: as fast as the gateway takes them).
+    #[arg(long, default_value_t = 0.0)]
+    rate: f64,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
@@ -269,6 +272,7 @@ pub(crate) async fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
     let next = Arc::new(AtomicUsize::new(0));
     let tally = Arc::new(Mutex::new(Tally::default()));
     let started = Instant::now();
+    let rate = args.rate;
     let mut workers = Vec::new();
     for _ in 0..args.concurrency.max(1) {
         let (plan, sent, next, tally, client, targets, progress) = (
@@ -284,6 +288,10 @@ pub(crate) async fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
             loop {
                 let index = next.fetch_add(1, Ordering::Relaxed);
                 let Some(step) = plan.get(index) else { break };
+                if rate > 0.0 {
+                    let at = started + Duration::from_secs_f64(index as f64 / rate);
+                    tokio::time::sleep_until(at.into()).await;
+                }
                 let (Send::New(i) | Send::Retry(i) | Send::Replay(i)) = *step;
                 // A member's join and leave go to one source, so that they share its chain.
                 let Target { sealer, url } = &targets[(i / 2) % targets.len()];

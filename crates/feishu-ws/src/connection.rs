@@ -315,6 +315,7 @@ async fn data_frame<I: Inlet>(
     if window_says(window, frame.seq_id) == SeqVerdict::Duplicate {
         metrics::counter!("oncegate_ws_resent_frames_total", "source" => context.settings.source.clone())
             .increment(1);
+        metrics::counter!("oncegate_drops_total", "layer" => "sequence_window").increment(1);
         let _ = outbox.send(frame.ack(200, None, 0)).await;
         return;
     }

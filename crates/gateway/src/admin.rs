@@ -22,6 +22,8 @@ pub(crate) fn router<S: Store>(shared: Arc<Shared<S>>) -> Router {
         .route("/readyz", get(readyz::<S>))
         .route("/metrics", get(metrics::<S>))
         .route("/admin/stats", get(stats::<S>))
+        .route("/admin/live", get(live::<S>))
+        .route("/status", get(status_page))
         .route("/admin/record", get(record::<S>))
         .route("/admin/dead-letters", get(crate::admin_dlq::list::<S>))
         .route(
@@ -151,6 +153,61 @@ async fn stats<S: Store>(State(shared): State<Arc<Shared<S>>>, headers: HeaderMa
 }
 
 /// A record by its key hash, or by the platform's id (platform, app, kind, id).
+/// The status page: one HTML file with its script, no external assets.
+async fn status_page() -> Response {
+    (
+        [
+            (axum::http::header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (axum::http::header::CACHE_CONTROL, "no-store"),
+        ],
+        include_str!("status.html"),
+    )
+        .into_response()
+}
+
+/// What the status page polls every second: counters and states this gateway holds in
+/// memory, without a call to the store (many open pages must cost nothing).
+async fn live<S: Store>(State(shared): State<Arc<Shared<S>>>, headers: HeaderMap) -> Response {
+    if let Err(denied) = authorized(&shared, &headers) {
+        return denied;
+    }
+    let mut not_ready: Vec<String> = shared.failure.get().cloned().into_iter().collect();
+    not_ready.extend(shared.long_sources.iter().filter_map(|s| s.not_ready()));
+    if crate::admission::queue_full(&shared) {
+        not_ready.push("the queue is full (dispatcher.max_queued)".into());
+    }
+    let drops: serde_json::Map<String, serde_json::Value> = shared
+        .meters
+        .drops()
+        .into_iter()
+        .map(|(layer, n)| (layer.to_owned(), json!(n)))
+        .collect();
+    let long_connections: Vec<_> = shared
+        .long_sources
+        .iter()
+        .map(|source| {
+            json!({
+                "source": source.name,
+                "role": source.role(),
+                "open": source.status.open(),
+                "reconnects": source.status.reconnects(),
+                "last_frame_ms": source.status.last_frame_ms(),
+                "fatal": source.status.fatal(),
+            })
+        })
+        .collect();
+    axum::Json(json!({
+        "at_ms": shared.now_ms(),
+        "ready": not_ready.is_empty(),
+        "not_ready": not_ready,
+        "gateway": shared.stats.snapshot(),
+        "queued": shared.queued.load(std::sync::atomic::Ordering::Relaxed),
+        "drops": drops,
+        "long_connections": long_connections,
+    }))
+    .into_response()
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RecordQuery {

@@ -66,19 +66,24 @@ pub(crate) async fn to_store<S: Store>(
 ) -> Result<Admission, StoreError> {
     let partition = admit.event.partition(shared.store.partitions());
     let Admit { event, keys, nonce } = admit;
+    let (platform, app) = (event.source.clone(), event.app.clone());
+    let started = std::time::Instant::now();
     let admission = shared
         .store
         .admit_with_nonce(event, keys.as_slice(), retention, nonce)
         .await?;
+    shared.meters.admit(started.elapsed());
     let stats = &shared.stats;
     match admission {
         Admission::Admitted { .. } => {
             stats.bump(&stats.admitted, "oncegate_admitted_total");
+            shared.meters.admitted(&platform, &app);
             shared.queued.fetch_add(1, Ordering::Relaxed);
             shared.wake(partition);
         }
-        Admission::Duplicate { .. } => {
+        Admission::Duplicate { key_index } => {
             stats.bump(&stats.duplicates, "oncegate_duplicates_total");
+            shared.meters.duplicate(&platform, &app, key_index);
         }
         // Refused by the caller, who knows what a replay means there.
         Admission::Replayed => {}

@@ -272,6 +272,7 @@ async fn handle<S: Store>(shared: &Shared<S>, delivery: Delivery, held: &Held) {
             Ok(WatermarkOutcome::Stale { current }) => {
                 tracing::info!(event_id = %event.event_id, current, created = event.created_at_ms, "stale event dropped");
                 stats.bump(&stats.stale_dropped, "oncegate_stale_dropped_total");
+                shared.meters.dropped(crate::meters::Layer::StaleWatermark);
                 finish(shared, &delivery, &lease).await;
                 return;
             }
@@ -286,6 +287,7 @@ async fn handle<S: Store>(shared: &Shared<S>, delivery: Delivery, held: &Held) {
             Ok(true) => {
                 tracing::info!(event_id = %event.event_id, "superseded event dropped");
                 stats.bump(&stats.stale_dropped, "oncegate_stale_dropped_total");
+                shared.meters.dropped(crate::meters::Layer::StaleWatermark);
                 finish(shared, &delivery, &lease).await;
                 return;
             }
@@ -296,6 +298,7 @@ async fn handle<S: Store>(shared: &Shared<S>, delivery: Delivery, held: &Held) {
         }
     }
     lock(held).insert(delivery.id, lease);
+    shared.meters.lag(event.created_at_ms, shared.now_ms());
     let id = format!("msg_{}", delivery.key);
     let outgoing = Outgoing {
         id: &id,
@@ -303,6 +306,7 @@ async fn handle<S: Store>(shared: &Shared<S>, delivery: Delivery, held: &Held) {
         attempt: delivery.attempt,
         wants_answer: false,
     };
+    let started = std::time::Instant::now();
     let result = once::run(
         shared,
         &lease,
@@ -311,6 +315,7 @@ async fn handle<S: Store>(shared: &Shared<S>, delivery: Delivery, held: &Held) {
         route.sink.deliver(outgoing),
     )
     .await;
+    shared.meters.handler(started.elapsed());
     lock(held).remove(&delivery.id);
     match result {
         Ok(_) => {

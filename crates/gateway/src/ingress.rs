@@ -17,6 +17,7 @@ use oncegate_core::{
 };
 use serde_json::json;
 
+use crate::meters::Layer;
 use crate::{Shared, Source, admission, sync_call};
 
 pub(crate) fn router<S: Store>(shared: Arc<Shared<S>>) -> Router {
@@ -50,9 +51,13 @@ fn refused<S>(shared: &Shared<S>, peer: Option<SocketAddr>, refusal: Refusal) ->
     let stats = &shared.stats;
     match refusal.kind {
         RefusalKind::Replayed => {
-            stats.bump(&stats.replays_rejected, "oncegate_guard_refused_total")
+            stats.bump(&stats.replays_rejected, "oncegate_guard_refused_total");
+            shared.meters.dropped(Layer::Nonce);
         }
-        RefusalKind::Stale => stats.bump(&stats.stale_timestamps, "oncegate_guard_refused_total"),
+        RefusalKind::Stale => {
+            stats.bump(&stats.stale_timestamps, "oncegate_guard_refused_total");
+            shared.meters.dropped(Layer::StaleTimestamp);
+        }
         // Not bad input: counted where they happen (store, queue bound, handler), or by
         // their label alone (a double click).
         RefusalKind::Unavailable
@@ -91,6 +96,7 @@ async fn webhook<S: Store>(
     Path(name): Path<String>,
     request: Request,
 ) -> Response {
+    let started = std::time::Instant::now();
     let (parts, body) = request.into_parts();
     let peer = crate::server::peer(&parts.extensions);
     let stats = &shared.stats;
@@ -108,6 +114,7 @@ async fn webhook<S: Store>(
     source
         .answers
         .count(&name, source.decoder.platform(), response.status());
+    shared.meters.ingress(started.elapsed());
     response
 }
 
@@ -255,6 +262,7 @@ fn refused_by<S>(
     if refusal.kind == RefusalKind::Replayed && source.decoder.retries_repeat_the_request() {
         let stats = &shared.stats;
         stats.bump(&stats.replays_rejected, "oncegate_guard_refused_total");
+        shared.meters.dropped(Layer::Nonce);
         return reply(source.decoder.accepted(oncegate_core::Accepted::Duplicate));
     }
     refused(shared, peer, refusal)

@@ -279,6 +279,7 @@ async fn claim<S: Store>(
         }
         Ok(Claimed::Done(result)) => {
             count(&caller.name, "claim", "done");
+            shared.meters.dropped(crate::meters::Layer::BusinessKey);
             let result = result
                 .and_then(|bytes| serde_json::from_slice::<Value>(&bytes).ok())
                 .unwrap_or(Value::Null);

@@ -11,6 +11,7 @@ mod dispatch;
 mod ingress;
 pub mod keys_api;
 mod longconn;
+mod meters;
 mod once;
 pub mod registry;
 mod send_api;
@@ -37,6 +38,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+pub use meters::SECONDS_BUCKETS;
 pub use server::ServerLimits;
 pub use sink::{Handler, HandlerSink, HttpSink, LinesSink, Outgoing, SharedSink, Sink, SinkError};
 pub use stats::{Stats, StatsSnapshot};
@@ -186,6 +188,8 @@ pub(crate) struct Shared<S> {
     pub(crate) edits: send_edits::Edits,
     /// Each receiver's sends one at a time, spaced from the previous answer.
     pub(crate) pacer: Arc<send_pace::Pacer>,
+    /// Per-event metrics, their handles registered once.
+    pub(crate) meters: meters::Meters,
 }
 
 impl<S: Store> Shared<S> {
@@ -348,6 +352,7 @@ impl<S: Store> Gateway<S> {
                 max_waiting_sends: 1000,
                 edits: send_edits::Edits::default(),
                 pacer: Arc::default(),
+                meters: meters::Meters::default(),
             }),
         }
     }
@@ -582,6 +587,7 @@ impl<S: Store> Gateway<S> {
         shutdown: CancellationToken,
     ) -> Result<(), GatewayError> {
         let shared = &self.shared;
+        shared.meters.register();
         let webhooks = server::serve(
             "webhooks",
             listener,

@@ -162,6 +162,8 @@ impl<C: Clock> RedisStore<C> {
     /// Connects; the store runs its connection on a small runtime of its own, so that it can be
     /// called from any runtime, or from several.
     pub fn connect_with_clock(config: RedisConfig, clock: C) -> Result<Self, ConnectError> {
+        // Shown from the start: an alert on it must tell "closed" from "never scraped".
+        metrics::gauge!("oncegate_store_circuit_open").set(0.0);
         let connect_error = |message: String| ConnectError::Connect {
             url: oncegate_core::redact::url(&config.url),
             message,

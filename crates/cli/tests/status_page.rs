@@ -1,0 +1,289 @@
+//! The live status page in a real browser: Debian's headless chromium opens it on a gateway
+//! under `oncegate simulate` load, the counters show the traffic and the charts move; a
+//! screenshot is kept in `target/test-output/status-page.png`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio_tungstenite::tungstenite::Message;
+
+mod support;
+
+use support::{Serve, client, file_route, oncegate};
+
+const TOKEN: &str = "status-page-admin-token";
+
+fn config(dir: &Path) -> String {
+    format!(
+        r#"
+[store]
+backend = "memory"
+
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+admin_token = "{TOKEN}"
+
+[[source]]
+name = "bot"
+platform = "feishu"
+app_id = "cli_status"
+encrypt_key = "feishu-key"
+verification_token = "feishu-token"
+
+{}
+"#,
+        file_route(dir, "")
+    )
+}
+
+/// Headless chromium with its DevTools endpoint on a free port, killed when dropped.
+struct Browser {
+    child: Child,
+    port: u16,
+    _profile: tempfile::TempDir,
+}
+
+impl Browser {
+    fn open(url: &str) -> Self {
+        let chromium = ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
+            .into_iter()
+            .find(|path| Path::new(path).exists())
+            .expect("chromium is missing: scripts/test installs Debian's chromium package");
+        let profile = tempfile::tempdir().expect("profile");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        // The flags keep chromium off the network (this machine's is closed) and sandbox-free
+        // (CI runs as root).
+        let child = Command::new(chromium)
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--window-size=412,915",
+                &format!("--remote-debugging-port={port}"),
+                &format!("--user-data-dir={}", profile.path().display()),
+                url,
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start chromium");
+        Self {
+            child,
+            port,
+            _profile: profile,
+        }
+    }
+
+    /// The page's DevTools WebSocket.
+    async fn page(&self) -> Page {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let url = loop {
+            let listed = client()
+                .get(format!("http://127.0.0.1:{}/json/list", self.port))
+                .send()
+                .await;
+            if let Ok(listed) = listed
+                && let Ok(targets) = listed.json::<Vec<Value>>().await
+                && let Some(url) = targets
+                    .iter()
+                    .find(|t| t["type"] == "page")
+                    .and_then(|t| t["webSocketDebuggerUrl"].as_str())
+            {
+                break url.to_owned();
+            }
+            assert!(Instant::now() < deadline, "chromium never listed its page");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let (socket, _) = tokio_tungstenite::connect_async(url)
+            .await
+            .expect("devtools");
+        Page { socket, next: 0 }
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct Page {
+    socket: tokio_tungstenite::WebSocketStream<
+        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+    >,
+    next: u64,
+}
+
+impl Page {
+    /// One DevTools command and its result (events in between are skipped).
+    async fn call(&mut self, method: &str, params: Value) -> Value {
+        self.next += 1;
+        let id = self.next;
+        let command = json!({"id": id, "method": method, "params": params});
+        self.socket
+            .send(Message::text(command.to_string()))
+            .await
+            .expect("send");
+        loop {
+            let message = tokio::time::timeout(Duration::from_secs(20), self.socket.next())
+                .await
+                .expect("devtools answers")
+                .expect("open")
+                .expect("message");
+            let Message::Text(text) = message else {
+                continue;
+            };
+            let answer: Value = serde_json::from_str(&text).expect("json");
+            if answer["id"] == id {
+                assert!(answer["error"].is_null(), "{method}: {answer}");
+                return answer["result"].clone();
+            }
+        }
+    }
+
+    /// Evaluates `expression` in the page: its JSON value.
+    async fn eval(&mut self, expression: &str) -> Value {
+        let result = self
+            .call(
+                "Runtime.evaluate",
+                json!({"expression": expression, "returnByValue": true}),
+            )
+            .await;
+        result["result"]["value"].clone()
+    }
+
+    /// The page's reading of `tile`: its shown value and the samples of its chart.
+    async fn tile(&mut self, tile: &str) -> (String, Vec<f64>) {
+        let shown = self
+            .eval(&format!("document.getElementById('v-{tile}').textContent"))
+            .await;
+        let series = self
+            .eval(&format!("window.oncegate.series['{tile}']"))
+            .await;
+        (
+            shown.as_str().unwrap_or_default().to_owned(),
+            series
+                .as_array()
+                .map(|s| s.iter().filter_map(Value::as_f64).collect())
+                .unwrap_or_default(),
+        )
+    }
+}
+
+fn screenshot_path() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"));
+    target.join("test-output/status-page.png")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_status_page_shows_a_gateway_under_load_and_its_charts_move() {
+    use base64::Engine;
+    let dir = tempfile::tempdir().expect("dir");
+    let serve = Serve::start_with(dir.path(), &config(dir.path()));
+    // The page without its token asks for it; the data stays closed.
+    let (status, _) = serve.admin_get("/admin/live").await;
+    assert_eq!(status, 401);
+    let (status, html) = serve.admin_get("/status").await;
+    assert_eq!(status, 200);
+    assert!(
+        html.contains("<canvas") || html.contains("canvas"),
+        "{html}"
+    );
+    // A steady stream for the page to watch: 300 requests a second for about 12 s.
+    let mut load = oncegate()
+        .args([
+            "simulate",
+            "--quiet",
+            "--events",
+            "3000",
+            "--rate",
+            "300",
+            "--concurrency",
+            "8",
+            "--source",
+            "bot",
+        ])
+        .arg("--config")
+        .arg(dir.path().join("oncegate.toml"))
+        .args(["--url", &serve.base, "--admin", &serve.admin])
+        .env("ONCEGATE_ADMIN_TOKEN", TOKEN)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("simulate");
+    let browser = Browser::open(&format!("{}/status#token={TOKEN}", serve.admin));
+    let mut page = browser.page().await;
+    // Let the page gather a few seconds of samples while the traffic flows.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let first = loop {
+        let (shown, series) = page.tile("requests").await;
+        if series.iter().filter(|v| **v > 0.0).count() >= 3 {
+            break (shown, series);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the page never showed traffic: {shown} {series:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (shown, series) = page.tile("requests").await;
+    assert!(series.len() >= first.1.len() + 2, "new samples: {series:?}");
+    let rate: f64 = shown.trim_end_matches('k').parse().unwrap_or(0.0);
+    assert!(rate > 0.0, "a request rate is shown: {shown:?}");
+    // The chart moves: its samples are rates that differ from second to second, drawn.
+    let distinct: std::collections::HashSet<u64> = series.iter().map(|v| v.to_bits()).collect();
+    assert!(distinct.len() >= 2, "the chart changes: {series:?}");
+    let drawn = page
+        .eval("document.getElementById('c-requests').toDataURL().length")
+        .await;
+    let blank = page
+        .eval("(() => { const c = document.createElement('canvas'); const r = document.getElementById('c-requests'); c.width = r.width; c.height = r.height; return c.toDataURL().length; })()")
+        .await;
+    assert!(
+        drawn.as_u64() > blank.as_u64(),
+        "a line is drawn: {drawn} vs {blank}"
+    );
+    let (_, admitted) = page.tile("admitted").await;
+    assert!(admitted.iter().any(|v| *v > 0.0), "admitted: {admitted:?}");
+    let ready = page
+        .eval("document.getElementById('ready').textContent")
+        .await;
+    assert_eq!(ready, "ready");
+    let drops = page
+        .eval("document.getElementById('drops').textContent")
+        .await;
+    assert!(
+        drops.as_str().unwrap_or_default().contains("event_key"),
+        "{drops}"
+    );
+    // What a person would see on a phone.
+    let shot = page
+        .call("Page.captureScreenshot", json!({"format": "png"}))
+        .await;
+    let png = base64::engine::general_purpose::STANDARD
+        .decode(shot["data"].as_str().expect("png"))
+        .expect("base64");
+    assert!(png.starts_with(b"\x89PNG"), "a PNG");
+    let path = screenshot_path();
+    std::fs::create_dir_all(path.parent().expect("folder")).expect("folder");
+    std::fs::write(&path, &png).expect("screenshot");
+    println!("status page screenshot: {}", path.display());
+    let _ = load.kill();
+    let _ = load.wait();
+}
