@@ -54,8 +54,21 @@ struct InspectArgs {
     #[arg(long, env = "ONCEGATE_CONFIG")]
     config: Option<PathBuf>,
     /// The store file (overrides the configuration).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "admin")]
     store: Option<PathBuf>,
+    /// Ask a running gateway's admin listener instead (any store; `record` only), e.g.
+    /// http://127.0.0.1:9090. A configuration with another store than embedded asks its
+    /// gateway too.
+    #[arg(long, env = "ONCEGATE_ADMIN_URL", global = true)]
+    admin: Option<String>,
+    /// The admin token, when asking a gateway (or server.admin_token in --config).
+    #[arg(
+        long,
+        env = "ONCEGATE_ADMIN_TOKEN",
+        hide_env_values = true,
+        global = true
+    )]
+    token: Option<String>,
     #[command(subcommand)]
     what: InspectWhat,
 }
@@ -113,7 +126,7 @@ fn main() -> ExitCode {
         .init();
     let result = match cli.command {
         Command::CheckConfig { file } => check_config(&file),
-        Command::Inspect(args) => inspect(args).map(|()| true),
+        Command::Inspect(args) => inspect(args),
         Command::Defaults => {
             print!("{}", oncegate_config::DEFAULTS);
             Ok(true)
@@ -181,17 +194,17 @@ fn check_config(file: &Path) -> anyhow::Result<bool> {
     }
 }
 
-fn inspect(args: InspectArgs) -> anyhow::Result<()> {
-    let path = match (&args.store, &args.config) {
-        (Some(path), _) => path.clone(),
-        (None, config) => match load(config.as_deref())?.store {
-            oncegate_config::StoreConfig::Embedded(settings) => settings.path,
-            other => bail!(
-                "inspect reads an embedded store file, and this configuration uses the {} \
-                 backend; use /admin on the gateway instead",
-                other.backend()
-            ),
+fn inspect(args: InspectArgs) -> anyhow::Result<bool> {
+    let local = match (&args.store, &args.admin, &args.config) {
+        (Some(path), _, _) => Some(path.clone()),
+        (None, Some(_), _) => None,
+        (None, None, config) => match load(config.as_deref())?.store {
+            oncegate_config::StoreConfig::Embedded(settings) => Some(settings.path),
+            _ => None,
         },
+    };
+    let Some(path) = local else {
+        return inspect_remote(args);
     };
     let reader = StoreReader::open(&path)?;
     let now_ms = SystemClock.now_ms();
@@ -260,7 +273,37 @@ fn inspect(args: InspectArgs) -> anyhow::Result<()> {
             }
         }
     }
-    Ok(())
+    Ok(true)
+}
+
+/// `inspect` against a running gateway: one record, through its admin API.
+fn inspect_remote(args: InspectArgs) -> anyhow::Result<bool> {
+    let InspectWhat::Record {
+        key,
+        source,
+        app,
+        kind,
+        id,
+    } = args.what
+    else {
+        bail!(
+            "a running gateway answers `inspect record` (any store); stats, records, the queue \
+             and dead letters of it: `oncegate status`, `oncegate dlq list`, or --store FILE \
+             for an embedded store"
+        );
+    };
+    let query = match (key, source, app, id) {
+        (Some(hex), ..) => vec![("key", hex)],
+        (None, Some(platform), Some(app), Some(id)) => vec![
+            ("platform", platform),
+            ("app", app),
+            ("kind", kind),
+            ("id", id),
+        ],
+        _ => bail!("name the record with --key HEX, or with --source, --app and --id"),
+    };
+    let admin = remote::Admin::new(args.config, args.admin, args.token);
+    runtime()?.block_on(remote::record(admin, query))
 }
 
 fn describe(record: &Record, now_ms: u64) -> String {

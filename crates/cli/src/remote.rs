@@ -29,6 +29,22 @@ pub(crate) struct Admin {
     json: bool,
 }
 
+impl Admin {
+    /// Where a command that is not `dlq` or `status` finds the gateway.
+    pub(crate) fn new(
+        config: Option<PathBuf>,
+        admin: Option<String>,
+        token: Option<String>,
+    ) -> Self {
+        Self {
+            config,
+            admin,
+            token,
+            json: false,
+        }
+    }
+}
+
 /// Which dead letters: filters narrow `list` and an `--all` replay or purge.
 #[derive(Debug, Args)]
 pub(crate) struct Filters {
@@ -281,6 +297,54 @@ fn report(answer: &Value, done: &str, json: bool) -> anyhow::Result<bool> {
         );
     }
     Ok(missing.is_empty())
+}
+
+/// One key's whole story from a running gateway (any store): its record, its lease, and its
+/// dead letter if it died. `false` when the gateway has not seen it.
+pub(crate) async fn record(
+    admin: Admin,
+    query: Vec<(&'static str, String)>,
+) -> anyhow::Result<bool> {
+    let client = Client::new(&admin)?;
+    let query: Vec<(&str, &String)> = query.iter().map(|(k, v)| (*k, v)).collect();
+    let (status, answer) = client.get("/admin/record", &query).await?;
+    match status {
+        200 => {}
+        404 => {
+            println!("not seen (or forgotten after its retention)");
+            return Ok(false);
+        }
+        _ => bail!("/admin/record: {status} {}", error_of(&answer)),
+    }
+    let record = &answer["record"];
+    println!("key          {}", answer["key"].as_str().unwrap_or(""));
+    println!("partition    {}", answer["partition"]);
+    let state = record["state"].as_str().unwrap_or("");
+    match state {
+        "processing" => println!(
+            "state        processing (lease token {}, until {} ms)",
+            record["token"], record["lease_until_ms"]
+        ),
+        "completed" => println!(
+            "state        completed ({} byte outcome)",
+            record["outcome_bytes"].as_u64().unwrap_or(0)
+        ),
+        other => println!("state        {other}"),
+    }
+    println!("kept until   {} ms", answer["expires_at_ms"]);
+    if let Some(fingerprint) = answer["fingerprint"].as_str() {
+        println!("fingerprint  {fingerprint}");
+    }
+    if let Some(letter) = answer["dead_letter"].as_object() {
+        println!(
+            "dead letter  {} after {} attempts at {} ms: {}",
+            letter["id"].as_str().unwrap_or(""),
+            letter["attempts"],
+            letter["at_ms"],
+            letter["reason"].as_str().unwrap_or("")
+        );
+    }
+    Ok(true)
 }
 
 pub(crate) async fn status(args: StatusArgs) -> anyhow::Result<bool> {

@@ -780,6 +780,21 @@ async fn transient_failures_retry_and_permanent_ones_are_dead_lettered() {
         listed.contains("bad") && listed.contains("down") && listed.contains("2 dead letters"),
         "{listed}"
     );
+    // One command tells the whole story of one event: not done, and why it died.
+    let (ok, story) = cli(
+        &gateway,
+        &[
+            "inspect", "record", "--source", "feishu", "--app", APP_ID, "--id", "bad",
+        ],
+    );
+    assert!(ok, "{story}");
+    assert!(story.contains("state        pending"), "{story}");
+    assert!(
+        story.contains("dead letter")
+            && story.contains("422")
+            && story.contains("after 1 attempts"),
+        "{story}"
+    );
     let (ok, replayed) = cli(&gateway, &["dlq", "replay", "--all", "--event-id", "bad"]);
     assert!(ok, "{replayed}");
     assert!(replayed.contains("replayed 1"), "{replayed}");
@@ -820,6 +835,14 @@ async fn transient_failures_retry_and_permanent_ones_are_dead_lettered() {
     assert!(status.contains("dead letters 0"), "{status}");
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(downstream.count("bad"), 1, "replayed once, delivered once");
+    let (ok, story) = cli(
+        &gateway,
+        &[
+            "inspect", "record", "--source", "feishu", "--app", APP_ID, "--id", "bad",
+        ],
+    );
+    assert!(ok && story.contains("state        completed"), "{story}");
+    assert!(!story.contains("dead letter"), "{story}");
 }
 
 /// Runs `oncegate <args> --admin <the gateway's admin listener>`: success, and what it printed.
