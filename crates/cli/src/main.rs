@@ -1,5 +1,6 @@
 //! The `oncegate` command.
 
+mod logging;
 mod remote;
 mod serve;
 mod simulate;
@@ -117,13 +118,15 @@ enum InspectWhat {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("ONCEGATE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    match &cli.command {
+        // The gateway logs as its configuration says (a configuration that does not load is
+        // reported by serve itself, on a plain log).
+        Command::Serve { config } => match load(config.as_deref()) {
+            Ok(config) => logging::init(config.log.format, &config.log.instance_name()),
+            Err(_) => logging::init_plain(),
+        },
+        _ => logging::init_plain(),
+    }
     let result = match cli.command {
         Command::CheckConfig { file } => check_config(&file),
         Command::Inspect(args) => inspect(args),

@@ -3,6 +3,7 @@
 
 mod duration;
 mod duration_opt;
+mod log;
 mod validate;
 
 use std::collections::BTreeMap;
@@ -12,6 +13,7 @@ use std::time::Duration;
 use oncegate_core::redact::url as redact_url;
 use serde::{Deserialize, Serialize};
 
+pub use log::{LogConfig, LogFormat};
 pub use validate::{Problem, Severity, validate};
 
 /// How long Feishu keeps re-delivering an event it got no answer for: retries after 15 s, 5 min,
@@ -42,6 +44,8 @@ pub struct Config {
     pub routes: Vec<RouteConfig>,
     /// The API for bots behind the gateway (business keys).
     pub api: ApiConfig,
+    /// The log's format and instance name.
+    pub log: LogConfig,
 }
 
 /// `[api]`: business keys over HTTP for handlers in any language. Served only when a caller

@@ -270,7 +270,7 @@ async fn handle<S: Store>(shared: &Shared<S>, delivery: Delivery, held: &Held) {
             .await
         {
             Ok(WatermarkOutcome::Stale { current }) => {
-                tracing::info!(event_id = %event.event_id, current, created = event.created_at_ms, "stale event dropped");
+                tracing::info!(key = %delivery.key, platform = %event.source, app = %event.app, tenant = event.tenant.as_deref().unwrap_or("-"), event_id = %event.event_id, current, created = event.created_at_ms, "stale event dropped");
                 stats.bump(&stats.stale_dropped, "oncegate_stale_dropped_total");
                 shared.meters.dropped(crate::meters::Layer::StaleWatermark);
                 finish(shared, &delivery, &lease).await;
@@ -285,7 +285,7 @@ async fn handle<S: Store>(shared: &Shared<S>, delivery: Delivery, held: &Held) {
         match superseded(shared, event, order).await {
             Ok(false) => {}
             Ok(true) => {
-                tracing::info!(event_id = %event.event_id, "superseded event dropped");
+                tracing::info!(key = %delivery.key, platform = %event.source, app = %event.app, tenant = event.tenant.as_deref().unwrap_or("-"), event_id = %event.event_id, "superseded event dropped");
                 stats.bump(&stats.stale_dropped, "oncegate_stale_dropped_total");
                 shared.meters.dropped(crate::meters::Layer::StaleWatermark);
                 finish(shared, &delivery, &lease).await;
@@ -334,7 +334,7 @@ async fn handle<S: Store>(shared: &Shared<S>, delivery: Delivery, held: &Held) {
                 delivery.attempt,
             );
             let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
-            tracing::info!(event_id = %event.event_id, attempt = delivery.attempt, %reason, ?delay, "delivery failed; retrying");
+            tracing::info!(key = %delivery.key, platform = %event.source, app = %event.app, tenant = event.tenant.as_deref().unwrap_or("-"), event_id = %event.event_id, attempt = delivery.attempt, %reason, ?delay, "delivery failed; retrying");
             stats.bump(&stats.retries, "oncegate_retries_total");
             insist(&shared.summaries, "retry", || {
                 store.retry(delivery.id, shared.now_ms().saturating_add(delay_ms))
@@ -349,7 +349,7 @@ async fn handle<S: Store>(shared: &Shared<S>, delivery: Delivery, held: &Held) {
                 }
                 SinkError::Permanent(reason) => reason,
             };
-            tracing::warn!(event_id = %event.event_id, %reason, "dead-lettered");
+            tracing::warn!(key = %delivery.key, platform = %event.source, app = %event.app, tenant = event.tenant.as_deref().unwrap_or("-"), event_id = %event.event_id, %reason, "dead-lettered");
             stats.bump(&stats.dead_letters, "oncegate_dead_letters_total");
             insist(&shared.summaries, "dead letter", || {
                 store.dead_letter(delivery.id, &reason)
@@ -372,7 +372,7 @@ async fn finish<S: Store>(shared: &Shared<S>, delivery: &Delivery, lease: &Lease
     .await;
     if fence == FenceCheck::Rejected {
         stats.bump(&stats.fenced, "oncegate_fenced_total");
-        tracing::warn!(event_id = %delivery.event.event_id, "completion refused: the lease was taken over");
+        tracing::warn!(key = %delivery.key, platform = %delivery.event.source, app = %delivery.event.app, tenant = delivery.event.tenant.as_deref().unwrap_or("-"), event_id = %delivery.event.event_id, "completion refused: the lease was taken over");
     }
 }
 
