@@ -24,6 +24,7 @@ pub(crate) fn router<S: Store>(shared: Arc<Shared<S>>) -> Router {
         .route("/admin/stats", get(stats::<S>))
         .route("/admin/live", get(live::<S>))
         .route("/status", get(status_page))
+        .route("/admin/openapi.json", get(openapi))
         .route("/admin/record", get(record::<S>))
         .route("/admin/dead-letters", get(crate::admin_dlq::list::<S>))
         .route(
@@ -153,6 +154,17 @@ async fn stats<S: Store>(State(shared): State<Arc<Shared<S>>>, headers: HeaderMa
 }
 
 /// A record by its key hash, or by the platform's id (platform, app, kind, id).
+/// The admin API's OpenAPI document (its routes are checked against this router in a test).
+pub(crate) const OPENAPI: &str = include_str!("admin_openapi.json");
+
+async fn openapi() -> Response {
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        OPENAPI,
+    )
+        .into_response()
+}
+
 /// The status page: one HTML file with its script, no external assets.
 async fn status_page() -> Response {
     (
@@ -327,5 +339,64 @@ async fn record<S: Store>(
             axum::Json(json!({"error": error.to_string()})),
         )
             .into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    /// The routes this file gives the router, as (method, path), read from its own source.
+    fn routed() -> BTreeSet<(String, String)> {
+        let source = include_str!("admin.rs");
+        let mut routes = BTreeSet::new();
+        let mut rest = source;
+        while let Some(at) = rest.find(".route(") {
+            rest = &rest[at + ".route(".len()..];
+            let Some(path) = rest
+                .trim_start()
+                .strip_prefix('"')
+                .and_then(|r| r.split('"').next())
+            else {
+                continue;
+            };
+            let after = &rest[rest.find(',').unwrap_or(0) + 1..];
+            let method = after.trim_start().split('(').next().unwrap_or("").trim();
+            if path.starts_with('/') {
+                routes.insert((method.to_owned(), path.to_owned()));
+            }
+        }
+        routes
+    }
+
+    #[test]
+    fn the_openapi_document_describes_exactly_the_routes() {
+        let doc: serde_json::Value = serde_json::from_str(super::OPENAPI).expect("JSON");
+        assert_eq!(doc["openapi"], "3.1.0");
+        let mut documented = BTreeSet::new();
+        for (path, methods) in doc["paths"].as_object().expect("paths") {
+            for (method, operation) in methods.as_object().expect("methods") {
+                assert!(
+                    operation["summary"].as_str().is_some_and(|s| !s.is_empty()),
+                    "{method} {path} has a summary"
+                );
+                let responses = operation["responses"].as_object().expect("responses");
+                assert!(responses.contains_key("200"), "{method} {path}");
+                if path.starts_with("/admin/") && path != "/admin/openapi.json" {
+                    assert!(responses.contains_key("401"), "{method} {path} says 401");
+                    assert!(
+                        operation["security"].is_array(),
+                        "{method} {path} is secured"
+                    );
+                }
+                documented.insert((method.clone(), path.clone()));
+            }
+        }
+        let routed = routed();
+        assert!(routed.len() >= 10, "{routed:?}");
+        assert_eq!(
+            documented, routed,
+            "the document and the router name the same routes"
+        );
     }
 }
