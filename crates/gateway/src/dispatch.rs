@@ -219,14 +219,19 @@ async fn handle<S: Store>(shared: &Shared<S>, delivery: Delivery, held: &Held) {
         fingerprint: None,
     };
     let lease = match once::claim(store, claiming).await {
-        Ok(Claimed::Run(lease)) => lease,
+        Ok(Claimed::Run(lease)) => {
+            shared.meters.claim("acquired");
+            lease
+        }
         Ok(Claimed::Done(_)) => {
+            shared.meters.claim("done");
             // Completed before a crash that came before the ack.
             stats.bump(&stats.already_done, "oncegate_already_done_total");
             insist(&shared.summaries, "ack", || store.ack(delivery.id)).await;
             return;
         }
         Ok(Claimed::InFlight { until_ms }) => {
+            shared.meters.claim("in_flight");
             insist(&shared.summaries, "retry", || {
                 store.retry(delivery.id, until_ms)
             })
@@ -235,6 +240,7 @@ async fn handle<S: Store>(shared: &Shared<S>, delivery: Delivery, held: &Held) {
         }
         // A claim naming no payload meets no conflict; were it to, retrying is safe.
         Ok(Claimed::Conflict) => {
+            shared.meters.claim("conflict");
             summaries.note(
                 "claim_conflict",
                 None,
@@ -247,6 +253,7 @@ async fn handle<S: Store>(shared: &Shared<S>, delivery: Delivery, held: &Held) {
             return;
         }
         Err(error) => {
+            shared.meters.claim("failed");
             summaries.note("claim_failed", None, &error.to_string());
             insist(&shared.summaries, "retry", || {
                 store.retry(delivery.id, shared.now_ms() + 1000)

@@ -48,6 +48,12 @@ impl Layer {
     }
 }
 
+/// What the dispatcher's claim of an event's key answered.
+pub(crate) const CLAIM_OUTCOMES: [&str; 5] =
+    ["acquired", "done", "in_flight", "conflict", "failed"];
+/// What a running handler's lease renewal answered.
+pub(crate) const RENEWAL_OUTCOMES: [&str; 3] = ["renewed", "lost", "failed"];
+
 /// Apps counted apart; beyond, the rest share `app="other"` (sources are configured, so this
 /// only bounds a misconfiguration).
 const MOST_APPS: usize = 256;
@@ -71,6 +77,8 @@ pub(crate) struct Meters {
     admit: OnceLock<Histogram>,
     handler: OnceLock<Histogram>,
     lag: OnceLock<Histogram>,
+    claims: [OnceLock<Counter>; CLAIM_OUTCOMES.len()],
+    renewals: [OnceLock<Counter>; RENEWAL_OUTCOMES.len()],
     apps: Mutex<HashMap<AppName, Arc<AppMeters>>>,
 }
 
@@ -123,6 +131,48 @@ impl Meters {
                 .increment(0);
         }
         metrics::gauge!("oncegate_queue_depth").increment(0.0);
+        for slot in 0..CLAIM_OUTCOMES.len() {
+            self.claim_counter(slot).increment(0);
+        }
+        for outcome in RENEWAL_OUTCOMES {
+            self.renewal_zero(outcome);
+        }
+    }
+
+    /// A dispatcher claim answered `outcome` (one of [`CLAIM_OUTCOMES`]).
+    pub(crate) fn claim(&self, outcome: &'static str) {
+        let slot = CLAIM_OUTCOMES
+            .iter()
+            .position(|o| *o == outcome)
+            .unwrap_or(CLAIM_OUTCOMES.len() - 1);
+        self.claim_counter(slot).increment(1);
+    }
+
+    fn claim_counter(&self, slot: usize) -> &Counter {
+        self.claims[slot].get_or_init(
+            || metrics::counter!("oncegate_claims_total", "outcome" => CLAIM_OUTCOMES[slot]),
+        )
+    }
+
+    fn renewal_zero(&self, outcome: &'static str) {
+        self.renewal_by(outcome, 0);
+    }
+
+    /// A lease renewal answered `outcome` (one of [`RENEWAL_OUTCOMES`]).
+    pub(crate) fn renewal(&self, outcome: &'static str) {
+        self.renewal_by(outcome, 1);
+    }
+
+    fn renewal_by(&self, outcome: &'static str, by: u64) {
+        let slot = RENEWAL_OUTCOMES
+            .iter()
+            .position(|o| *o == outcome)
+            .unwrap_or(RENEWAL_OUTCOMES.len() - 1);
+        self.renewals[slot]
+            .get_or_init(|| {
+                metrics::counter!("oncegate_lease_renewals_total", "outcome" => RENEWAL_OUTCOMES[slot])
+            })
+            .increment(by);
     }
 
     /// Repeats caught so far, by layer.

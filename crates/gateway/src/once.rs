@@ -117,7 +117,13 @@ pub(crate) async fn run<S: Store>(
         tokio::select! {
             result = &mut work => return result,
             _ = renew.tick(), if renewing => {
-                if let Ok(FenceCheck::Rejected) = shared.store.renew(lease, extend).await {
+                let renewed = shared.store.renew(lease, extend).await;
+                shared.meters.renewal(match renewed {
+                    Ok(FenceCheck::Accepted) => "renewed",
+                    Ok(FenceCheck::Rejected) => "lost",
+                    Err(_) => "failed",
+                });
+                if let Ok(FenceCheck::Rejected) = renewed {
                     let stats = &shared.stats;
                     stats.bump(&stats.leases_lost, "oncegate_leases_lost_total");
                     tracing::warn!(key = %lease.key, "lease lost while the handler runs");
