@@ -880,6 +880,17 @@ pub fn load_str(
         .into_iter()
         .filter(|(name, _)| name.starts_with("ONCEGATE_") && name.contains("__"))
         .collect();
+    // A variable that switches the store to another backend starts that section afresh: the
+    // file's settings of its own backend (an embedded path) mean nothing to the other one.
+    if let Some(backend) = overrides.get("ONCEGATE_STORE__BACKEND") {
+        let in_file = table
+            .get("store")
+            .and_then(|store| store.get("backend"))
+            .and_then(toml::Value::as_str);
+        if in_file.is_some_and(|in_file| in_file != backend.trim_matches('"')) {
+            table.insert("store".into(), toml::Value::Table(toml::Table::new()));
+        }
+    }
     for (name, value) in overrides {
         apply_override(&mut table, &name, &value)?;
     }
@@ -983,6 +994,32 @@ mod tests {
         )
         .expect_err("bad env");
         assert!(error.to_string().contains("partitions"), "{error}");
+    }
+
+    #[test]
+    fn a_variable_that_switches_the_backend_drops_the_files_store_settings() {
+        let text = "[store]\nbackend = \"embedded\"\npath = \"/data/x.redb\"\n";
+        let env = [
+            ("ONCEGATE_STORE__BACKEND".to_owned(), "redis".to_owned()),
+            (
+                "ONCEGATE_STORE__URL".to_owned(),
+                "redis://redis:6379".to_owned(),
+            ),
+        ];
+        let config = load_str(text, Path::new("f.toml"), env).expect("loads");
+        assert!(
+            matches!(&config.store, StoreConfig::Redis(settings) if settings.url == "redis://redis:6379"),
+            "{:?}",
+            config.store
+        );
+        // The same backend keeps the file's settings beside the variable's.
+        let env = [("ONCEGATE_STORE__BACKEND".to_owned(), "embedded".to_owned())];
+        let config = load_str(text, Path::new("f.toml"), env).expect("loads");
+        assert!(
+            matches!(&config.store, StoreConfig::Embedded(settings) if settings.path == Path::new("/data/x.redb")),
+            "{:?}",
+            config.store
+        );
     }
 
     #[test]
