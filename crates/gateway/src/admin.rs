@@ -126,12 +126,9 @@ async fn metrics<S: Store>(State(shared): State<Arc<Shared<S>>>) -> Response {
     }
 }
 
-async fn stats<S: Store>(State(shared): State<Arc<Shared<S>>>, headers: HeaderMap) -> Response {
-    if let Err(denied) = authorized(&shared, &headers) {
-        return denied;
-    }
-    let store = shared.store.stats().await.ok();
-    let long_connections: Vec<_> = shared
+/// Each long-connection source's state, for the stats and the status page.
+fn long_connections<S>(shared: &Shared<S>) -> Vec<serde_json::Value> {
+    shared
         .long_sources
         .iter()
         .map(|source| {
@@ -144,7 +141,15 @@ async fn stats<S: Store>(State(shared): State<Arc<Shared<S>>>, headers: HeaderMa
                 "fatal": source.status.fatal(),
             })
         })
-        .collect();
+        .collect()
+}
+
+async fn stats<S: Store>(State(shared): State<Arc<Shared<S>>>, headers: HeaderMap) -> Response {
+    if let Err(denied) = authorized(&shared, &headers) {
+        return denied;
+    }
+    let store = shared.store.stats().await.ok();
+    let long_connections = long_connections(&shared);
     axum::Json(json!({
         "gateway": shared.stats.snapshot(),
         "store": store,
@@ -194,20 +199,7 @@ async fn live<S: Store>(State(shared): State<Arc<Shared<S>>>, headers: HeaderMap
         .into_iter()
         .map(|(layer, n)| (layer.to_owned(), json!(n)))
         .collect();
-    let long_connections: Vec<_> = shared
-        .long_sources
-        .iter()
-        .map(|source| {
-            json!({
-                "source": source.name,
-                "role": source.role(),
-                "open": source.status.open(),
-                "reconnects": source.status.reconnects(),
-                "last_frame_ms": source.status.last_frame_ms(),
-                "fatal": source.status.fatal(),
-            })
-        })
-        .collect();
+    let long_connections = long_connections(&shared);
     axum::Json(json!({
         "at_ms": shared.now_ms(),
         "ready": not_ready.is_empty(),

@@ -132,9 +132,14 @@ pub(crate) async fn list<S: Store>(
     }
 }
 
-/// The ids a selection names, or why it names none.
+/// The ids an authorized caller's selection names, or why it names none.
 #[allow(clippy::result_large_err)]
-async fn selected<S: Store>(shared: &Shared<S>, body: &Bytes) -> Result<Vec<QueueId>, Response> {
+async fn selected<S: Store>(
+    shared: &Shared<S>,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<Vec<QueueId>, Response> {
+    authorized(shared, headers)?;
     let selection: Ask = serde_json::from_slice(body).map_err(|error| {
         refused(
             StatusCode::BAD_REQUEST,
@@ -182,10 +187,7 @@ pub(crate) async fn replay<S: Store>(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if let Err(denied) = authorized(&shared, &headers) {
-        return denied;
-    }
-    let ids = match selected(&shared, &body).await {
+    let ids = match selected(&shared, &headers, &body).await {
         Ok(ids) => ids,
         Err(refusal) => return refusal,
     };
@@ -209,10 +211,7 @@ pub(crate) async fn purge<S: Store>(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    if let Err(denied) = authorized(&shared, &headers) {
-        return denied;
-    }
-    let ids = match selected(&shared, &body).await {
+    let ids = match selected(&shared, &headers, &body).await {
         Ok(ids) => ids,
         Err(refusal) => return refusal,
     };
