@@ -132,6 +132,7 @@ struct Client {
 
 impl Client {
     fn new(admin: &Admin) -> anyhow::Result<Self> {
+        // The configuration is read only for what the flags leave out.
         let config = match (&admin.admin, &admin.token) {
             (Some(_), Some(_)) => None,
             _ => Some(crate::load(admin.config.as_deref())?),
@@ -139,7 +140,7 @@ impl Client {
         let base = match (&admin.admin, &config) {
             (Some(url), _) => url.trim_end_matches('/').to_owned(),
             (None, Some(config)) => format!("http://{}", config.server.admin_listen),
-            (None, None) => unreachable!("a configuration is loaded without --admin"),
+            (None, None) => bail!("name the gateway: --admin URL or --config FILE"),
         };
         let token = match (
             &admin.token,

@@ -880,20 +880,16 @@ pub fn load_str(
         .into_iter()
         .filter(|(name, _)| name.starts_with("ONCEGATE_") && name.contains("__"))
         .collect();
-    // A variable that switches the store to another backend starts that section afresh: the
-    // file's settings of its own backend (an embedded path) mean nothing to the other one.
-    if let Some(backend) = overrides.get("ONCEGATE_STORE__BACKEND") {
-        let in_file = table
-            .get("store")
-            .and_then(|store| store.get("backend"))
-            .and_then(toml::Value::as_str);
-        if in_file.is_some_and(|in_file| in_file != backend.trim_matches('"')) {
-            table.insert("store".into(), toml::Value::Table(toml::Table::new()));
-        }
+    // The variables are one more layer, laid over the file as the file is over the defaults: a
+    // variable naming another store backend replaces the file's store section. Each is also
+    // tried on the file itself, which refuses one that reaches into a value.
+    let mut from_env = toml::Table::new();
+    let mut checked = table.clone();
+    for (name, value) in &overrides {
+        apply_override(&mut checked, name, value)?;
+        apply_override(&mut from_env, name, value)?;
     }
-    for (name, value) in overrides {
-        apply_override(&mut table, &name, &value)?;
-    }
+    lay_over(&mut table, from_env);
     let mut layered: toml::Table = toml::from_str(DEFAULTS).map_err(|error| LoadError::Parse {
         path: PathBuf::from("<built-in defaults>"),
         message: error.to_string(),

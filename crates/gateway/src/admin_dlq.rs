@@ -182,28 +182,19 @@ async fn selected<S: Store>(
     }
 }
 
+/// What an operator does to dead letters.
+#[derive(Clone, Copy)]
+enum Action {
+    Replay,
+    Purge,
+}
+
 pub(crate) async fn replay<S: Store>(
     State(shared): State<Arc<Shared<S>>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let ids = match selected(&shared, &headers, &body).await {
-        Ok(ids) => ids,
-        Err(refusal) => return refusal,
-    };
-    let (mut replayed, mut missing) = (Vec::new(), Vec::new());
-    for id in ids {
-        match shared.store.replay_dead_letter(id).await {
-            Ok(Some(queued)) => {
-                metrics::counter!("oncegate_dead_letters_replayed_total").increment(1);
-                tracing::info!(dead_letter = %id_text(id), queued = %id_text(queued), "dead letter replayed");
-                replayed.push(json!({"id": id_text(id), "queued": id_text(queued)}));
-            }
-            Ok(None) => missing.push(id_text(id)),
-            Err(error) => return unavailable(error),
-        }
-    }
-    axum::Json(json!({"replayed": replayed, "missing": missing})).into_response()
+    apply(&shared, &headers, &body, Action::Replay).await
 }
 
 pub(crate) async fn purge<S: Store>(
@@ -211,23 +202,59 @@ pub(crate) async fn purge<S: Store>(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let ids = match selected(&shared, &headers, &body).await {
+    apply(&shared, &headers, &body, Action::Purge).await
+}
+
+/// Applies `action` to each selected dead letter in turn: what it did and which ids were no
+/// dead letter. A store failure midway answers 503 with what was done before it: those are
+/// gone from the dead letters, so a retry of the same request never applies them twice.
+async fn apply<S: Store>(
+    shared: &Shared<S>,
+    headers: &HeaderMap,
+    body: &Bytes,
+    action: Action,
+) -> Response {
+    let ids = match selected(shared, headers, body).await {
         Ok(ids) => ids,
         Err(refusal) => return refusal,
     };
-    let (mut purged, mut missing) = (Vec::new(), Vec::new());
+    let done = match action {
+        Action::Replay => "replayed",
+        Action::Purge => "purged",
+    };
+    let (mut applied, mut missing) = (Vec::new(), Vec::new());
     for id in ids {
-        match shared.store.purge_dead_letter(id).await {
-            Ok(true) => {
-                metrics::counter!("oncegate_dead_letters_purged_total").increment(1);
-                tracing::info!(dead_letter = %id_text(id), "dead letter purged");
-                purged.push(id_text(id));
+        let outcome = match action {
+            Action::Replay => shared.store.replay_dead_letter(id).await.map(|queued| {
+                queued.map(|queued| {
+                    tracing::info!(dead_letter = %id_text(id), queued = %id_text(queued), "dead letter replayed");
+                    json!({"id": id_text(id), "queued": id_text(queued)})
+                })
+            }),
+            Action::Purge => shared.store.purge_dead_letter(id).await.map(|purged| {
+                purged.then(|| {
+                    tracing::info!(dead_letter = %id_text(id), "dead letter purged");
+                    json!(id_text(id))
+                })
+            }),
+        };
+        match outcome {
+            Ok(Some(answer)) => {
+                metrics::counter!(format!("oncegate_dead_letters_{done}_total")).increment(1);
+                applied.push(answer);
             }
-            Ok(false) => missing.push(id_text(id)),
-            Err(error) => return unavailable(error),
+            Ok(None) => missing.push(id_text(id)),
+            Err(error) => {
+                let body = json!({
+                    done: applied,
+                    "missing": missing,
+                    "error": format!("the store cannot answer: {error}; retry (what is listed was done)"),
+                });
+                return (StatusCode::SERVICE_UNAVAILABLE, axum::Json(body)).into_response();
+            }
         }
     }
-    axum::Json(json!({"purged": purged, "missing": missing})).into_response()
+    axum::Json(json!({done: applied, "missing": missing})).into_response()
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::Shared;
+use crate::meters::ClaimOutcome;
 use crate::once::{self, Claimed};
 use crate::sink::{Outgoing, SinkError};
 
@@ -220,18 +221,18 @@ async fn handle<S: Store>(shared: &Shared<S>, delivery: Delivery, held: &Held) {
     };
     let lease = match once::claim(store, claiming).await {
         Ok(Claimed::Run(lease)) => {
-            shared.meters.claim("acquired");
+            shared.meters.claim(ClaimOutcome::Acquired);
             lease
         }
         Ok(Claimed::Done(_)) => {
-            shared.meters.claim("done");
+            shared.meters.claim(ClaimOutcome::Done);
             // Completed before a crash that came before the ack.
             stats.bump(&stats.already_done, "oncegate_already_done_total");
             insist(&shared.summaries, "ack", || store.ack(delivery.id)).await;
             return;
         }
         Ok(Claimed::InFlight { until_ms }) => {
-            shared.meters.claim("in_flight");
+            shared.meters.claim(ClaimOutcome::InFlight);
             insist(&shared.summaries, "retry", || {
                 store.retry(delivery.id, until_ms)
             })
@@ -240,7 +241,7 @@ async fn handle<S: Store>(shared: &Shared<S>, delivery: Delivery, held: &Held) {
         }
         // A claim naming no payload meets no conflict; were it to, retrying is safe.
         Ok(Claimed::Conflict) => {
-            shared.meters.claim("conflict");
+            shared.meters.claim(ClaimOutcome::Conflict);
             summaries.note(
                 "claim_conflict",
                 None,
@@ -253,7 +254,7 @@ async fn handle<S: Store>(shared: &Shared<S>, delivery: Delivery, held: &Held) {
             return;
         }
         Err(error) => {
-            shared.meters.claim("failed");
+            shared.meters.claim(ClaimOutcome::Failed);
             summaries.note("claim_failed", None, &error.to_string());
             insist(&shared.summaries, "retry", || {
                 store.retry(delivery.id, shared.now_ms() + 1000)

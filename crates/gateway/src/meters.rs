@@ -1,10 +1,10 @@
 //! The gateway's per-event metrics, each handle registered once: a labelled metric looked up by
 //! its labels on every event costs more than the count itself. Labels are bounded (layers,
-//! configured apps), never event, chat or user ids.
+//! outcomes, configured apps), never event, chat or user ids.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use metrics::{Counter, Histogram};
@@ -26,40 +26,73 @@ pub(crate) enum Layer {
     StaleWatermark,
 }
 
-impl Layer {
-    const ALL: [Layer; 6] = [
-        Layer::Nonce,
-        Layer::StaleTimestamp,
-        Layer::EventKey,
-        Layer::MessageKey,
-        Layer::BusinessKey,
-        Layer::StaleWatermark,
-    ];
+/// The layers' labels, in the enum's order.
+const LAYERS: [&str; 6] = [
+    "nonce",
+    "stale_timestamp",
+    "event_key",
+    "message_key",
+    "business_key",
+    "stale_watermark",
+];
 
-    fn label(self) -> &'static str {
-        match self {
-            Layer::Nonce => "nonce",
-            Layer::StaleTimestamp => "stale_timestamp",
-            Layer::EventKey => "event_key",
-            Layer::MessageKey => "message_key",
-            Layer::BusinessKey => "business_key",
-            Layer::StaleWatermark => "stale_watermark",
+/// What the dispatcher's claim of an event's key answered.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum ClaimOutcome {
+    Acquired,
+    Done,
+    InFlight,
+    Conflict,
+    Failed,
+}
+
+const CLAIM_OUTCOMES: [&str; 5] = ["acquired", "done", "in_flight", "conflict", "failed"];
+
+/// What a running handler's lease renewal answered.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Renewal {
+    Renewed,
+    Lost,
+    Failed,
+}
+
+const RENEWALS: [&str; 3] = ["renewed", "lost", "failed"];
+
+/// One counter told apart by one label's values, each handle registered on first use.
+struct ByLabel<const N: usize> {
+    name: &'static str,
+    label: &'static str,
+    values: [&'static str; N],
+    handles: [OnceLock<Counter>; N],
+}
+
+impl<const N: usize> ByLabel<N> {
+    const fn new(name: &'static str, label: &'static str, values: [&'static str; N]) -> Self {
+        Self {
+            name,
+            label,
+            values,
+            handles: [const { OnceLock::new() }; N],
+        }
+    }
+
+    fn add(&self, slot: usize, by: u64) {
+        self.handles[slot]
+            .get_or_init(|| metrics::counter!(self.name, self.label => self.values[slot]))
+            .increment(by);
+    }
+
+    /// Every value shown at 0.
+    fn register(&self) {
+        for slot in 0..N {
+            self.add(slot, 0);
         }
     }
 }
 
-/// What the dispatcher's claim of an event's key answered.
-pub(crate) const CLAIM_OUTCOMES: [&str; 5] =
-    ["acquired", "done", "in_flight", "conflict", "failed"];
-/// What a running handler's lease renewal answered.
-pub(crate) const RENEWAL_OUTCOMES: [&str; 3] = ["renewed", "lost", "failed"];
-
 /// Apps counted apart; beyond, the rest share `app="other"` (sources are configured, so this
 /// only bounds a misconfiguration).
 const MOST_APPS: usize = 256;
-
-/// A platform and an app on it.
-type AppName = (Arc<str>, Arc<str>);
 
 /// One app's admission counters.
 struct AppMeters {
@@ -67,19 +100,38 @@ struct AppMeters {
     duplicate: Counter,
 }
 
+/// One platform's apps.
+type AppsOf = HashMap<Box<str>, AppMeters>;
+
 /// Every per-event metric of one gateway.
-#[derive(Default)]
 pub(crate) struct Meters {
-    drops: [OnceLock<Counter>; Layer::ALL.len()],
+    drops: ByLabel<6>,
     /// The same counts, for the status page.
-    drop_counts: [AtomicU64; Layer::ALL.len()],
+    drop_counts: [AtomicU64; 6],
+    claims: ByLabel<5>,
+    renewals: ByLabel<3>,
     ingress: OnceLock<Histogram>,
     admit: OnceLock<Histogram>,
     handler: OnceLock<Histogram>,
     lag: OnceLock<Histogram>,
-    claims: [OnceLock<Counter>; CLAIM_OUTCOMES.len()],
-    renewals: [OnceLock<Counter>; RENEWAL_OUTCOMES.len()],
-    apps: Mutex<HashMap<AppName, Arc<AppMeters>>>,
+    /// By platform, then app: looked up by `&str`, nothing cloned on the way.
+    apps: Mutex<HashMap<Box<str>, AppsOf>>,
+}
+
+impl Default for Meters {
+    fn default() -> Self {
+        Self {
+            drops: ByLabel::new("oncegate_drops_total", "layer", LAYERS),
+            drop_counts: Default::default(),
+            claims: ByLabel::new("oncegate_claims_total", "outcome", CLAIM_OUTCOMES),
+            renewals: ByLabel::new("oncegate_lease_renewals_total", "outcome", RENEWALS),
+            ingress: OnceLock::new(),
+            admit: OnceLock::new(),
+            handler: OnceLock::new(),
+            lag: OnceLock::new(),
+            apps: Mutex::default(),
+        }
+    }
 }
 
 /// Counters that alerts and dashboards read, shown at 0 from the start: a series that appears
@@ -113,105 +165,70 @@ pub const SECONDS_BUCKETS: [f64; 20] = [
 impl Meters {
     /// A repeat (or refused replay) caught at `layer`.
     pub(crate) fn dropped(&self, layer: Layer) {
-        let slot = Layer::ALL.iter().position(|l| *l == layer).unwrap_or(0);
-        self.drop_counts[slot].fetch_add(1, Ordering::Relaxed);
-        self.drops[slot]
-            .get_or_init(|| metrics::counter!("oncegate_drops_total", "layer" => layer.label()))
-            .increment(1);
+        self.drop_counts[layer as usize].fetch_add(1, Ordering::Relaxed);
+        self.drops.add(layer as usize, 1);
     }
 
-    /// Registers the counters read by alerts at 0, and every layer's drops.
+    /// A dispatcher claim's answer.
+    pub(crate) fn claim(&self, outcome: ClaimOutcome) {
+        self.claims.add(outcome as usize, 1);
+    }
+
+    /// A lease renewal's answer.
+    pub(crate) fn renewal(&self, outcome: Renewal) {
+        self.renewals.add(outcome as usize, 1);
+    }
+
+    /// Registers the counters read by alerts at 0.
     pub(crate) fn register(&self) {
         for name in FROM_THE_START {
             metrics::counter!(name).increment(0);
         }
-        for (slot, layer) in Layer::ALL.iter().enumerate() {
-            self.drops[slot]
-                .get_or_init(|| metrics::counter!("oncegate_drops_total", "layer" => layer.label()))
-                .increment(0);
-        }
+        self.drops.register();
+        self.claims.register();
+        self.renewals.register();
         metrics::gauge!("oncegate_queue_depth").increment(0.0);
-        for slot in 0..CLAIM_OUTCOMES.len() {
-            self.claim_counter(slot).increment(0);
-        }
-        for outcome in RENEWAL_OUTCOMES {
-            self.renewal_zero(outcome);
-        }
-    }
-
-    /// A dispatcher claim answered `outcome` (one of [`CLAIM_OUTCOMES`]).
-    pub(crate) fn claim(&self, outcome: &'static str) {
-        let slot = CLAIM_OUTCOMES
-            .iter()
-            .position(|o| *o == outcome)
-            .unwrap_or(CLAIM_OUTCOMES.len() - 1);
-        self.claim_counter(slot).increment(1);
-    }
-
-    fn claim_counter(&self, slot: usize) -> &Counter {
-        self.claims[slot].get_or_init(
-            || metrics::counter!("oncegate_claims_total", "outcome" => CLAIM_OUTCOMES[slot]),
-        )
-    }
-
-    fn renewal_zero(&self, outcome: &'static str) {
-        self.renewal_by(outcome, 0);
-    }
-
-    /// A lease renewal answered `outcome` (one of [`RENEWAL_OUTCOMES`]).
-    pub(crate) fn renewal(&self, outcome: &'static str) {
-        self.renewal_by(outcome, 1);
-    }
-
-    fn renewal_by(&self, outcome: &'static str, by: u64) {
-        let slot = RENEWAL_OUTCOMES
-            .iter()
-            .position(|o| *o == outcome)
-            .unwrap_or(RENEWAL_OUTCOMES.len() - 1);
-        self.renewals[slot]
-            .get_or_init(|| {
-                metrics::counter!("oncegate_lease_renewals_total", "outcome" => RENEWAL_OUTCOMES[slot])
-            })
-            .increment(by);
     }
 
     /// Repeats caught so far, by layer.
     pub(crate) fn drops(&self) -> Vec<(&'static str, u64)> {
-        Layer::ALL
+        LAYERS
             .iter()
             .zip(&self.drop_counts)
-            .map(|(layer, count)| (layer.label(), count.load(Ordering::Relaxed)))
+            .map(|(layer, count)| (*layer, count.load(Ordering::Relaxed)))
             .collect()
     }
 
-    fn app(&self, platform: &Arc<str>, app: &Arc<str>) -> Arc<AppMeters> {
+    /// Counts on `platform`'s `app` the counter `pick` chooses.
+    fn count_app(&self, platform: &str, app: &str, pick: impl Fn(&AppMeters) -> &Counter) {
         let mut apps = self.apps.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(meters) = apps.get(&(platform.clone(), app.clone())) {
-            return meters.clone();
+        if let Some(meters) = apps.get(platform).and_then(|apps| apps.get(app)) {
+            pick(meters).increment(1);
+            return;
         }
-        let app: Arc<str> = if apps.len() < MOST_APPS {
-            app.clone()
-        } else {
-            Arc::from("other")
-        };
-        let register = |outcome: &'static str| metrics::counter!("oncegate_events_total", "platform" => platform.to_string(), "app" => app.to_string(), "outcome" => outcome);
-        let meters = Arc::new(AppMeters {
-            admitted: register("admitted"),
-            duplicate: register("duplicate"),
-        });
-        apps.insert((platform.clone(), app), meters.clone());
-        meters
+        let known: usize = apps.values().map(HashMap::len).sum();
+        let app = if known < MOST_APPS { app } else { "other" };
+        let register = |outcome: &'static str| metrics::counter!("oncegate_events_total", "platform" => platform.to_owned(), "app" => app.to_owned(), "outcome" => outcome);
+        let meters = apps
+            .entry(platform.into())
+            .or_default()
+            .entry(app.into())
+            .or_insert_with(|| AppMeters {
+                admitted: register("admitted"),
+                duplicate: register("duplicate"),
+            });
+        pick(meters).increment(1);
     }
 
     /// An event of `platform`'s `app` admitted (new).
-    pub(crate) fn admitted(&self, platform: &Arc<str>, app: &Arc<str>) {
-        self.app(platform, app).admitted.increment(1);
+    pub(crate) fn admitted(&self, platform: &str, app: &str) {
+        self.count_app(platform, app, |m| &m.admitted);
     }
 
     /// An event of `platform`'s `app` answered as a repeat, caught by key number `key_index`
     /// (0: its event id; later ones: its secondary keys).
-    pub(crate) fn duplicate(&self, platform: &Arc<str>, app: &Arc<str>, key_index: usize) {
-        self.app(platform, app).duplicate.increment(1);
+    pub(crate) fn duplicate(&self, platform: &str, app: &str, key_index: usize) {
+        self.count_app(platform, app, |m| &m.duplicate);
         self.dropped(if key_index == 0 {
             Layer::EventKey
         } else {

@@ -13,6 +13,7 @@ use oncegate_core::{Claim, FenceCheck, Fingerprint, KeyHash, Lease, Store, Store
 use tokio::time::Instant;
 
 use crate::Shared;
+use crate::meters::Renewal;
 use crate::sink::SinkError;
 
 /// What claiming a key found.
@@ -119,9 +120,9 @@ pub(crate) async fn run<S: Store>(
             _ = renew.tick(), if renewing => {
                 let renewed = shared.store.renew(lease, extend).await;
                 shared.meters.renewal(match renewed {
-                    Ok(FenceCheck::Accepted) => "renewed",
-                    Ok(FenceCheck::Rejected) => "lost",
-                    Err(_) => "failed",
+                    Ok(FenceCheck::Accepted) => Renewal::Renewed,
+                    Ok(FenceCheck::Rejected) => Renewal::Lost,
+                    Err(_) => Renewal::Failed,
                 });
                 if let Ok(FenceCheck::Rejected) = renewed {
                     let stats = &shared.stats;
