@@ -87,6 +87,7 @@ macro_rules! contract_suite {
             rates_grant_a_burst_then_the_sustained_rate,
             racing_takers_never_exceed_the_budget,
             lookups_and_stats_for_operators,
+            queue_summaries_and_listings_show_each_partition,
             racing_admits_admit_once,
             racing_claims_grant_one_live_lease,
             racing_pullers_never_share_an_event,

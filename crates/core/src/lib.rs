@@ -23,7 +23,8 @@ pub use key::{KeyHash, key_for};
 pub use rates::{Rate, RateVerdict};
 pub use record::{
     Admission, Claim, DeadLetter, Delivery, FenceCheck, FencingToken, Fingerprint, Lease, Nonce,
-    QueueId, Record, RecordState, StoreStats, WatermarkOutcome,
+    QueueId, QueueSummary, QueuedEvent, QueuedState, Record, RecordState, StoreStats,
+    WatermarkOutcome,
 };
 pub use source::{
     Accepted, Admit, Callback, Decoded, Headers, Inlet, Keys, Method, Refusal, RefusalKind, Reply,

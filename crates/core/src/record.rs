@@ -267,3 +267,50 @@ pub struct StoreStats {
     /// Records dropped before their retention ended because a size bound was reached.
     pub evicted_early: u64,
 }
+
+/// One partition's queue at a glance, for gauges and operators.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueSummary {
+    /// The partition.
+    pub partition: u16,
+    /// Events queued, handed-out ones included.
+    pub events: u64,
+    /// Events handed out and not yet acked.
+    pub handed_out: u64,
+    /// What the queued events take: their payloads' bytes in a gateway's own store, the
+    /// stream's memory on a Redis server.
+    pub bytes: u64,
+    /// When the platform created the partition's oldest queued event, unix ms; `None` when the
+    /// partition is empty.
+    pub oldest_created_ms: Option<u64>,
+}
+
+/// Where one queued event stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum QueuedState {
+    /// Waiting to be handed out (now, or after an earlier event of its order key).
+    Waiting,
+    /// Waiting for a retry's backoff to end.
+    Delayed {
+        /// Not handed out before this time, unix ms.
+        until_ms: u64,
+    },
+    /// Handed out and not yet acked.
+    HandedOut,
+}
+
+/// One event in a partition's queue, for operators.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueuedEvent {
+    /// Its queue position.
+    pub id: QueueId,
+    /// Its claim key.
+    pub key: KeyHash,
+    /// The event.
+    pub event: Event,
+    /// How many times it was handed out before.
+    pub attempt: u32,
+    /// Where it stands.
+    pub state: QueuedState,
+}

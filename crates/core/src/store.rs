@@ -8,8 +8,8 @@ use bytes::Bytes;
 use crate::event::Event;
 use crate::key::KeyHash;
 use crate::record::{
-    Admission, Claim, DeadLetter, Delivery, FenceCheck, Fingerprint, Lease, Nonce, QueueId, Record,
-    StoreStats, WatermarkOutcome,
+    Admission, Claim, DeadLetter, Delivery, FenceCheck, Fingerprint, Lease, Nonce, QueueId,
+    QueueSummary, QueuedEvent, Record, StoreStats, WatermarkOutcome,
 };
 
 /// Why a store could not answer. Every variant means "nothing was changed".
@@ -201,6 +201,22 @@ pub trait EventQueue: Send + Sync + 'static {
         &self,
         id: QueueId,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// `partition`'s depth, handed-out count, bytes and oldest event: for the per-partition
+    /// gauges, so it must stay cheap however long the queue is.
+    fn queue_summary(
+        &self,
+        partition: u16,
+    ) -> impl Future<Output = Result<QueueSummary, StoreError>> + Send;
+
+    /// Up to `limit` events of `partition` in queue order, from the first whose seq is above
+    /// `after` (all when `None`): for operators.
+    fn queued_events(
+        &self,
+        partition: u16,
+        after: Option<u64>,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<QueuedEvent>, StoreError>> + Send;
 }
 
 /// Per-order-key watermarks that only move upwards.

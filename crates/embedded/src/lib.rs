@@ -21,11 +21,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use oncegate_core::queue_index::PartitionIndex;
-use oncegate_core::store::millis;
+use oncegate_core::store::{millis, require_partition};
 use oncegate_core::{
     Admission, Claim, Clock, DeadLetter, DedupStore, Delivery, Event, EventQueue, FenceCheck,
-    FencingToken, Fingerprint, KeyHash, Lease, QueueId, Record, RecordState, StoreError,
-    StoreStats, SystemClock, WatermarkOutcome, WatermarkStore,
+    FencingToken, Fingerprint, KeyHash, Lease, QueueId, QueueSummary, QueuedEvent, Record,
+    RecordState, StoreError, StoreStats, SystemClock, WatermarkOutcome, WatermarkStore,
 };
 use redb::{Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 use tokio::sync::oneshot;

@@ -101,4 +101,84 @@ impl<C: Clock + Clone> EventQueue for EmbeddedStore<C> {
     async fn purge_dead_letter(&self, id: QueueId) -> Result<bool, StoreError> {
         self.send(|reply| Command::PurgeDead { id, reply }).await
     }
+
+    async fn queue_summary(&self, partition: u16) -> Result<QueueSummary, StoreError> {
+        require_partition(partition, self.shared.partitions)?;
+        // The oldest entry may be acked between reading the index and the file: look again.
+        for _ in 0..3 {
+            let (events, handed_out, bytes, oldest) = match self.order(partition) {
+                Some(order) => (
+                    order.len() as u64,
+                    order.in_flight() as u64,
+                    order.bytes(),
+                    order.oldest(),
+                ),
+                None => (0, 0, 0, None),
+            };
+            let Some(seq) = oldest else {
+                return Ok(QueueSummary {
+                    partition,
+                    ..QueueSummary::default()
+                });
+            };
+            let stored = self.read(|txn| {
+                let queue = txn.open_table(QUEUE)?;
+                Ok(queue.get(seq)?.map(|value| value.value().to_vec()))
+            })?;
+            if let Some(bytes_stored) = stored {
+                let queued: codec::Queued = decode(&bytes_stored)?;
+                return Ok(QueueSummary {
+                    partition,
+                    events,
+                    handed_out,
+                    bytes,
+                    oldest_created_ms: Some(queued.event.created_at_ms),
+                });
+            }
+        }
+        Err(StoreError::Unavailable(format!(
+            "partition {partition}'s oldest event kept changing while it was read; ask again"
+        )))
+    }
+
+    async fn queued_events(
+        &self,
+        partition: u16,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<QueuedEvent>, StoreError> {
+        require_partition(partition, self.shared.partitions)?;
+        let seqs = match self.order(partition) {
+            Some(order) => order.seqs_after(after, limit),
+            None => Vec::new(),
+        };
+        let stored = self.read(|txn| {
+            let queue = txn.open_table(QUEUE)?;
+            let mut stored = Vec::with_capacity(seqs.len());
+            for seq in &seqs {
+                if let Some(value) = queue.get(*seq)? {
+                    stored.push((*seq, value.value().to_vec()));
+                }
+            }
+            Ok(stored)
+        })?;
+        let now_ms = self.clock.now_ms();
+        let mut out = Vec::with_capacity(stored.len());
+        for (seq, bytes) in stored {
+            let queued: codec::Queued = decode(&bytes)?;
+            let state = self
+                .order(partition)
+                .and_then(|order| order.state(seq, queued.order_hash, now_ms));
+            // Gone from the index since it was listed: acked meanwhile.
+            let Some(state) = state else { continue };
+            out.push(QueuedEvent {
+                id: QueueId { partition, seq },
+                key: queued.key,
+                event: queued.event,
+                attempt: queued.attempt,
+                state,
+            });
+        }
+        Ok(out)
+    }
 }

@@ -109,6 +109,7 @@ fn answer_admit(
     reply: Reply<Admission>,
     result: Result<Admission, StoreError>,
     order_hash: u64,
+    payload_bytes: usize,
 ) -> Finish {
     Box::new(move |shared, failed| {
         let _ = reply.send(match failed {
@@ -117,7 +118,7 @@ fn answer_admit(
                 if let Ok(Admission::Admitted { id }) = result
                     && let Some(order) = shared.order.get(usize::from(id.partition))
                 {
-                    lock(order).push(id.seq, order_hash, 0);
+                    lock(order).push(id.seq, order_hash, 0, payload_bytes);
                 }
                 result
             }
@@ -125,18 +126,21 @@ fn answer_admit(
     })
 }
 
+/// A replayed dead letter's new place: its id, order hash and payload bytes.
+type Replayed = (QueueId, u64, usize);
+
 /// A replayed dead letter: once committed, it joins the hand-out order.
 fn answer_replay(
     reply: Reply<Option<QueueId>>,
-    result: Result<Option<(QueueId, u64)>, StoreError>,
+    result: Result<Option<Replayed>, StoreError>,
 ) -> Finish {
     Box::new(move |shared, failed| {
         let _ = reply.send(match failed {
             Some(error) => Err(unavailable(error)),
             None => result.map(|replayed| {
-                replayed.map(|(id, order_hash)| {
+                replayed.map(|(id, order_hash, payload_bytes)| {
                     if let Some(order) = shared.order.get(usize::from(id.partition)) {
-                        lock(order).push(id.seq, order_hash, 0);
+                        lock(order).push(id.seq, order_hash, 0, payload_bytes);
                     }
                     id
                 })
@@ -336,6 +340,7 @@ impl<C: Clock> Writer<C> {
                     reply,
                 } => {
                     let order_hash = event.order_hash();
+                    let payload_bytes = event.payload.len();
                     let result = self.admit(
                         &mut tables,
                         event,
@@ -344,7 +349,7 @@ impl<C: Clock> Writer<C> {
                         now_ms,
                         &mut next_seq,
                     )?;
-                    answer_admit(reply, result, order_hash)
+                    answer_admit(reply, result, order_hash, payload_bytes)
                 }
                 Command::Claim {
                     key,
@@ -670,13 +675,14 @@ fn replay_dead(
     tables: &mut Tables<'_>,
     id: QueueId,
     next_seq: &mut u64,
-) -> Result<Result<Option<(QueueId, u64)>, StoreError>, StoreError> {
+) -> Result<Result<Option<Replayed>, StoreError>, StoreError> {
     let letter = match find_dead(tables, id)? {
         Ok(Some(letter)) => letter,
         Ok(None) => return Ok(Ok(None)),
         Err(corrupt) => return Ok(Err(corrupt)),
     };
     let order_hash = letter.event.order_hash();
+    let payload_bytes = letter.event.payload.len();
     let queued = Queued {
         key: letter.key,
         order_hash,
@@ -701,6 +707,7 @@ fn replay_dead(
             seq,
         },
         order_hash,
+        payload_bytes,
     ))))
 }
 

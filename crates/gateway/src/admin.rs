@@ -26,6 +26,7 @@ pub(crate) fn router<S: Store>(shared: Arc<Shared<S>>) -> Router {
         .route("/status", get(status_page))
         .route("/admin/openapi.json", get(openapi))
         .route("/admin/record", get(record::<S>))
+        .route("/admin/queue", get(crate::queue_view::list::<S>))
         .route("/admin/dead-letters", get(crate::admin_dlq::list::<S>))
         .route(
             "/admin/dead-letters/replay",
@@ -206,6 +207,7 @@ async fn live<S: Store>(State(shared): State<Arc<Shared<S>>>, headers: HeaderMap
         "not_ready": not_ready,
         "gateway": shared.stats.snapshot(),
         "queued": shared.queued.load(std::sync::atomic::Ordering::Relaxed),
+        "queue": crate::queue_view::live_json(&shared),
         "drops": drops,
         "long_connections": long_connections,
     }))

@@ -13,6 +13,7 @@ pub mod keys_api;
 mod longconn;
 mod meters;
 mod once;
+mod queue_view;
 pub mod registry;
 mod send_api;
 mod send_budget;
@@ -165,6 +166,8 @@ pub(crate) struct Shared<S> {
     pub(crate) max_queued: Option<u64>,
     /// Queued events, as last sampled from the store plus admits since.
     pub(crate) queued: AtomicU64,
+    /// Every partition's queue as last sampled (`queue_view::watch`), for the status page.
+    pub(crate) partition_summaries: std::sync::Mutex<Vec<oncegate_core::QueueSummary>>,
     /// The replay guard's limits, if it is on; they also bound how far ahead a creation time
     /// may be.
     pub(crate) replay: Option<ReplayLimits>,
@@ -340,6 +343,7 @@ impl<S: Store> Gateway<S> {
                 summaries: Arc::new(Summaries::new(parts.log_interval)),
                 max_queued: parts.max_queued,
                 queued: AtomicU64::new(0),
+                partition_summaries: std::sync::Mutex::default(),
                 replay: parts.replay,
                 failure: OnceLock::new(),
                 secondary_keys: parts.secondary_keys,
@@ -604,10 +608,11 @@ impl<S: Store> Gateway<S> {
             shared.summaries.clone(),
             shutdown.clone(),
         );
-        let (a, b, (), (), ()) = tokio::join!(
+        let (a, b, (), (), (), ()) = tokio::join!(
             webhooks,
             admin,
             admission::watch_queue(shared.clone(), shutdown.clone()),
+            queue_view::watch(shared.clone(), shutdown.clone()),
             shared.summaries.run(shutdown.clone()),
             longconn::run_all(shared.clone(), shutdown.clone()),
         );

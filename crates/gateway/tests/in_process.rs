@@ -401,3 +401,86 @@ async fn every_documented_admin_route_is_served_and_guarded() {
         }
     }
 }
+
+/// `/admin/queue` sums up every partition and lists one partition's events in queue order,
+/// page by page; a partition the store lacks, a limit out of range or an unknown field is a
+/// 400 that says what to send.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitions_queue_is_listed_in_order_page_by_page() {
+    let store = MemoryStore::with_clock(
+        MemoryConfig::default(),
+        Arc::new(ManualClock::new(START_MS)),
+    );
+    let gateway = Gateway::new(
+        store,
+        GatewayParts {
+            sources: vec![("s".into(), Arc::new(app()))],
+            admin_token: Some("admin-secret".into()),
+            clock: Arc::new(ManualClock::new(START_MS)),
+            ..GatewayParts::default()
+        },
+    );
+    // No dispatcher runs: what is admitted stays queued.
+    for (event, message) in [("ev_q1", "mq1"), ("ev_q2", "mq2"), ("ev_q3", "mq3")] {
+        let (status, body) = call(&gateway, request(event, message)).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+    let token = Some("admin-secret");
+    let (status, _) = admin_get(&gateway, "/admin/queue", None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, body) = admin_get(&gateway, "/admin/queue", token).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let partitions = body["partitions"].as_array().expect("partitions");
+    assert_eq!(
+        partitions.len(),
+        usize::from(MemoryConfig::default().partitions)
+    );
+    let busy: Vec<_> = partitions.iter().filter(|p| p["events"] != 0).collect();
+    assert_eq!(busy.len(), 1, "one chat, one partition: {body}");
+    assert_eq!(busy[0]["events"], 3, "{body}");
+    assert_eq!(busy[0]["handed_out"], 0, "{body}");
+    assert!(busy[0]["bytes"].as_u64().expect("bytes") > 0, "{body}");
+    assert!(busy[0]["oldest_created_ms"].is_u64(), "{body}");
+    let partition = busy[0]["partition"].as_u64().expect("partition");
+
+    let path = format!("/admin/queue?partition={partition}");
+    let (status, body) = admin_get(&gateway, &path, token).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let events = body["events"].as_array().expect("events");
+    let ids: Vec<_> = events.iter().map(|e| e["event_id"].clone()).collect();
+    assert_eq!(ids, ["ev_q1", "ev_q2", "ev_q3"], "{body}");
+    for event in events {
+        assert_eq!(event["state"]["state"], "waiting", "{body}");
+        assert_eq!(
+            (event["attempt"].as_u64(), event["source"].as_str()),
+            (Some(0), Some("feishu"))
+        );
+        assert!(event["payload_bytes"].as_u64().expect("bytes") > 0);
+    }
+    assert!(body["next_after"].is_null(), "all listed: {body}");
+    assert_eq!(body["summary"]["events"], 3);
+
+    let (status, page) = admin_get(&gateway, &format!("{path}&limit=2"), token).await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert_eq!(page["events"].as_array().map(Vec::len), Some(2));
+    let after = page["next_after"].as_u64().expect("a next page");
+    assert_eq!(Some(after), page["events"][1]["seq"].as_u64());
+    let (_, rest) = admin_get(&gateway, &format!("{path}&limit=2&after={after}"), token).await;
+    assert_eq!(rest["events"][0]["event_id"], "ev_q3", "{rest}");
+    assert_eq!(rest["events"].as_array().map(Vec::len), Some(1));
+    assert!(rest["next_after"].is_null());
+
+    for (bad, says) in [
+        ("/admin/queue?partition=999".to_owned(), "no partition 999"),
+        (format!("{path}&limit=0"), "limit 0 is out of range"),
+        (format!("{path}&limit=5000"), "out of range"),
+        ("/admin/queue?limit=5".to_owned(), "?partition=N"),
+        ("/admin/queue?partiton=1".to_owned(), "unknown field"),
+        ("/admin/queue?partition=x".to_owned(), "partition"),
+    ] {
+        let (status, body) = admin_get(&gateway, &bad, token).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {body}");
+        let error = body["error"].as_str().expect("an error");
+        assert!(error.contains(says), "{bad}: {error}");
+    }
+}

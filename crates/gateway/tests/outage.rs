@@ -99,6 +99,20 @@ impl EventQueue for Switchable {
     async fn purge_dead_letter(&self, id: QueueId) -> Result<bool, StoreError> {
         self.inner.purge_dead_letter(id).await
     }
+    async fn queue_summary(
+        &self,
+        partition: u16,
+    ) -> Result<oncegate_core::QueueSummary, StoreError> {
+        self.inner.queue_summary(partition).await
+    }
+    async fn queued_events(
+        &self,
+        partition: u16,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<oncegate_core::QueuedEvent>, StoreError> {
+        self.inner.queued_events(partition, after, limit).await
+    }
 }
 
 impl WatermarkStore for Switchable {

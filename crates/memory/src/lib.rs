@@ -20,11 +20,12 @@ use bytes::Bytes;
 use hashbrown::HashTable;
 use oncegate_core::passthrough::BuildPassThrough;
 use oncegate_core::queue_index::PartitionIndex;
-use oncegate_core::store::millis;
+use oncegate_core::store::{millis, require_partition};
 use oncegate_core::{
     Admission, Claim, Clock, DeadLetter, DedupStore, Delivery, Event, EventQueue, FenceCheck,
-    FencingToken, Fingerprint, KeyHash, Lease, QueueId, Record, RecordState, StoreError,
-    StoreStats, SystemClock, WatermarkOutcome, WatermarkStore, transition,
+    FencingToken, Fingerprint, KeyHash, Lease, QueueId, QueueSummary, QueuedEvent, QueuedState,
+    Record, RecordState, StoreError, StoreStats, SystemClock, WatermarkOutcome, WatermarkStore,
+    transition,
 };
 
 use expiry::ExpiryIndex;

@@ -17,6 +17,11 @@ pub(super) struct Partition {
 }
 
 impl Partition {
+    pub(super) fn get(&self, seq: u64) -> Option<&Queued> {
+        let index = usize::try_from(seq.checked_sub(self.head_seq)?).ok()?;
+        self.entries.get(index)?.as_ref()
+    }
+
     pub(super) fn get_mut(&mut self, seq: u64) -> Option<&mut Queued> {
         let index = usize::try_from(seq.checked_sub(self.head_seq)?).ok()?;
         self.entries.get_mut(index)?.as_mut()
@@ -69,12 +74,13 @@ impl<C: Clock> MemoryStore<C> {
     ) -> Option<QueueId> {
         let mut queue = lock(self.partitions.get(usize::from(partition))?);
         let seq = queue.head_seq + queue.entries.len() as u64;
+        let bytes = event.payload.len();
         queue.entries.push_back(Some(Queued {
             key,
             event,
             attempt: 0,
         }));
-        queue.order.push(seq, order_hash, 0);
+        queue.order.push(seq, order_hash, 0, bytes);
         Some(QueueId { partition, seq })
     }
 }
@@ -164,5 +170,66 @@ impl<C: Clock> EventQueue for MemoryStore<C> {
 
     async fn purge_dead_letter(&self, id: QueueId) -> Result<bool, StoreError> {
         Ok(lock(&self.dead_letters).take(id).is_some())
+    }
+
+    async fn queue_summary(&self, partition: u16) -> Result<QueueSummary, StoreError> {
+        let queue = self.partition(partition)?;
+        let queue = lock(queue);
+        let oldest_created_ms = queue
+            .order
+            .oldest()
+            .and_then(|seq| queue.get(seq))
+            .map(|entry| entry.event.created_at_ms);
+        Ok(QueueSummary {
+            partition,
+            events: queue.order.len() as u64,
+            handed_out: queue.order.in_flight() as u64,
+            bytes: queue.order.bytes(),
+            oldest_created_ms,
+        })
+    }
+
+    async fn queued_events(
+        &self,
+        partition: u16,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<QueuedEvent>, StoreError> {
+        let queue = self.partition(partition)?;
+        let now_ms = self.clock.now_ms();
+        let queue = lock(queue);
+        let from = after.map_or(queue.head_seq, |after| {
+            after.saturating_add(1).max(queue.head_seq)
+        });
+        let skip = usize::try_from(from - queue.head_seq).unwrap_or(usize::MAX);
+        let mut out = Vec::new();
+        for (offset, entry) in queue.entries.iter().enumerate().skip(skip) {
+            if out.len() >= limit {
+                break;
+            }
+            let Some(entry) = entry else { continue };
+            let seq = queue.head_seq + offset as u64;
+            let state = queue
+                .order
+                .state(seq, entry.event.order_hash(), now_ms)
+                .unwrap_or(QueuedState::Waiting);
+            out.push(QueuedEvent {
+                id: QueueId { partition, seq },
+                key: entry.key,
+                event: entry.event.clone(),
+                attempt: entry.attempt,
+                state,
+            });
+        }
+        Ok(out)
+    }
+}
+
+impl<C: Clock> MemoryStore<C> {
+    fn partition(&self, partition: u16) -> Result<&Mutex<Partition>, StoreError> {
+        require_partition(partition, self.partitions.len() as u16)?;
+        self.partitions
+            .get(usize::from(partition))
+            .ok_or_else(|| StoreError::Invalid(format!("no partition {partition}")))
     }
 }

@@ -246,30 +246,26 @@ impl<C: Clock> Inner<C> {
                 // Redis 6.2 lists an entry deleted while pending as nil; it was acked.
                 continue;
             }
-            let Some((seq, _, order, _)) = parse_entry(entry) else {
+            let Some((seq, _, order, stored)) = parse_entry(entry) else {
                 return Err(StoreError::Corrupt("a stream entry lacks k, o or e".into()));
             };
             if seq > queue.last_seq {
-                seqs.push((seq, order));
+                seqs.push((seq, order, stored.len()));
             }
         }
         if seqs.is_empty() {
             return Ok(());
         }
-        let fields: Vec<String> = seqs.iter().map(|(seq, _)| seq.to_string()).collect();
+        let fields: Vec<String> = seqs.iter().map(|(seq, ..)| seq.to_string()).collect();
         let attempts: Vec<Option<String>> = redis::cmd("HMGET")
             .arg(self.attempts(partition))
             .arg(&fields)
             .query_async(conn)
             .await
             .map_err(unavailable)?;
-        for ((seq, order), attempt) in seqs.into_iter().zip(attempts) {
-            let not_before = attempt
-                .as_deref()
-                .and_then(|a| a.split(':').nth(1))
-                .and_then(|n| n.parse().ok())
-                .unwrap_or(0);
-            queue.order.push(seq, order, not_before);
+        for ((seq, order, bytes), attempt) in seqs.into_iter().zip(attempts) {
+            let (_, not_before) = attempts_of(attempt.as_deref());
+            queue.order.push(seq, order, not_before, bytes);
             queue.last_seq = seq;
         }
         Ok(())
@@ -314,10 +310,7 @@ pub(super) async fn fetch<C>(
             id: QueueId { partition, seq },
             key,
             event: stored.event,
-            attempt: text(&attempt)
-                .and_then(|a| a.split(':').next())
-                .and_then(|a| a.parse().ok())
-                .unwrap_or(0),
+            attempt: attempts_of(text(&attempt)).0,
         }));
     }
     Ok(out)

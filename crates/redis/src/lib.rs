@@ -25,11 +25,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use oncegate_core::queue_index::PartitionIndex;
-use oncegate_core::store::millis;
+use oncegate_core::store::{millis, require_partition};
 use oncegate_core::{
     Admission, Claim, Clock, DeadLetter, DedupStore, Delivery, Event, EventQueue, FenceCheck,
-    FencingToken, Fingerprint, KeyHash, Lease, Nonce, QueueId, Rate, RateStore, RateVerdict,
-    Record, RecordState, StoreError, StoreStats, SystemClock, WatermarkOutcome, WatermarkStore,
+    FencingToken, Fingerprint, KeyHash, Lease, Nonce, QueueId, QueueSummary, QueuedEvent,
+    QueuedState, Rate, RateStore, RateVerdict, Record, RecordState, StoreError, StoreStats,
+    SystemClock, WatermarkOutcome, WatermarkStore,
 };
 use redis::{Script, Value};
 use serde::{Deserialize, Serialize};
@@ -43,6 +44,7 @@ mod dedup;
 mod keys;
 mod queue;
 mod reply;
+mod view;
 
 use breaker::Breaker;
 use config::check_partitions;

@@ -80,11 +80,7 @@ impl<C: Clock> EventQueue for RedisStore<C> {
                 .query_async(&mut conn)
                 .await
                 .map_err(unavailable)?;
-            let attempt: u32 = previous
-                .as_deref()
-                .and_then(|a| a.split(':').next())
-                .and_then(|a| a.parse().ok())
-                .unwrap_or(0);
+            let (attempt, _) = attempts_of(previous.as_deref());
             let _: Value = redis::cmd("HSET")
                 .arg(inner.attempts(id.partition))
                 .arg(id.seq)
@@ -194,6 +190,27 @@ impl<C: Clock> EventQueue for RedisStore<C> {
                 .await
                 .map_err(unavailable)?;
             Ok(removed == 1)
+        })
+        .await
+    }
+
+    async fn queue_summary(&self, partition: u16) -> Result<QueueSummary, StoreError> {
+        require_partition(partition, self.inner.partitions)?;
+        self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
+            view::summary(&inner, &mut conn, partition).await
+        })
+        .await
+    }
+
+    async fn queued_events(
+        &self,
+        partition: u16,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<QueuedEvent>, StoreError> {
+        require_partition(partition, self.inner.partitions)?;
+        self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
+            view::entries(&inner, &mut conn, partition, after, limit).await
         })
         .await
     }

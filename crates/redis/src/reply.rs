@@ -140,3 +140,11 @@ pub(super) fn parse_dead_letter(entry: Value) -> Result<DeadLetter, StoreError> 
         at_ms: get_int(b"t"),
     })
 }
+
+/// The attempt count and retry time an entry's attempts field holds (`attempts:not_before`).
+pub(super) fn attempts_of(field: Option<&str>) -> (u32, u64) {
+    let mut parts = field.unwrap_or("").split(':');
+    let attempt = parts.next().and_then(|a| a.parse().ok()).unwrap_or(0);
+    let not_before = parts.next().and_then(|n| n.parse().ok()).unwrap_or(0);
+    (attempt, not_before)
+}

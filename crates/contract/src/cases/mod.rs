@@ -22,10 +22,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use oncegate_core::{
-    Admission, Claim, FenceCheck, Lease, ManualClock, RecordState, Store, WatermarkOutcome, key_for,
+    Admission, Claim, FenceCheck, Lease, ManualClock, QueuedState, RecordState, Store, StoreError,
+    WatermarkOutcome, key_for,
 };
 
-use crate::{block_on, clock, event, key};
+use crate::{START_MS, block_on, clock, event, key};
 
 const DAY: Duration = Duration::from_secs(24 * 3600);
 const LEASE: Duration = Duration::from_secs(30);

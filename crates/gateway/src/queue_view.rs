@@ -1,0 +1,244 @@
+//! The queue per partition: gauges sampled from the store, and the listing operators ask for.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use metrics::Gauge;
+use oncegate_core::{QueueSummary, QueuedEvent, QueuedState, Store};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::Shared;
+use crate::admin::authorized;
+use crate::admin_dlq::id_text;
+
+/// How often the per-partition gauges are sampled: a few store calls per partition each time.
+const SAMPLE: Duration = Duration::from_secs(5);
+/// The most events one listing returns.
+const MOST_LISTED: usize = 1000;
+
+/// One partition's gauges, registered once.
+struct PartitionGauges {
+    events: Gauge,
+    handed_out: Gauge,
+    bytes: Gauge,
+    oldest_age: Gauge,
+}
+
+impl PartitionGauges {
+    fn new(partition: u16) -> Self {
+        let label = partition.to_string();
+        Self {
+            events: metrics::gauge!("oncegate_queue_events", "partition" => label.clone()),
+            handed_out: metrics::gauge!("oncegate_queue_handed_out", "partition" => label.clone()),
+            bytes: metrics::gauge!("oncegate_queue_bytes", "partition" => label.clone()),
+            oldest_age: metrics::gauge!("oncegate_queue_oldest_age_seconds", "partition" => label),
+        }
+    }
+
+    fn set(&self, summary: &QueueSummary, now_ms: u64) {
+        self.events.set(summary.events as f64);
+        self.handed_out.set(summary.handed_out as f64);
+        self.bytes.set(summary.bytes as f64);
+        self.oldest_age.set(oldest_age_seconds(summary, now_ms));
+    }
+}
+
+/// How old the partition's oldest event is (0 when it is empty).
+fn oldest_age_seconds(summary: &QueueSummary, now_ms: u64) -> f64 {
+    summary.oldest_created_ms.map_or(0.0, |created| {
+        now_ms.saturating_sub(created) as f64 / 1000.0
+    })
+}
+
+/// Samples every partition's summary into its gauges and `Shared::partition_summaries`
+/// until `shutdown`.
+pub(crate) async fn watch<S: Store>(shared: Arc<Shared<S>>, shutdown: CancellationToken) {
+    let gauges: Vec<PartitionGauges> = (0..shared.store.partitions())
+        .map(PartitionGauges::new)
+        .collect();
+    let mut tick = tokio::time::interval(SAMPLE);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.cancelled() => return,
+        }
+        let mut sampled = Vec::with_capacity(gauges.len());
+        for (partition, gauges) in (0..).zip(&gauges) {
+            match shared.store.queue_summary(partition).await {
+                Ok(summary) => {
+                    gauges.set(&summary, shared.now_ms());
+                    sampled.push(summary);
+                }
+                Err(error) => {
+                    shared
+                        .summaries
+                        .note("queue_summary_failed", None, &error.to_string());
+                    break;
+                }
+            }
+        }
+        if sampled.len() == gauges.len() {
+            *shared
+                .partition_summaries
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = sampled;
+        }
+    }
+}
+
+/// The last sampled summaries, for the status page: the deepest partition and the oldest event.
+pub(crate) fn live_json<S: Store>(shared: &Shared<S>) -> Value {
+    let summaries = shared
+        .partition_summaries
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let now_ms = shared.now_ms();
+    let oldest = summaries
+        .iter()
+        .map(|s| oldest_age_seconds(s, now_ms))
+        .fold(0.0, f64::max);
+    json!({
+        "sampled": !summaries.is_empty(),
+        "events": summaries.iter().map(|s| s.events).sum::<u64>(),
+        "handed_out": summaries.iter().map(|s| s.handed_out).sum::<u64>(),
+        "bytes": summaries.iter().map(|s| s.bytes).sum::<u64>(),
+        "deepest": summaries.iter().map(|s| s.events).max().unwrap_or(0),
+        "oldest_age_seconds": oldest,
+        "queued_now": shared.queued.load(Ordering::Relaxed),
+    })
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct QueueQuery {
+    /// The partition to list; every partition's summary when absent.
+    partition: Option<u16>,
+    /// List from the first event whose seq is above this.
+    after: Option<u64>,
+    /// The most events listed.
+    limit: Option<usize>,
+}
+
+const USAGE: &str = "use /admin/queue for every partition's summary, or \
+                     ?partition=N[&after=<seq>][&limit=<1..1000>] for one partition's events";
+
+fn summary_json(summary: &QueueSummary, now_ms: u64) -> Value {
+    json!({
+        "partition": summary.partition,
+        "events": summary.events,
+        "handed_out": summary.handed_out,
+        "bytes": summary.bytes,
+        "oldest_created_ms": summary.oldest_created_ms,
+        "oldest_age_seconds": oldest_age_seconds(summary, now_ms),
+    })
+}
+
+fn queued_json(queued: &QueuedEvent) -> Value {
+    let event = &queued.event;
+    let mut state = json!({"state": "waiting"});
+    match queued.state {
+        QueuedState::Waiting => {}
+        QueuedState::Delayed { until_ms } => {
+            state = json!({"state": "delayed", "until_ms": until_ms})
+        }
+        QueuedState::HandedOut => state = json!({"state": "handed_out"}),
+    }
+    json!({
+        "id": id_text(queued.id),
+        "seq": queued.id.seq,
+        "key": queued.key.to_string(),
+        "source": &*event.source,
+        "app": &*event.app,
+        "event_id": event.event_id,
+        "event_type": &*event.event_type,
+        "order_key": event.order_key,
+        "created_at_ms": event.created_at_ms,
+        "payload_bytes": event.payload.len(),
+        "attempt": queued.attempt,
+        "state": state,
+    })
+}
+
+fn refused(status: StatusCode, error: String) -> Response {
+    (status, axum::Json(json!({"error": error}))).into_response()
+}
+
+/// `/admin/queue`: every partition's summary, or one partition's events in queue order.
+pub(crate) async fn list<S: Store>(
+    State(shared): State<Arc<Shared<S>>>,
+    headers: HeaderMap,
+    uri: axum::http::Uri,
+) -> Response {
+    if let Err(denied) = authorized(&shared, &headers) {
+        return denied;
+    }
+    let query = match Query::<QueueQuery>::try_from_uri(&uri) {
+        Ok(Query(query)) => query,
+        Err(error) => return refused(StatusCode::BAD_REQUEST, format!("{error}; {USAGE}")),
+    };
+    let partitions = shared.store.partitions();
+    let now_ms = shared.now_ms();
+    let unavailable = |error: oncegate_core::StoreError| {
+        refused(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the store cannot answer: {error}; retry"),
+        )
+    };
+    let Some(partition) = query.partition else {
+        if query.after.is_some() || query.limit.is_some() {
+            return refused(StatusCode::BAD_REQUEST, USAGE.into());
+        }
+        let mut all = Vec::with_capacity(usize::from(partitions));
+        for partition in 0..partitions {
+            match shared.store.queue_summary(partition).await {
+                Ok(summary) => all.push(summary_json(&summary, now_ms)),
+                Err(error) => return unavailable(error),
+            }
+        }
+        return axum::Json(json!({"partitions": all})).into_response();
+    };
+    if partition >= partitions {
+        return refused(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "no partition {partition}: the store has {partitions} (0 to {})",
+                partitions - 1
+            ),
+        );
+    }
+    let limit = query.limit.unwrap_or(100);
+    if !(1..=MOST_LISTED).contains(&limit) {
+        return refused(
+            StatusCode::BAD_REQUEST,
+            format!("limit {limit} is out of range; {USAGE}"),
+        );
+    }
+    let summary = match shared.store.queue_summary(partition).await {
+        Ok(summary) => summary,
+        Err(error) => return unavailable(error),
+    };
+    match shared
+        .store
+        .queued_events(partition, query.after, limit)
+        .await
+    {
+        Ok(events) => {
+            let next_after = (events.len() == limit)
+                .then(|| events.last().map(|e| e.id.seq))
+                .flatten();
+            axum::Json(json!({
+                "summary": summary_json(&summary, now_ms),
+                "events": events.iter().map(queued_json).collect::<Vec<_>>(),
+                "next_after": next_after,
+            }))
+            .into_response()
+        }
+        Err(error) => unavailable(error),
+    }
+}
