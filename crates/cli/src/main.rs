@@ -1,6 +1,7 @@
 //! The `oncegate` command.
 
 mod logging;
+mod queue_cmd;
 mod remote;
 mod serve;
 mod simulate;
@@ -45,8 +46,11 @@ enum Command {
     Defaults,
     /// A running gateway's dead letters: list, replay (once, keeping their keys) or purge.
     Dlq(remote::DlqArgs),
-    /// A running gateway on one screen: readiness, traffic, store, connections.
+    /// A running gateway on one screen: readiness, traffic, queue, store, connections.
     Status(remote::StatusArgs),
+    /// A running gateway's queue: every partition's depth and oldest event, or one
+    /// partition's events in queue order.
+    Queue(queue_cmd::QueueArgs),
 }
 
 #[derive(Debug, Args)]
@@ -142,6 +146,7 @@ fn main() -> ExitCode {
             .map(|()| true),
         Command::Dlq(args) => runtime().and_then(|rt| rt.block_on(remote::dlq(args))),
         Command::Status(args) => runtime().and_then(|rt| rt.block_on(remote::status(args))),
+        Command::Queue(args) => runtime().and_then(|rt| rt.block_on(queue_cmd::queue(args))),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

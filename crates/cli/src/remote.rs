@@ -1,4 +1,5 @@
-//! Commands against a running gateway's admin listener: dead letters (`dlq`) and `status`.
+//! Commands against a running gateway's admin listener: dead letters (`dlq`) and `status`
+//! (`queue` is in `queue_cmd`).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -26,7 +27,7 @@ pub(crate) struct Admin {
     token: Option<String>,
     /// Print the gateway's JSON answer instead of a summary.
     #[arg(long, global = true)]
-    json: bool,
+    pub(crate) json: bool,
 }
 
 impl Admin {
@@ -124,14 +125,14 @@ pub(crate) struct StatusArgs {
     admin: Admin,
 }
 
-struct Client {
+pub(crate) struct Client {
     http: reqwest::Client,
     base: String,
     token: Option<String>,
 }
 
 impl Client {
-    fn new(admin: &Admin) -> anyhow::Result<Self> {
+    pub(crate) fn new(admin: &Admin) -> anyhow::Result<Self> {
         // The configuration is read only for what the flags leave out.
         let config = match (&admin.admin, &admin.token) {
             (Some(_), Some(_)) => None,
@@ -185,7 +186,11 @@ impl Client {
         Ok((status, body))
     }
 
-    async fn get(&self, path: &str, query: &[(&str, &String)]) -> anyhow::Result<(u16, Value)> {
+    pub(crate) async fn get(
+        &self,
+        path: &str,
+        query: &[(&str, &String)],
+    ) -> anyhow::Result<(u16, Value)> {
         self.call(self.http.get(format!("{}{path}", self.base)).query(query))
             .await
     }
@@ -201,13 +206,13 @@ impl Client {
     }
 }
 
-fn error_of(answer: &Value) -> String {
+pub(crate) fn error_of(answer: &Value) -> String {
     answer["error"]
         .as_str()
         .map_or_else(|| answer.to_string(), str::to_owned)
 }
 
-fn print_json(value: &Value) {
+pub(crate) fn print_json(value: &Value) {
     println!(
         "{}",
         serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string())
@@ -399,6 +404,11 @@ pub(crate) async fn status(args: StatusArgs) -> anyhow::Result<bool> {
         n(gateway, "dead_letters"),
         n(gateway, "stale_dropped"),
     );
+    match client.get("/admin/queue", &[]).await {
+        Ok((200, queue)) => println!("{}", crate::queue_cmd::queue_line(&queue)),
+        Ok((status, answer)) => println!("queue        {status} {}", error_of(&answer)),
+        Err(error) => println!("queue        {error}"),
+    }
     let store = &stats["store"];
     if store.is_object() {
         println!(

@@ -845,6 +845,100 @@ async fn transient_failures_retry_and_permanent_ones_are_dead_lettered() {
     assert!(!story.contains("dead letter"), "{story}");
 }
 
+/// While a chat's first event is in its handler, `oncegate queue` shows the chat's partition
+/// with the two events behind it, in order, and `oncegate status` the queue's line; once
+/// delivered the queue is empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_queue_command_shows_a_chats_events_in_order_while_its_first_is_handled() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (downstream, addr) = Downstream::start().await;
+    downstream
+        .behavior
+        .lock()
+        .expect("behavior")
+        .slow_once
+        .insert("q-held".into(), Duration::from_secs(3));
+    let client = client();
+    let gateway = Gateway::start(dir.path(), addr, false);
+    for id in ["q-held", "q-next", "q-last"] {
+        let (status, _) = post(
+            &client,
+            &gateway.url,
+            &sign(&message(id, "oc_queue", 1_000)),
+        )
+        .await
+        .expect("post");
+        assert_eq!(status, 200);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while downstream.behavior.lock().expect("behavior").slow_started == 0 {
+        assert!(Instant::now() < deadline, "the slow delivery never started");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (ok, all) = cli(&gateway, &["queue", "--json"]);
+    assert!(ok, "{all}");
+    let all: serde_json::Value = serde_json::from_str(&all).expect("json");
+    let busy: Vec<&serde_json::Value> = all["partitions"]
+        .as_array()
+        .expect("partitions")
+        .iter()
+        .filter(|p| p["events"] != 0)
+        .collect();
+    assert_eq!(busy.len(), 1, "{all}");
+    assert_eq!(
+        (&busy[0]["events"], &busy[0]["handed_out"]),
+        (&serde_json::json!(3), &serde_json::json!(1)),
+        "{all}"
+    );
+    let partition = busy[0]["partition"].to_string();
+    let (ok, listed) = cli(&gateway, &["queue", "--partition", &partition]);
+    assert!(ok, "{listed}");
+    let lines: Vec<&str> = listed.lines().collect();
+    assert!(lines[0].contains("3 events, 1 handed out"), "{listed}");
+    let held = lines
+        .iter()
+        .position(|l| l.contains("q-held") && l.ends_with("handed out"));
+    let next = lines
+        .iter()
+        .position(|l| l.contains("q-next") && l.ends_with("waiting"));
+    let last = lines
+        .iter()
+        .position(|l| l.contains("q-last") && l.ends_with("waiting"));
+    assert!(held.is_some() && held < next && next < last, "{listed}");
+    let (ok, page) = cli(
+        &gateway,
+        &["queue", "--partition", &partition, "--limit", "1"],
+    );
+    assert!(ok && page.contains("more: --after"), "{page}");
+    let (ok, status) = cli(&gateway, &["status"]);
+    assert!(ok, "{status}");
+    assert!(
+        status.contains("queue        3 events in 8 partitions (1 handed out)"),
+        "{status}"
+    );
+    let (ok, wrong) = cli(&gateway, &["queue", "--partition", "99"]);
+    assert!(!ok && wrong.contains("no partition 99"), "{wrong}");
+
+    downstream
+        .wait_for("all three", |got| {
+            got.iter().any(|g| g.event_id == "q-last")
+        })
+        .await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (ok, status) = cli(&gateway, &["status"]);
+        assert!(ok, "{status}");
+        if status.contains("queue        empty (8 partitions)") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the queue should drain: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Runs `oncegate <args> --admin <the gateway's admin listener>`: success, and what it printed.
 fn cli(gateway: &Gateway, args: &[&str]) -> (bool, String) {
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_oncegate"))

@@ -191,6 +191,8 @@ async fn the_shipped_rules_and_dashboard_name_only_metrics_the_gateway_exports()
         "oncegate_ws_last_frame_age_seconds",
         "oncegate_store_circuit_open",
         "oncegate_requests_total",
+        "oncegate_queue_oldest_age_seconds",
+        "oncegate_store_errors_total",
     ] {
         assert!(rules.contains(needed), "an alert on {needed}");
     }

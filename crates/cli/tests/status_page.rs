@@ -269,6 +269,19 @@ async fn the_status_page_shows_a_gateway_under_load_and_its_charts_move() {
         drops.as_str().unwrap_or_default().contains("event_key"),
         "{drops}"
     );
+    // The queue's age tile reads the per-partition samples.
+    let queue_note = page
+        .eval("document.getElementById('t-queue_age').textContent")
+        .await;
+    assert!(
+        queue_note
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("deepest partition "),
+        "{queue_note}"
+    );
+    let (_, ages) = page.tile("queue_age").await;
+    assert!(ages.iter().all(|a| a.is_finite() && *a >= 0.0), "{ages:?}");
     // What a person would see on a phone.
     let shot = page
         .call("Page.captureScreenshot", json!({"format": "png"}))

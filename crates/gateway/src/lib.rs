@@ -25,6 +25,7 @@ mod spooling;
 pub mod stats;
 mod summary;
 mod sync_call;
+mod timed_store;
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
@@ -227,7 +228,8 @@ impl<S: Store> Shared<S> {
 
 /// A gateway over the store `S`.
 pub struct Gateway<S> {
-    shared: Arc<Shared<S>>,
+    /// Everything runs on the store wrapped in `Timed`: each of its calls is measured.
+    shared: Arc<Shared<timed_store::Timed<S>>>,
 }
 
 impl<S> Clone for Gateway<S> {
@@ -326,7 +328,7 @@ impl<S: Store> Gateway<S> {
             .collect();
         Self {
             shared: Arc::new(Shared {
-                store,
+                store: timed_store::Timed::new(store),
                 sources,
                 routes: Vec::new(),
                 replying: false,
@@ -361,7 +363,7 @@ impl<S: Store> Gateway<S> {
         }
     }
 
-    fn shared_mut(&mut self) -> Result<&mut Shared<S>, GatewayError> {
+    fn shared_mut(&mut self) -> Result<&mut Shared<timed_store::Timed<S>>, GatewayError> {
         Arc::get_mut(&mut self.shared)
             .ok_or_else(|| GatewayError::Config("configure the gateway before running it".into()))
     }
@@ -521,7 +523,7 @@ impl<S: Store> Gateway<S> {
 
     /// The store.
     pub fn store(&self) -> &S {
-        &self.shared.store
+        &self.shared.store.inner
     }
 
     /// The callback routes (`/webhook/<source>`), for serving elsewhere or calling in process.
@@ -592,6 +594,7 @@ impl<S: Store> Gateway<S> {
     ) -> Result<(), GatewayError> {
         let shared = &self.shared;
         shared.meters.register();
+        shared.store.register();
         let webhooks = server::serve(
             "webhooks",
             listener,

@@ -59,7 +59,7 @@ pub(crate) enum Renewal {
 const RENEWALS: [&str; 3] = ["renewed", "lost", "failed"];
 
 /// One counter told apart by one label's values, each handle registered on first use.
-struct ByLabel<const N: usize> {
+pub(crate) struct ByLabel<const N: usize> {
     name: &'static str,
     label: &'static str,
     values: [&'static str; N],
@@ -67,7 +67,11 @@ struct ByLabel<const N: usize> {
 }
 
 impl<const N: usize> ByLabel<N> {
-    const fn new(name: &'static str, label: &'static str, values: [&'static str; N]) -> Self {
+    pub(crate) const fn new(
+        name: &'static str,
+        label: &'static str,
+        values: [&'static str; N],
+    ) -> Self {
         Self {
             name,
             label,
@@ -76,14 +80,14 @@ impl<const N: usize> ByLabel<N> {
         }
     }
 
-    fn add(&self, slot: usize, by: u64) {
+    pub(crate) fn add(&self, slot: usize, by: u64) {
         self.handles[slot]
             .get_or_init(|| metrics::counter!(self.name, self.label => self.values[slot]))
             .increment(by);
     }
 
     /// Every value shown at 0.
-    fn register(&self) {
+    pub(crate) fn register(&self) {
         for slot in 0..N {
             self.add(slot, 0);
         }

@@ -1,0 +1,120 @@
+//! `oncegate queue`: a running gateway's queue, every partition at a glance or one in order.
+
+use anyhow::bail;
+use clap::Args;
+use serde_json::Value;
+
+use crate::remote::{Admin, Client, error_of, print_json};
+
+/// `oncegate queue`.
+#[derive(Debug, Args)]
+pub(crate) struct QueueArgs {
+    #[command(flatten)]
+    admin: Admin,
+    /// List this partition's events in queue order (every partition's summary without it).
+    #[arg(long)]
+    partition: Option<u16>,
+    /// Start after this seq (the `next after` a previous listing printed).
+    #[arg(long, requires = "partition")]
+    after: Option<u64>,
+    /// How many events (1 to 1000).
+    #[arg(long, default_value_t = 100, requires = "partition")]
+    limit: usize,
+}
+
+/// One line about the whole queue from `/admin/queue`'s summaries.
+pub(crate) fn queue_line(answer: &Value) -> String {
+    let partitions = answer["partitions"].as_array().cloned().unwrap_or_default();
+    let n = |p: &Value, name: &str| p[name].as_u64().unwrap_or(0);
+    let events: u64 = partitions.iter().map(|p| n(p, "events")).sum();
+    let handed_out: u64 = partitions.iter().map(|p| n(p, "handed_out")).sum();
+    let deepest = partitions.iter().max_by_key(|p| n(p, "events"));
+    let oldest = partitions
+        .iter()
+        .filter_map(|p| p["oldest_age_seconds"].as_f64())
+        .fold(0.0, f64::max);
+    match deepest {
+        Some(deepest) if events > 0 => format!(
+            "queue        {events} events in {} partitions ({handed_out} handed out), deepest {} \
+             with {}, oldest {oldest:.1} s old",
+            partitions.len(),
+            n(deepest, "partition"),
+            n(deepest, "events"),
+        ),
+        _ => format!("queue        empty ({} partitions)", partitions.len()),
+    }
+}
+
+fn state_text(state: &Value) -> String {
+    match state["state"].as_str() {
+        Some("delayed") => format!("delayed until {} ms", state["until_ms"]),
+        Some(other) => other.replace('_', " "),
+        None => "?".into(),
+    }
+}
+
+pub(crate) async fn queue(args: QueueArgs) -> anyhow::Result<bool> {
+    let client = Client::new(&args.admin)?;
+    let (partition, after, limit) = (
+        args.partition.map(|p| p.to_string()),
+        args.after.map(|a| a.to_string()),
+        args.limit.to_string(),
+    );
+    let mut query = Vec::new();
+    if let Some(partition) = &partition {
+        query.push(("partition", partition));
+        query.push(("limit", &limit));
+    }
+    if let Some(after) = &after {
+        query.push(("after", after));
+    }
+    let (status, answer) = client.get("/admin/queue", &query).await?;
+    if status != 200 {
+        bail!("/admin/queue: {status} {}", error_of(&answer));
+    }
+    if args.admin.json {
+        print_json(&answer);
+        return Ok(true);
+    }
+    if partition.is_none() {
+        println!("{}", queue_line(&answer));
+        for summary in answer["partitions"].as_array().into_iter().flatten() {
+            if summary["events"].as_u64().unwrap_or(0) > 0 {
+                println!(
+                    "partition {:>3}  {} events, {} handed out, {} bytes, oldest {:.1} s old",
+                    summary["partition"],
+                    summary["events"],
+                    summary["handed_out"],
+                    summary["bytes"],
+                    summary["oldest_age_seconds"].as_f64().unwrap_or(0.0),
+                );
+            }
+        }
+        return Ok(true);
+    }
+    let summary = &answer["summary"];
+    println!(
+        "partition {}: {} events, {} handed out, oldest {:.1} s old",
+        summary["partition"],
+        summary["events"],
+        summary["handed_out"],
+        summary["oldest_age_seconds"].as_f64().unwrap_or(0.0),
+    );
+    for event in answer["events"].as_array().into_iter().flatten() {
+        println!(
+            "{:<10} {} {} {} {} (attempt {}, {} bytes) {}",
+            event["id"].as_str().unwrap_or(""),
+            event["source"].as_str().unwrap_or(""),
+            event["app"].as_str().unwrap_or(""),
+            event["event_type"].as_str().unwrap_or(""),
+            event["event_id"].as_str().unwrap_or(""),
+            event["attempt"],
+            event["payload_bytes"],
+            state_text(&event["state"]),
+        );
+    }
+    if let Some(next) = answer["next_after"].as_u64() {
+        println!("more: --after {next}");
+    }
+    Ok(true)
+}

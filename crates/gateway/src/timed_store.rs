@@ -1,0 +1,329 @@
+//! The store as the gateway calls it: every call timed into `oncegate_store_seconds{op}` and
+//! every refusal counted in `oncegate_store_errors_total{op}`, in this one place instead of at
+//! each of the dispatcher's, ingress's and the APIs' call sites.
+
+use std::future::Future;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use metrics::Histogram;
+use oncegate_core::{
+    Admission, Claim, DeadLetter, DedupStore, Delivery, Event, EventQueue, FenceCheck, Fingerprint,
+    KeyHash, Lease, Nonce, QueueId, QueueSummary, QueuedEvent, Rate, RateStore, RateVerdict,
+    Record, Store, StoreError, StoreStats, WatermarkOutcome, WatermarkStore,
+};
+
+use crate::meters::ByLabel;
+
+/// The store calls told apart, in `OPS`' order.
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    Admit,
+    Claim,
+    Renew,
+    Complete,
+    Release,
+    Record,
+    Stats,
+    Queued,
+    Ping,
+    Pull,
+    Ack,
+    Retry,
+    DeadLetter,
+    DeadLetters,
+    Replay,
+    Purge,
+    QueueSummary,
+    QueuedEvents,
+    Watermark,
+    Rate,
+}
+
+const OPS: [&str; 20] = [
+    "admit",
+    "claim",
+    "renew",
+    "complete",
+    "release",
+    "record",
+    "stats",
+    "queued",
+    "ping",
+    "pull",
+    "ack",
+    "retry",
+    "dead_letter",
+    "dead_letters",
+    "replay",
+    "purge",
+    "queue_summary",
+    "queued_events",
+    "watermark",
+    "rate",
+];
+
+/// A store whose calls are measured.
+pub(crate) struct Timed<S> {
+    pub(crate) inner: S,
+    seconds: [OnceLock<Histogram>; OPS.len()],
+    errors: ByLabel<{ OPS.len() }>,
+}
+
+impl<S> Timed<S> {
+    pub(crate) fn new(inner: S) -> Self {
+        Self {
+            inner,
+            seconds: [const { OnceLock::new() }; OPS.len()],
+            errors: ByLabel::new("oncegate_store_errors_total", "op", OPS),
+        }
+    }
+
+    /// Every op's error count at 0, for alerts that read them.
+    pub(crate) fn register(&self) {
+        self.errors.register();
+    }
+
+    async fn time<T>(
+        &self,
+        op: Op,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let started = Instant::now();
+        let result = call.await;
+        self.record(op, started.elapsed(), result.is_err());
+        result
+    }
+
+    fn record(&self, op: Op, took: Duration, failed: bool) {
+        let slot = op as usize;
+        self.seconds[slot]
+            .get_or_init(|| metrics::histogram!("oncegate_store_seconds", "op" => OPS[slot]))
+            .record(took.as_secs_f64());
+        if failed {
+            self.errors.add(slot, 1);
+        }
+    }
+}
+
+impl<S: Store> DedupStore for Timed<S> {
+    async fn admit(
+        &self,
+        event: Event,
+        keys: &[KeyHash],
+        retention: Duration,
+    ) -> Result<Admission, StoreError> {
+        self.time(Op::Admit, self.inner.admit(event, keys, retention))
+            .await
+    }
+
+    async fn admit_with_nonce(
+        &self,
+        event: Event,
+        keys: &[KeyHash],
+        retention: Duration,
+        nonce: Option<Nonce>,
+    ) -> Result<Admission, StoreError> {
+        self.time(
+            Op::Admit,
+            self.inner.admit_with_nonce(event, keys, retention, nonce),
+        )
+        .await
+    }
+
+    async fn claim_with_fingerprint(
+        &self,
+        key: &KeyHash,
+        partition: u16,
+        lease: Duration,
+        fingerprint: Option<Fingerprint>,
+    ) -> Result<Claim, StoreError> {
+        self.time(
+            Op::Claim,
+            self.inner
+                .claim_with_fingerprint(key, partition, lease, fingerprint),
+        )
+        .await
+    }
+
+    async fn renew(&self, lease: &Lease, extend: Duration) -> Result<FenceCheck, StoreError> {
+        self.time(Op::Renew, self.inner.renew(lease, extend)).await
+    }
+
+    async fn complete(
+        &self,
+        lease: &Lease,
+        retention: Duration,
+        outcome: Option<Bytes>,
+    ) -> Result<FenceCheck, StoreError> {
+        self.time(Op::Complete, self.inner.complete(lease, retention, outcome))
+            .await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<FenceCheck, StoreError> {
+        self.time(Op::Release, self.inner.release(lease)).await
+    }
+
+    async fn record(&self, key: &KeyHash, partition: u16) -> Result<Option<Record>, StoreError> {
+        self.time(Op::Record, self.inner.record(key, partition))
+            .await
+    }
+
+    async fn stats(&self) -> Result<StoreStats, StoreError> {
+        self.time(Op::Stats, self.inner.stats()).await
+    }
+
+    async fn queued(&self) -> Result<u64, StoreError> {
+        self.time(Op::Queued, self.inner.queued()).await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.time(Op::Ping, self.inner.ping()).await
+    }
+
+    async fn complete_and_ack(
+        &self,
+        lease: &Lease,
+        retention: Duration,
+        outcome: Option<Bytes>,
+        id: QueueId,
+    ) -> Result<FenceCheck, StoreError>
+    where
+        Self: EventQueue + Sized,
+    {
+        self.time(
+            Op::Complete,
+            self.inner.complete_and_ack(lease, retention, outcome, id),
+        )
+        .await
+    }
+}
+
+impl<S: Store> EventQueue for Timed<S> {
+    fn partitions(&self) -> u16 {
+        self.inner.partitions()
+    }
+
+    async fn pull(&self, partition: u16, max: usize) -> Result<Vec<Delivery>, StoreError> {
+        self.time(Op::Pull, self.inner.pull(partition, max)).await
+    }
+
+    async fn ack(&self, id: QueueId) -> Result<bool, StoreError> {
+        self.time(Op::Ack, self.inner.ack(id)).await
+    }
+
+    async fn retry(&self, id: QueueId, not_before_ms: u64) -> Result<bool, StoreError> {
+        self.time(Op::Retry, self.inner.retry(id, not_before_ms))
+            .await
+    }
+
+    async fn dead_letter(&self, id: QueueId, reason: &str) -> Result<bool, StoreError> {
+        self.time(Op::DeadLetter, self.inner.dead_letter(id, reason))
+            .await
+    }
+
+    async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
+        self.time(Op::DeadLetters, self.inner.dead_letters(limit))
+            .await
+    }
+
+    async fn replay_dead_letter(&self, id: QueueId) -> Result<Option<QueueId>, StoreError> {
+        self.time(Op::Replay, self.inner.replay_dead_letter(id))
+            .await
+    }
+
+    async fn purge_dead_letter(&self, id: QueueId) -> Result<bool, StoreError> {
+        self.time(Op::Purge, self.inner.purge_dead_letter(id)).await
+    }
+
+    async fn queue_summary(&self, partition: u16) -> Result<QueueSummary, StoreError> {
+        self.time(Op::QueueSummary, self.inner.queue_summary(partition))
+            .await
+    }
+
+    async fn queued_events(
+        &self,
+        partition: u16,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<QueuedEvent>, StoreError> {
+        self.time(
+            Op::QueuedEvents,
+            self.inner.queued_events(partition, after, limit),
+        )
+        .await
+    }
+}
+
+impl<S: Store> WatermarkStore for Timed<S> {
+    async fn advance_watermark(
+        &self,
+        scope: &KeyHash,
+        value: u64,
+        retention: Duration,
+    ) -> Result<WatermarkOutcome, StoreError> {
+        self.time(
+            Op::Watermark,
+            self.inner.advance_watermark(scope, value, retention),
+        )
+        .await
+    }
+}
+
+impl<S: Store> RateStore for Timed<S> {
+    async fn take_rate(&self, bucket: &KeyHash, rate: Rate) -> Result<RateVerdict, StoreError> {
+        self.time(Op::Rate, self.inner.take_rate(bucket, rate))
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use oncegate_memory::MemoryStore;
+
+    /// Every call lands in its op's histogram; a refused one in its op's error count too.
+    #[test]
+    fn calls_are_timed_by_op_and_refusals_counted() {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || {
+            let store = Timed::new(MemoryStore::new());
+            store.register();
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .expect("runtime");
+            runtime.block_on(async {
+                assert!(store.pull(0, 10).await.expect("pull").is_empty());
+                assert!(store.pull(0, 10).await.is_ok());
+                let beyond = store.partitions();
+                assert!(matches!(
+                    store.pull(beyond, 10).await,
+                    Err(StoreError::Invalid(_))
+                ));
+                assert!(
+                    store
+                        .ack(QueueId {
+                            partition: 0,
+                            seq: 9
+                        })
+                        .await
+                        .is_ok()
+                );
+            });
+        });
+        let text = handle.render();
+        let line = |name: &str| {
+            text.lines()
+                .find(|l| l.starts_with(name))
+                .unwrap_or_else(|| panic!("no {name} in {text}"))
+                .to_owned()
+        };
+        assert!(line("oncegate_store_seconds_count{op=\"pull\"}").ends_with(" 3"));
+        assert!(line("oncegate_store_seconds_count{op=\"ack\"}").ends_with(" 1"));
+        assert!(line("oncegate_store_errors_total{op=\"pull\"}").ends_with(" 1"));
+        assert!(line("oncegate_store_errors_total{op=\"ack\"}").ends_with(" 0"));
+        assert!(line("oncegate_store_errors_total{op=\"admit\"}").ends_with(" 0"));
+    }
+}
