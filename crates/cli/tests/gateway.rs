@@ -1671,6 +1671,19 @@ async fn a_handler_that_outlives_its_lease_is_fenced_off() {
             got.iter().any(|g| g.event_id == "slow-1")
         })
         .await;
+    // b's claim took the key over from a's expired lease, and b counts the expiry.
+    let metrics = reqwest::get(format!("{}/metrics", b.admin))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "oncegate_lease_expiries_total 1"),
+        "{metrics}"
+    );
     a.signal("CONT");
     // a's handler ends; its completion carries the old token and is refused.
     let deadline = Instant::now() + Duration::from_secs(15);

@@ -193,6 +193,11 @@ pub fn check<S: Store>(store: &S, clock: &ManualClock, ops: &[Op]) {
                             state: State::Completed { .. },
                             ..
                         }) => ("done", None),
+                        Some(Entry {
+                            state: State::Processing { .. },
+                            expires,
+                            ..
+                        }) => ("took_over", Some(*expires)),
                         Some(entry) => ("acquired", Some(entry.expires)),
                         None => ("acquired", Some(now)),
                     };
@@ -206,7 +211,8 @@ pub fn check<S: Store>(store: &S, clock: &ManualClock, ops: &[Op]) {
                         .await
                         .expect("claim");
                     match (&got, expected) {
-                        (Claim::Acquired(lease), "acquired") => {
+                        (Claim::Acquired(lease), "acquired")
+                        | (Claim::TookOver(lease), "took_over") => {
                             assert_eq!(lease.until_ms, until, "step {step}");
                             model.entries.insert(
                                 *k,

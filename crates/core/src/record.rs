@@ -137,6 +137,9 @@ impl Lease {
 pub enum Claim {
     /// The caller holds the key now.
     Acquired(Lease),
+    /// The caller holds the key now, taken over from a holder whose lease ran out (that
+    /// holder's token is fenced off): a lease expiry, as operators count them.
+    TookOver(Lease),
     /// Someone else holds it until `until_ms`.
     InFlight {
         /// When that lease runs out.
@@ -149,6 +152,16 @@ pub enum Claim {
     },
     /// The key is held or done for another payload (its fingerprint differs); nothing changed.
     Conflict,
+}
+
+impl Claim {
+    /// The lease granted, whether the key was free or taken over.
+    pub fn lease(&self) -> Option<&Lease> {
+        match self {
+            Self::Acquired(lease) | Self::TookOver(lease) => Some(lease),
+            _ => None,
+        }
+    }
 }
 
 /// The answer to `renew`, `complete` and `release`: a compare-and-set on the fencing token.

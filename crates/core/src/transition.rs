@@ -73,7 +73,14 @@ pub fn claim(
                 None,
             ),
             // The holder's lease ran out: take over, the old token is fenced off.
-            RecordState::Processing { .. } => grant(live.expires_at_ms, live.fingerprint),
+            RecordState::Processing { .. } => {
+                let (granted, record) = grant(live.expires_at_ms, live.fingerprint);
+                let taken = match granted {
+                    Claim::Acquired(lease) => Claim::TookOver(lease),
+                    other => other,
+                };
+                (taken, record)
+            }
             RecordState::Completed { outcome } => (
                 Claim::Done {
                     outcome: outcome.clone(),
@@ -179,18 +186,21 @@ mod tests {
     const KEY: KeyHash = KeyHash([7; 16]);
 
     fn lease_of(claim: &Claim) -> Lease {
-        match claim {
-            Claim::Acquired(lease) => *lease,
-            other => panic!("expected a lease, got {other:?}"),
+        match claim.lease() {
+            Some(lease) => *lease,
+            None => panic!("expected a lease, got {claim:?}"),
         }
     }
 
     #[test]
     fn a_taken_over_holder_can_do_nothing() {
-        let (first, rec) = claim(None, KEY, 0, 0, 10, None, || FencingToken(1));
+        let (first, rec) = claim(Some(&admitted(0, 1000)), KEY, 0, 0, 10, None, || {
+            FencingToken(1)
+        });
         let first = lease_of(&first);
-        // Lease ran out; a second worker takes over.
+        // Lease ran out; a second worker takes over, and says so.
         let (second, rec) = claim(rec.as_ref(), KEY, 0, 11, 10, None, || FencingToken(2));
+        assert!(matches!(second, Claim::TookOver(_)), "{second:?}");
         let second = lease_of(&second);
         assert_eq!(renew(rec.as_ref(), &first, 12, 10).0, FenceCheck::Rejected);
         assert_eq!(
@@ -202,6 +212,16 @@ mod tests {
             complete(rec.as_ref(), &second, 12, 100, None).0,
             FenceCheck::Accepted
         );
+    }
+
+    /// A key no event brought in lives only while its lease does: once that ran out the record
+    /// is forgotten (a backend may have swept it), so the next claim is a fresh grant.
+    #[test]
+    fn a_forgotten_business_key_is_granted_afresh() {
+        let (first, rec) = claim(None, KEY, 0, 0, 10, None, || FencingToken(1));
+        assert!(matches!(first, Claim::Acquired(_)));
+        let (again, _) = claim(rec.as_ref(), KEY, 0, 11, 10, None, || FencingToken(2));
+        assert!(matches!(again, Claim::Acquired(_)), "{again:?}");
     }
 
     #[test]

@@ -19,16 +19,7 @@ impl<C: Clock + Clone> EventQueue for EmbeddedStore<C> {
         if ready.is_empty() {
             return Ok(Vec::new());
         }
-        let fetched = self.read(|txn| {
-            let queue = txn.open_table(QUEUE)?;
-            let mut stored = Vec::with_capacity(ready.len());
-            for seq in &ready {
-                if let Some(value) = queue.get(*seq)? {
-                    stored.push((*seq, value.value().to_vec()));
-                }
-            }
-            Ok(stored)
-        });
+        let fetched = self.stored(&ready);
         let stored = match fetched {
             Ok(stored) => stored,
             Err(error) => {
@@ -121,12 +112,8 @@ impl<C: Clock + Clone> EventQueue for EmbeddedStore<C> {
                     ..QueueSummary::default()
                 });
             };
-            let stored = self.read(|txn| {
-                let queue = txn.open_table(QUEUE)?;
-                Ok(queue.get(seq)?.map(|value| value.value().to_vec()))
-            })?;
-            if let Some(bytes_stored) = stored {
-                let queued: codec::Queued = decode(&bytes_stored)?;
+            if let Some((_, stored)) = self.stored(&[seq])?.pop() {
+                let queued: codec::Queued = decode(&stored)?;
                 return Ok(QueueSummary {
                     partition,
                     events,
@@ -152,16 +139,7 @@ impl<C: Clock + Clone> EventQueue for EmbeddedStore<C> {
             Some(order) => order.seqs_after(after, limit),
             None => Vec::new(),
         };
-        let stored = self.read(|txn| {
-            let queue = txn.open_table(QUEUE)?;
-            let mut stored = Vec::with_capacity(seqs.len());
-            for seq in &seqs {
-                if let Some(value) = queue.get(*seq)? {
-                    stored.push((*seq, value.value().to_vec()));
-                }
-            }
-            Ok(stored)
-        })?;
+        let stored = self.stored(&seqs)?;
         let now_ms = self.clock.now_ms();
         let mut out = Vec::with_capacity(stored.len());
         for (seq, bytes) in stored {
@@ -180,5 +158,21 @@ impl<C: Clock + Clone> EventQueue for EmbeddedStore<C> {
             });
         }
         Ok(out)
+    }
+}
+
+impl<C: Clock + Clone> EmbeddedStore<C> {
+    /// The stored entries of `seqs` that are still queued, in one read transaction.
+    fn stored(&self, seqs: &[u64]) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
+        self.read(|txn| {
+            let queue = txn.open_table(QUEUE)?;
+            let mut stored = Vec::with_capacity(seqs.len());
+            for seq in seqs {
+                if let Some(value) = queue.get(*seq)? {
+                    stored.push((*seq, value.value().to_vec()));
+                }
+            }
+            Ok(stored)
+        })
     }
 }

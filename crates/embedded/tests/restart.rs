@@ -54,8 +54,8 @@ fn a_restart_ends_the_previous_runs_leases_and_keeps_tokens_growing() {
     });
     block_on(async {
         let store = EmbeddedStore::open(EmbeddedConfig::at(&path)).expect("reopen");
-        // The hour-long lease of the dead run does not block the key.
-        let Claim::Acquired(new) = store
+        // The hour-long lease of the dead run does not block the key: it is taken over.
+        let Claim::TookOver(new) = store
             .claim(
                 &key("held"),
                 event("held", Some("held")).partition(store.partitions()),

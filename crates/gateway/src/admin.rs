@@ -65,6 +65,27 @@ pub(crate) fn authorized<S>(shared: &Shared<S>, headers: &HeaderMap) -> Result<(
     }
 }
 
+/// An error answer: `{"error": …}` with `status`.
+pub(crate) fn refused(status: StatusCode, error: String) -> Response {
+    (status, axum::Json(json!({"error": error}))).into_response()
+}
+
+/// An authorized caller's query: 401 without the token (before the query is even read, so an
+/// unauthenticated caller learns nothing of how queries parse), 400 naming `usage` when it does
+/// not parse.
+#[allow(clippy::result_large_err)]
+pub(crate) fn authorized_query<S, Q: serde::de::DeserializeOwned>(
+    shared: &Shared<S>,
+    headers: &HeaderMap,
+    uri: &axum::http::Uri,
+    usage: &str,
+) -> Result<Q, Response> {
+    authorized(shared, headers)?;
+    Query::<Q>::try_from_uri(uri)
+        .map(|Query(query)| query)
+        .map_err(|error| refused(StatusCode::BAD_REQUEST, format!("{error}; {usage}")))
+}
+
 /// Every readiness check with its verdict: 200 when all pass, else 503, with what failed.
 async fn readyz<S: Store>(State(shared): State<Arc<Shared<S>>>) -> Response {
     let mut checks = Vec::new();
@@ -250,19 +271,9 @@ async fn record<S: Store>(
     headers: HeaderMap,
     uri: axum::http::Uri,
 ) -> Response {
-    // The token first: an unauthenticated caller learns nothing, not even how queries parse.
-    if let Err(denied) = authorized(&shared, &headers) {
-        return denied;
-    }
-    let query = match Query::<RecordQuery>::try_from_uri(&uri) {
-        Ok(Query(query)) => query,
-        Err(error) => {
-            return (
-                StatusCode::BAD_REQUEST,
-                axum::Json(json!({"error": format!("{error}; {RECORD_USAGE}")})),
-            )
-                .into_response();
-        }
+    let query: RecordQuery = match authorized_query(&shared, &headers, &uri, RECORD_USAGE) {
+        Ok(query) => query,
+        Err(refusal) => return refusal,
     };
     let Some(key) = query.key() else {
         return (

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use oncegate_core::{DeadLetter, QueueId, Store};
@@ -12,7 +12,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::Shared;
-use crate::admin::authorized;
+use crate::admin::{authorized, authorized_query, refused};
 
 /// Dead letters read per request: filters apply to this many, oldest first.
 pub(crate) const SCAN: usize = 100_000;
@@ -88,10 +88,6 @@ pub(crate) fn letter_json(letter: &DeadLetter) -> Value {
     })
 }
 
-fn refused(status: StatusCode, error: String) -> Response {
-    (status, axum::Json(json!({"error": error}))).into_response()
-}
-
 fn unavailable(error: impl std::fmt::Display) -> Response {
     refused(
         StatusCode::SERVICE_UNAVAILABLE,
@@ -104,17 +100,10 @@ pub(crate) async fn list<S: Store>(
     headers: HeaderMap,
     uri: axum::http::Uri,
 ) -> Response {
-    if let Err(denied) = authorized(&shared, &headers) {
-        return denied;
-    }
-    let query = match Query::<Ask>::try_from_uri(&uri) {
-        Ok(Query(query)) => query,
-        Err(error) => {
-            return refused(
-                StatusCode::BAD_REQUEST,
-                format!("{error}; filters: source, app, event_type, reason, event_id; limit"),
-            );
-        }
+    let usage = "filters: source, app, event_type, reason, event_id; limit";
+    let query: Ask = match authorized_query(&shared, &headers, &uri, usage) {
+        Ok(query) => query,
+        Err(refusal) => return refusal,
     };
     let limit = query.limit.unwrap_or(100).clamp(1, SCAN);
     match shared.store.dead_letters(SCAN).await {

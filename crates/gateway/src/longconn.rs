@@ -132,7 +132,7 @@ async fn lead<S: Store>(shared: &Arc<Shared<S>>, source: &LongSource, shutdown: 
             claimed = shared.store.claim(&key, 0, lease_for) => claimed,
         };
         let lease = match claimed {
-            Ok(Claim::Acquired(lease)) => lease,
+            Ok(Claim::Acquired(lease) | Claim::TookOver(lease)) => lease,
             Ok(_) => {
                 source.role.store(ROLE_STANDBY, Ordering::Relaxed);
                 tokio::select! {

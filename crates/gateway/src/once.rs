@@ -61,7 +61,7 @@ pub(crate) async fn claim<S: Store>(
             .claim_with_fingerprint(key, partition, lease, fingerprint)
             .await?
         {
-            Claim::Acquired(lease) => Claimed::Run(lease),
+            Claim::Acquired(lease) | Claim::TookOver(lease) => Claimed::Run(lease),
             Claim::Done { outcome } => Claimed::Done(outcome),
             Claim::InFlight { until_ms } => Claimed::InFlight { until_ms },
             Claim::Conflict => Claimed::Conflict,

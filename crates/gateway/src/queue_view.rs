@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use metrics::Gauge;
@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::Shared;
-use crate::admin::authorized;
+use crate::admin::{authorized_query, refused};
 use crate::admin_dlq::id_text;
 
 /// How often the per-partition gauges are sampled: a few store calls per partition each time.
@@ -165,22 +165,15 @@ fn queued_json(queued: &QueuedEvent) -> Value {
     })
 }
 
-fn refused(status: StatusCode, error: String) -> Response {
-    (status, axum::Json(json!({"error": error}))).into_response()
-}
-
 /// `/admin/queue`: every partition's summary, or one partition's events in queue order.
 pub(crate) async fn list<S: Store>(
     State(shared): State<Arc<Shared<S>>>,
     headers: HeaderMap,
     uri: axum::http::Uri,
 ) -> Response {
-    if let Err(denied) = authorized(&shared, &headers) {
-        return denied;
-    }
-    let query = match Query::<QueueQuery>::try_from_uri(&uri) {
-        Ok(Query(query)) => query,
-        Err(error) => return refused(StatusCode::BAD_REQUEST, format!("{error}; {USAGE}")),
+    let query: QueueQuery = match authorized_query(&shared, &headers, &uri, USAGE) {
+        Ok(query) => query,
+        Err(refusal) => return refusal,
     };
     let partitions = shared.store.partitions();
     let now_ms = shared.now_ms();

@@ -1,13 +1,14 @@
-//! The store as the gateway calls it: every call timed into `oncegate_store_seconds{op}` and
-//! every refusal counted in `oncegate_store_errors_total{op}`, in this one place instead of at
-//! each of the dispatcher's, ingress's and the APIs' call sites.
+//! The store as the gateway calls it: every call timed into `oncegate_store_seconds{op}`, every
+//! refusal counted in `oncegate_store_errors_total{op}` and every claim that took over an
+//! expired lease in `oncegate_lease_expiries_total`, in this one place instead of at each of the
+//! dispatcher's, ingress's, the APIs' and the long connections' call sites.
 
 use std::future::Future;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use metrics::Histogram;
+use metrics::{Counter, Histogram};
 use oncegate_core::{
     Admission, Claim, DeadLetter, DedupStore, Delivery, Event, EventQueue, FenceCheck, Fingerprint,
     KeyHash, Lease, Nonce, QueueId, QueueSummary, QueuedEvent, Rate, RateStore, RateVerdict,
@@ -69,6 +70,7 @@ pub(crate) struct Timed<S> {
     pub(crate) inner: S,
     seconds: [OnceLock<Histogram>; OPS.len()],
     errors: ByLabel<{ OPS.len() }>,
+    expiries: OnceLock<Counter>,
 }
 
 impl<S> Timed<S> {
@@ -77,12 +79,19 @@ impl<S> Timed<S> {
             inner,
             seconds: [const { OnceLock::new() }; OPS.len()],
             errors: ByLabel::new("oncegate_store_errors_total", "op", OPS),
+            expiries: OnceLock::new(),
         }
+    }
+
+    fn expiries(&self) -> &Counter {
+        self.expiries
+            .get_or_init(|| metrics::counter!("oncegate_lease_expiries_total"))
     }
 
     /// Every op's error count at 0, for alerts that read them.
     pub(crate) fn register(&self) {
         self.errors.register();
+        self.expiries().increment(0);
     }
 
     async fn time<T>(
@@ -139,12 +148,17 @@ impl<S: Store> DedupStore for Timed<S> {
         lease: Duration,
         fingerprint: Option<Fingerprint>,
     ) -> Result<Claim, StoreError> {
-        self.time(
-            Op::Claim,
-            self.inner
-                .claim_with_fingerprint(key, partition, lease, fingerprint),
-        )
-        .await
+        let claim = self
+            .time(
+                Op::Claim,
+                self.inner
+                    .claim_with_fingerprint(key, partition, lease, fingerprint),
+            )
+            .await;
+        if let Ok(Claim::TookOver(_)) = claim {
+            self.expiries().increment(1);
+        }
+        claim
     }
 
     async fn renew(&self, lease: &Lease, extend: Duration) -> Result<FenceCheck, StoreError> {
@@ -280,16 +294,37 @@ impl<S: Store> RateStore for Timed<S> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use oncegate_memory::MemoryStore;
+    use std::sync::Arc;
 
-    /// Every call lands in its op's histogram; a refused one in its op's error count too.
+    use super::*;
+    use oncegate_core::ManualClock;
+    use oncegate_memory::{MemoryConfig, MemoryStore};
+
+    fn event() -> Event {
+        Event {
+            source: "feishu".into(),
+            app: "app".into(),
+            tenant: None,
+            event_id: "e".into(),
+            event_type: "t".into(),
+            created_at_ms: 1_000_000,
+            order_key: None,
+            payload: Bytes::new(),
+        }
+    }
+
+    /// Every call lands in its op's histogram, a refused one in its op's error count too, and
+    /// a claim that takes over an expired lease in the expiry count.
     #[test]
-    fn calls_are_timed_by_op_and_refusals_counted() {
+    fn calls_are_timed_by_op_refusals_and_lease_expiries_counted() {
         let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
         let handle = recorder.handle();
         metrics::with_local_recorder(&recorder, || {
-            let store = Timed::new(MemoryStore::new());
+            let clock = Arc::new(ManualClock::new(1_000_000));
+            let store = Timed::new(MemoryStore::with_clock(
+                MemoryConfig::default(),
+                clock.clone(),
+            ));
             store.register();
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .build()
@@ -302,15 +337,23 @@ mod tests {
                     store.pull(beyond, 10).await,
                     Err(StoreError::Invalid(_))
                 ));
-                assert!(
-                    store
-                        .ack(QueueId {
-                            partition: 0,
-                            seq: 9
-                        })
-                        .await
-                        .is_ok()
-                );
+                let nothing = QueueId {
+                    partition: 0,
+                    seq: 9,
+                };
+                assert!(!store.ack(nothing).await.expect("ack"));
+                let key = oncegate_core::key_for("feishu", "app", "event_id", "e");
+                let partition = event().partition(store.partitions());
+                store
+                    .admit(event(), &[key], Duration::from_secs(3600))
+                    .await
+                    .expect("admit");
+                let lease = Duration::from_secs(1);
+                let first = store.claim(&key, partition, lease).await.expect("claim");
+                assert!(matches!(first, Claim::Acquired(_)), "{first:?}");
+                clock.advance_ms(1_001);
+                let second = store.claim(&key, partition, lease).await.expect("claim");
+                assert!(matches!(second, Claim::TookOver(_)), "{second:?}");
             });
         });
         let text = handle.render();
@@ -322,8 +365,10 @@ mod tests {
         };
         assert!(line("oncegate_store_seconds_count{op=\"pull\"}").ends_with(" 3"));
         assert!(line("oncegate_store_seconds_count{op=\"ack\"}").ends_with(" 1"));
+        assert!(line("oncegate_store_seconds_count{op=\"claim\"}").ends_with(" 2"));
         assert!(line("oncegate_store_errors_total{op=\"pull\"}").ends_with(" 1"));
         assert!(line("oncegate_store_errors_total{op=\"ack\"}").ends_with(" 0"));
         assert!(line("oncegate_store_errors_total{op=\"admit\"}").ends_with(" 0"));
+        assert!(line("oncegate_lease_expiries_total ").ends_with(" 1"));
     }
 }

@@ -266,6 +266,20 @@ async fn repeats_of_a_card_click_that_come_while_it_is_answered_get_its_answer()
     }
 }
 
+/// A gateway whose admin routes want the token `admin-secret`.
+fn guarded_gateway() -> Gateway<MemoryStore<Arc<ManualClock>>> {
+    let clock = Arc::new(ManualClock::new(START_MS));
+    Gateway::new(
+        MemoryStore::with_clock(MemoryConfig::default(), clock.clone()),
+        GatewayParts {
+            sources: vec![("s".into(), Arc::new(app()))],
+            admin_token: Some("admin-secret".into()),
+            clock,
+            ..GatewayParts::default()
+        },
+    )
+}
+
 async fn admin_get(
     gateway: &Gateway<MemoryStore<Arc<ManualClock>>>,
     path: &str,
@@ -345,19 +359,7 @@ async fn the_admin_router_shows_a_cards_record_with_its_fingerprint_behind_the_t
 /// router's own "no such route"; without it, every `/admin` route but the document says 401.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_documented_admin_route_is_served_and_guarded() {
-    let store = MemoryStore::with_clock(
-        MemoryConfig::default(),
-        Arc::new(ManualClock::new(START_MS)),
-    );
-    let gateway = Gateway::new(
-        store,
-        GatewayParts {
-            sources: vec![("s".into(), Arc::new(app()))],
-            admin_token: Some("admin-secret".into()),
-            clock: Arc::new(ManualClock::new(START_MS)),
-            ..GatewayParts::default()
-        },
-    );
+    let gateway = guarded_gateway();
     let get = |path: &str| Request::get(path).body(Body::empty()).expect("request");
     let (status, doc) = exchange(gateway.admin_router(), get("/admin/openapi.json")).await;
     assert_eq!(status, StatusCode::OK);
@@ -407,19 +409,7 @@ async fn every_documented_admin_route_is_served_and_guarded() {
 /// 400 that says what to send.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partitions_queue_is_listed_in_order_page_by_page() {
-    let store = MemoryStore::with_clock(
-        MemoryConfig::default(),
-        Arc::new(ManualClock::new(START_MS)),
-    );
-    let gateway = Gateway::new(
-        store,
-        GatewayParts {
-            sources: vec![("s".into(), Arc::new(app()))],
-            admin_token: Some("admin-secret".into()),
-            clock: Arc::new(ManualClock::new(START_MS)),
-            ..GatewayParts::default()
-        },
-    );
+    let gateway = guarded_gateway();
     // No dispatcher runs: what is admitted stays queued.
     for (event, message) in [("ev_q1", "mq1"), ("ev_q2", "mq2"), ("ev_q3", "mq3")] {
         let (status, body) = call(&gateway, request(event, message)).await;

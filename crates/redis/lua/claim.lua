@@ -1,6 +1,7 @@
 -- claim: KEYS = record, the partition's token clock
 -- ARGV = now_ms, lease_ms, ttl slack ms, fingerprint (16 bytes, or empty for none)
--- {'inflight', until} | {'done'} | {'done', outcome} | {'conflict'} | {'acquired', token, until}
+-- {'inflight', until} | {'done'} | {'done', outcome} | {'conflict'}
+-- | {'acquired', token, until, taken}: taken is '1' when a holder's lease ran out (a takeover)
 -- A live record claimed for another payload is a conflict; one without a fingerprint takes the
 -- claimer's (core's transition::claim is the rule this mirrors).
 local now = tonumber(ARGV[1])
@@ -10,6 +11,7 @@ local fingerprint = ARGV[4]
 local r = redis.call('HMGET', KEYS[1], 's', 'e', 't', 'u', 'o', 'f')
 local expires = now
 local kept = false
+local taken = '0'
 if r[1] then
   local e = tonumber(r[2])
   local u = tonumber(r[4] or '0')
@@ -22,6 +24,7 @@ if r[1] then
     end
     expires = e
     kept = r[6] ~= false
+    if r[1] == 'r' then taken = '1' end
   end
 end
 -- The token is a hybrid clock: the server's time in microseconds, or one more than the last
@@ -47,4 +50,4 @@ if not kept then
   end
 end
 redis.call('PEXPIRE', KEYS[1], math.max(expires, till) - now + slack)
-return {'acquired', text, string.format('%d', till)}
+return {'acquired', text, string.format('%d', till), taken}

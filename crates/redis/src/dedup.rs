@@ -88,12 +88,18 @@ impl<C: Clock> DedupStore for RedisStore<C> {
             match reply.first().and_then(text) {
                 Some("acquired") => {
                     match (reply.get(1).and_then(int), reply.get(2).and_then(int)) {
-                        (Some(token), Some(until_ms)) => Ok(Claim::Acquired(Lease {
-                            key,
-                            partition,
-                            token: FencingToken(token),
-                            until_ms,
-                        })),
+                        (Some(token), Some(until_ms)) => {
+                            let lease = Lease {
+                                key,
+                                partition,
+                                token: FencingToken(token),
+                                until_ms,
+                            };
+                            Ok(match reply.get(3).and_then(text) {
+                                Some("1") => Claim::TookOver(lease),
+                                _ => Claim::Acquired(lease),
+                            })
+                        }
                         _ => Err(StoreError::Corrupt(format!(
                             "unexpected claim reply {reply:?}"
                         ))),

@@ -175,7 +175,8 @@ pub fn stale_holder_cannot_touch_the_new_holders_record<S: Store>(make: impl Fn(
                 .expect("claim"),
         );
         clock.advance_ms(30_000);
-        let b = lease_of(
+        // a's lease ran out: b takes the key over, and the store says it was a takeover.
+        let b = took_over(
             store
                 .claim(&key("e1"), home(&store, &key("e1")), LEASE)
                 .await
@@ -342,7 +343,7 @@ pub fn renew_extends_only_the_current_lease<S: Store>(make: impl Fn(ManualClock)
             }
         );
         clock.advance_ms(10_000);
-        lease_of(
+        took_over(
             store
                 .claim(&key("e1"), home(&store, &key("e1")), LEASE)
                 .await
@@ -471,7 +472,7 @@ pub fn complete_and_ack_is_one_step<S: Store>(make: impl Fn(ManualClock) -> S) {
                 .expect("claim"),
         );
         clock.advance_ms(30_000);
-        let _second = lease_of(
+        let _second = took_over(
             store
                 .claim(&next[0].key, next[0].id.partition, LEASE)
                 .await

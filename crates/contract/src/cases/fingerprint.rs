@@ -249,6 +249,7 @@ pub fn racing_payloads_one_wins_each_key<S: Store>(make: impl Fn(ManualClock) ->
             let winner = winners[k];
             match got {
                 Claim::Acquired(_) => {}
+                Claim::TookOver(_) => panic!("round {round}: no lease ran out: {got:?}"),
                 Claim::Conflict => assert_ne!(*side, winner, "round {round}: winner refused"),
                 Claim::InFlight { .. } => {
                     assert_eq!(*side, winner, "round {round}: the loser saw the lease")

@@ -49,6 +49,15 @@ fn lease_of(claim: Claim) -> Lease {
     }
 }
 
+/// The lease of a claim that took the key over from a holder whose lease ran out.
+#[track_caller]
+fn took_over(claim: Claim) -> Lease {
+    match claim {
+        Claim::TookOver(lease) => lease,
+        other => panic!("expected a takeover of an expired lease, got {other:?}"),
+    }
+}
+
 #[track_caller]
 fn admitted(admission: Admission) -> oncegate_core::QueueId {
     match admission {

@@ -77,6 +77,9 @@ pub fn racing_claims_grant_one_live_lease<S: Store>(make: impl Fn(ManualClock) -
                         .await
                         .expect("claim")
                     {
+                        Claim::TookOver(lease) => {
+                            panic!("round {round}: no lease ran out, yet {lease:?} took over")
+                        }
                         Claim::Acquired(lease) => {
                             {
                                 let mut holders = holders.lock().expect("holders");

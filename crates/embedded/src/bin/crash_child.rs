@@ -107,7 +107,8 @@ fn main() {
                                 )
                                 .await
                             {
-                                Ok(Claim::Acquired(lease)) => lease,
+                                // A killed run's lease that ran out is taken over.
+                                Ok(Claim::Acquired(lease) | Claim::TookOver(lease)) => lease,
                                 // Done before the crash: only the ack was lost.
                                 Ok(Claim::Done { .. }) => {
                                     if let Ok(true) = store.ack(delivery.id).await {
