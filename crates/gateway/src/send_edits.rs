@@ -16,6 +16,9 @@ struct Slot {
 #[derive(Default)]
 pub(crate) struct Edits {
     slots: Mutex<HashMap<String, Arc<Slot>>>,
+    /// Edits that have taken their place in line, for tests to order arrivals.
+    #[cfg(test)]
+    arrived: AtomicU64,
 }
 
 /// An edit's turn: the message is this edit's until dropped.
@@ -44,6 +47,8 @@ impl Edits {
             let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
             let slot = slots.entry(message.to_owned()).or_default().clone();
             let mine = slot.newest.fetch_add(1, Ordering::SeqCst) + 1;
+            #[cfg(test)]
+            self.arrived.fetch_add(1, Ordering::SeqCst);
             (slot, mine)
         };
         let held = slot.turn.clone().lock_owned().await;
@@ -84,23 +89,27 @@ mod tests {
         let edits = Arc::new(Edits::default());
         let running = Arc::new(AtomicU64::new(0));
         let applied = Arc::new(Mutex::new(Vec::new()));
-        let tasks: Vec<_> = (0..20u64)
-            .map(|n| {
-                let (edits, running, applied) = (edits.clone(), running.clone(), applied.clone());
-                tokio::spawn(async move {
-                    tokio::time::sleep(Duration::from_millis(n * 3)).await;
-                    let Some(turn) = edits.turn("om_card").await else {
-                        return false;
-                    };
-                    assert_eq!(running.fetch_add(1, Ordering::SeqCst), 0, "one at a time");
-                    tokio::time::sleep(Duration::from_millis(15)).await;
-                    applied.lock().expect("lock").push(n);
-                    running.fetch_sub(1, Ordering::SeqCst);
-                    drop(turn);
-                    true
-                })
-            })
-            .collect();
+        let mut tasks = Vec::new();
+        for n in 0..20u64 {
+            let (edits_n, running, applied) = (edits.clone(), running.clone(), applied.clone());
+            tasks.push(tokio::spawn(async move {
+                let Some(turn) = edits_n.turn("om_card").await else {
+                    return false;
+                };
+                assert_eq!(running.fetch_add(1, Ordering::SeqCst), 0, "one at a time");
+                tokio::time::sleep(Duration::from_millis(15)).await;
+                applied.lock().expect("lock").push(n);
+                running.fetch_sub(1, Ordering::SeqCst);
+                drop(turn);
+                true
+            }));
+            // Edit n is in line before n + 1 comes, however the machine schedules them, and
+            // arrivals fall at varied points of the running edits.
+            while edits.arrived.load(Ordering::SeqCst) <= n {
+                tokio::task::yield_now().await;
+            }
+            tokio::time::sleep(Duration::from_millis(fastrand::u64(0..6))).await;
+        }
         let mut ran = 0;
         for task in tasks {
             if task.await.expect("join") {
