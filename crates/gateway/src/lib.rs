@@ -21,6 +21,7 @@ mod send_edits;
 mod send_pace;
 mod server;
 pub mod sink;
+mod sink_file;
 mod spooling;
 pub mod stats;
 mod summary;

@@ -314,23 +314,24 @@ async fn read_capped(mut response: reqwest::Response) -> Result<Bytes, AnswerErr
     Ok(answer.freeze())
 }
 
-/// Writes one JSON line per event to standard output or a file.
+/// Writes one JSON line per event to standard output, or to a file where each line is synced
+/// to disk before its event counts as delivered.
 #[derive(Debug)]
 pub struct LinesSink {
-    out: Mutex<Output>,
+    out: Output,
 }
 
 #[derive(Debug)]
 enum Output {
-    Stdout(tokio::io::Stdout),
-    File(tokio::fs::File),
+    Stdout(Mutex<tokio::io::Stdout>),
+    File(crate::sink_file::FileLines),
 }
 
 impl LinesSink {
     /// Lines on standard output.
     pub fn stdout() -> Self {
         Self {
-            out: Mutex::new(Output::Stdout(tokio::io::stdout())),
+            out: Output::Stdout(Mutex::new(tokio::io::stdout())),
         }
     }
 
@@ -341,9 +342,11 @@ impl LinesSink {
             path: path.display().to_string(),
             source,
         })?;
-        let file = tokio::fs::File::from_std(file);
+        let name = path.display().to_string();
+        let lines = crate::sink_file::FileLines::start(file, name.clone())
+            .map_err(|source| SinkSetupError::File { path: name, source })?;
         Ok(Self {
-            out: Mutex::new(Output::File(file)),
+            out: Output::File(lines),
         })
     }
 }
@@ -353,18 +356,18 @@ impl Sink for LinesSink {
         Box::pin(async move {
             let mut line = envelope(&outgoing);
             line.push(b'\n');
-            let mut out = self.out.lock().await;
-            let written = match &mut *out {
-                Output::Stdout(stdout) => match stdout.write_all(&line).await {
-                    Ok(()) => stdout.flush().await,
-                    Err(error) => Err(error),
-                },
-                Output::File(file) => match file.write_all(&line).await {
-                    Ok(()) => file.flush().await,
-                    Err(error) => Err(error),
-                },
-            };
-            written.map_err(|error| SinkError::Transient(format!("cannot write: {error}")))?;
+            match &self.out {
+                Output::Stdout(stdout) => {
+                    let mut stdout = stdout.lock().await;
+                    let written = match stdout.write_all(&line).await {
+                        Ok(()) => stdout.flush().await,
+                        Err(error) => Err(error),
+                    };
+                    written
+                        .map_err(|error| SinkError::Transient(format!("cannot write: {error}")))?;
+                }
+                Output::File(file) => file.append(line).await.map_err(SinkError::Transient)?,
+            }
             Ok(None)
         })
     }

@@ -1,0 +1,155 @@
+//! A file sink's writer: one thread appends the lines of every delivery that arrives while it
+//! writes, syncs them to disk once for the whole batch, and only then answers each delivery — so
+//! an event is completed only after its line is durable, at one sync per batch, not per event.
+
+use std::fs::File;
+use std::io::{self, Write};
+use std::sync::mpsc;
+
+use tokio::sync::oneshot;
+
+/// Lines one batch may gather before it is written.
+const MOST_LINES: usize = 4096;
+/// Bytes one batch may gather before it is written.
+const MOST_BYTES: usize = 4 << 20;
+
+/// One line waiting for its batch's sync.
+struct Waiting {
+    line: Vec<u8>,
+    synced: oneshot::Sender<Result<(), String>>,
+}
+
+/// The sending side of a file's writer thread; the thread ends when this is dropped.
+#[derive(Debug)]
+pub(crate) struct FileLines {
+    waiting: mpsc::Sender<Waiting>,
+}
+
+impl FileLines {
+    /// Starts the writer thread for `file` (opened for appending).
+    pub(crate) fn start(file: File, name: String) -> io::Result<Self> {
+        let (waiting, batches) = mpsc::channel();
+        let length = file.metadata()?.len();
+        std::thread::Builder::new()
+            .name("oncegate-file-sink".into())
+            .spawn(move || write_batches(file, length, &name, &batches))?;
+        Ok(Self { waiting })
+    }
+
+    /// Appends `line` (ending in a newline) and returns once it is synced to disk.
+    pub(crate) async fn append(&self, line: Vec<u8>) -> Result<(), String> {
+        let (synced, answer) = oneshot::channel();
+        self.waiting
+            .send(Waiting { line, synced })
+            .map_err(|_| "the file sink's writer has stopped".to_owned())?;
+        answer
+            .await
+            .map_err(|_| "the file sink's writer has stopped".to_owned())?
+    }
+}
+
+/// The writer thread: a batch is whatever waits when the previous sync ends.
+fn write_batches(mut file: File, mut length: u64, name: &str, batches: &mpsc::Receiver<Waiting>) {
+    let mut buffer = Vec::new();
+    while let Ok(first) = batches.recv() {
+        let mut batch = vec![first];
+        let mut bytes = batch[0].line.len();
+        while batch.len() < MOST_LINES && bytes < MOST_BYTES {
+            match batches.try_recv() {
+                Ok(next) => {
+                    bytes += next.line.len();
+                    batch.push(next);
+                }
+                Err(_) => break,
+            }
+        }
+        buffer.clear();
+        for waiting in &batch {
+            buffer.extend_from_slice(&waiting.line);
+        }
+        let written = file.write_all(&buffer).and_then(|()| file.sync_data());
+        let answer = match written {
+            Ok(()) => {
+                length += buffer.len() as u64;
+                Ok(())
+            }
+            Err(error) => {
+                // Cut a half-written batch off: its events are retried, and a torn line
+                // would break every reader of the file.
+                let cut = file.set_len(length).and_then(|()| file.sync_data());
+                let cut = match cut {
+                    Ok(()) => String::new(),
+                    Err(cut) => format!(" (and cutting the partial batch off failed: {cut})"),
+                };
+                Err(format!("cannot write {name}: {error}{cut}"))
+            }
+        };
+        for waiting in batch {
+            let _ = waiting.synced.send(answer.clone());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Many deliveries at once: each returns only once its line is in the file, every line
+    /// whole and once, in fewer syncs than lines.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_lines_are_each_written_whole_once_before_they_return() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("events.jsonl");
+        let file = oncegate_files::open_append(&path).expect("open");
+        let lines =
+            std::sync::Arc::new(FileLines::start(file, "events.jsonl".into()).expect("start"));
+        let tasks: Vec<_> = (0..400)
+            .map(|n| {
+                let (lines, path) = (lines.clone(), path.clone());
+                tokio::spawn(async move {
+                    let line = format!("{{\"n\":{n},\"pad\":\"{}\"}}\n", "x".repeat(n % 97));
+                    lines
+                        .append(line.clone().into_bytes())
+                        .await
+                        .expect("append");
+                    let now = std::fs::read_to_string(&path).expect("read");
+                    assert!(
+                        now.lines().any(|l| format!("{l}\n") == line),
+                        "line {n} is in the file on return"
+                    );
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.expect("join");
+        }
+        let text = std::fs::read_to_string(&path).expect("read");
+        let mut seen: Vec<u64> = text
+            .lines()
+            .map(|l| {
+                let doc: serde_json::Value = serde_json::from_str(l).expect("a whole JSON line");
+                doc["n"].as_u64().expect("n")
+            })
+            .collect();
+        seen.sort_unstable();
+        assert_eq!(seen, (0..400).collect::<Vec<u64>>());
+    }
+
+    /// A write that fails answers every delivery of its batch with the reason, and leaves no
+    /// torn line behind.
+    #[tokio::test]
+    async fn a_failed_write_is_answered_and_leaves_the_file_as_it_was() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("events.jsonl");
+        std::fs::write(&path, b"{\"before\":1}\n").expect("seed");
+        // Opened read-only: every write fails, as a full or broken disk would.
+        let file = File::open(&path).expect("open");
+        let lines = FileLines::start(file, "events.jsonl".into()).expect("start");
+        let error = lines
+            .append(b"{\"n\":1}\n".to_vec())
+            .await
+            .expect_err("the write fails");
+        assert!(error.starts_with("cannot write events.jsonl:"), "{error}");
+        assert_eq!(std::fs::read(&path).expect("read"), b"{\"before\":1}\n");
+    }
+}
