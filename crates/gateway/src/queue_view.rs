@@ -201,7 +201,7 @@ pub(crate) async fn list<S: Store>(
             StatusCode::BAD_REQUEST,
             format!(
                 "no partition {partition}: the store has {partitions} (0 to {})",
-                partitions - 1
+                partitions.saturating_sub(1)
             ),
         );
     }
