@@ -8,12 +8,14 @@
 //! one under a live lease, and counts every eviction.
 
 mod expiry;
+pub mod journal;
 mod queue;
+mod restore;
 mod shard;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -28,8 +30,12 @@ use oncegate_core::{
     transition,
 };
 
+use std::borrow::Cow;
+
 use expiry::ExpiryIndex;
+pub use journal::{Change, Journal, NoJournal};
 use queue::Partition;
+pub use restore::Restore;
 use shard::*;
 
 /// Sizing of a memory store.
@@ -53,9 +59,16 @@ impl Default for MemoryConfig {
     }
 }
 
-/// The in-process store.
+/// The in-process store; with a [`Journal`] other than [`NoJournal`], a durable one.
 #[derive(Debug)]
-pub struct MemoryStore<C: Clock = SystemClock> {
+pub struct MemoryStore<C: Clock = SystemClock, J: Journal = NoJournal> {
+    tables: Arc<Tables<C, J>>,
+}
+
+/// The store's state, shared with whoever snapshots it.
+#[derive(Debug)]
+pub struct Tables<C: Clock, J: Journal> {
+    journal: J,
     clock: C,
     epoch: Epoch,
     shards: Box<[Mutex<Shard>]>,
@@ -91,11 +104,41 @@ impl Default for MemoryStore<SystemClock> {
 impl<C: Clock> MemoryStore<C> {
     /// A store with the given sizing and clock.
     pub fn with_clock(config: MemoryConfig, clock: C) -> Self {
+        // Runs are seconds since the epoch: a later store never repeats an earlier one's tokens.
+        let run = clock.now_ms() / 1000;
+        Self::with_journal(config, clock, NoJournal, run)
+    }
+}
+
+impl<C: Clock, J: Journal> std::ops::Deref for MemoryStore<C, J> {
+    type Target = Tables<C, J>;
+
+    fn deref(&self) -> &Tables<C, J> {
+        &self.tables
+    }
+}
+
+impl<C: Clock, J: Journal> MemoryStore<C, J> {
+    /// A store whose changes go to `journal`, granting tokens of run `run` (which must be above
+    /// every run an earlier store on the same journal had).
+    pub fn with_journal(config: MemoryConfig, clock: C, journal: J, run: u64) -> Self {
+        Self {
+            tables: Arc::new(Tables::new(config, clock, journal, run)),
+        }
+    }
+
+    /// A handle on the state that does not keep the store alive: for a snapshot thread.
+    pub fn downgrade(&self) -> std::sync::Weak<Tables<C, J>> {
+        Arc::downgrade(&self.tables)
+    }
+}
+
+impl<C: Clock, J: Journal> Tables<C, J> {
+    fn new(config: MemoryConfig, clock: C, journal: J, run: u64) -> Self {
         let shards = config.shards.max(1);
         let now_ms = clock.now_ms();
-        // Runs are seconds since the epoch: a later store never repeats an earlier one's tokens.
-        let run = now_ms / 1000;
         Self {
+            journal,
             epoch: Epoch(now_ms),
             shards: (0..shards).map(|_| Mutex::new(Shard::new())).collect(),
             per_shard_limit: usize::try_from(config.max_records.div_ceil(shards as u64))
@@ -110,6 +153,11 @@ impl<C: Clock> MemoryStore<C> {
             clock,
             rates: oncegate_core::rates::LocalRates::default(),
         }
+    }
+
+    /// The journal the store writes to.
+    pub fn journal(&self) -> &J {
+        &self.journal
     }
 
     fn shard_index(&self, key: &KeyHash) -> usize {
@@ -172,6 +220,28 @@ impl<C: Clock> MemoryStore<C> {
                 return Ok(Admission::Duplicate { key_index });
             }
         }
+        let Placed {
+            primary,
+            order_hash,
+            partition,
+        } = placed;
+        let queue = self.partition(partition)?;
+        let full = || StoreError::Full {
+            limit: (self.per_shard_limit * self.shards.len()) as u64,
+        };
+        // Room for every new key first, so that a full store refuses before it changes anything
+        // (one key: the room is made where it is inserted, before anything else is written).
+        if keys.len() > 1 {
+            for key in keys {
+                let shard = &mut guards[shard_of(guards, key)].1;
+                if shard.word(Compact::of(key)).is_none() {
+                    let evicted = shard
+                        .make_room(self.per_shard_limit, self.epoch, now_ms)
+                        .map_err(|()| full())?;
+                    self.evicted_early.fetch_add(evicted, Ordering::Relaxed);
+                }
+            }
+        }
         let record = transition::admitted(now_ms, retention_ms);
         let now_secs = self.epoch.secs_floor(now_ms);
         let expires_secs = self.epoch.secs_ceil(record.expires_at_ms);
@@ -183,25 +253,34 @@ impl<C: Clock> MemoryStore<C> {
                 shard.write(compact, record.clone(), self.epoch, now_secs);
                 continue;
             }
-            let evicted = shard
-                .make_room(self.per_shard_limit, self.epoch, now_ms)
-                .map_err(|()| StoreError::Full {
-                    limit: (self.per_shard_limit * self.shards.len()) as u64,
-                })?;
-            self.evicted_early.fetch_add(evicted, Ordering::Relaxed);
+            if keys.len() == 1 {
+                let evicted = shard
+                    .make_room(self.per_shard_limit, self.epoch, now_ms)
+                    .map_err(|()| full())?;
+                self.evicted_early.fetch_add(evicted, Ordering::Relaxed);
+            }
             shard.insert_new(compact, expires_secs, now_secs);
         }
-        // Queued while the shard locks are held: no one sees the key seen before the event
-        // is in the queue.
-        let Placed {
-            primary,
-            order_hash,
-            partition,
-        } = placed;
-        let id = self
-            .enqueue(partition, primary, event, order_hash)
-            .ok_or_else(|| StoreError::Invalid(format!("no partition {partition}")))?;
+        // Queued (and journaled) while the shard locks are held: no one sees the key seen
+        // before the event is in the queue.
+        let id = Partition::enqueue(queue, partition, primary, event, order_hash, |id, event| {
+            self.journal.append(&Change::Admit {
+                keys: Cow::Borrowed(keys),
+                record: Cow::Borrowed(&record),
+                id,
+                primary,
+                order_hash,
+                event: Cow::Borrowed(event),
+            });
+        });
         Ok(Admission::Admitted { id })
+    }
+
+    /// `answer`, once the journal holds everything it may have seen.
+    async fn synced<T>(&self, answer: Result<T, StoreError>) -> Result<T, StoreError> {
+        let answer = answer?;
+        self.journal.sync().await?;
+        Ok(answer)
     }
 
     fn with_record<T>(
@@ -215,6 +294,10 @@ impl<C: Clock> MemoryStore<C> {
         let record = shard.load(compact, self.epoch);
         let (answer, next) = step(record.as_ref(), now_ms);
         if let Some(next) = next {
+            self.journal.append(&Change::Record {
+                key: *key,
+                record: Cow::Borrowed(&next),
+            });
             shard.write(compact, next, self.epoch, self.epoch.secs_floor(now_ms));
         }
         answer
@@ -228,7 +311,7 @@ struct Placed {
     partition: u16,
 }
 
-impl<C: Clock> DedupStore for MemoryStore<C> {
+impl<C: Clock, J: Journal> DedupStore for MemoryStore<C, J> {
     async fn admit(
         &self,
         event: Event,
@@ -236,6 +319,7 @@ impl<C: Clock> DedupStore for MemoryStore<C> {
         retention: Duration,
     ) -> Result<Admission, StoreError> {
         oncegate_core::store::require_keys(keys)?;
+        self.journal.check()?;
         let now_ms = self.clock.now_ms();
         let retention_ms = millis(retention);
         let order_hash = event.order_hash();
@@ -248,23 +332,29 @@ impl<C: Clock> DedupStore for MemoryStore<C> {
         if let [only] = keys {
             let key = only.in_partition(partition);
             let index = self.shard_index(&key);
-            let mut guards = [(index, self.shard(&key, now_ms))];
-            return self.admit_locked(&mut guards, event, placed, &[key], retention_ms, now_ms);
+            let admission = {
+                let mut guards = [(index, self.shard(&key, now_ms))];
+                self.admit_locked(&mut guards, event, placed, &[key], retention_ms, now_ms)
+            };
+            return self.synced(admission).await;
         }
         let keys: Vec<KeyHash> = keys.iter().map(|k| k.in_partition(partition)).collect();
         // Several keys: lock their shards in ascending order so that two admits never deadlock.
         let mut indices: Vec<usize> = keys.iter().map(|key| self.shard_index(key)).collect();
         indices.sort_unstable();
         indices.dedup();
-        let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> = indices
-            .into_iter()
-            .map(|index| {
-                let mut shard = lock(&self.shards[index]);
-                shard.sweep(self.epoch, now_ms);
-                (index, shard)
-            })
-            .collect();
-        self.admit_locked(&mut guards, event, placed, &keys, retention_ms, now_ms)
+        let admission = {
+            let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> = indices
+                .into_iter()
+                .map(|index| {
+                    let mut shard = lock(&self.shards[index]);
+                    shard.sweep(self.epoch, now_ms);
+                    (index, shard)
+                })
+                .collect();
+            self.admit_locked(&mut guards, event, placed, &keys, retention_ms, now_ms)
+        };
+        self.synced(admission).await
     }
 
     async fn claim_with_fingerprint(
@@ -275,23 +365,31 @@ impl<C: Clock> DedupStore for MemoryStore<C> {
         fingerprint: Option<Fingerprint>,
     ) -> Result<Claim, StoreError> {
         oncegate_core::store::require_partition(partition, self.partitions())?;
+        self.journal.check()?;
         let lease_ms = millis(lease);
-        Ok(
-            self.with_record(&key.in_partition(partition), |record, now_ms| {
-                transition::claim(
-                    record,
-                    *key,
-                    partition,
-                    now_ms,
-                    lease_ms,
-                    fingerprint,
-                    || self.token(),
-                )
-            }),
-        )
+        let claim = self.with_record(&key.in_partition(partition), |record, now_ms| {
+            transition::claim(
+                record,
+                *key,
+                partition,
+                now_ms,
+                lease_ms,
+                fingerprint,
+                || self.token(),
+            )
+        });
+        match claim {
+            // A lease granted (or refused for a live one) needs no wait: a crash ends every
+            // lease, since the run after it fences all earlier tokens.
+            Claim::Acquired(_) | Claim::TookOver(_) | Claim::InFlight { .. } => Ok(claim),
+            // The others report a key's done or claimed state, which must outlive a crash.
+            Claim::Done { .. } | Claim::Conflict => self.synced(Ok(claim)).await,
+        }
     }
 
     async fn renew(&self, lease: &Lease, extend: Duration) -> Result<FenceCheck, StoreError> {
+        self.journal.check()?;
+        // Extends a lease, which a crash ends anyway: no wait.
         Ok(self.with_record(&lease.record_id(), |record, now_ms| {
             transition::renew(record, lease, now_ms, millis(extend))
         }))
@@ -303,25 +401,51 @@ impl<C: Clock> DedupStore for MemoryStore<C> {
         retention: Duration,
         outcome: Option<Bytes>,
     ) -> Result<FenceCheck, StoreError> {
-        Ok(self.with_record(&lease.record_id(), |record, now_ms| {
+        self.journal.check()?;
+        let fence = self.with_record(&lease.record_id(), |record, now_ms| {
             transition::complete(record, lease, now_ms, millis(retention), outcome)
-        }))
+        });
+        self.synced(Ok(fence)).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<FenceCheck, StoreError> {
+        self.journal.check()?;
+        // Ends a lease early, which a crash does too: no wait.
         Ok(self.with_record(&lease.record_id(), |record, now_ms| {
             transition::release(record, lease, now_ms)
         }))
+    }
+
+    async fn complete_and_ack(
+        &self,
+        lease: &Lease,
+        retention: Duration,
+        outcome: Option<Bytes>,
+        id: QueueId,
+    ) -> Result<FenceCheck, StoreError> {
+        self.journal.check()?;
+        // Both changes, then one wait for the journal.
+        let fence = self.with_record(&lease.record_id(), |record, now_ms| {
+            transition::complete(record, lease, now_ms, millis(retention), outcome)
+        });
+        self.take_handed_out(id);
+        self.synced(Ok(fence)).await
     }
 
     async fn record(&self, key: &KeyHash, partition: u16) -> Result<Option<Record>, StoreError> {
         oncegate_core::store::require_partition(partition, self.partitions())?;
         let now_ms = self.clock.now_ms();
         let key = key.in_partition(partition);
-        let shard = self.shard(&key, now_ms);
-        Ok(shard
+        let record = self
+            .shard(&key, now_ms)
             .load(Compact::of(&key), self.epoch)
-            .filter(|record| record.is_live(now_ms)))
+            .filter(|record| record.is_live(now_ms));
+        self.synced(Ok(record)).await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        // Memory answers whenever it is asked; what can fail is the journal.
+        self.journal.check()
     }
 
     async fn queued(&self) -> Result<u64, StoreError> {
@@ -361,65 +485,74 @@ impl<C: Clock> DedupStore for MemoryStore<C> {
     }
 }
 
-impl<C: Clock> WatermarkStore for MemoryStore<C> {
+impl<C: Clock, J: Journal> WatermarkStore for MemoryStore<C, J> {
     async fn advance_watermark(
         &self,
         scope: &KeyHash,
         value: u64,
         retention: Duration,
     ) -> Result<WatermarkOutcome, StoreError> {
-        let now_ms = self.clock.now_ms();
-        let mut shard = self.shard(scope, now_ms);
-        let compact = Compact::of(scope);
-        let epoch = self.epoch;
-        let stored = shard
-            .watermarks
-            .find(compact.low(), |mark| mark.scope == compact)
-            .copied();
-        let current = stored
-            .filter(|mark| epoch.ms(mark.deadline_secs) > now_ms)
-            .map(|mark| mark.value);
-        let (outcome, next) = transition::watermark(current, value);
-        if let Some(value) = next {
-            let retention_ms = millis(retention);
-            let needed = epoch.secs_ceil(now_ms.saturating_add(retention_ms));
-            let kept = stored.map_or(0, |mark| mark.deadline_secs);
-            // A busy chat advances its mark on every event: extend the deadline with 1/8 of
-            // slack so that the expiry index gets one entry per eighth of the retention, not one
-            // per event.
-            let deadline_secs = if kept >= needed {
-                kept
-            } else {
-                let slack = retention_ms / 8;
-                let deadline =
-                    epoch.secs_ceil(now_ms.saturating_add(retention_ms).saturating_add(slack));
-                shard
-                    .expiry
-                    .push(compact.low(), epoch.secs_floor(now_ms), deadline);
-                deadline
-            };
-            let mark = Mark {
-                scope: compact,
-                value,
-                deadline_secs,
-            };
-            match shard
+        self.journal.check()?;
+        let outcome = {
+            let now_ms = self.clock.now_ms();
+            let mut shard = self.shard(scope, now_ms);
+            let compact = Compact::of(scope);
+            let epoch = self.epoch;
+            let stored = shard
                 .watermarks
-                .find_mut(compact.low(), |mark| mark.scope == compact)
-            {
-                Some(stored) => *stored = mark,
-                None => {
+                .find(compact.low(), |mark| mark.scope == compact)
+                .copied();
+            let current = stored
+                .filter(|mark| epoch.ms(mark.deadline_secs) > now_ms)
+                .map(|mark| mark.value);
+            let (outcome, next) = transition::watermark(current, value);
+            if let Some(value) = next {
+                let retention_ms = millis(retention);
+                let needed = epoch.secs_ceil(now_ms.saturating_add(retention_ms));
+                let kept = stored.map_or(0, |mark| mark.deadline_secs);
+                // A busy chat advances its mark on every event: extend the deadline with 1/8 of
+                // slack so that the expiry index gets one entry per eighth of the retention, not one
+                // per event.
+                let deadline_secs = if kept >= needed {
+                    kept
+                } else {
+                    let slack = retention_ms / 8;
+                    let deadline =
+                        epoch.secs_ceil(now_ms.saturating_add(retention_ms).saturating_add(slack));
                     shard
-                        .watermarks
-                        .insert_unique(compact.low(), mark, |mark| mark.scope.low());
+                        .expiry
+                        .push(compact.low(), epoch.secs_floor(now_ms), deadline);
+                    deadline
+                };
+                self.journal.append(&Change::Mark {
+                    scope: *scope,
+                    value,
+                    deadline_ms: epoch.ms(deadline_secs),
+                });
+                let mark = Mark {
+                    scope: compact,
+                    value,
+                    deadline_secs,
+                };
+                match shard
+                    .watermarks
+                    .find_mut(compact.low(), |mark| mark.scope == compact)
+                {
+                    Some(stored) => *stored = mark,
+                    None => {
+                        shard
+                            .watermarks
+                            .insert_unique(compact.low(), mark, |mark| mark.scope.low());
+                    }
                 }
             }
-        }
-        Ok(outcome)
+            outcome
+        };
+        self.synced(Ok(outcome)).await
     }
 }
 
-impl<C: Clock> oncegate_core::RateStore for MemoryStore<C> {
+impl<C: Clock, J: Journal> oncegate_core::RateStore for MemoryStore<C, J> {
     async fn take_rate(
         &self,
         bucket: &KeyHash,

@@ -9,9 +9,12 @@ pub(super) struct Queued {
     pub(super) attempt: u32,
 }
 
+/// A partition's queue: a ring from the oldest entry still queued (`head_seq`), acked entries
+/// leaving holes until the head passes them.
 #[derive(Debug, Default)]
 pub(super) struct Partition {
     pub(super) head_seq: u64,
+    pub(super) next_seq: u64,
     pub(super) entries: VecDeque<Option<Queued>>,
     pub(super) order: PartitionIndex,
 }
@@ -25,6 +28,29 @@ impl Partition {
     pub(super) fn get_mut(&mut self, seq: u64) -> Option<&mut Queued> {
         let index = usize::try_from(seq.checked_sub(self.head_seq)?).ok()?;
         self.entries.get_mut(index)?.as_mut()
+    }
+
+    /// Places `entry` at `seq`, which must be above every seq placed before.
+    pub(super) fn place(&mut self, seq: u64, entry: Queued) {
+        if self.entries.is_empty() {
+            self.head_seq = seq;
+        }
+        while self.head_seq + (self.entries.len() as u64) < seq {
+            self.entries.push_back(None);
+        }
+        self.entries.push_back(Some(entry));
+        self.next_seq = self.next_seq.max(seq.saturating_add(1));
+    }
+
+    /// The queued entries from `from` on, in seq order.
+    pub(super) fn entries_from(&self, from: u64) -> impl Iterator<Item = (u64, &Queued)> {
+        let skip = usize::try_from(from.saturating_sub(self.head_seq)).unwrap_or(usize::MAX);
+        let head = self.head_seq;
+        self.entries
+            .iter()
+            .enumerate()
+            .skip(skip)
+            .filter_map(move |(offset, entry)| Some((head + offset as u64, entry.as_ref()?)))
     }
 
     /// Takes a handed-out entry out of the queue.
@@ -51,41 +77,63 @@ pub(super) struct DeadLetters {
 }
 
 impl DeadLetters {
-    fn push(&mut self, letter: DeadLetter) {
+    pub(super) fn push(&mut self, letter: DeadLetter) {
         self.by_id.insert(letter.id, self.next);
         self.by_order.insert(self.next, letter);
         self.next += 1;
     }
 
-    fn take(&mut self, id: QueueId) -> Option<DeadLetter> {
+    pub(super) fn take(&mut self, id: QueueId) -> Option<DeadLetter> {
         let order = self.by_id.remove(&id)?;
         self.by_order.remove(&order)
     }
 }
 
-impl<C: Clock> MemoryStore<C> {
-    /// Appends `event` to `partition`'s queue.
+impl Partition {
+    /// Appends `event` to the queue of `partition` (this one, behind `queue`'s lock), and calls
+    /// `log` with its place while the lock is held.
     pub(super) fn enqueue(
-        &self,
+        queue: &Mutex<Partition>,
         partition: u16,
         key: KeyHash,
         event: Event,
         order_hash: u64,
-    ) -> Option<QueueId> {
-        let mut queue = lock(self.partitions.get(usize::from(partition))?);
-        let seq = queue.head_seq + queue.entries.len() as u64;
+        log: impl FnOnce(QueueId, &Event),
+    ) -> QueueId {
+        let mut queue = lock(queue);
+        let seq = queue.next_seq;
+        let id = QueueId { partition, seq };
+        log(id, &event);
         let bytes = event.payload.len();
-        queue.entries.push_back(Some(Queued {
-            key,
-            event,
-            attempt: 0,
-        }));
+        queue.place(
+            seq,
+            Queued {
+                key,
+                event,
+                attempt: 0,
+            },
+        );
         queue.order.push(seq, order_hash, 0, bytes);
-        Some(QueueId { partition, seq })
+        id
     }
 }
 
-impl<C: Clock> EventQueue for MemoryStore<C> {
+impl<C: Clock, J: Journal> Tables<C, J> {
+    /// Takes handed-out entry `id` out of the queue, journaled: `false` when it was not.
+    pub(super) fn take_handed_out(&self, id: QueueId) -> bool {
+        let Some(queue) = self.partitions.get(usize::from(id.partition)) else {
+            return false;
+        };
+        let mut queue = lock(queue);
+        let taken = queue.take_in_flight(id.seq).is_some();
+        if taken {
+            self.journal.append(&Change::Ack { id });
+        }
+        taken
+    }
+}
+
+impl<C: Clock, J: Journal> EventQueue for MemoryStore<C, J> {
     fn partitions(&self) -> u16 {
         self.partitions.len() as u16
     }
@@ -96,59 +144,82 @@ impl<C: Clock> EventQueue for MemoryStore<C> {
             .get(usize::from(partition))
             .ok_or_else(|| StoreError::Invalid(format!("no partition {partition}")))?;
         let now_ms = self.clock.now_ms();
-        let mut queue = lock(queue);
-        let ready = queue.order.take_ready(now_ms, max);
-        let mut out = Vec::with_capacity(ready.len());
-        for seq in ready {
-            if let Some(entry) = queue.get_mut(seq) {
-                out.push(Delivery {
-                    id: QueueId { partition, seq },
-                    key: entry.key,
-                    event: entry.event.clone(),
-                    attempt: entry.attempt,
-                });
+        let out = {
+            let mut queue = lock(queue);
+            let ready = queue.order.take_ready(now_ms, max);
+            let mut out = Vec::with_capacity(ready.len());
+            for seq in ready {
+                if let Some(entry) = queue.get_mut(seq) {
+                    out.push(Delivery {
+                        id: QueueId { partition, seq },
+                        key: entry.key,
+                        event: entry.event.clone(),
+                        attempt: entry.attempt,
+                    });
+                }
             }
+            out
+        };
+        if out.is_empty() {
+            // Nothing handed out, nothing to wait for: an idle partition's pull costs no sync.
+            return Ok(out);
         }
-        Ok(out)
+        // An event goes out only once its admission is durable.
+        self.synced(Ok(out)).await
     }
 
     async fn ack(&self, id: QueueId) -> Result<bool, StoreError> {
-        let Some(queue) = self.partitions.get(usize::from(id.partition)) else {
-            return Ok(false);
-        };
-        Ok(lock(queue).take_in_flight(id.seq).is_some())
+        self.journal.check()?;
+        let taken = self.take_handed_out(id);
+        self.synced(Ok(taken)).await
     }
 
     async fn retry(&self, id: QueueId, not_before_ms: u64) -> Result<bool, StoreError> {
+        self.journal.check()?;
         let Some(queue) = self.partitions.get(usize::from(id.partition)) else {
             return Ok(false);
         };
-        let mut queue = lock(queue);
-        if !queue.order.retry(id.seq, not_before_ms) {
-            return Ok(false);
-        }
-        if let Some(entry) = queue.get_mut(id.seq) {
-            entry.attempt += 1;
-        }
-        Ok(true)
+        let retried = {
+            let mut queue = lock(queue);
+            let retried = queue.order.retry(id.seq, not_before_ms);
+            if retried && let Some(entry) = queue.get_mut(id.seq) {
+                entry.attempt += 1;
+                let attempt = entry.attempt;
+                self.journal.append(&Change::Retry {
+                    id,
+                    attempt,
+                    not_before_ms,
+                });
+            }
+            retried
+        };
+        self.synced(Ok(retried)).await
     }
 
     async fn dead_letter(&self, id: QueueId, reason: &str) -> Result<bool, StoreError> {
+        self.journal.check()?;
         let Some(queue) = self.partitions.get(usize::from(id.partition)) else {
             return Ok(false);
         };
         let Some(entry) = lock(queue).take_in_flight(id.seq) else {
             return Ok(false);
         };
-        lock(&self.dead_letters).push(DeadLetter {
+        let letter = DeadLetter {
             id,
             key: entry.key,
             event: entry.event,
             attempts: entry.attempt + 1,
             reason: reason.to_owned(),
             at_ms: self.clock.now_ms(),
-        });
-        Ok(true)
+        };
+        {
+            let mut dead = lock(&self.dead_letters);
+            self.journal.append(&Change::Dead {
+                letter: Cow::Borrowed(&letter),
+            });
+            dead.push(letter);
+        }
+        self.synced(Ok(true)).await
     }
 
     async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
@@ -161,15 +232,43 @@ impl<C: Clock> EventQueue for MemoryStore<C> {
     }
 
     async fn replay_dead_letter(&self, id: QueueId) -> Result<Option<QueueId>, StoreError> {
+        self.journal.check()?;
+        let queue = self.partition(id.partition)?;
         let Some(letter) = lock(&self.dead_letters).take(id) else {
-            return Ok(None);
+            return self.synced(Ok(None)).await;
         };
         let order_hash = letter.event.order_hash();
-        Ok(self.enqueue(letter.id.partition, letter.key, letter.event, order_hash))
+        let letter_key = letter.key;
+        let to = Partition::enqueue(
+            queue,
+            letter.id.partition,
+            letter.key,
+            letter.event,
+            order_hash,
+            |to, event| {
+                self.journal.append(&Change::Revived {
+                    from: id,
+                    to,
+                    key: letter_key,
+                    order_hash,
+                    event: Cow::Borrowed(event),
+                });
+            },
+        );
+        self.synced(Ok(Some(to))).await
     }
 
     async fn purge_dead_letter(&self, id: QueueId) -> Result<bool, StoreError> {
-        Ok(lock(&self.dead_letters).take(id).is_some())
+        self.journal.check()?;
+        let purged = {
+            let mut dead = lock(&self.dead_letters);
+            let purged = dead.take(id).is_some();
+            if purged {
+                self.journal.append(&Change::Purged { id });
+            }
+            purged
+        };
+        self.synced(Ok(purged)).await
     }
 
     async fn queue_summary(&self, partition: u16) -> Result<QueueSummary, StoreError> {
@@ -198,17 +297,9 @@ impl<C: Clock> EventQueue for MemoryStore<C> {
         let queue = self.partition(partition)?;
         let now_ms = self.clock.now_ms();
         let queue = lock(queue);
-        let from = after.map_or(queue.head_seq, |after| {
-            after.saturating_add(1).max(queue.head_seq)
-        });
-        let skip = usize::try_from(from - queue.head_seq).unwrap_or(usize::MAX);
+        let from = after.map_or(0, |after| after.saturating_add(1));
         let mut out = Vec::new();
-        for (offset, entry) in queue.entries.iter().enumerate().skip(skip) {
-            if out.len() >= limit {
-                break;
-            }
-            let Some(entry) = entry else { continue };
-            let seq = queue.head_seq + offset as u64;
+        for (seq, entry) in queue.entries_from(from).take(limit) {
             let state = queue
                 .order
                 .state(seq, entry.event.order_hash(), now_ms)
@@ -225,8 +316,8 @@ impl<C: Clock> EventQueue for MemoryStore<C> {
     }
 }
 
-impl<C: Clock> MemoryStore<C> {
-    fn partition(&self, partition: u16) -> Result<&Mutex<Partition>, StoreError> {
+impl<C: Clock, J: Journal> Tables<C, J> {
+    pub(super) fn partition(&self, partition: u16) -> Result<&Mutex<Partition>, StoreError> {
         require_partition(partition, self.partitions.len() as u16)?;
         self.partitions
             .get(usize::from(partition))

@@ -21,6 +21,15 @@ impl Compact {
         Self([word(0), word(4), word(8), word(12)])
     }
 
+    /// The key it was made of.
+    pub(super) fn key(self) -> KeyHash {
+        let mut bytes = [0u8; 16];
+        for (chunk, word) in bytes.chunks_exact_mut(4).zip(self.0) {
+            chunk.copy_from_slice(&word.to_le_bytes());
+        }
+        KeyHash(bytes)
+    }
+
     /// The low 64 bits: already uniform, they are the table hash and the expiry index's handle.
     pub(super) fn low(self) -> u64 {
         u64::from(self.0[0]) | (u64::from(self.0[1]) << 32)
