@@ -97,6 +97,103 @@ impl StoreReader {
         Ok(out)
     }
 
+    /// Every piece of the file's state as a change of the journal store's format, in one read
+    /// transaction: how a file of this format moves into a journal folder.
+    pub fn export(
+        &self,
+        emit: &mut dyn FnMut(&oncegate_memory::Change<'_>),
+    ) -> Result<(), StoreError> {
+        use oncegate_memory::Change;
+        use std::borrow::Cow;
+        let txn = self.db.begin_read().map_err(unavailable)?;
+        let meta = txn.open_table(META).map_err(unavailable)?;
+        let next_seq = meta
+            .get("seq")
+            .map_err(unavailable)?
+            .map_or(0, |v| v.value());
+        for entry in txn
+            .open_table(RECORDS)
+            .map_err(unavailable)?
+            .iter()
+            .map_err(unavailable)?
+        {
+            let (key, value) = entry.map_err(unavailable)?;
+            emit(&Change::Record {
+                key: KeyHash(*key.value()),
+                record: Cow::Owned(codec::decode_record(value.value())?),
+            });
+        }
+        for entry in txn
+            .open_table(MARKS)
+            .map_err(unavailable)?
+            .iter()
+            .map_err(unavailable)?
+        {
+            let (scope, value) = entry.map_err(unavailable)?;
+            let (value, deadline_ms) = value.value();
+            emit(&Change::Mark {
+                scope: KeyHash(*scope.value()),
+                value,
+                deadline_ms,
+            });
+        }
+        let mut highest = next_seq;
+        for entry in txn
+            .open_table(QUEUE)
+            .map_err(unavailable)?
+            .iter()
+            .map_err(unavailable)?
+        {
+            let (position, value) = entry.map_err(unavailable)?;
+            let seq = position.value();
+            highest = highest.max(seq.saturating_add(1));
+            let queued: codec::Queued = decode(value.value())?;
+            let partition = oncegate_core::event::partition_of(queued.order_hash, self.partitions);
+            emit(&Change::Queued {
+                id: QueueId { partition, seq },
+                key: queued.key,
+                order_hash: queued.order_hash,
+                attempt: queued.attempt,
+                not_before_ms: queued.not_before_ms,
+                event: Cow::Owned(queued.event),
+            });
+        }
+        for entry in txn
+            .open_table(DEAD)
+            .map_err(unavailable)?
+            .iter()
+            .map_err(unavailable)?
+        {
+            let letter: DeadLetter = decode(entry.map_err(unavailable)?.1.value())?;
+            highest = highest.max(letter.id.seq.saturating_add(1));
+            emit(&Change::Dead {
+                letter: Cow::Owned(letter),
+            });
+        }
+        for partition in 0..self.partitions {
+            emit(&Change::NextSeq {
+                partition,
+                next: highest,
+            });
+        }
+        Ok(())
+    }
+
+    /// The last run that opened the file: a store it moves into must grant tokens above it.
+    pub fn run(&self) -> Result<u64, StoreError> {
+        let txn = self.db.begin_read().map_err(unavailable)?;
+        let meta = txn.open_table(META).map_err(unavailable)?;
+        Ok(meta
+            .get("run")
+            .map_err(unavailable)?
+            .map_or(0, |v| v.value()))
+    }
+
+    /// Queue partitions the file was created with.
+    pub fn partitions(&self) -> u16 {
+        self.partitions
+    }
+
     /// Counts by state at `now_ms`; in-flight is unknown from outside the gateway and left 0.
     pub fn stats(&self, now_ms: u64) -> Result<StoreStats, StoreError> {
         let txn = self.db.begin_read().map_err(unavailable)?;

@@ -33,7 +33,21 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("feishu_ws_frames", feishu_ws_frames),
     ("send_body", send_body),
     ("keys_body", keys_body),
+    ("journal_file", journal_file),
 ];
+
+/// A journal segment or snapshot as it lies on disk (torn, damaged or foreign): opening
+/// answers with the changes it replays or why it refuses, and never panics.
+pub fn journal_file(data: &[u8]) {
+    if let Ok((changes, _torn)) = oncegate_journal::check_file(data) {
+        // A frame holds at least 8 bytes of framing: no more changes than that allows.
+        assert!(
+            changes as usize <= data.len() / 8,
+            "{changes} changes from {} bytes",
+            data.len()
+        );
+    }
+}
 
 const KEY: &str = "fuzz-encrypt-key";
 const TOKEN: &str = "fuzz-token";

@@ -1,4 +1,4 @@
-//! The child process of the embedded store's kill -9 test.
+//! The child process of the journal store's kill -9 test.
 //!
 //! `oncegate-crash-child <store> <first id> <count>` admits events `first..first+count` (each
 //! with two keys), from 16 concurrent tasks, while a consumer claims, completes and acks them.
@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use oncegate_core::{Admission, Claim, DedupStore, Event, EventQueue, FenceCheck, key_for};
-use oncegate_embedded::{EmbeddedConfig, EmbeddedStore};
+use oncegate_journal::JournalConfig;
 
 fn say(line: String) {
     let mut out = std::io::stdout().lock();
@@ -33,6 +33,45 @@ fn event(id: u64) -> Event {
     }
 }
 
+/// Claims, completes and acks one delivery, printing `K id` once acked.
+async fn handle(store: Arc<oncegate_journal::JournalStore>, delivery: oncegate_core::Delivery) {
+    let lease = match store
+        .claim(
+            &delivery.key,
+            delivery.id.partition,
+            Duration::from_millis(300),
+        )
+        .await
+    {
+        // A killed run's lease that ran out is taken over.
+        Ok(Claim::Acquired(lease) | Claim::TookOver(lease)) => lease,
+        // Done before the crash: only the ack was lost.
+        Ok(Claim::Done { .. }) => {
+            if let Ok(true) = store.ack(delivery.id).await {
+                say(format!("K {}", &delivery.event.event_id[1..]));
+            }
+            return;
+        }
+        // A killed run's lease: wait for it to run out.
+        Ok(Claim::InFlight { until_ms }) => {
+            let _ = store.retry(delivery.id, until_ms).await;
+            return;
+        }
+        // No fingerprints here, so no conflict: both are a retry.
+        Ok(Claim::Conflict) | Err(_) => {
+            let _ = store.retry(delivery.id, 0).await;
+            return;
+        }
+    };
+    if let Ok(FenceCheck::Accepted) = store
+        .complete(&lease, Duration::from_secs(86_400), None)
+        .await
+        && let Ok(true) = store.ack(delivery.id).await
+    {
+        say(format!("K {}", &delivery.event.event_id[1..]));
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let (Some(path), Some(first), Some(count)) = (
@@ -40,7 +79,7 @@ fn main() {
         args.get(2).and_then(|a| a.parse::<u64>().ok()),
         args.get(3).and_then(|a| a.parse::<u64>().ok()),
     ) else {
-        eprintln!("usage: oncegate-crash-child <store file> <first id> <count>");
+        eprintln!("usage: oncegate-crash-child <store folder> <first id> <count>");
         std::process::exit(2);
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -54,7 +93,10 @@ fn main() {
             std::process::exit(1);
         }
     };
-    let store = match EmbeddedStore::open(EmbeddedConfig::at(path)) {
+    // Snapshots often, as the test's reopen expects: kills land in them too.
+    let mut config = JournalConfig::at(path);
+    config.snapshot_after_bytes = 256 << 10;
+    let store = match oncegate_journal::open(config) {
         Ok(store) => Arc::new(store),
         Err(error) => {
             eprintln!("{error}");
@@ -97,43 +139,14 @@ fn main() {
                         let Ok(batch) = store.pull(partition, 8).await else {
                             continue;
                         };
+                        let mut handled = Vec::new();
                         for delivery in batch {
                             idle = false;
-                            let lease = match store
-                                .claim(
-                                    &delivery.key,
-                                    delivery.id.partition,
-                                    Duration::from_millis(300),
-                                )
-                                .await
-                            {
-                                // A killed run's lease that ran out is taken over.
-                                Ok(Claim::Acquired(lease) | Claim::TookOver(lease)) => lease,
-                                // Done before the crash: only the ack was lost.
-                                Ok(Claim::Done { .. }) => {
-                                    if let Ok(true) = store.ack(delivery.id).await {
-                                        say(format!("K {}", &delivery.event.event_id[1..]));
-                                    }
-                                    continue;
-                                }
-                                // A killed run's lease: wait for it to run out.
-                                Ok(Claim::InFlight { until_ms }) => {
-                                    let _ = store.retry(delivery.id, until_ms).await;
-                                    continue;
-                                }
-                                // No fingerprints here, so no conflict: both are a retry.
-                                Ok(Claim::Conflict) | Err(_) => {
-                                    let _ = store.retry(delivery.id, 0).await;
-                                    continue;
-                                }
-                            };
-                            if let Ok(FenceCheck::Accepted) = store
-                                .complete(&lease, Duration::from_secs(86_400), None)
-                                .await
-                                && let Ok(true) = store.ack(delivery.id).await
-                            {
-                                say(format!("K {}", &delivery.event.event_id[1..]));
-                            }
+                            // Each event on its own task: their journal waits overlap.
+                            handled.push(tokio::spawn(handle(store.clone(), delivery)));
+                        }
+                        for task in handled {
+                            let _ = task.await;
                         }
                     }
                     if idle {

@@ -6,8 +6,11 @@ use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use oncegate_core::{RecordState, key_for};
-use oncegate_embedded::{EmbeddedConfig, EmbeddedStore, StoreReader};
+use std::sync::Arc;
+
+use oncegate_contract::block_on;
+use oncegate_core::{DedupStore, Event, EventQueue, RecordState, key_for};
+use oncegate_journal::{JournalConfig, JournalStore};
 
 const RUNS: u64 = 30;
 const PER_RUN: u64 = 4000;
@@ -15,7 +18,7 @@ const PER_RUN: u64 = 4000;
 #[test]
 fn kill_nine_loses_nothing_and_admits_nothing_twice() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let path = dir.path().join("crash.redb");
+    let path = dir.path().join("crash");
     let mut admitted_in: HashMap<u64, u64> = HashMap::new();
     let mut acked: HashSet<u64> = HashSet::new();
     let mut kills_mid_run = 0;
@@ -70,13 +73,30 @@ fn kill_nine_loses_nothing_and_admits_nothing_twice() {
                 _ => {}
             }
         }
-        // Restart as a gateway would: reopening repairs what the kill left.
-        drop(EmbeddedStore::open(EmbeddedConfig::at(&path)).expect("reopen after kill -9"));
-        check(&path, &admitted_in, &acked, run);
+        // Restart as a gateway would: reopening replays what the kill left.
+        let store = oncegate_journal::open(config(&path)).expect("reopen after kill -9");
+        block_on(check(&store, &admitted_in, &acked, run));
     }
     eprintln!(
         "{RUNS} kills ({kills_mid_run} during admission): {} events admitted, {} acked, every invariant held",
         admitted_in.len(),
+        acked.len()
+    );
+    let snapshots = std::fs::read_dir(&path)
+        .expect("list")
+        .filter(|entry| {
+            entry
+                .as_ref()
+                .is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".snap"))
+        })
+        .count();
+    assert!(
+        snapshots > 0,
+        "the children took snapshots while they were killed"
+    );
+    assert!(
+        acked.len() > 100,
+        "the consumer should get events through ({})",
         acked.len()
     );
     assert!(
@@ -89,38 +109,63 @@ fn kill_nine_loses_nothing_and_admits_nothing_twice() {
     );
 }
 
-fn check(path: &std::path::Path, admitted_in: &HashMap<u64, u64>, acked: &HashSet<u64>, run: u64) {
-    let reader = StoreReader::open(path).expect("open the store after the kill");
-    let queued: HashMap<String, ()> = reader
-        .queued(usize::MAX)
-        .expect("queue")
-        .into_iter()
-        .map(|(_, event, _)| (event.event_id, ()))
-        .collect();
+/// The child's configuration, with snapshots often enough that kills land in them too.
+fn config(path: &std::path::Path) -> JournalConfig {
+    let mut config = JournalConfig::at(path);
+    config.snapshot_after_bytes = 256 << 10;
+    config
+}
+
+/// Where the child's event `id` lives (its chat's partition).
+fn partition(id: u64, partitions: u16) -> u16 {
+    Event {
+        source: Arc::from("feishu"),
+        app: Arc::from("cli_crash"),
+        tenant: None,
+        event_id: format!("e{id}"),
+        event_type: Arc::from("im.message.receive_v1"),
+        created_at_ms: id,
+        order_key: Some(format!("chat-{}", id % 13)),
+        payload: bytes::Bytes::new(),
+    }
+    .partition(partitions)
+}
+
+async fn check(
+    store: &JournalStore,
+    admitted_in: &HashMap<u64, u64>,
+    acked: &HashSet<u64>,
+    run: u64,
+) {
+    let mut queued: HashMap<String, ()> = HashMap::new();
+    for partition in 0..store.partitions() {
+        for entry in store
+            .queued_events(partition, None, usize::MAX)
+            .await
+            .expect("queue")
+        {
+            queued.insert(entry.event.event_id, ());
+        }
+    }
     let max_id = (run + 2) * PER_RUN;
     for id in 0..max_id {
-        let by_event = only_one(
-            reader
-                .record(&key_for(
-                    "feishu",
-                    "cli_crash",
-                    "event_id",
-                    &format!("e{id}"),
-                ))
-                .expect("record"),
-        );
-        let by_message = only_one(
-            reader
-                .record(&key_for(
-                    "feishu",
-                    "cli_crash",
-                    "message_id",
-                    &format!("m{id}"),
-                ))
-                .expect("record"),
-        );
+        let home = partition(id, store.partitions());
+        let by_event = store
+            .record(
+                &key_for("feishu", "cli_crash", "event_id", &format!("e{id}")),
+                home,
+            )
+            .await
+            .expect("record");
+        let by_message = store
+            .record(
+                &key_for("feishu", "cli_crash", "message_id", &format!("m{id}")),
+                home,
+            )
+            .await
+            .expect("record");
         let in_queue = queued.contains_key(&format!("e{id}"));
-        // Both keys of an event were written in one transaction, or neither.
+        // Both keys of an event were journaled in one frame, or neither.
         assert_eq!(
             by_event.is_some(),
             by_message.is_some(),
@@ -164,13 +209,4 @@ fn check(path: &std::path::Path, admitted_in: &HashMap<u64, u64>, acked: &HashSe
             );
         }
     }
-}
-
-/// A key's record: each key lives in its event's partition only.
-fn only_one(found: Vec<(u16, oncegate_core::Record)>) -> Option<oncegate_core::Record> {
-    assert!(
-        found.len() <= 1,
-        "one key recorded in several partitions: {found:?}"
-    );
-    found.into_iter().next().map(|(_, record)| record)
 }

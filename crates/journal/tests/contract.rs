@@ -1,0 +1,5 @@
+//! The shared store contract, run against the journal backend.
+
+oncegate_contract::contract_suite!(
+    |clock| oncegate_journal::open_temporary(clock).expect("open a temporary journal store")
+);
