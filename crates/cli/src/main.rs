@@ -6,6 +6,7 @@ mod remote;
 mod serve;
 mod simulate;
 mod simulate_ws;
+mod store_files;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -14,7 +15,6 @@ use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand};
 use oncegate_config::{Config, Severity};
 use oncegate_core::{Clock, KeyHash, Record, RecordState, SystemClock, key_for};
-use oncegate_embedded::StoreReader;
 
 /// oncegate: chat-platform events that take effect exactly once.
 #[derive(Debug, Parser)]
@@ -42,6 +42,13 @@ enum Command {
     },
     /// Read an embedded store's records, queue and dead letters (works while a gateway runs).
     Inspect(InspectArgs),
+    /// Move a store file of the earlier embedded format (one redb file) into a store folder.
+    MigrateStore {
+        /// The earlier store file, e.g. data/oncegate.redb (no gateway may have it open).
+        from: PathBuf,
+        /// The new store folder, e.g. data/oncegate (must not hold a store).
+        to: PathBuf,
+    },
     /// Print the commented defaults every configuration is laid over.
     Defaults,
     /// A running gateway's dead letters: list, replay (once, keeping their keys) or purge.
@@ -58,7 +65,7 @@ struct InspectArgs {
     /// Take the store path from this configuration.
     #[arg(long, env = "ONCEGATE_CONFIG")]
     config: Option<PathBuf>,
-    /// The store file (overrides the configuration).
+    /// The store folder (or a file of the earlier format; overrides the configuration).
     #[arg(long, conflicts_with = "admin")]
     store: Option<PathBuf>,
     /// Ask a running gateway's admin listener instead (any store; `record` only), e.g.
@@ -134,6 +141,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::CheckConfig { file } => check_config(&file),
         Command::Inspect(args) => inspect(args),
+        Command::MigrateStore { from, to } => store_files::migrate(&from, &to).map(|()| true),
         Command::Defaults => {
             print!("{}", oncegate_config::DEFAULTS);
             Ok(true)
@@ -214,7 +222,7 @@ fn inspect(args: InspectArgs) -> anyhow::Result<bool> {
     let Some(path) = local else {
         return inspect_remote(args);
     };
-    let reader = StoreReader::open(&path)?;
+    let reader = store_files::Inspected::open(&path)?;
     let now_ms = SystemClock.now_ms();
     match args.what {
         InspectWhat::Stats => {

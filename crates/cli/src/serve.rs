@@ -5,7 +5,6 @@ use std::path::Path;
 use anyhow::{Context, bail};
 use oncegate_config::{Config, Severity, StoreConfig};
 use oncegate_core::Store;
-use oncegate_embedded::{EmbeddedConfig, EmbeddedStore};
 use oncegate_gateway::Gateway;
 use oncegate_memory::{MemoryConfig, MemoryStore};
 use tokio::net::TcpListener;
@@ -47,14 +46,7 @@ pub(crate) async fn serve(config_path: Option<&Path>) -> anyhow::Result<()> {
     let render = move || metrics.render();
     match &config.store {
         StoreConfig::Embedded(settings) => {
-            let defaults = EmbeddedConfig::at(&settings.path);
-            let store = EmbeddedStore::open(EmbeddedConfig {
-                partitions: settings.partitions,
-                cache_bytes: settings
-                    .cache_mb
-                    .map_or(defaults.cache_bytes, |mb| (mb as usize) << 20),
-                ..defaults
-            })?;
+            let store = crate::store_files::open_embedded(settings)?;
             tracing::info!(path = %settings.path.display(), "embedded store open");
             run(&config, store, None, render).await
         }

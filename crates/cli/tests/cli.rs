@@ -7,6 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use oncegate_core::{Admission, Claim, DedupStore, Event, EventQueue, key_for};
 use oncegate_embedded::{EmbeddedConfig, EmbeddedStore};
+use oncegate_journal::JournalConfig;
 
 fn oncegate(args: &[&str]) -> (i32, String, String) {
     let output = Command::new(env!("CARGO_BIN_EXE_oncegate"))
@@ -17,6 +18,32 @@ fn oncegate(args: &[&str]) -> (i32, String, String) {
     (
         output.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// Runs `oncegate serve` on `config`, which must refuse to start: its exit code and stderr
+/// (killed after 20 s, so that a gateway that starts after all fails the test, not hangs it).
+fn serve_refused(config: &std::path::Path) -> (i32, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_oncegate"))
+        .args(["serve", "--config"])
+        .arg(config)
+        .env_remove("ONCEGATE_CONFIG")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run oncegate serve");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while child.try_wait().expect("wait").is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let output = child.wait_with_output().expect("output");
+    (
+        output.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&output.stderr).into_owned(),
     )
 }
@@ -60,15 +87,8 @@ fn a_bad_configuration_names_each_problem_and_fails() {
     assert!(err.contains("cannot read /no/such/file.toml"), "{err}");
 }
 
-#[test]
-fn inspect_reads_a_store_while_its_gateway_holds_it() {
-    let dir = tempfile::tempdir().expect("dir");
-    let path = dir.path().join("store.redb");
-    let store = EmbeddedStore::open(EmbeddedConfig::at(&path)).expect("open");
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .expect("runtime");
-    let event = |id: &str| Event {
+fn event(id: &str) -> Event {
+    Event {
         source: Arc::from("feishu"),
         app: Arc::from("cli_x"),
         tenant: None,
@@ -77,7 +97,15 @@ fn inspect_reads_a_store_while_its_gateway_holds_it() {
         created_at_ms: 0,
         order_key: Some("oc_chat".into()),
         payload: Bytes::from_static(b"{}"),
-    };
+    }
+}
+
+/// Three events admitted, the first claimed and completed, the second dead-lettered.
+fn fill<S: DedupStore + EventQueue>(store: &S) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
     runtime.block_on(async {
         for id in ["e1", "e2", "e3"] {
             let key = key_for("feishu", "cli_x", "event_id", id);
@@ -100,13 +128,29 @@ fn inspect_reads_a_store_while_its_gateway_holds_it() {
             .complete(&lease, Duration::from_secs(86_400), None)
             .await
             .expect("complete");
+        // One chat: e1 is handed out first, then (acked) e2, which dies.
+        let first = store.pull(partition, 1).await.expect("pull");
+        assert!(store.ack(first[0].id).await.expect("ack"));
+        let second = store.pull(partition, 1).await.expect("pull");
+        assert_eq!(second[0].event.event_id, "e2");
+        assert!(
+            store
+                .dead_letter(second[0].id, "gave up")
+                .await
+                .expect("dead")
+        );
     });
+}
+
+/// What `inspect` shows of a store `fill` filled.
+fn inspect_shows_the_filled_store(path: &std::path::Path) {
     let path_text = path.to_str().expect("utf-8");
     let (code, out, err) = oncegate(&["inspect", "--store", path_text, "stats"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("pending      2"), "{out}");
     assert!(out.contains("completed    1"), "{out}");
-    assert!(out.contains("queued       3"), "{out}");
+    assert!(out.contains("queued       1"), "{out}");
+    assert!(out.contains("dead letters 1"), "{out}");
 
     let (code, out, _) = oncegate(&[
         "inspect", "--store", path_text, "record", "--source", "feishu", "--app", "cli_x", "--id",
@@ -125,13 +169,120 @@ fn inspect_reads_a_store_while_its_gateway_holds_it() {
     ]);
     assert!(out.contains("not seen"), "{out}");
     let (_, out, _) = oncegate(&["inspect", "--store", path_text, "queue"]);
-    assert_eq!(out.lines().count(), 3, "{out}");
+    assert_eq!(out.lines().count(), 1, "{out}");
     assert!(
-        out.contains("im.message.receive_v1  e2  chat=oc_chat"),
+        out.contains("im.message.receive_v1  e3  chat=oc_chat"),
         "{out}"
     );
+    let (_, out, _) = oncegate(&["inspect", "--store", path_text, "dead-letters"]);
+    assert!(out.contains("e2  attempts=1  reason: gave up"), "{out}");
+    let (_, out, _) = oncegate(&["inspect", "--store", path_text, "records"]);
+    assert_eq!(out.lines().count(), 3, "{out}");
     let (code, _, err) = oncegate(&["inspect", "--store", path_text, "record", "--key", "xyz"]);
     assert_eq!(code, 2);
     assert!(err.contains("not a key hash"), "{err}");
+}
+
+#[test]
+fn inspect_reads_a_store_while_its_gateway_holds_it() {
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("store");
+    let store = oncegate_journal::open(JournalConfig::at(&path)).expect("open");
+    fill(&store);
+    inspect_shows_the_filled_store(&path);
     drop(store);
+}
+
+#[test]
+fn a_store_file_of_the_earlier_format_is_refused_then_migrated_whole() {
+    let dir = tempfile::tempdir().expect("dir");
+    let old = dir.path().join("oncegate.redb");
+    let run_before = {
+        let store = EmbeddedStore::open(EmbeddedConfig::at(&old)).expect("open");
+        fill(&store);
+        drop(store);
+        oncegate_embedded::StoreReader::open(&old)
+            .expect("reader")
+            .run()
+            .expect("run")
+    };
+    // It can still be inspected as it is.
+    inspect_shows_the_filled_store(&old);
+    // A gateway refuses to start beside it, whether the path names the file or the folder the
+    // earlier default now names: it says what to run.
+    for configured in [old.clone(), dir.path().join("oncegate")] {
+        let config = dir.path().join("c.toml");
+        std::fs::write(
+            &config,
+            format!("[store]\npath = \"{}\"\n", configured.display()),
+        )
+        .expect("config");
+        let (code, err) = serve_refused(&config);
+        assert_ne!(code, 0);
+        assert!(
+            err.contains("earlier embedded format") && err.contains("oncegate migrate-store"),
+            "{err}"
+        );
+        assert!(!dir.path().join("oncegate").exists(), "nothing was created");
+    }
+    let new = dir.path().join("oncegate");
+    let (code, out, err) = oncegate(&[
+        "migrate-store",
+        old.to_str().expect("utf-8"),
+        new.to_str().expect("utf-8"),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("oncegate.redb.migrated"), "{out}");
+    assert!(!old.exists() && dir.path().join("oncegate.redb.migrated").is_file());
+    inspect_shows_the_filled_store(&new);
+    // The moved store remembers every key, and its tokens are above the old file's.
+    let store = oncegate_journal::open(JournalConfig::at(&new)).expect("open the new folder");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        for id in ["e1", "e2", "e3"] {
+            let key = key_for("feishu", "cli_x", "event_id", id);
+            let again = store
+                .admit(event(id), &[key], Duration::from_secs(86_400))
+                .await
+                .expect("admit");
+            assert!(
+                matches!(again, Admission::Duplicate { .. }),
+                "{id}: {again:?}"
+            );
+        }
+        let key = key_for("feishu", "cli_x", "event_id", "e3");
+        let partition = event("e3").partition(store.partitions());
+        let Claim::Acquired(lease) = store
+            .claim(&key, partition, Duration::from_secs(60))
+            .await
+            .expect("claim")
+        else {
+            panic!("e3 is pending");
+        };
+        assert!(
+            lease.token.run() > run_before,
+            "{lease:?} vs run {run_before}"
+        );
+        let dead = store.dead_letters(10).await.expect("dead");
+        assert_eq!(dead.len(), 1);
+        assert_eq!(dead[0].event.event_id, "e2");
+        assert!(
+            store
+                .replay_dead_letter(dead[0].id)
+                .await
+                .expect("replay")
+                .is_some()
+        );
+    });
+    // Migrating again has nothing to move.
+    let (code, _, err) = oncegate(&[
+        "migrate-store",
+        old.to_str().expect("utf-8"),
+        new.to_str().expect("utf-8"),
+    ]);
+    assert_ne!(code, 0);
+    assert!(err.contains("not a store file"), "{err}");
 }

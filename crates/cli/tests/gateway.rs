@@ -191,10 +191,7 @@ struct Gateway {
 
 impl Gateway {
     fn start(dir: &Path, downstream: SocketAddr, watermark: bool) -> Self {
-        let store = format!(
-            "path = \"{}\"\npartitions = 8",
-            dir.join("store.redb").display()
-        );
+        let store = format!("path = \"{}\"\npartitions = 8", dir.join("store").display());
         Self::start_with(dir, downstream, watermark, &store)
     }
 

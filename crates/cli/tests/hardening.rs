@@ -471,7 +471,7 @@ async fn files_are_created_for_the_owner_only() {
     let dir = tempfile::tempdir().expect("dir");
     let sections = format!(
         "[store]\npath = \"{}\"\n\n{}",
-        dir.path().join("state/oncegate.redb").display(),
+        dir.path().join("state/oncegate").display(),
         file_route(dir.path(), "")
     );
     let gateway = Serve::start(dir.path(), "", &sections);
@@ -491,11 +491,28 @@ async fn files_are_created_for_the_owner_only() {
     assert_eq!(
         [
             mode("state"),
-            mode("state/oncegate.redb"),
+            mode("state/oncegate"),
             mode("out"),
             mode("out/events.jsonl")
         ],
-        [0o700, 0o600, 0o700, 0o600]
+        [0o700, 0o700, 0o700, 0o600]
+    );
+    // Every journal file in the store's folder: segments, snapshots, the lock.
+    let journal: Vec<(String, u32)> = std::fs::read_dir(dir.path().join("state/oncegate"))
+        .expect("list")
+        .map(|entry| {
+            let entry = entry.expect("entry");
+            let name = entry.file_name().to_string_lossy().into_owned();
+            (name.clone(), mode(&format!("state/oncegate/{name}")))
+        })
+        .collect();
+    assert!(
+        journal.iter().any(|(name, _)| name.ends_with(".log")),
+        "{journal:?}"
+    );
+    assert!(
+        journal.iter().all(|(_, mode)| *mode == 0o600),
+        "{journal:?}"
     );
 }
 

@@ -358,19 +358,23 @@ const DEFAULT_PARTITIONS: u16 = 16;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EmbeddedSettings {
-    /// The store's file (its folder is created, 0700).
+    /// The store's folder (created 0700): its journal segments and snapshots.
     pub path: PathBuf,
-    /// Queue partitions; fixed when the file is created.
+    /// Queue partitions; fixed when the folder is created.
     pub partitions: u16,
-    /// The page cache, in MiB.
+    /// The most records held in memory; beyond it the record due soonest is evicted early
+    /// (counted).
+    pub max_records: u64,
+    /// The earlier (redb) store's page cache: no longer used; accepted with a warning.
     pub cache_mb: Option<u64>,
 }
 
 impl Default for EmbeddedSettings {
     fn default() -> Self {
         Self {
-            path: PathBuf::from("data/oncegate.redb"),
+            path: PathBuf::from("data/oncegate"),
             partitions: DEFAULT_PARTITIONS,
+            max_records: 10_000_000,
             cache_mb: None,
         }
     }
@@ -951,7 +955,7 @@ mod tests {
         let StoreConfig::Embedded(store) = &config.store else {
             panic!("embedded by default: {:?}", config.store)
         };
-        assert_eq!(store.path, PathBuf::from("data/oncegate.redb"));
+        assert_eq!(store.path, PathBuf::from("data/oncegate"));
         assert_eq!(config.dedup.retention, Duration::from_secs(86_400));
     }
 

@@ -245,9 +245,9 @@ fn bounds(config: &Config, report: &mut impl FnMut(Severity, &str, String)) {
         StoreConfig::Embedded(embedded) => {
             count(
                 report,
-                "store.cache_mb",
-                embedded.cache_mb.unwrap_or(0),
-                65_536,
+                "store.max_records",
+                embedded.max_records,
+                1_000_000_000,
             );
         }
         StoreConfig::Redis(redis) => {
@@ -505,11 +505,20 @@ pub fn validate(config: &Config) -> Vec<Problem> {
             }
         }
         StoreConfig::Embedded(embedded) => {
-            if embedded.cache_mb == Some(0) {
+            if embedded.max_records == 0 {
                 report(
                     Severity::Error,
+                    "store.max_records",
+                    "zero records can hold nothing; leave it out for the default".into(),
+                );
+            }
+            if embedded.cache_mb.is_some() {
+                report(
+                    Severity::Warning,
                     "store.cache_mb",
-                    "a zero cache reads every page from disk; leave it out for 64".into(),
+                    "the embedded store keeps its records in memory and journals every change: \
+                     it has no page cache any more, so cache_mb is not used; remove it"
+                        .into(),
                 );
             }
         }
