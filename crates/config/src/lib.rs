@@ -172,7 +172,7 @@ pub struct DispatcherConfig {
 impl Default for DispatcherConfig {
     fn default() -> Self {
         Self {
-            concurrency: 64,
+            concurrency: 256,
             max_attempts: 8,
             backoff_base: Duration::from_secs(1),
             backoff_max: Duration::from_secs(300),
