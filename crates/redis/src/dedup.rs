@@ -178,7 +178,6 @@ impl<C: Clock> DedupStore for RedisStore<C> {
                     id.partition
                 )));
             };
-            let mut queue = queue.lock().await;
             let mut call = inner.scripts.complete_ack.prepare_invoke();
             call.key(inner.record_key(&lease.key, lease.partition))
                 .key(inner.stream(id.partition))
@@ -194,7 +193,10 @@ impl<C: Clock> DedupStore for RedisStore<C> {
                 call.arg(outcome.as_ref());
             }
             let applied: i64 = call.invoke_async(&mut conn).await.map_err(unavailable)?;
-            queue.order.remove(id.seq);
+            // The partition is locked only now, not across the round trip: a pull meanwhile
+            // still sees the entry handed out and holds its chat back, which is safe, and the
+            // partition's other completions and pulls do not queue behind this one.
+            queue.lock().await.order.remove(id.seq);
             Ok(if applied == 1 {
                 FenceCheck::Accepted
             } else {
