@@ -49,9 +49,22 @@ struct Args {
     /// Chats the events are spread over.
     #[arg(long, default_value_t = 200)]
     chats: usize,
+    /// Each message's text is padded to this many bytes (0: a short text), to see how the cost
+    /// grows with the payload's size.
+    #[arg(long, default_value_t = 0)]
+    text_bytes: usize,
     /// The server's process id, for its CPU per request.
     #[arg(long)]
     pid: Option<u32>,
+}
+
+/// `text`, padded with letters to `bytes` (never cut).
+fn padded(mut text: String, bytes: usize) -> String {
+    let letters = b"abcdefghijklmnopqrstuvwxyz ";
+    while text.len() < bytes {
+        text.push(char::from(letters[text.len() % letters.len()]));
+    }
+    text
 }
 
 /// A request ready to go: nothing is computed once the clock runs.
@@ -228,7 +241,7 @@ async fn main() -> anyhow::Result<()> {
             id: format!("load{run}-{i}"),
             chat: format!("oc_load{}", i % args.chats.max(1)),
             sender: format!("ou_{}", i % 997),
-            text: format!("load message {i}"),
+            text: padded(format!("load message {i}"), args.text_bytes),
             created_ms: run + i as u64,
         };
         let nonce = format!("{:016x}", fastrand::u64(..));
