@@ -201,6 +201,10 @@ async fn the_status_page_shows_a_gateway_under_load_and_its_charts_move() {
     let (status, html) = serve.admin_get("/status").await;
     assert_eq!(status, 200);
     assert!(html.contains("<canvas"), "{html}");
+    // The page first: a browser that starts slowly (a fresh machine, a busy CI) must not miss
+    // the traffic it is to show.
+    let browser = Browser::open(&format!("{}/status#token={TOKEN}", serve.admin));
+    let mut page = browser.page().await;
     // A steady stream for the page to watch: 300 requests a second for about 12 s.
     let mut load = oncegate()
         .args([
@@ -223,8 +227,6 @@ async fn the_status_page_shows_a_gateway_under_load_and_its_charts_move() {
         .stderr(Stdio::null())
         .spawn()
         .expect("simulate");
-    let browser = Browser::open(&format!("{}/status#token={TOKEN}", serve.admin));
-    let mut page = browser.page().await;
     // Let the page gather a few seconds of samples while the traffic flows.
     let deadline = Instant::now() + Duration::from_secs(30);
     let first = loop {
