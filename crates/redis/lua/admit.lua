@@ -12,9 +12,12 @@ if nonce and redis.call('EXISTS', nonce) == 1 then return {2} end
 local function remember()
   if nonce then redis.call('SET', nonce, '1', 'PX', ARGV[8]) end
 end
+-- Which keys hold a record (every record has 's'): only those need clearing before the write.
+local held = {}
 for i = 1, n do
   local r = redis.call('HMGET', KEYS[i], 's', 'e', 'u')
   if r[1] then
+    held[i] = true
     local live = now < tonumber(r[2]) or (r[1] == 'r' and now < tonumber(r[3] or '0'))
     if live then
       remember()
@@ -24,7 +27,7 @@ for i = 1, n do
 end
 local expires = now + retention
 for i = 1, n do
-  redis.call('DEL', KEYS[i])
+  if held[i] then redis.call('DEL', KEYS[i]) end
   redis.call('HSET', KEYS[i], 's', 'p', 'e', string.format('%d', expires))
   redis.call('PEXPIRE', KEYS[i], retention + slack)
 end

@@ -12,8 +12,12 @@ local r = redis.call('HMGET', KEYS[1], 's', 'e', 't', 'u')
 if not r[1] or r[1] ~= 'r' or r[3] ~= ARGV[1] then return 0 end
 if not (now < tonumber(r[2]) or now < tonumber(r[4])) then return 0 end
 -- The fingerprint stays: a repeat for another payload is still a conflict.
-redis.call('HDEL', KEYS[1], 't', 'u', 'o')
-redis.call('HSET', KEYS[1], 's', 'c', 'e', string.format('%d', now + retention))
-if ARGV[8] then redis.call('HSET', KEYS[1], 'o', ARGV[8]) end
+-- A held record has no outcome (the claim cleared it), so one write sets state and outcome.
+redis.call('HDEL', KEYS[1], 't', 'u')
+if ARGV[8] then
+  redis.call('HSET', KEYS[1], 's', 'c', 'e', string.format('%d', now + retention), 'o', ARGV[8])
+else
+  redis.call('HSET', KEYS[1], 's', 'c', 'e', string.format('%d', now + retention))
+end
 redis.call('PEXPIRE', KEYS[1], retention + slack)
 return 1

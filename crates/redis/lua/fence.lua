@@ -16,9 +16,13 @@ if op == 'renew' then
   redis.call('PEXPIRE', KEYS[1], math.max(e, till) - now + slack)
 elseif op == 'complete' then
   -- The fingerprint stays: a repeat for another payload is still a conflict.
-  redis.call('HDEL', KEYS[1], 't', 'u', 'o')
-  redis.call('HSET', KEYS[1], 's', 'c', 'e', string.format('%d', now + ms))
-  if ARGV[6] then redis.call('HSET', KEYS[1], 'o', ARGV[6]) end
+  -- A held record has no outcome (the claim cleared it), so one write sets state and outcome.
+  redis.call('HDEL', KEYS[1], 't', 'u')
+  if ARGV[6] then
+    redis.call('HSET', KEYS[1], 's', 'c', 'e', string.format('%d', now + ms), 'o', ARGV[6])
+  else
+    redis.call('HSET', KEYS[1], 's', 'c', 'e', string.format('%d', now + ms))
+  end
   redis.call('PEXPIRE', KEYS[1], ms + slack)
 else
   redis.call('HSET', KEYS[1], 's', 'p')

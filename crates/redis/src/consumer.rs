@@ -92,7 +92,7 @@ impl<C: Clock> Inner<C> {
             let mut parts = array(reply)?.into_iter();
             let next = parts.next().as_ref().and_then(text).map(str::to_owned);
             let entries = array(parts.next().unwrap_or(Value::Array(Vec::new())))?;
-            self.fold(conn, partition, queue, entries).await?;
+            self.fold(conn, partition, queue, entries, false).await?;
             match next {
                 Some(next) if next != "0-0" => start = next,
                 _ => break,
@@ -163,7 +163,7 @@ impl<C: Clock> Inner<C> {
                 };
                 let done = entries.len() < CATCH_UP;
                 after = last;
-                self.fold(conn, partition, queue, entries).await?;
+                self.fold(conn, partition, queue, entries, false).await?;
                 if done {
                     break;
                 }
@@ -175,7 +175,9 @@ impl<C: Clock> Inner<C> {
             queue.resync = true;
             let entries = self.read_group(conn, partition, ">").await?;
             let done = entries.len() < CATCH_UP;
-            self.fold(conn, partition, queue, entries).await?;
+            // Never delivered before: no other gateway can ack them behind our back, so their
+            // payloads may be kept for the hand-out.
+            self.fold(conn, partition, queue, entries, true).await?;
             queue.resync = false;
             if done {
                 return Ok(());
@@ -232,13 +234,15 @@ impl<C: Clock> Inner<C> {
         }
     }
 
-    /// Adds stream entries (in entry order) to the hand-out order, with their retry times.
+    /// Adds stream entries (in entry order) to the hand-out order, with their retry times;
+    /// with `keep`, their payloads too, while the partition's bound allows.
     pub(super) async fn fold(
         &self,
         conn: &mut Conn,
         partition: u16,
         queue: &mut Partition,
         entries: Vec<Value>,
+        keep: bool,
     ) -> Result<(), StoreError> {
         let mut seqs = Vec::with_capacity(entries.len());
         for entry in entries {
@@ -246,11 +250,11 @@ impl<C: Clock> Inner<C> {
                 // Redis 6.2 lists an entry deleted while pending as nil; it was acked.
                 continue;
             }
-            let Some((seq, _, order, stored)) = parse_entry(entry) else {
+            let Some((seq, key, order, stored)) = parse_entry(entry) else {
                 return Err(StoreError::Corrupt("a stream entry lacks k, o or e".into()));
             };
             if seq > queue.last_seq {
-                seqs.push((seq, order, stored.len()));
+                seqs.push((seq, key, order, stored));
             }
         }
         if seqs.is_empty() {
@@ -263,10 +267,13 @@ impl<C: Clock> Inner<C> {
             .query_async(conn)
             .await
             .map_err(unavailable)?;
-        for ((seq, order, bytes), attempt) in seqs.into_iter().zip(attempts) {
-            let (_, not_before) = attempts_of(attempt.as_deref());
-            queue.order.push(seq, order, not_before, bytes);
+        for ((seq, key, order, stored), attempt) in seqs.into_iter().zip(attempts) {
+            let (attempt, not_before) = attempts_of(attempt.as_deref());
+            queue.order.push(seq, order, not_before, stored.len());
             queue.last_seq = seq;
+            if keep {
+                queue.keep_body(seq, key, stored, attempt);
+            }
         }
         Ok(())
     }

@@ -97,11 +97,53 @@ struct Partition {
     /// When the pending list was last read back; it is, every `RESYNC_EVERY`, whatever
     /// happened, so that an answer lost without an error is caught too.
     resynced: Option<std::time::Instant>,
+    /// Payloads of entries this owner's group read brought and that are not handed out yet,
+    /// so that the hand-out need not read them again (up to `BODIES_BYTES`; the others are
+    /// read at hand-out).
+    bodies: std::collections::HashMap<u64, Body>,
+    /// The bytes `bodies` holds.
+    body_bytes: usize,
 }
+
+/// A queue entry's payload kept from the read that brought it.
+struct Body {
+    key: KeyHash,
+    stored: Vec<u8>,
+    attempt: u32,
+}
+
+/// Payload bytes a partition keeps between reading its entries and handing them out.
+const BODIES_BYTES: usize = 4 * 1024 * 1024;
 
 impl Partition {
     fn forget(&mut self) {
         *self = Self::default();
+    }
+
+    fn keep_body(&mut self, seq: u64, key: KeyHash, stored: Vec<u8>, attempt: u32) {
+        if self.body_bytes + stored.len() <= BODIES_BYTES {
+            self.body_bytes += stored.len();
+            self.bodies.insert(
+                seq,
+                Body {
+                    key,
+                    stored,
+                    attempt,
+                },
+            );
+        }
+    }
+
+    /// The kept payload of `seq`, as a delivery, once: `None` when it was not kept.
+    fn take_body(&mut self, partition: u16, seq: u64) -> Option<Result<Delivery, StoreError>> {
+        let body = self.bodies.remove(&seq)?;
+        self.body_bytes -= body.stored.len();
+        Some(decode::<Stored>(&body.stored).map(|stored| Delivery {
+            id: QueueId { partition, seq },
+            key: body.key,
+            event: stored.event,
+            attempt: body.attempt,
+        }))
     }
 }
 

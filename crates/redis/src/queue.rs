@@ -18,11 +18,33 @@ impl<C: Clock> EventQueue for RedisStore<C> {
             }
             inner.catch_up(&mut conn, partition, &mut queue).await?;
             let ready = queue.order.take_ready(inner.clock.now_ms(), max);
-            match fetch(&inner, &mut conn, partition, &ready).await {
+            // Kept payloads go out as they are; only the others are read again.
+            let mut kept = Vec::with_capacity(ready.len());
+            let mut missing = Vec::new();
+            let mut broken = None;
+            for &seq in &ready {
+                match queue.take_body(partition, seq) {
+                    Some(Ok(delivery)) => kept.push(Some(delivery)),
+                    Some(Err(error)) => {
+                        broken.get_or_insert(error);
+                        kept.push(None);
+                    }
+                    None => {
+                        missing.push(seq);
+                        kept.push(None);
+                    }
+                }
+            }
+            let fetched = match broken {
+                Some(error) => Err(error),
+                None => fetch(&inner, &mut conn, partition, &missing).await,
+            };
+            match fetched {
                 Ok(fetched) => {
-                    let mut out = Vec::with_capacity(fetched.len());
-                    for (seq, found) in ready.iter().zip(fetched) {
-                        match found {
+                    let mut fetched = fetched.into_iter();
+                    let mut out = Vec::with_capacity(ready.len());
+                    for (seq, kept) in ready.iter().zip(kept) {
+                        match kept.or_else(|| fetched.next().flatten()) {
                             Some(delivery) => out.push(delivery),
                             // Gone (acked by an earlier owner): forget it here too.
                             None => {

@@ -334,3 +334,66 @@ fn stores_on_one_redis_share_rate_budgets() {
         );
     }
 }
+
+/// An owner keeps the payloads its group reads brought until it hands them out, within a bound:
+/// with far more payload queued than the bound (6 MB against 4 MiB), every event still goes out
+/// once, with its own payload, and an event given back for a retry goes out again with its
+/// attempt counted (it is read again, not served from what was kept).
+#[test]
+fn kept_payloads_are_bounded_and_never_stale() {
+    let prefix = format!("kept{}", std::process::id());
+    let store = RedisStore::connect_with_clock(config(&prefix), SystemClock).expect("connect");
+    const EVENTS: usize = 600;
+    let padding = "x".repeat(10_000);
+    block_on(async {
+        for n in 0..EVENTS {
+            let id = format!("kept-{n}");
+            let mut event = event(&id, Some(&format!("chat-{}", n % 7)));
+            event.payload =
+                bytes::Bytes::from(format!("{{\"id\":\"{id}\",\"pad\":\"{padding}\"}}"));
+            let admitted = store
+                .admit(event, &[key(&id)], Duration::from_secs(60))
+                .await
+                .expect("admit");
+            assert!(matches!(admitted, Admission::Admitted { .. }), "{id}");
+        }
+        let mut seen = std::collections::HashMap::new();
+        let mut retried = std::collections::HashSet::new();
+        let mut rounds = 0;
+        while seen.len() < EVENTS {
+            rounds += 1;
+            assert!(
+                rounds < 10_000,
+                "only {} of {EVENTS} events came out",
+                seen.len()
+            );
+            let pulled = store.pull(0, 50).await.expect("pull");
+            for delivery in pulled {
+                let id = delivery.event.event_id.clone();
+                let payload = std::str::from_utf8(&delivery.event.payload).expect("utf-8");
+                assert!(
+                    payload.starts_with(&format!("{{\"id\":\"{id}\",")) && payload.len() > 10_000,
+                    "{id} came out with another payload"
+                );
+                // Every fifth event is given back once: it must come out again, counted.
+                let n: usize = id["kept-".len()..].parse().expect("number");
+                if n.is_multiple_of(5) && retried.insert(id.clone()) {
+                    assert_eq!(delivery.attempt, 0, "{id}");
+                    assert!(store.retry(delivery.id, 0).await.expect("retry"));
+                    continue;
+                }
+                assert_eq!(
+                    delivery.attempt,
+                    u32::from(n.is_multiple_of(5)),
+                    "{id}: the attempts it was given back"
+                );
+                assert!(
+                    seen.insert(id.clone(), delivery.id).is_none(),
+                    "{id} came out twice"
+                );
+                assert!(store.ack(delivery.id).await.expect("ack"), "{id}");
+            }
+        }
+        assert!(store.pull(0, 50).await.expect("pull").is_empty());
+    });
+}
