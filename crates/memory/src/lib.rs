@@ -302,6 +302,19 @@ impl<C: Clock, J: Journal> Tables<C, J> {
         }
         answer
     }
+
+    /// `complete`'s change, journaled but not waited for: `complete` and `complete_and_ack`
+    /// wait once, after everything they changed.
+    fn complete_unsynced(
+        &self,
+        lease: &Lease,
+        retention: Duration,
+        outcome: Option<Bytes>,
+    ) -> FenceCheck {
+        self.with_record(&lease.record_id(), |record, now_ms| {
+            transition::complete(record, lease, now_ms, millis(retention), outcome)
+        })
+    }
 }
 
 /// Where an admitted event goes.
@@ -402,9 +415,7 @@ impl<C: Clock, J: Journal> DedupStore for MemoryStore<C, J> {
         outcome: Option<Bytes>,
     ) -> Result<FenceCheck, StoreError> {
         self.journal.check()?;
-        let fence = self.with_record(&lease.record_id(), |record, now_ms| {
-            transition::complete(record, lease, now_ms, millis(retention), outcome)
-        });
+        let fence = self.complete_unsynced(lease, retention, outcome);
         self.synced(Ok(fence)).await
     }
 
@@ -425,9 +436,7 @@ impl<C: Clock, J: Journal> DedupStore for MemoryStore<C, J> {
     ) -> Result<FenceCheck, StoreError> {
         self.journal.check()?;
         // Both changes, then one wait for the journal.
-        let fence = self.with_record(&lease.record_id(), |record, now_ms| {
-            transition::complete(record, lease, now_ms, millis(retention), outcome)
-        });
+        let fence = self.complete_unsynced(lease, retention, outcome);
         self.take_handed_out(id);
         self.synced(Ok(fence)).await
     }
