@@ -3,13 +3,27 @@
 use super::*;
 
 impl<C: Clock> Inner<C> {
-    /// The partition of `id`, locked, if this instance handed `id` out; else `None`.
-    pub(super) async fn handed_out(
+    /// Whether this instance handed `id` out (and has not settled it since).
+    pub(super) async fn handed_out(&self, id: QueueId) -> bool {
+        match self.queues.get(usize::from(id.partition)) {
+            Some(queue) => queue.lock().await.order.is_in_flight(id.seq),
+            None => false,
+        }
+    }
+
+    /// Settles handed-out `id` in the hand-out order with `step` (remove or retry), after its
+    /// round trip: the partition is not locked across it, so that its pulls and the other
+    /// settlements do not queue behind one call (a pull meanwhile sees `id` still handed out
+    /// and holds its chat back, which is safe). `false` when `id` was settled meanwhile.
+    pub(super) async fn settle(
         &self,
         id: QueueId,
-    ) -> Option<tokio::sync::MutexGuard<'_, Partition>> {
-        let queue = self.queues.get(usize::from(id.partition))?.lock().await;
-        queue.order.is_in_flight(id.seq).then_some(queue)
+        step: impl FnOnce(&mut oncegate_core::queue_index::PartitionIndex) -> bool,
+    ) -> bool {
+        match self.queues.get(usize::from(id.partition)) {
+            Some(queue) => step(&mut queue.lock().await.order),
+            None => false,
+        }
     }
 
     /// Takes or keeps `partition` for this instance. One owner at a time hands a partition's

@@ -172,12 +172,12 @@ impl<C: Clock> DedupStore for RedisStore<C> {
         }
         let lease = *lease;
         self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
-            let Some(queue) = inner.queues.get(usize::from(id.partition)) else {
+            if inner.queues.get(usize::from(id.partition)).is_none() {
                 return Err(StoreError::Invalid(format!(
                     "no partition {}",
                     id.partition
                 )));
-            };
+            }
             let mut call = inner.scripts.complete_ack.prepare_invoke();
             call.key(inner.record_key(&lease.key, lease.partition))
                 .key(inner.stream(id.partition))
@@ -193,10 +193,7 @@ impl<C: Clock> DedupStore for RedisStore<C> {
                 call.arg(outcome.as_ref());
             }
             let applied: i64 = call.invoke_async(&mut conn).await.map_err(unavailable)?;
-            // The partition is locked only now, not across the round trip: a pull meanwhile
-            // still sees the entry handed out and holds its chat back, which is safe, and the
-            // partition's other completions and pulls do not queue behind this one.
-            queue.lock().await.order.remove(id.seq);
+            inner.settle(id, |order| order.remove(id.seq)).await;
             Ok(if applied == 1 {
                 FenceCheck::Accepted
             } else {

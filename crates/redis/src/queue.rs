@@ -68,9 +68,9 @@ impl<C: Clock> EventQueue for RedisStore<C> {
 
     async fn ack(&self, id: QueueId) -> Result<bool, StoreError> {
         self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
-            let Some(mut queue) = inner.handed_out(id).await else {
+            if !inner.handed_out(id).await {
                 return Ok(false);
-            };
+            }
             let _: Value = redis::pipe()
                 .cmd("XACK")
                 .arg(inner.stream(id.partition))
@@ -85,17 +85,22 @@ impl<C: Clock> EventQueue for RedisStore<C> {
                 .query_async(&mut conn)
                 .await
                 .map_err(unavailable)?;
-            queue.order.remove(id.seq);
-            Ok(true)
+            Ok(inner.settle(id, |order| order.remove(id.seq)).await)
         })
         .await
     }
 
     async fn retry(&self, id: QueueId, not_before_ms: u64) -> Result<bool, StoreError> {
         self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
-            let Some(mut queue) = inner.handed_out(id).await else {
+            // Locked across its two round trips: a second retry of the same hand-out must see
+            // it settled, or the attempt would be counted twice.
+            let Some(queue) = inner.queues.get(usize::from(id.partition)) else {
                 return Ok(false);
             };
+            let mut queue = queue.lock().await;
+            if !queue.order.is_in_flight(id.seq) {
+                return Ok(false);
+            }
             let previous: Option<String> = redis::cmd("HGET")
                 .arg(inner.attempts(id.partition))
                 .arg(id.seq)
@@ -110,8 +115,7 @@ impl<C: Clock> EventQueue for RedisStore<C> {
                 .query_async(&mut conn)
                 .await
                 .map_err(unavailable)?;
-            queue.order.retry(id.seq, not_before_ms);
-            Ok(true)
+            Ok(queue.order.retry(id.seq, not_before_ms))
         })
         .await
     }
@@ -119,9 +123,9 @@ impl<C: Clock> EventQueue for RedisStore<C> {
     async fn dead_letter(&self, id: QueueId, reason: &str) -> Result<bool, StoreError> {
         let reason = reason.to_owned();
         self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
-            let Some(mut queue) = inner.handed_out(id).await else {
+            if !inner.handed_out(id).await {
                 return Ok(false);
-            };
+            }
             let moved: i64 = inner
                 .scripts
                 .dead_letter
@@ -138,8 +142,8 @@ impl<C: Clock> EventQueue for RedisStore<C> {
                 .invoke_async(&mut conn)
                 .await
                 .map_err(unavailable)?;
-            queue.order.remove(id.seq);
-            Ok(moved == 1)
+            let settled = inner.settle(id, |order| order.remove(id.seq)).await;
+            Ok(moved == 1 && settled)
         })
         .await
     }
