@@ -11,13 +11,5 @@ redis.call('HDEL', KEYS[3], ARGV[6])
 local r = redis.call('HMGET', KEYS[1], 's', 'e', 't', 'u')
 if not r[1] or r[1] ~= 'r' or r[3] ~= ARGV[1] then return 0 end
 if not (now < tonumber(r[2]) or now < tonumber(r[4])) then return 0 end
--- The fingerprint stays: a repeat for another payload is still a conflict.
--- A held record has no outcome (the claim cleared it), so one write sets state and outcome.
-redis.call('HDEL', KEYS[1], 't', 'u')
-if ARGV[8] then
-  redis.call('HSET', KEYS[1], 's', 'c', 'e', string.format('%d', now + retention), 'o', ARGV[8])
-else
-  redis.call('HSET', KEYS[1], 's', 'c', 'e', string.format('%d', now + retention))
-end
-redis.call('PEXPIRE', KEYS[1], retention + slack)
+mark_completed(KEYS[1], now, retention, slack, ARGV[8])
 return 1

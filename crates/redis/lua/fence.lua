@@ -15,15 +15,7 @@ if op == 'renew' then
   redis.call('HSET', KEYS[1], 'u', string.format('%d', till))
   redis.call('PEXPIRE', KEYS[1], math.max(e, till) - now + slack)
 elseif op == 'complete' then
-  -- The fingerprint stays: a repeat for another payload is still a conflict.
-  -- A held record has no outcome (the claim cleared it), so one write sets state and outcome.
-  redis.call('HDEL', KEYS[1], 't', 'u')
-  if ARGV[6] then
-    redis.call('HSET', KEYS[1], 's', 'c', 'e', string.format('%d', now + ms), 'o', ARGV[6])
-  else
-    redis.call('HSET', KEYS[1], 's', 'c', 'e', string.format('%d', now + ms))
-  end
-  redis.call('PEXPIRE', KEYS[1], ms + slack)
+  mark_completed(KEYS[1], now, ms, slack, ARGV[6])
 else
   redis.call('HSET', KEYS[1], 's', 'p')
   redis.call('HDEL', KEYS[1], 't', 'u')

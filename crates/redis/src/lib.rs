@@ -252,14 +252,20 @@ impl<C: Clock> RedisStore<C> {
                 scripts: Scripts {
                     admit: Script::new(include_str!("../lua/admit.lua")),
                     claim: Script::new(include_str!("../lua/claim.lua")),
-                    fence: Script::new(include_str!("../lua/fence.lua")),
+                    fence: Script::new(concat!(
+                        include_str!("../lua/completed.lua"),
+                        include_str!("../lua/fence.lua")
+                    )),
                     watermark: Script::new(include_str!("../lua/watermark.lua")),
                     rate: Script::new(include_str!("../lua/rate.lua")),
                     dead_letter: Script::new(include_str!("../lua/dead_letter.lua")),
                     dead_replay: Script::new(include_str!("../lua/dead_replay.lua")),
                     dead_purge: Script::new(include_str!("../lua/dead_purge.lua")),
                     own: Script::new(include_str!("../lua/own.lua")),
-                    complete_ack: Script::new(include_str!("../lua/complete_ack.lua")),
+                    complete_ack: Script::new(concat!(
+                        include_str!("../lua/completed.lua"),
+                        include_str!("../lua/complete_ack.lua")
+                    )),
                 },
                 breaker: Breaker::default(),
                 queues: (0..partitions)
