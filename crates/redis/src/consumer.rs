@@ -326,13 +326,12 @@ pub(super) async fn fetch<C>(
             out.push(None);
             continue;
         };
-        let stored: Stored = decode(&bytes)?;
-        out.push(Some(Delivery {
-            id: QueueId { partition, seq },
+        out.push(Some(delivery_of(
+            QueueId { partition, seq },
             key,
-            event: stored.event,
-            attempt: attempts_of(text(&attempt)).0,
-        }));
+            &bytes,
+            attempts_of(text(&attempt)).0,
+        )?));
     }
     Ok(out)
 }

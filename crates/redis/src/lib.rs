@@ -138,13 +138,29 @@ impl Partition {
     fn take_body(&mut self, partition: u16, seq: u64) -> Option<Result<Delivery, StoreError>> {
         let body = self.bodies.remove(&seq)?;
         self.body_bytes -= body.stored.len();
-        Some(decode::<Stored>(&body.stored).map(|stored| Delivery {
-            id: QueueId { partition, seq },
-            key: body.key,
-            event: stored.event,
-            attempt: body.attempt,
-        }))
+        Some(delivery_of(
+            QueueId { partition, seq },
+            body.key,
+            &body.stored,
+            body.attempt,
+        ))
     }
+}
+
+/// A queue entry's delivery, from its payload as the stream stores it.
+fn delivery_of(
+    id: QueueId,
+    key: KeyHash,
+    stored: &[u8],
+    attempt: u32,
+) -> Result<Delivery, StoreError> {
+    let stored: Stored = decode(stored)?;
+    Ok(Delivery {
+        id,
+        key,
+        event: stored.event,
+        attempt,
+    })
 }
 
 /// How often an owner reads its own pending list back (see `Partition::resynced`).
