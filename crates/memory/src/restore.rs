@@ -234,19 +234,19 @@ impl<C: Clock, J: Journal> Restore<C, J> {
             deadline_secs: epoch.secs_ceil(deadline_ms),
         };
         shard.expiry.push(
-            compact.low(),
+            compact.tag(),
             epoch.secs_floor(self.now_ms),
             mark.deadline_secs,
         );
         match shard
             .watermarks
-            .find_mut(compact.low(), |kept| kept.scope == compact)
+            .find_mut(compact.tag_hash(), |kept| kept.scope == compact)
         {
             Some(kept) => *kept = mark,
             None => {
                 shard
                     .watermarks
-                    .insert_unique(compact.low(), mark, |kept| kept.scope.low());
+                    .insert_unique(compact.tag_hash(), mark, |kept| kept.scope.tag_hash());
             }
         }
     }

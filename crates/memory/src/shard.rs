@@ -1,6 +1,7 @@
 //! A shard: records in a compact table, side tables for leases, outcomes and fingerprints,
 //! watermarks and the expiry index.
 
+use super::table::RecordTable;
 use super::*;
 
 /// A key as stored: the 128-bit hash as four 32-bit words, so that a table entry with its
@@ -30,18 +31,35 @@ impl Compact {
         KeyHash(bytes)
     }
 
-    /// The low 64 bits: already uniform, they are the table hash and the expiry index's handle.
+    /// The low 64 bits: already uniform, they are the side tables' hash.
     pub(super) fn low(self) -> u64 {
         u64::from(self.0[0]) | (u64::from(self.0[1]) << 32)
     }
+
+    /// Bits 32 to 63: the records table's order and the expiry index's 4-byte handle. (The
+    /// shard is picked by the high half, so these are uniform inside a shard.)
+    pub(super) fn tag(self) -> u32 {
+        self.0[1]
+    }
+
+    /// The watermark table's hash: the tag alone, so that an expiry handle finds its mark,
+    /// spread over 64 bits as hashbrown wants.
+    pub(super) fn tag_hash(self) -> u64 {
+        tag_hash(self.tag())
+    }
+
+    /// An all-zero key, for slots that hold none.
+    pub(super) const ZERO: Self = Self([0; 4]);
+
+    #[cfg(test)]
+    pub(super) fn words(self) -> [u32; 4] {
+        self.0
+    }
 }
 
-/// One record's entry in its shard's table.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Slot {
-    pub(super) key: Compact,
-    /// The state in the top two bits, the expiry second (from the store's epoch) below.
-    pub(super) word: u32,
+/// See [`Compact::tag_hash`].
+pub(super) fn tag_hash(tag: u32) -> u64 {
+    u64::from(tag).wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
 /// Side tables only hold keys in their state; the key is already a hash, so it is not hashed
@@ -50,6 +68,9 @@ pub(super) type Side<V> = HashMap<Compact, V, BuildPassThrough>;
 
 pub(super) const STATE_SHIFT: u32 = 30;
 pub(super) const SECS_MASK: u32 = (1 << STATE_SHIFT) - 1;
+/// The latest expiry second a record can have: one below the mask, so that no record's word
+/// is the table's `EMPTY` (about 34 years after the epoch; later expiries are clamped).
+pub(super) const SECS_MAX: u32 = SECS_MASK - 1;
 pub(super) const PENDING: u32 = 0;
 pub(super) const PROCESSING: u32 = 1;
 pub(super) const COMPLETED: u32 = 2;
@@ -75,14 +96,14 @@ pub(super) struct Mark {
 
 #[derive(Debug)]
 pub(super) struct Shard {
-    pub(super) slots: HashTable<Slot>,
+    pub(super) slots: RecordTable,
     pub(super) leases: Side<LeaseSlot>,
     pub(super) outcomes: Side<Bytes>,
     /// Only records claimed for a named payload have one: events never pay for it.
     pub(super) fingerprints: Side<Fingerprint>,
     pub(super) watermarks: HashTable<Mark>,
-    /// Deadlines by the low 64 bits of the key: 8 bytes a record.
-    pub(super) expiry: ExpiryIndex<u64>,
+    /// Deadlines by the key's tag: 4 bytes a record.
+    pub(super) expiry: ExpiryIndex<u32>,
     pub(super) next_sweep_secs: u32,
 }
 
@@ -106,10 +127,10 @@ impl Epoch {
     /// Rounds up, so a record never expires before its retention.
     pub(super) fn secs_ceil(self, ms: u64) -> u32 {
         let rel = ms.saturating_sub(self.0);
-        rel.div_ceil(1000).min(u64::from(SECS_MASK)) as u32
+        rel.div_ceil(1000).min(u64::from(SECS_MAX)) as u32
     }
     pub(super) fn secs_floor(self, ms: u64) -> u32 {
-        (ms.saturating_sub(self.0) / 1000).min(u64::from(SECS_MASK)) as u32
+        (ms.saturating_sub(self.0) / 1000).min(u64::from(SECS_MAX)) as u32
     }
     pub(super) fn ms(self, secs: u32) -> u64 {
         self.0 + u64::from(secs) * 1000
@@ -119,7 +140,7 @@ impl Epoch {
 impl Shard {
     pub(super) fn new() -> Self {
         Self {
-            slots: HashTable::new(),
+            slots: RecordTable::new(),
             leases: Side::default(),
             outcomes: Side::default(),
             fingerprints: Side::default(),
@@ -130,9 +151,7 @@ impl Shard {
     }
 
     pub(super) fn word(&self, key: Compact) -> Option<u32> {
-        self.slots
-            .find(key.low(), |slot| slot.key == key)
-            .map(|slot| slot.word)
+        self.slots.word(key)
     }
 
     pub(super) fn load(&self, key: Compact, epoch: Epoch) -> Option<Record> {
@@ -165,15 +184,9 @@ impl Shard {
 
     /// Admits a key that has no entry at all: the common case, one probe and one insert.
     pub(super) fn insert_new(&mut self, key: Compact, expires_secs: u32, now_secs: u32) {
-        self.slots.insert_unique(
-            key.low(),
-            Slot {
-                key,
-                word: (PENDING << STATE_SHIFT) | expires_secs,
-            },
-            |slot| slot.key.low(),
-        );
-        self.expiry.push(key.low(), now_secs, expires_secs);
+        self.slots
+            .insert_new(key, (PENDING << STATE_SHIFT) | expires_secs);
+        self.expiry.push(key.tag(), now_secs, expires_secs);
     }
 
     pub(super) fn write(&mut self, key: Compact, record: Record, epoch: Epoch, now_secs: u32) {
@@ -193,10 +206,9 @@ impl Shard {
                 fingerprints.remove(&key);
             }
         }
-        let slot = slots.find_mut(key.low(), |slot| slot.key == key);
-        let before = slot
-            .as_ref()
-            .map(|slot| forget_secs(leases, key, slot.word, epoch));
+        let before = slots
+            .word(key)
+            .map(|word| forget_secs(leases, key, word, epoch));
         let secs = epoch.secs_ceil(record.expires_at_ms);
         let state = match record.state {
             RecordState::Pending => {
@@ -232,36 +244,31 @@ impl Shard {
             }
         };
         let word = (state << STATE_SHIFT) | secs;
-        match slot {
-            Some(slot) => slot.word = word,
-            None => {
-                slots.insert_unique(key.low(), Slot { key, word }, |slot| slot.key.low());
-            }
+        match slots.word_mut(key) {
+            Some(stored) => *stored = word,
+            None => slots.insert_new(key, word),
         }
+        // The index needs an entry at or before the record's forget time, not at it: a later
+        // time (a completion after the admit, a lease) is found when the earlier entry comes
+        // due and pushed again then, so most records hold one entry.
         let after = forget_secs(leases, key, word, epoch);
-        if before != Some(after) {
-            expiry.push(key.low(), now_secs, after);
+        if before.is_none_or(|before| after < before) {
+            expiry.push(key.tag(), now_secs, after);
         }
     }
 
     pub(super) fn remove(&mut self, key: Compact) {
-        if let Ok(entry) = self.slots.find_entry(key.low(), |slot| slot.key == key) {
-            entry.remove();
+        if self.slots.remove(key) {
             self.leases.remove(&key);
             self.outcomes.remove(&key);
             self.fingerprints.remove(&key);
         }
     }
 
-    /// The full keys of records whose low 64 bits are `low` (almost always one).
-    pub(super) fn keys_with_low(&self, low: u64, into: &mut Vec<Compact>) {
+    /// The full keys of records whose tag is `tag` (almost always one).
+    pub(super) fn keys_with_tag(&self, tag: u32, into: &mut Vec<Compact>) {
         into.clear();
-        into.extend(
-            self.slots
-                .iter_hash(low)
-                .filter(|slot| slot.key.low() == low)
-                .map(|slot| slot.key),
-        );
+        self.slots.keys_with_tag(tag, into);
     }
 
     /// Forgets what has expired, within the sweep budget.
@@ -273,19 +280,23 @@ impl Shard {
         let mut due = Vec::new();
         let more = self
             .expiry
-            .drain_passed(now_secs, SWEEP_BUDGET, |low| due.push(low));
+            .drain_passed(now_secs, SWEEP_BUDGET, |tag| due.push(tag));
         let mut keys = Vec::new();
-        for low in due {
-            self.keys_with_low(low, &mut keys);
+        for tag in due {
+            self.keys_with_tag(tag, &mut keys);
             for key in &keys {
-                if let Some(record) = self.load(*key, epoch)
-                    && record.forget_after_ms() <= now_ms
-                {
+                let Some(record) = self.load(*key, epoch) else {
+                    continue;
+                };
+                if record.forget_after_ms() <= now_ms {
                     self.remove(*key);
+                } else if let Some(word) = self.word(*key) {
+                    let deadline = self.forget_secs(*key, word, epoch);
+                    self.expiry.push(key.tag(), now_secs, deadline);
                 }
             }
-            while let Ok(mark) = self.watermarks.find_entry(low, |mark| {
-                mark.scope.low() == low && epoch.ms(mark.deadline_secs) <= now_ms
+            while let Ok(mark) = self.watermarks.find_entry(tag_hash(tag), |mark| {
+                mark.scope.tag() == tag && epoch.ms(mark.deadline_secs) <= now_ms
             }) {
                 mark.remove();
             }
@@ -309,10 +320,10 @@ impl Shard {
             if self.slots.len() < limit {
                 break;
             }
-            let Some(low) = self.expiry.pop_oldest() else {
+            let Some(tag) = self.expiry.pop_oldest() else {
                 break;
             };
-            self.keys_with_low(low, &mut keys);
+            self.keys_with_tag(tag, &mut keys);
             for key in &keys {
                 match self.load(*key, epoch) {
                     Some(Record {
@@ -332,7 +343,7 @@ impl Shard {
         for key in protected {
             if let Some(word) = self.word(key) {
                 let deadline = self.forget_secs(key, word, epoch);
-                self.expiry.push(key.low(), now_secs, deadline);
+                self.expiry.push(key.tag(), now_secs, deadline);
             }
         }
         if self.slots.len() < limit {

@@ -131,3 +131,61 @@ fn expiry_frees_records_without_a_full_scan() {
         assert_eq!(store.stats().await.expect("stats").evicted_early, 0);
     });
 }
+
+/// A record whose forget time moves later (completed after its admission's deadline would have
+/// passed, or claimed under a lease longer than its retention) is kept until the later time,
+/// and freed once that passes.
+#[test]
+fn a_forget_time_moved_later_is_kept_then_freed() {
+    let clock = ManualClock::new(START_MS);
+    let store = small(clock.clone(), 1_000_000);
+    let minute = Duration::from_secs(60);
+    block_on(async {
+        for i in 0..600 {
+            let id = format!("m{i}");
+            store
+                .admit(event(&id, None), &[key(&id)], minute)
+                .await
+                .expect("admit");
+        }
+        clock.advance_ms(30_000);
+        for i in 0..600 {
+            let id = format!("m{i}");
+            // Half complete now (kept until 30 s + 60 s), half stay under a 5-minute lease.
+            let lease = if i % 2 == 0 { minute } else { 5 * minute };
+            let Claim::Acquired(lease) = store.claim(&key(&id), 0, lease).await.expect("claim")
+            else {
+                panic!("{id} not acquired");
+            };
+            if i % 2 == 0 {
+                store
+                    .complete(&lease, minute, None)
+                    .await
+                    .expect("complete");
+            }
+        }
+        clock.advance_ms(35_000);
+        store.sweep_all();
+        assert_eq!(
+            store.held_records(),
+            600,
+            "forgotten at the admission's deadline"
+        );
+        clock.advance_ms(30_000);
+        store.sweep_all();
+        assert_eq!(
+            store.held_records(),
+            300,
+            "completions kept past their retention"
+        );
+        for i in (1..600).step_by(2) {
+            let id = format!("m{i}");
+            let record = store.record(&key(&id), 0).await.expect("record");
+            assert!(record.is_some(), "{id}'s leased record forgotten");
+        }
+        clock.advance_ms(5 * 60_000);
+        store.sweep_all();
+        assert_eq!(store.held_records(), 0, "records kept past their lease");
+        assert_eq!(store.stats().await.expect("stats").evicted_early, 0);
+    });
+}
