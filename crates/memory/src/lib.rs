@@ -8,6 +8,7 @@
 //! its cost is proportional to what expires. A size bound evicts the record due soonest, never
 //! one under a live lease, and counts every eviction.
 
+mod chunked;
 mod expiry;
 pub mod journal;
 mod queue;
@@ -15,7 +16,7 @@ mod restore;
 mod shard;
 mod table;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;

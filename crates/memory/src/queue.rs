@@ -1,6 +1,7 @@
 //! The queue: partitions of queued events with their per-chat hand-out order.
 
 use super::*;
+use crate::chunked::ChunkedDeque;
 
 #[derive(Debug)]
 pub(super) struct Queued {
@@ -15,7 +16,7 @@ pub(super) struct Queued {
 pub(super) struct Partition {
     pub(super) head_seq: u64,
     pub(super) next_seq: u64,
-    pub(super) entries: VecDeque<Option<Queued>>,
+    pub(super) entries: ChunkedDeque<Option<Queued>>,
     pub(super) order: PartitionIndex,
 }
 
