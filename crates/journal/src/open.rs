@@ -126,7 +126,7 @@ fn open_inner<C: Clock>(
     if lock.try_lock().is_err() {
         return Err(OpenError::Locked { path: dir });
     }
-    let listing = list(&dir)?;
+    let mut listing = list(&dir)?;
     for leftover in &listing.leftovers {
         std::fs::remove_file(leftover).map_err(io(leftover))?;
     }
@@ -135,6 +135,7 @@ fn open_inner<C: Clock>(
         partitions,
         run: 0,
     };
+    remove_unstarted_segment(&files, &mut listing)?;
     let plan = plan(&files, &listing, config.partitions)?;
     // The run of this open is above every run that wrote a file.
     // Headers come from disk: a run or a file number at the end of its range is refused, not
@@ -152,9 +153,7 @@ fn open_inner<C: Clock>(
         None => plan.first,
     };
     let next_path = files.segment(next);
-    let file = files
-        .create(&next_path, Kind::Segment, next)
-        .map_err(io(&next_path))?;
+    let file = files.create_segment(next).map_err(io(&next_path))?;
     let last_snapshot = match plan.snapshot {
         Some(number) => std::fs::metadata(files.snapshot(number))
             .map_err(io(&files.snapshot(number)))?
@@ -403,6 +402,22 @@ fn load<C: Clock, J: oncegate_memory::Journal>(
     Ok(bytes)
 }
 
+/// Builds before segments were created under a temporary name could die between creating the
+/// newest segment and writing its header: such a file is shorter than a header, and nothing was
+/// ever written into it (frames follow a synced header), so it goes.
+fn remove_unstarted_segment(files: &Files, listing: &mut Listing) -> Result<(), OpenError> {
+    let Some(&last) = listing.segments.last() else {
+        return Ok(());
+    };
+    let path = files.segment(last);
+    let len = std::fs::metadata(&path).map_err(io(&path))?.len();
+    if len < frame::HEADER_LEN as u64 {
+        std::fs::remove_file(&path).map_err(io(&path))?;
+        listing.segments.pop();
+    }
+    Ok(())
+}
+
 fn corrupt(path: &Path, message: &str) -> OpenError {
     OpenError::Corrupt {
         path: path.to_path_buf(),
@@ -467,7 +482,8 @@ fn list(dir: &Path) -> Result<Listing, OpenError> {
         let entry = entry.map_err(io(dir))?;
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
-        if name.starts_with("snapshot-") && name.ends_with(".tmp") {
+        if (name.starts_with("snapshot-") || name.starts_with("segment-")) && name.ends_with(".tmp")
+        {
             listing.leftovers.push(entry.path());
             continue;
         }

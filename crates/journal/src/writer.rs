@@ -116,6 +116,20 @@ impl Files {
         sync_dir(&self.dir)?;
         Ok(file)
     }
+
+    /// Creates segment `number` under a temporary name and renames it once its header is
+    /// durable, so that a crash never leaves a segment without one (which no open could read).
+    pub(crate) fn create_segment(&self, number: u64) -> std::io::Result<File> {
+        let done = self.segment(number);
+        let path = done.with_extension("tmp");
+        if path.exists() {
+            std::fs::remove_file(&path)?;
+        }
+        let file = self.create(&path, Kind::Segment, number)?;
+        std::fs::rename(&path, &done)?;
+        sync_dir(&self.dir)?;
+        Ok(file)
+    }
 }
 
 /// Makes the folder's entries (a created, renamed or removed file) durable.
@@ -316,7 +330,7 @@ fn write_loop(
         if since_snapshot >= due && inner.snapshot_source.get().is_some() && number < u64::MAX {
             // Everything framed from now on goes to the next segment, which the snapshot
             // (taken after this point) is replayed before.
-            match files.create(&files.segment(number + 1), Kind::Segment, number + 1) {
+            match files.create_segment(number + 1) {
                 Ok(next) => {
                     file = next;
                     number += 1;

@@ -102,9 +102,11 @@ impl<T: Default> ChunkedDeque<T> {
         Some(value)
     }
 
-    /// Every element, front to back.
-    pub(super) fn iter(&self) -> impl Iterator<Item = &T> {
-        self.chunks.iter().flatten().skip(self.front)
+    /// The elements from `index` places behind the front on, front to back; the chunks
+    /// before it are skipped whole.
+    pub(super) fn iter_from(&self, index: usize) -> impl Iterator<Item = &T> {
+        let at = self.front.saturating_add(index.min(self.len));
+        self.chunks.range(at / CHUNK..).flatten().skip(at % CHUNK)
     }
 }
 
@@ -136,9 +138,10 @@ mod tests {
             assert_eq!(deque.len(), model.len());
             assert_eq!(deque.front(), model.front());
             if step % 997 == 0 {
-                assert!(deque.iter().eq(model.iter()));
+                assert!(deque.iter_from(0).eq(model.iter()));
                 let index = rng.usize(..model.len() + 2);
                 assert_eq!(deque.get(index), model.get(index));
+                assert!(deque.iter_from(index).eq(model.iter().skip(index)));
             }
         }
         while let Some(value) = model.pop_front() {

@@ -46,12 +46,11 @@ impl Partition {
     /// The queued entries from `from` on, in seq order.
     pub(super) fn entries_from(&self, from: u64) -> impl Iterator<Item = (u64, &Queued)> {
         let skip = usize::try_from(from.saturating_sub(self.head_seq)).unwrap_or(usize::MAX);
-        let head = self.head_seq;
+        let first = self.head_seq.saturating_add(skip as u64);
         self.entries
-            .iter()
+            .iter_from(skip)
             .enumerate()
-            .skip(skip)
-            .filter_map(move |(offset, entry)| Some((head + offset as u64, entry.as_ref()?)))
+            .filter_map(move |(offset, entry)| Some((first + offset as u64, entry.as_ref()?)))
     }
 
     /// Takes a handed-out entry out of the queue.
