@@ -111,6 +111,9 @@ pub(crate) enum Ending {
     Clean,
     /// In a frame cut short or damaged, which starts at this offset.
     Torn(u64),
+    /// At this offset, where only zeros follow to the end of the file: the room a writer
+    /// zeroed ahead of its frames (a frame's checksum never matches an all-zero head).
+    Zeroed(u64),
 }
 
 /// Reads every frame after the header, handing each entry to `each`; stops at the first frame
@@ -127,6 +130,13 @@ pub(crate) fn read_frames(
             0 => return Ok(Ok(Ending::Clean)),
             8 => {}
             _ => return Ok(Ok(Ending::Torn(offset))),
+        }
+        if head == [0; 8] {
+            return Ok(Ok(if only_zeros(reader)? {
+                Ending::Zeroed(offset)
+            } else {
+                Ending::Torn(offset)
+            }));
         }
         let length = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
         let sum = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
@@ -150,6 +160,18 @@ pub(crate) fn read_frames(
             return Ok(Err(message));
         }
         offset += 8 + length as u64;
+    }
+}
+
+/// Whether everything left to read is zero.
+fn only_zeros(reader: &mut impl Read) -> io::Result<bool> {
+    let mut chunk = [0u8; 8192];
+    loop {
+        match read_full(reader, &mut chunk)? {
+            0 => return Ok(true),
+            n if chunk[..n].iter().any(|byte| *byte != 0) => return Ok(false),
+            _ => {}
+        }
     }
 }
 
@@ -237,6 +259,48 @@ mod tests {
         let (seen, ending) = read(&damaged);
         assert_eq!(seen.len(), 1);
         assert_eq!(ending, Ending::Torn((HEADER_LEN + first_len) as u64));
+    }
+
+    /// Zeros after the frames (room zeroed ahead) end the read there as `Zeroed`; zeros with
+    /// anything else after them, or a frame written over only part of them, are a torn end.
+    #[test]
+    fn a_zeroed_tail_ends_the_frames_and_anything_in_it_is_torn() {
+        let ack = Change::Ack {
+            id: oncegate_core::QueueId {
+                partition: 1,
+                seq: 7,
+            },
+        };
+        let bytes = frames(&[EntryRef::Change(&ack), EntryRef::Change(&ack)]);
+        let end = (HEADER_LEN + bytes.len()) as u64;
+        for zeros in [8, 9, 20_000] {
+            let mut padded = bytes.clone();
+            padded.resize(bytes.len() + zeros, 0);
+            let (seen, ending) = read(&padded);
+            assert_eq!(
+                (seen.len(), ending),
+                (2, Ending::Zeroed(end)),
+                "{zeros} zeros"
+            );
+            // A stray byte far into the zeros: not room zeroed ahead.
+            let last = padded.len() - 1;
+            padded[last] = 1;
+            assert_eq!(read(&padded), (seen, Ending::Torn(end)));
+        }
+        // Fewer than a frame head of zeros is a head cut short.
+        let mut short = bytes.clone();
+        short.resize(bytes.len() + 5, 0);
+        assert_eq!(read(&short).1, Ending::Torn(end));
+        // A third frame whose first page reached the disk but whose tail did not.
+        let mut torn = frames(&[
+            EntryRef::Change(&ack),
+            EntryRef::Change(&ack),
+            EntryRef::Change(&ack),
+        ]);
+        let cut = torn.len() - 3;
+        torn[cut..].fill(0);
+        torn.resize(torn.len() + 4096, 0);
+        assert_eq!(read(&torn).1, Ending::Torn(end));
     }
 
     #[test]

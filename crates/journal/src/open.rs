@@ -382,6 +382,15 @@ fn load<C: Clock, J: oncegate_memory::Journal>(
         bytes += std::fs::metadata(&path).map_err(io(&path))?.len();
         match replay(&path, restore)? {
             (Ending::Clean, _) => {}
+            // Room the writer zeroed ahead: the newest segment gives it back, an earlier one
+            // (left so by a crash between a rotation and its trim) keeps it.
+            (Ending::Zeroed(at), _) if position + 1 == plan.replayed.len() && cut => {
+                let file = File::options().write(true).open(&path).map_err(io(&path))?;
+                file.set_len(at)
+                    .and_then(|()| file.sync_all())
+                    .map_err(io(&path))?;
+            }
+            (Ending::Zeroed(_), _) => {}
             (Ending::Torn(at), _) if position + 1 == plan.replayed.len() => {
                 if cut {
                     // The process died while writing this frame: nothing after it was answered.

@@ -377,6 +377,51 @@ fn a_segment_caught_in_creation_is_dropped_not_refused() {
     );
 }
 
+/// The writer zeroes room ahead of its frames; a store killed before it trimmed that room
+/// leaves zeros after the newest segment's frames, which opening gives back, and zeros after an
+/// earlier segment's frames are read as its end, not as damage. Bytes in that room are damage.
+#[test]
+fn zeroed_room_after_the_frames_is_trimmed_or_read_as_the_end() {
+    let dir = tempfile::tempdir().expect("dir");
+    let segment = |n: u64| dir.path().join(format!("segment-{n:016x}.log"));
+    let queued = |names: std::ops::Range<u32>| {
+        block_on(async {
+            let store = oncegate_journal::open(JournalConfig::at(dir.path())).expect("open");
+            for id in names {
+                let name = format!("z{id}");
+                store
+                    .admit(event(&name, None), &[key(&name)], HOUR)
+                    .await
+                    .expect("admit");
+            }
+            store.queued().await.expect("queued")
+        })
+    };
+    assert_eq!(queued(0..10), 10);
+    let framed = std::fs::metadata(segment(0)).expect("stat").len();
+    let pad = |path: &std::path::Path, bytes: usize| {
+        let mut content = std::fs::read(path).expect("read");
+        content.resize(content.len() + bytes, 0);
+        std::fs::write(path, content).expect("write");
+    };
+    // As a kill leaves the newest segment: opening trims it back to its frames.
+    pad(&segment(0), 1 << 20);
+    assert_eq!(queued(10..15), 15);
+    assert_eq!(std::fs::metadata(segment(0)).expect("stat").len(), framed);
+    // An earlier segment ending in zeros is read to its end, not refused.
+    pad(&segment(0), 4096);
+    assert_eq!(queued(15..20), 20);
+    // A byte in that room is damage before later segments: refused.
+    let mut damaged = std::fs::read(segment(0)).expect("read");
+    let last = damaged.len() - 1;
+    damaged[last] = 0x5A;
+    std::fs::write(segment(0), damaged).expect("write");
+    assert!(matches!(
+        oncegate_journal::open(JournalConfig::at(dir.path())),
+        Err(oncegate_journal::OpenError::Corrupt { .. })
+    ));
+}
+
 #[test]
 fn a_file_is_checked_as_opening_reads_it() {
     let dir = tempfile::tempdir().expect("dir");
