@@ -276,8 +276,10 @@ impl Journal for FileJournal {
 /// How far ahead of its frames the writer zeroes a segment. Writing into blocks the file
 /// already has leaves its size and extents alone, so a batch's `fdatasync` flushes the data
 /// without a metadata commit (a growing file makes every sync commit one: about twice the
-/// sync's latency on ext4); the zeroing costs one such commit per this many bytes.
-const ZERO_AHEAD: u64 = 2 << 20;
+/// sync's latency on ext4); the zeroing costs one such commit per this many bytes. Measured at
+/// the gateway (BENCHMARKS.md): 2 MiB lost to not zeroing at all, its zeroing syncs stalling
+/// every waiting caller; 256 KiB won.
+const ZERO_AHEAD: u64 = 256 << 10;
 
 /// The segment being written: where its frames end and how far it is zeroed.
 struct Tail {
