@@ -324,25 +324,29 @@ fn a_torn_tail_is_cut_off_and_damage_before_it_is_refused() {
     }
 }
 
+/// Opens the store in `dir`, admits `{prefix}{id}` for every id of `ids` and closes it again:
+/// how many events it then holds queued.
+fn reopen_and_admit(dir: &std::path::Path, prefix: &str, ids: std::ops::Range<u32>) -> u64 {
+    block_on(async {
+        let store = oncegate_journal::open(JournalConfig::at(dir)).expect("open");
+        for id in ids {
+            let name = format!("{prefix}{id}");
+            store
+                .admit(event(&name, None), &[key(&name)], HOUR)
+                .await
+                .expect("admit");
+        }
+        store.queued().await.expect("queued")
+    })
+}
+
 /// A crash while a segment is created leaves, in this build, a `segment-*.tmp` that opening
 /// removes; a folder of an earlier build may hold a newest segment without its header (created,
 /// not yet written), which opening removes too. Neither loses what the other files hold.
 #[test]
 fn a_segment_caught_in_creation_is_dropped_not_refused() {
     let dir = tempfile::tempdir().expect("dir");
-    let admit_some = |names: std::ops::Range<u32>| {
-        block_on(async {
-            let store = oncegate_journal::open(JournalConfig::at(dir.path())).expect("open");
-            for id in names {
-                let name = format!("c{id}");
-                store
-                    .admit(event(&name, None), &[key(&name)], HOUR)
-                    .await
-                    .expect("admit");
-            }
-            store.queued().await.expect("queued")
-        })
-    };
+    let admit_some = |names: std::ops::Range<u32>| reopen_and_admit(dir.path(), "c", names);
     assert_eq!(admit_some(0..10), 10);
     let newest = |dir: &std::path::Path| {
         std::fs::read_dir(dir)
@@ -384,19 +388,7 @@ fn a_segment_caught_in_creation_is_dropped_not_refused() {
 fn zeroed_room_after_the_frames_is_trimmed_or_read_as_the_end() {
     let dir = tempfile::tempdir().expect("dir");
     let segment = |n: u64| dir.path().join(format!("segment-{n:016x}.log"));
-    let queued = |names: std::ops::Range<u32>| {
-        block_on(async {
-            let store = oncegate_journal::open(JournalConfig::at(dir.path())).expect("open");
-            for id in names {
-                let name = format!("z{id}");
-                store
-                    .admit(event(&name, None), &[key(&name)], HOUR)
-                    .await
-                    .expect("admit");
-            }
-            store.queued().await.expect("queued")
-        })
-    };
+    let queued = |names: std::ops::Range<u32>| reopen_and_admit(dir.path(), "z", names);
     assert_eq!(queued(0..10), 10);
     let framed = std::fs::metadata(segment(0)).expect("stat").len();
     let pad = |path: &std::path::Path, bytes: usize| {
