@@ -18,7 +18,8 @@ const MAX_LOAD: usize = 85;
 const MIN_LOAD: usize = 30;
 /// The load a shrunk table is rebuilt at.
 const REBUILT_LOAD: usize = 70;
-/// Slots past the last home, for the runs that spill over the end.
+/// Slots past the last home, for the runs that spill over the end; added again whenever a run
+/// reaches the end (keys sharing the largest tags can always land there, whatever the size).
 const SPILL: usize = 32;
 /// The fewest homes a table that holds anything has.
 const MIN_HOMES: usize = 16;
@@ -103,10 +104,7 @@ impl RecordTable {
         if (self.len + 1) * 100 > self.homes * MAX_LOAD {
             self.rebuild(self.grown());
         }
-        while !self.try_insert(key, word) {
-            // The run reached the end of the spill slots: rare, and a larger table spreads it.
-            self.rebuild(self.grown());
-        }
+        self.insert_at_home(key, word);
         self.len += 1;
     }
 
@@ -114,7 +112,7 @@ impl RecordTable {
         (self.homes + self.homes / 4).max(MIN_HOMES)
     }
 
-    fn try_insert(&mut self, key: Compact, word: u32) -> bool {
+    fn insert_at_home(&mut self, key: Compact, word: u32) {
         let tag = key.tag();
         let mut at = self.home(tag);
         while let Some(slot) = self.slots.get(at) {
@@ -123,16 +121,21 @@ impl RecordTable {
             }
             at += 1;
         }
-        let Some(free) = self
+        let free = match self
             .slots
             .get(at..)
             .and_then(|run| run.iter().position(Slot::is_empty))
-        else {
-            return false;
+        {
+            Some(free) => at + free,
+            None => {
+                // The run reaches the end: more spill slots.
+                let end = self.slots.len();
+                self.slots.resize(end + SPILL, VACANT);
+                end
+            }
         };
-        self.slots.copy_within(at..at + free, at + 1);
+        self.slots.copy_within(at..free, at + 1);
         self.slots[at] = Slot { key, word };
-        true
     }
 
     /// Forgets `key`'s record; `false` when there was none.
@@ -156,27 +159,20 @@ impl RecordTable {
         true
     }
 
-    /// Rebuilds at `homes` homes (or more, should the runs not fit), in one ordered pass.
-    fn rebuild(&mut self, mut homes: usize) {
-        loop {
-            if let Some(slots) = self.laid_out(homes) {
-                self.slots = slots;
-                self.homes = homes;
-                return;
-            }
-            homes += homes / 4 + 1;
-        }
-    }
-
-    fn laid_out(&self, homes: usize) -> Option<Vec<Slot>> {
+    /// Rebuilds at `homes` homes, in one ordered pass.
+    fn rebuild(&mut self, homes: usize) {
         let mut slots = vec![VACANT; homes + SPILL];
         let mut next = 0;
         for slot in self.iter() {
             let at = home_of(slot.key.tag(), homes).max(next);
-            *slots.get_mut(at)? = slot;
+            if at >= slots.len() {
+                slots.resize(at + SPILL, VACANT);
+            }
+            slots[at] = slot;
             next = at + 1;
         }
-        Some(slots)
+        self.slots = slots;
+        self.homes = homes;
     }
 
     /// Every record, in tag order.
@@ -281,6 +277,31 @@ mod tests {
                 assert!(found.iter().all(|f| f.tag() == k.tag()));
             }
         }
+    }
+
+    /// Keys sharing the largest tag all land past the last home: the spill grows with them,
+    /// through growth and shrinking, and every one stays findable.
+    #[test]
+    fn keys_piling_up_at_the_end_spill_over() {
+        let mut table = RecordTable::new();
+        let mut keys = Vec::new();
+        for i in 0..500u32 {
+            let mut bytes = [0u8; 16];
+            bytes[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+            bytes[12..16].copy_from_slice(&i.to_le_bytes());
+            let k = key(bytes);
+            table.insert_new(k, i);
+            keys.push(k);
+        }
+        assert!(keys.iter().zip(0..).all(|(k, i)| table.word(*k) == Some(i)));
+        let mut found = Vec::new();
+        table.keys_with_tag(u32::MAX, &mut found);
+        assert_eq!(found.len(), 500);
+        for k in keys.drain(..450) {
+            assert!(table.remove(k));
+        }
+        assert!(keys.iter().all(|k| table.word(*k).is_some()));
+        assert_eq!(table.len(), 50);
     }
 
     #[test]
