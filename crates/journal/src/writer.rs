@@ -281,6 +281,9 @@ impl Journal for FileJournal {
 /// every waiting caller; 256 KiB won.
 const ZERO_AHEAD: u64 = 256 << 10;
 
+/// The zeros written ahead, from a static buffer rather than an allocation per extension.
+static ZEROS: [u8; ZERO_AHEAD as usize] = [0; ZERO_AHEAD as usize];
+
 /// The segment being written: where its frames end and how far it is zeroed.
 struct Tail {
     file: File,
@@ -303,10 +306,11 @@ impl Tail {
         use std::os::unix::fs::FileExt;
         let end = self.written + batch.len() as u64;
         if end > self.zeroed {
+            // `end` passed the zeroed room, so at most ZERO_AHEAD bytes follow it.
             let to = end.max(self.zeroed + ZERO_AHEAD);
-            let zeros = vec![0u8; usize::try_from(to - end).unwrap_or(0)];
-            self.file.write_all_at(&zeros, end)?;
-            self.zeroed = to;
+            let zeros = usize::try_from(to - end).map_or(ZEROS.len(), |n| n.min(ZEROS.len()));
+            self.file.write_all_at(&ZEROS[..zeros], end)?;
+            self.zeroed = end + zeros as u64;
         }
         self.file.write_all_at(batch, self.written)?;
         self.file.sync_data()?;

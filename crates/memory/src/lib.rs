@@ -546,17 +546,7 @@ impl<C: Clock, J: Journal> WatermarkStore for MemoryStore<C, J> {
                     value,
                     deadline_secs,
                 };
-                match shard
-                    .watermarks
-                    .find_mut(compact.tag_hash(), |mark| mark.scope == compact)
-                {
-                    Some(stored) => *stored = mark,
-                    None => {
-                        shard
-                            .watermarks
-                            .insert_unique(compact.tag_hash(), mark, |mark| mark.scope.tag_hash());
-                    }
-                }
+                shard.put_mark(mark);
             }
             outcome
         };

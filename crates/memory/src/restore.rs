@@ -238,17 +238,7 @@ impl<C: Clock, J: Journal> Restore<C, J> {
             epoch.secs_floor(self.now_ms),
             mark.deadline_secs,
         );
-        match shard
-            .watermarks
-            .find_mut(compact.tag_hash(), |kept| kept.scope == compact)
-        {
-            Some(kept) => *kept = mark,
-            None => {
-                shard
-                    .watermarks
-                    .insert_unique(compact.tag_hash(), mark, |kept| kept.scope.tag_hash());
-            }
-        }
+        shard.put_mark(mark);
     }
 }
 

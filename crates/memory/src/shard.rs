@@ -206,9 +206,10 @@ impl Shard {
                 fingerprints.remove(&key);
             }
         }
-        let before = slots
-            .word(key)
-            .map(|word| forget_secs(leases, key, word, epoch));
+        let slot = slots.word_mut(key);
+        let before = slot
+            .as_deref()
+            .map(|word| forget_secs(leases, key, *word, epoch));
         let secs = epoch.secs_ceil(record.expires_at_ms);
         let state = match record.state {
             RecordState::Pending => {
@@ -244,7 +245,7 @@ impl Shard {
             }
         };
         let word = (state << STATE_SHIFT) | secs;
-        match slots.word_mut(key) {
+        match slot {
             Some(stored) => *stored = word,
             None => slots.insert_new(key, word),
         }
@@ -254,6 +255,21 @@ impl Shard {
         let after = forget_secs(leases, key, word, epoch);
         if before.is_none_or(|before| after < before) {
             expiry.push(key.tag(), now_secs, after);
+        }
+    }
+
+    /// Sets `mark` as its scope's watermark (hashed by the tag, so that its expiry handle finds it).
+    pub(super) fn put_mark(&mut self, mark: Mark) {
+        let scope = mark.scope;
+        match self
+            .watermarks
+            .find_mut(scope.tag_hash(), |kept| kept.scope == scope)
+        {
+            Some(kept) => *kept = mark,
+            None => {
+                self.watermarks
+                    .insert_unique(scope.tag_hash(), mark, |kept| kept.scope.tag_hash());
+            }
         }
     }
 
