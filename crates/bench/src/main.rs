@@ -638,7 +638,7 @@ fn redis_benchmark_ceiling(url: &str, callers: usize) -> anyhow::Result<f64> {
     let address = url.trim_start_matches("redis://");
     let (host, port) = address.split_once(':').unwrap_or((address, "6379"));
     let port = port.trim_end_matches(|c: char| !c.is_ascii_digit());
-    let script = include_str!("../../redis/lua/admit.lua");
+    let script = oncegate_redis::ADMIT_LUA;
     let output = std::process::Command::new("redis-benchmark")
         .args(["-h", host, "-p", port, "-c", &callers.to_string(), "-n", "300000", "-P", "16", "-r", "100000000", "-q"])
         .args(["EVAL", script, "3", "ceil:r:__rand_int__", "ceil:q:0", "ceil:qseq:0", "1700000000000", "86400000", "1", "00", "1", "payload-of-about-one-hundred-bytes-payload-of-about-one-hundred-bytes-payload-of-about", "60000"])

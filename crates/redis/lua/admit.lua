@@ -12,26 +12,20 @@ if nonce and redis.call('EXISTS', nonce) == 1 then return {2} end
 local function remember()
   if nonce then redis.call('SET', nonce, '1', 'PX', ARGV[8]) end
 end
--- Which keys hold a record (every record has 's'): only those need clearing before the write.
-local held = {}
 for i = 1, n do
-  local r = redis.call('HMGET', KEYS[i], 's', 'e', 'u')
-  if r[1] then
-    held[i] = true
-    local live = now < tonumber(r[2]) or (r[1] == 'r' and now < tonumber(r[3] or '0'))
-    if live then
-      remember()
-      return {0, i - 1}
-    end
+  local s, e, _, u = load(KEYS[i])
+  if s and (now < e or (s == 'r' and now < u)) then
+    remember()
+    return {0, i - 1}
   end
 end
-local expires = now + retention
-for i = 1, n do
-  if held[i] then redis.call('DEL', KEYS[i]) end
-  redis.call('HSET', KEYS[i], 's', 'p', 'e', string.format('%d', expires))
-  redis.call('PEXPIRE', KEYS[i], retention + slack)
-end
+-- The event first: a script that fails half-way keeps what it wrote, and marks without the
+-- event would turn the platform's retry into a duplicate.
 local seq = redis.call('INCR', KEYS[n + 2])
 redis.call('XADD', KEYS[n + 1], '0-' .. seq, 'k', ARGV[4], 'o', ARGV[5], 'e', ARGV[6])
+local pending = encode('p', now + retention, '', 0, false, false)
+for i = 1, n do
+  redis.call('SET', KEYS[i], pending, 'PX', retention + slack)
+end
 remember()
 return {1, seq}

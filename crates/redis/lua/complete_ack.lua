@@ -8,8 +8,8 @@ local slack = tonumber(ARGV[4])
 redis.call('XACK', KEYS[2], ARGV[7], ARGV[5])
 redis.call('XDEL', KEYS[2], ARGV[5])
 redis.call('HDEL', KEYS[3], ARGV[6])
-local r = redis.call('HMGET', KEYS[1], 's', 'e', 't', 'u')
-if not r[1] or r[1] ~= 'r' or r[3] ~= ARGV[1] then return 0 end
-if not (now < tonumber(r[2]) or now < tonumber(r[4])) then return 0 end
-mark_completed(KEYS[1], now, retention, slack, ARGV[8])
+local s, e, t, u, f = load(KEYS[1])
+if s ~= 'r' or t ~= ARGV[1] then return 0 end
+if not (now < e or now < u) then return 0 end
+mark_completed(KEYS[1], now, retention, slack, f, ARGV[8] or false)
 return 1

@@ -5,20 +5,15 @@ local op = ARGV[1]
 local now = tonumber(ARGV[3])
 local ms = tonumber(ARGV[4])
 local slack = tonumber(ARGV[5])
-local r = redis.call('HMGET', KEYS[1], 's', 'e', 't', 'u')
-if not r[1] or r[1] ~= 'r' or r[3] ~= ARGV[2] then return 0 end
-local e = tonumber(r[2])
-local u = tonumber(r[4])
+local s, e, t, u, f = load(KEYS[1])
+if s ~= 'r' or t ~= ARGV[2] then return 0 end
 if not (now < e or now < u) then return 0 end
 if op == 'renew' then
   local till = now + ms
-  redis.call('HSET', KEYS[1], 'u', string.format('%d', till))
-  redis.call('PEXPIRE', KEYS[1], math.max(e, till) - now + slack)
+  store(KEYS[1], math.max(e, till) - now + slack, 'r', e, t, till, f, false)
 elseif op == 'complete' then
-  mark_completed(KEYS[1], now, ms, slack, ARGV[6])
+  mark_completed(KEYS[1], now, ms, slack, f, ARGV[6] or false)
 else
-  redis.call('HSET', KEYS[1], 's', 'p')
-  redis.call('HDEL', KEYS[1], 't', 'u')
-  redis.call('PEXPIRE', KEYS[1], math.max(e - now, 1) + slack)
+  store(KEYS[1], math.max(e - now, 1) + slack, 'p', e, '', 0, f, false)
 end
 return 1

@@ -145,14 +145,17 @@ impl<C: Clock> DedupStore for RedisStore<C> {
         oncegate_core::store::require_partition(partition, self.inner.partitions)?;
         let key = *key;
         self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
-            let fields: Vec<Value> = redis::cmd("HMGET")
-                .arg(inner.record_key(&key, partition))
-                .arg(&["s", "e", "t", "u", "o", "f"])
-                .query_async(&mut conn)
+            let reply: Value = inner
+                .scripts
+                .records
+                .key(inner.record_key(&key, partition))
+                .invoke_async(&mut conn)
                 .await
                 .map_err(unavailable)?;
             let now = inner.clock.now_ms();
-            Ok(parse_record(fields).filter(|record| record.is_live(now)))
+            let reply = array(reply)?;
+            let record = reply.first().map(record_of).transpose()?.flatten();
+            Ok(record.filter(|record| record.is_live(now)))
         })
         .await
     }
@@ -256,8 +259,8 @@ impl<C: Clock> DedupStore for RedisStore<C> {
                             .scan(&node, cursor, &pattern)
                             .await
                             .map_err(unavailable)?;
-                        // One round trip per slot (a cluster pipeline stays in one slot): the
-                        // keys of a batch grouped by their partition's hash tag.
+                        // One script call per slot (a script's keys share one slot): the keys
+                        // of a batch grouped by their partition's hash tag.
                         let mut by_tag: std::collections::BTreeMap<&str, Vec<&str>> =
                             std::collections::BTreeMap::new();
                         for key in &keys {
@@ -265,15 +268,16 @@ impl<C: Clock> DedupStore for RedisStore<C> {
                             by_tag.entry(tag).or_default().push(key);
                         }
                         for group in by_tag.values() {
-                            let mut pipe = redis::pipe();
+                            let mut call = inner.scripts.records.prepare_invoke();
                             for key in group {
-                                pipe.cmd("HMGET").arg(*key).arg(&["s", "e", "t", "u"]);
+                                call.key(*key);
                             }
-                            let records: Vec<Vec<Value>> =
-                                pipe.query_async(&mut conn).await.map_err(unavailable)?;
-                            for fields in records {
-                                match parse_record(fields) {
-                                    Some(record) if record.is_live(now) => match record.state {
+                            let reply: Value =
+                                call.invoke_async(&mut conn).await.map_err(unavailable)?;
+                            for value in array(reply)? {
+                                // Counts, not a transition: a key that does not parse is skipped.
+                                match record_of(&value) {
+                                    Ok(Some(record)) if record.is_live(now) => match record.state {
                                         RecordState::Pending => stats.pending += 1,
                                         RecordState::Processing { .. } => stats.processing += 1,
                                         RecordState::Completed { .. } => stats.completed += 1,

@@ -2,9 +2,10 @@
 //!
 //! Every state transition is one Lua script (loaded once, called by SHA, reloaded after
 //! `NOSCRIPT` by `redis::Script`): admit checks every key and, only if all are unseen, marks them
-//! and appends the event to its partition's stream in the same script. Records are hashes whose
-//! logical times (`e` retention end, `u` lease end) decide liveness against the caller's clock;
-//! Redis TTLs only clean up, a minute after the logical end.
+//! and appends the event to its partition's stream in the same script. Records are strings (the layout
+//! is in `lua/record.lua`; hashes written by earlier versions are still read) whose logical
+//! times (retention end, lease end) decide liveness against the caller's clock; Redis TTLs only
+//! clean up, a minute after the logical end.
 //!
 //! Every key a script touches carries its partition's hash tag (`{prefix:p}`): an event's
 //! records, its partition's stream, counters and dead letters share one Cluster slot.
@@ -61,6 +62,12 @@ const STATS_LIMIT: Duration = Duration::from_secs(120);
 /// Stream entries read per catch-up round.
 const CATCH_UP: usize = 1000;
 
+/// The admit script's source (also for benchmarks that run it by itself).
+pub const ADMIT_LUA: &str = concat!(
+    include_str!("../lua/record.lua"),
+    include_str!("../lua/admit.lua")
+);
+
 /// A queue entry's payload as stored in the stream.
 #[derive(Debug, Serialize, Deserialize)]
 struct Stored {
@@ -71,6 +78,8 @@ struct Scripts {
     admit: Script,
     claim: Script,
     fence: Script,
+    /// Reads records as strings (those of earlier versions' hashes converted).
+    records: Script,
     watermark: Script,
     rate: Script,
     dead_letter: Script,
@@ -266,11 +275,19 @@ impl<C: Clock> RedisStore<C> {
                 ownership_ms: millis(config.ownership),
                 clock,
                 scripts: Scripts {
-                    admit: Script::new(include_str!("../lua/admit.lua")),
-                    claim: Script::new(include_str!("../lua/claim.lua")),
+                    admit: Script::new(ADMIT_LUA),
+                    claim: Script::new(concat!(
+                        include_str!("../lua/record.lua"),
+                        include_str!("../lua/claim.lua")
+                    )),
                     fence: Script::new(concat!(
+                        include_str!("../lua/record.lua"),
                         include_str!("../lua/completed.lua"),
                         include_str!("../lua/fence.lua")
+                    )),
+                    records: Script::new(concat!(
+                        include_str!("../lua/record.lua"),
+                        include_str!("../lua/records.lua")
                     )),
                     watermark: Script::new(include_str!("../lua/watermark.lua")),
                     rate: Script::new(include_str!("../lua/rate.lua")),
@@ -279,6 +296,7 @@ impl<C: Clock> RedisStore<C> {
                     dead_purge: Script::new(include_str!("../lua/dead_purge.lua")),
                     own: Script::new(include_str!("../lua/own.lua")),
                     complete_ack: Script::new(concat!(
+                        include_str!("../lua/record.lua"),
                         include_str!("../lua/completed.lua"),
                         include_str!("../lua/complete_ack.lua")
                     )),

@@ -37,33 +37,64 @@ pub(super) fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, 
         .map_err(|e| StoreError::Corrupt(format!("a stored value does not decode: {e}")))
 }
 
-/// Parses HMGET s e t u o f into a record (stats ask for the first four only).
-pub(super) fn parse_record(fields: Vec<Value>) -> Option<Record> {
-    let state = text(fields.first()?)?.to_owned();
-    let expires_at_ms = int(fields.get(1)?)?;
-    let state = match state.as_str() {
-        "p" => RecordState::Pending,
-        "r" => RecordState::Processing {
-            token: FencingToken(int(fields.get(2)?)?),
-            lease_until_ms: int(fields.get(3)?)?,
-        },
-        "c" => RecordState::Completed {
-            outcome: match fields.get(4) {
-                Some(Value::BulkString(bytes)) => Some(Bytes::from(bytes.clone())),
-                _ => None,
-            },
-        },
+/// Parses a record string as `lua/record.lua` lays it out; `None` for anything else.
+pub(super) fn parse_record(raw: &[u8]) -> Option<Record> {
+    let (&state, rest) = raw.split_first()?;
+    let mut numbers = rest.splitn(4, |&b| b == b',');
+    let mut number = || -> Option<Option<u64>> {
+        let digits = numbers.next()?;
+        if digits.is_empty() {
+            return Some(None);
+        }
+        std::str::from_utf8(digits).ok()?.parse().ok().map(Some)
+    };
+    let expires_at_ms = number()??;
+    let (token, until) = (number()?, number()?);
+    let tail = numbers.next()?;
+    let (fingerprint, tail) = match tail.split_first()? {
+        (b'f', rest) if rest.len() >= 16 => {
+            let (bytes, rest) = rest.split_at(16);
+            (Some(Fingerprint(bytes.try_into().ok()?)), rest)
+        }
+        (b'-', rest) => (None, rest),
         _ => return None,
     };
-    let fingerprint = match fields.get(5) {
-        Some(Value::BulkString(bytes)) => Some(Fingerprint(bytes.as_slice().try_into().ok()?)),
-        _ => None,
+    let outcome = match tail.split_first() {
+        Some((b'o', outcome)) => Some(Bytes::copy_from_slice(outcome)),
+        None => None,
+        Some(_) => return None,
+    };
+    let state = match state {
+        b'p' => RecordState::Pending,
+        b'r' => RecordState::Processing {
+            token: FencingToken(token?),
+            lease_until_ms: until?,
+        },
+        b'c' => RecordState::Completed { outcome },
+        _ => return None,
     };
     Some(Record {
         state,
         expires_at_ms,
         fingerprint,
     })
+}
+
+/// Parses what `lua/records.lua` answers for one key: `Ok(None)` when there is no record.
+pub(super) fn record_of(value: &Value) -> Result<Option<Record>, StoreError> {
+    match value {
+        Value::Nil => Ok(None),
+        // Not the bytes: an outcome is the handler's, not the log's.
+        Value::BulkString(raw) => parse_record(raw).map(Some).ok_or_else(|| {
+            StoreError::Corrupt(format!(
+                "a record of {} bytes does not parse; delete the key if nothing wrote it",
+                raw.len()
+            ))
+        }),
+        other => Err(StoreError::Corrupt(format!(
+            "expected a record string from redis, got {other:?}"
+        ))),
+    }
 }
 
 /// The id of a stream entry (also of one that is gone).
@@ -147,4 +178,65 @@ pub(super) fn attempts_of(field: Option<&str>) -> (u32, u64) {
     let attempt = parts.next().and_then(|a| a.parse().ok()).unwrap_or(0);
     let not_before = parts.next().and_then(|n| n.parse().ok()).unwrap_or(0);
     (attempt, not_before)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_parse_as_the_scripts_write_them() {
+        let pending = parse_record(b"p1700000000000,,,-").expect("pending");
+        assert_eq!(pending.state, RecordState::Pending);
+        assert_eq!(pending.expires_at_ms, 1_700_000_000_000);
+        assert_eq!(pending.fingerprint, None);
+
+        let mut running = b"r10,77,9,f".to_vec();
+        running.extend_from_slice(&[b','; 16]);
+        let running = parse_record(&running).expect("processing");
+        assert_eq!(
+            running.state,
+            RecordState::Processing {
+                token: FencingToken(77),
+                lease_until_ms: 9
+            }
+        );
+        assert_eq!(running.fingerprint, Some(Fingerprint([b','; 16])));
+
+        let done = parse_record(b"c10,,,-o,a,\xffb").expect("completed");
+        assert_eq!(
+            done.state,
+            RecordState::Completed {
+                outcome: Some(Bytes::from_static(b",a,\xffb"))
+            }
+        );
+        let empty = parse_record(b"c10,,,-o").expect("empty outcome");
+        assert_eq!(
+            empty.state,
+            RecordState::Completed {
+                outcome: Some(Bytes::new())
+            }
+        );
+        let none = parse_record(b"c10,,,-").expect("no outcome");
+        assert_eq!(none.state, RecordState::Completed { outcome: None });
+    }
+
+    #[test]
+    fn anything_else_is_no_record() {
+        for raw in [
+            &b""[..],
+            b"p",
+            b"x1,,,-",
+            b"p,,,-",
+            b"p1,,-",
+            b"p1,,,",
+            b"p1,,,f0123",
+            b"p1,,,-x",
+            b"r1,,,-",
+            b"r1,2,,-",
+            b"p99999999999999999999999,,,-",
+        ] {
+            assert_eq!(parse_record(raw), None, "{:?}", String::from_utf8_lossy(raw));
+        }
+    }
 }
