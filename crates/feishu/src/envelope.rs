@@ -6,7 +6,7 @@ use bytes::Bytes;
 use oncegate_core::{Event, Keys, key_for};
 
 use crate::crypto::{decrypt_with, same, signature};
-use crate::json::{self, Doc, Scalar};
+use crate::json::{self, Doc, Scalar, Token};
 use crate::{EncryptKey, FeishuApp, FeishuError, SignedHeaders};
 
 /// A verified, decoded callback.
@@ -142,7 +142,7 @@ fn unsigned_challenge(key: &EncryptKey, app: &FeishuApp, body: &[u8]) -> Option<
         _ => return None,
     };
     let doc: Doc<'_> = serde_json::from_slice(&plain).ok()?;
-    if doc.kind.text() != Some("url_verification") || !token_ok(app, &doc.token) {
+    if doc.kind.text() != Some("url_verification") || !token_ok(app, &doc.token.value) {
         return None;
     }
     Some(Inbound::Challenge {
@@ -165,14 +165,14 @@ fn check_token(app: &FeishuApp, token: &Scalar<'_>, trust: Trust) -> Result<(), 
     }
 }
 
-/// The payload that is stored and forwarded: the document without its verification token.
-fn payload(json: &[u8], token: &Scalar<'_>) -> Result<Bytes, FeishuError> {
-    if matches!(token, Scalar::Other) {
-        return Ok(Bytes::copy_from_slice(json));
-    }
-    json::without_token(json)
+/// The payload that is stored and forwarded: the document without its verification tokens
+/// (`header.token` in schema 2.0, `token` at the top).
+fn payload(json: &[u8], tokens: &[&Token<'_>]) -> Result<Bytes, FeishuError> {
+    json::without_tokens(json, tokens)
         .map(Bytes::from)
-        .map_err(|error| FeishuError::NotJson(error.to_string()))
+        .map_err(|_| {
+            FeishuError::NotJson("a verification token is not a member of its document".into())
+        })
 }
 
 fn decode(
@@ -182,7 +182,7 @@ fn decode(
     trust: Trust,
 ) -> Result<Inbound, FeishuError> {
     if doc.kind.text() == Some("url_verification") {
-        check_token(app, &doc.token, trust)?;
+        check_token(app, &doc.token.value, trust)?;
         let challenge = doc.challenge.text().ok_or_else(|| {
             FeishuError::UnknownEnvelope("url_verification without a challenge".into())
         })?;
@@ -192,7 +192,7 @@ fn decode(
     }
     let event = doc.event.unwrap_or_default();
     if let Some(header) = &doc.header {
-        check_token(app, &header.token, trust)?;
+        check_token(app, &header.token.value, trust)?;
         let event_id = header.event_id.text().ok_or_else(|| {
             FeishuError::UnknownEnvelope("schema 2.0 envelope without header.event_id".into())
         })?;
@@ -224,7 +224,7 @@ fn decode(
                 event_type: Arc::from(event_type),
                 created_at_ms: lenient_ms(&header.create_time),
                 order_key: order_key.map(str::to_owned),
-                payload: payload(json, &header.token)?,
+                payload: payload(json, &[&doc.token, &header.token])?,
             },
             keys,
         };
@@ -242,7 +242,7 @@ fn decode(
         ));
     }
     if let Some(uuid) = doc.uuid.text() {
-        check_token(app, &doc.token, trust)?;
+        check_token(app, &doc.token.value, trust)?;
         let event_type = event
             .kind
             .text()
@@ -258,7 +258,7 @@ fn decode(
                 event_type: Arc::from(event_type),
                 created_at_ms: lenient_ms(&doc.ts),
                 order_key: order_key.map(str::to_owned),
-                payload: payload(json, &doc.token)?,
+                payload: payload(json, &[&doc.token])?,
             },
             keys: Keys::new(key_for(&app.source, &app.app_id, "event_id", uuid)),
         }));

@@ -101,6 +101,14 @@ pub fn feishu_envelope(data: &[u8]) {
             !verified.keys.as_slice().is_empty(),
             "an event without keys"
         );
+        // What is stored is JSON without a verification token, at the top or in the header.
+        let stored: serde_json::Value =
+            serde_json::from_slice(&verified.event.payload).expect("the payload is JSON");
+        assert!(stored.get("token").is_none(), "a token stored: {stored}");
+        assert!(
+            stored.pointer("/header/token").is_none(),
+            "a header token stored: {stored}"
+        );
     }
     if let Err(error) = &opened {
         let _ = (error.status(), error.label(), error.to_string());

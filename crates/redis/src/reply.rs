@@ -236,7 +236,12 @@ mod tests {
             b"r1,2,,-",
             b"p99999999999999999999999,,,-",
         ] {
-            assert_eq!(parse_record(raw), None, "{:?}", String::from_utf8_lossy(raw));
+            assert_eq!(
+                parse_record(raw),
+                None,
+                "{:?}",
+                String::from_utf8_lossy(raw)
+            );
         }
     }
 }
