@@ -86,11 +86,16 @@ impl KeyHash {
 }
 
 impl fmt::Display for KeyHash {
+    /// 32 lowercase hex digits, written at once: every delivery and Redis key names one.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for byte in self.0 {
-            write!(f, "{byte:02x}")?;
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut hex = [0u8; 32];
+        for (pair, byte) in hex.chunks_exact_mut(2).zip(self.0) {
+            pair[0] = DIGITS[usize::from(byte >> 4)];
+            pair[1] = DIGITS[usize::from(byte & 0x0f)];
         }
-        Ok(())
+        // Only ASCII digits went in.
+        f.write_str(std::str::from_utf8(&hex).map_err(|_| fmt::Error)?)
     }
 }
 
@@ -161,6 +166,13 @@ mod tests {
     fn hex_round_trips_and_rejects_garbage() {
         let key = key_for("feishu", "app", "event_id", "x");
         assert_eq!(KeyHash::from_hex(&key.to_string()), Some(key));
+        let bytes = [
+            0x00, 0x01, 0x0f, 0x10, 0x7f, 0x80, 0xab, 0xff, 9, 10, 11, 12, 13, 14, 15, 16,
+        ];
+        assert_eq!(
+            KeyHash(bytes).to_string(),
+            "00010f107f80abff090a0b0c0d0e0f10"
+        );
         assert_eq!(KeyHash::from_hex("zz"), None);
         assert_eq!(KeyHash::from_hex(&"g".repeat(32)), None);
         assert_eq!(KeyHash::from_hex(&"é".repeat(16)), None);
