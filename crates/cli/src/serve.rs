@@ -74,8 +74,13 @@ pub(crate) async fn serve(config_path: Option<&Path>) -> anyhow::Result<()> {
                 lazy: settings.spool.is_some(),
                 ..defaults
             };
-            let store =
-                tokio::task::block_in_place(|| oncegate_redis::RedisStore::connect(redis_config))?;
+            let store = tokio::task::block_in_place(|| {
+                oncegate_redis::RedisStore::connect_on(
+                    redis_config,
+                    oncegate_core::SystemClock,
+                    tokio::runtime::Handle::current(),
+                )
+            })?;
             let shown = oncegate_core::redact::url(&settings.url);
             if settings.spool.is_some() {
                 tracing::info!(url = %shown, cluster = settings.cluster, "redis store: connecting on first use (a spool is configured)");

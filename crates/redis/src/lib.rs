@@ -231,22 +231,46 @@ impl<C: Clock> RedisStore<C> {
     /// Connects; the store runs its connection on a small runtime of its own, so that it can be
     /// called from any runtime, or from several.
     pub fn connect_with_clock(config: RedisConfig, clock: C) -> Result<Self, ConnectError> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("oncegate-redis")
+            .enable_all()
+            .build()
+            .map_err(|e| ConnectError::Connect {
+                url: oncegate_core::redact::url(&config.url),
+                message: e.to_string(),
+            })?;
+        let handle = runtime.handle().clone();
+        Self::open(config, clock, Some(runtime), handle)
+    }
+
+    /// Connects, with the connection and every call on the runtime of `handle` (a
+    /// multi-threaded one): no hop between runtimes per call, for a caller that runs on it.
+    /// Blocks while connecting: call it outside the runtime or inside `block_in_place`.
+    pub fn connect_on(
+        config: RedisConfig,
+        clock: C,
+        handle: tokio::runtime::Handle,
+    ) -> Result<Self, ConnectError> {
+        Self::open(config, clock, None, handle)
+    }
+
+    fn open(
+        config: RedisConfig,
+        clock: C,
+        runtime: Option<tokio::runtime::Runtime>,
+        handle: tokio::runtime::Handle,
+    ) -> Result<Self, ConnectError> {
         // Shown from the start: an alert on it must tell "closed" from "never scraped".
         metrics::gauge!("oncegate_store_circuit_open").set(0.0);
         let connect_error = |message: String| ConnectError::Connect {
             url: oncegate_core::redact::url(&config.url),
             message,
         };
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("oncegate-redis")
-            .enable_all()
-            .build()
-            .map_err(|e| connect_error(e.to_string()))?;
         let prefix = config.prefix.clone();
         let partitions = config.partitions.max(1);
         let urls: Vec<&str> = config.url.split(',').map(str::trim).collect();
-        let conn = runtime
+        let conn = handle
             .block_on(async {
                 let mut conn = Conn::open(&urls, config.cluster, config.timeout, config.lazy)
                     .await
@@ -263,7 +287,6 @@ impl<C: Clock> RedisStore<C> {
                 ConnectError::Connect { message, .. } => connect_error(message),
                 other => other,
             })?;
-        let handle = runtime.handle().clone();
         Ok(Self {
             inner: Arc::new(Inner {
                 conn,
@@ -306,7 +329,7 @@ impl<C: Clock> RedisStore<C> {
                     .map(|_| Mutex::new(Partition::default()))
                     .collect(),
             }),
-            runtime: Some(runtime),
+            runtime,
             handle,
         })
     }

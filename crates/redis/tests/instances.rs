@@ -397,3 +397,68 @@ fn kept_payloads_are_bounded_and_never_stale() {
         assert!(store.pull(0, 50).await.expect("pull").is_empty());
     });
 }
+
+/// A store on its caller's runtime (`connect_on`, what `oncegate serve` uses) works as one on its
+/// own: admit, hand out, claim, complete and ack, from tasks of that runtime.
+#[test]
+fn a_store_on_the_callers_runtime_runs_the_whole_path() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let prefix = format!("on{}", std::process::id());
+    let store = std::sync::Arc::new(
+        RedisStore::connect_on(config(&prefix), SystemClock, runtime.handle().clone())
+            .expect("connect on the runtime"),
+    );
+    let tasks: Vec<_> = (0..8)
+        .map(|n| {
+            let store = store.clone();
+            runtime.spawn(async move {
+                let id = format!("rt{n}");
+                let admitted = store
+                    .admit(event(&id, Some(&id)), &[key(&id)], Duration::from_secs(60))
+                    .await
+                    .expect("admit");
+                assert!(
+                    matches!(admitted, Admission::Admitted { .. }),
+                    "{admitted:?}"
+                );
+            })
+        })
+        .collect();
+    runtime.block_on(async {
+        for task in tasks {
+            task.await.expect("admit task");
+        }
+        let mut done = 0;
+        while done < 8 {
+            let deliveries = store.pull(0, 16).await.expect("pull");
+            assert!(
+                !deliveries.is_empty(),
+                "8 admitted, {done} done, none handed out"
+            );
+            for delivery in deliveries {
+                let Claim::Acquired(lease) = store
+                    .claim(
+                        &delivery.key,
+                        delivery.id.partition,
+                        Duration::from_secs(60),
+                    )
+                    .await
+                    .expect("claim")
+                else {
+                    panic!("claim of a fresh event")
+                };
+                let fence = store
+                    .complete_and_ack(&lease, Duration::from_secs(60), None, delivery.id)
+                    .await
+                    .expect("complete and ack");
+                assert_eq!(fence, oncegate_core::FenceCheck::Accepted);
+                done += 1;
+            }
+        }
+        assert_eq!(store.queued().await.expect("queued"), 0);
+    });
+}
