@@ -168,6 +168,13 @@ fn check_token(app: &FeishuApp, token: &Scalar<'_>, trust: Trust) -> Result<(), 
 /// The payload that is stored and forwarded: the document without its verification tokens
 /// (`header.token` in schema 2.0, `token` at the top).
 fn payload(json: &[u8], tokens: &[&Token<'_>]) -> Result<Bytes, FeishuError> {
+    // The parse skipped what it does not read without checking its text: JSON is UTF-8, and
+    // what is stored and forwarded must be JSON.
+    if std::str::from_utf8(json).is_err() {
+        return Err(FeishuError::NotJson(
+            "the document is not UTF-8 text".into(),
+        ));
+    }
     json::without_tokens(json, tokens)
         .map(Bytes::from)
         .map_err(|_| {
@@ -321,6 +328,26 @@ mod tests {
             nonce: Some("nonce-1"),
             signature: Some(sig),
         }
+    }
+
+    #[test]
+    fn a_document_that_is_not_utf8_is_refused() {
+        let app = app(Some("ekey"));
+        let mut plain = message("ev1", "om_1", "oc_chat").into_bytes();
+        // Inside a value nothing reads (the message's content): the parse skips it without
+        // looking at its text.
+        let at = plain
+            .windows(2)
+            .position(|w| w == b"hi")
+            .expect("the message's text");
+        plain[at] = 0xff;
+        let (body, sig) = app.seal(&plain, "1700000000", "nonce-1", [3; 16]);
+        let sig = sig.expect("signed");
+        let refused = app.open(headers(&sig), &body);
+        assert!(
+            matches!(&refused, Err(FeishuError::NotJson(why)) if why.contains("UTF-8")),
+            "{refused:?}"
+        );
     }
 
     #[test]
