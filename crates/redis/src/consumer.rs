@@ -44,7 +44,7 @@ impl<C: Clock> Inner<C> {
             .arg(self.ownership_ms)
             .invoke_async(conn)
             .await
-            .map_err(unavailable)?;
+            .map_err(from_redis)?;
         match verdict {
             // Ours already, unless we did not know: the answer that made it ours was lost.
             1 if queue.owned => Ok(true),
@@ -102,7 +102,7 @@ impl<C: Clock> Inner<C> {
                 .arg(CATCH_UP)
                 .query_async(conn)
                 .await
-                .map_err(unavailable)?;
+                .map_err(from_redis)?;
             let mut parts = array(reply)?.into_iter();
             let next = parts.next().as_ref().and_then(text).map(str::to_owned);
             let entries = array(parts.next().unwrap_or(Value::Array(Vec::new())))?;
@@ -118,7 +118,7 @@ impl<C: Clock> Inner<C> {
             .arg(GROUP)
             .query_async(conn)
             .await
-            .map_err(unavailable)?;
+            .map_err(from_redis)?;
         for consumer in consumers {
             let fields = array(consumer)?;
             let field = |name: &str| {
@@ -140,7 +140,7 @@ impl<C: Clock> Inner<C> {
                     .arg(name)
                     .query_async(conn)
                     .await
-                    .map_err(unavailable)?;
+                    .map_err(from_redis)?;
             }
         }
         Ok(())
@@ -280,7 +280,7 @@ impl<C: Clock> Inner<C> {
             .arg(&fields)
             .query_async(conn)
             .await
-            .map_err(unavailable)?;
+            .map_err(from_redis)?;
         for ((seq, key, order, stored), attempt) in seqs.into_iter().zip(attempts) {
             let (attempt, not_before) = attempts_of(attempt.as_deref());
             queue.order.push(seq, order, not_before, stored.len());
@@ -312,7 +312,7 @@ pub(super) async fn fetch<C>(
         pipe.cmd("XRANGE").arg(&stream).arg(&id).arg(&id);
         pipe.cmd("HGET").arg(&attempts).arg(seq);
     }
-    let replies: Vec<Value> = pipe.query_async(conn).await.map_err(unavailable)?;
+    let replies: Vec<Value> = pipe.query_async(conn).await.map_err(from_redis)?;
     let mut out = Vec::with_capacity(seqs.len());
     let mut replies = replies.into_iter();
     for &seq in seqs {

@@ -44,7 +44,7 @@ impl<C: Clock> DedupStore for RedisStore<C> {
                 call.key(inner.nonce_key(&nonce.key, partition))
                     .arg(nonce.window_ms.max(1));
             }
-            let reply = array(call.invoke_async(&mut conn).await.map_err(unavailable)?)?;
+            let reply = array(call.invoke_async(&mut conn).await.map_err(from_redis)?)?;
             match (reply.first().and_then(int), reply.get(1).and_then(int)) {
                 (Some(1), Some(seq)) => Ok(Admission::Admitted {
                     id: QueueId { partition, seq },
@@ -83,7 +83,7 @@ impl<C: Clock> DedupStore for RedisStore<C> {
                 .arg(fingerprint.as_ref().map_or(&[][..], |f| &f.0[..]))
                 .invoke_async(&mut conn)
                 .await
-                .map_err(unavailable)?;
+                .map_err(from_redis)?;
             let reply = array(reply)?;
             match reply.first().and_then(text) {
                 Some("acquired") => {
@@ -151,7 +151,7 @@ impl<C: Clock> DedupStore for RedisStore<C> {
                 .key(inner.record_key(&key, partition))
                 .invoke_async(&mut conn)
                 .await
-                .map_err(unavailable)?;
+                .map_err(from_redis)?;
             let now = inner.clock.now_ms();
             let reply = array(reply)?;
             let record = reply.first().map(record_of).transpose()?.flatten();
@@ -195,7 +195,7 @@ impl<C: Clock> DedupStore for RedisStore<C> {
             if let Some(outcome) = &outcome {
                 call.arg(outcome.as_ref());
             }
-            let applied: i64 = call.invoke_async(&mut conn).await.map_err(unavailable)?;
+            let applied: i64 = call.invoke_async(&mut conn).await.map_err(from_redis)?;
             inner.settle(id, |order| order.remove(id.seq)).await;
             Ok(if applied == 1 {
                 FenceCheck::Accepted
@@ -211,7 +211,7 @@ impl<C: Clock> DedupStore for RedisStore<C> {
             let _: String = redis::cmd("PING")
                 .query_async(&mut conn)
                 .await
-                .map_err(unavailable)?;
+                .map_err(from_redis)?;
             Ok(())
         })
         .await
@@ -224,7 +224,7 @@ impl<C: Clock> DedupStore for RedisStore<C> {
             for partition in 0..inner.partitions {
                 pipe.cmd("XLEN").arg(inner.stream(partition));
             }
-            let lengths: Vec<u64> = pipe.query_async(&mut conn).await.map_err(unavailable)?;
+            let lengths: Vec<u64> = pipe.query_async(&mut conn).await.map_err(from_redis)?;
             Ok(lengths.iter().sum())
         })
         .await
@@ -252,13 +252,13 @@ impl<C: Clock> DedupStore for RedisStore<C> {
                 };
                 let now = inner.clock.now_ms();
                 let pattern = inner.records_pattern();
-                for node in conn.scan_nodes().await.map_err(unavailable)? {
+                for node in conn.scan_nodes().await.map_err(from_redis)? {
                     let mut cursor = 0u64;
                     loop {
                         let (next, keys) = conn
                             .scan(&node, cursor, &pattern)
                             .await
-                            .map_err(unavailable)?;
+                            .map_err(from_redis)?;
                         // One script call per slot (a script's keys share one slot): the keys
                         // of a batch grouped by their partition's hash tag.
                         let mut by_tag: std::collections::BTreeMap<&str, Vec<&str>> =
@@ -273,7 +273,7 @@ impl<C: Clock> DedupStore for RedisStore<C> {
                                 call.key(*key);
                             }
                             let reply: Value =
-                                call.invoke_async(&mut conn).await.map_err(unavailable)?;
+                                call.invoke_async(&mut conn).await.map_err(from_redis)?;
                             for value in array(reply)? {
                                 // Counts, not a transition: a key that does not parse is skipped.
                                 match record_of(&value) {
@@ -300,7 +300,7 @@ impl<C: Clock> DedupStore for RedisStore<C> {
                         .arg(inner.dead(partition))
                         .query_async(&mut conn)
                         .await
-                        .map_err(unavailable)?;
+                        .map_err(from_redis)?;
                     stats.queued += queued;
                     stats.dead_letters += dead;
                 }
@@ -330,7 +330,7 @@ impl<C: Clock> RedisStore<C> {
             if let Some(outcome) = &outcome {
                 call.arg(outcome.as_ref());
             }
-            let applied: i64 = call.invoke_async(&mut conn).await.map_err(unavailable)?;
+            let applied: i64 = call.invoke_async(&mut conn).await.map_err(from_redis)?;
             Ok(if applied == 1 {
                 FenceCheck::Accepted
             } else {
@@ -360,7 +360,7 @@ impl<C: Clock> WatermarkStore for RedisStore<C> {
                 .arg(TTL_SLACK_MS)
                 .invoke_async(&mut conn)
                 .await
-                .map_err(unavailable)?;
+                .map_err(from_redis)?;
             let reply = array(reply)?;
             match (reply.first().and_then(int), reply.get(1).and_then(int)) {
                 (Some(1), previous) => Ok(WatermarkOutcome::Accepted { previous }),
@@ -387,7 +387,7 @@ impl<C: Clock> RateStore for RedisStore<C> {
                 .arg(rate.tolerance_us())
                 .invoke_async(&mut conn)
                 .await
-                .map_err(unavailable)?;
+                .map_err(from_redis)?;
             let reply = array(reply)?;
             match (reply.first().and_then(int), reply.get(1).and_then(int)) {
                 (Some(1), _) => Ok(RateVerdict::Granted),

@@ -84,7 +84,7 @@ impl<C: Clock> EventQueue for RedisStore<C> {
                 .arg(id.seq)
                 .query_async(&mut conn)
                 .await
-                .map_err(unavailable)?;
+                .map_err(from_redis)?;
             Ok(inner.settle(id, |order| order.remove(id.seq)).await)
         })
         .await
@@ -106,7 +106,7 @@ impl<C: Clock> EventQueue for RedisStore<C> {
                 .arg(id.seq)
                 .query_async(&mut conn)
                 .await
-                .map_err(unavailable)?;
+                .map_err(from_redis)?;
             let (attempt, _) = attempts_of(previous.as_deref());
             let _: Value = redis::cmd("HSET")
                 .arg(inner.attempts(id.partition))
@@ -114,7 +114,7 @@ impl<C: Clock> EventQueue for RedisStore<C> {
                 .arg(format!("{}:{not_before_ms}", attempt + 1))
                 .query_async(&mut conn)
                 .await
-                .map_err(unavailable)?;
+                .map_err(from_redis)?;
             Ok(queue.order.retry(id.seq, not_before_ms))
         })
         .await
@@ -141,7 +141,7 @@ impl<C: Clock> EventQueue for RedisStore<C> {
                 .arg(GROUP)
                 .invoke_async(&mut conn)
                 .await
-                .map_err(unavailable)?;
+                .map_err(from_redis)?;
             let settled = inner.settle(id, |order| order.remove(id.seq)).await;
             Ok(moved == 1 && settled)
         })
@@ -162,7 +162,7 @@ impl<C: Clock> EventQueue for RedisStore<C> {
                     .arg(limit)
                     .query_async(&mut conn)
                     .await
-                    .map_err(unavailable)?;
+                    .map_err(from_redis)?;
                 for entry in array(entries)? {
                     out.push(parse_dead_letter(entry)?);
                 }
@@ -191,7 +191,7 @@ impl<C: Clock> EventQueue for RedisStore<C> {
                 .arg(letter.event.order_hash())
                 .invoke_async(&mut conn)
                 .await
-                .map_err(unavailable)?;
+                .map_err(from_redis)?;
             Ok(u64::try_from(seq).ok().map(|seq| QueueId {
                 partition: id.partition,
                 seq,
@@ -214,7 +214,7 @@ impl<C: Clock> EventQueue for RedisStore<C> {
                 .arg(id.seq)
                 .invoke_async(&mut conn)
                 .await
-                .map_err(unavailable)?;
+                .map_err(from_redis)?;
             Ok(removed == 1)
         })
         .await
@@ -257,7 +257,7 @@ async fn find_dead<C>(
         .arg(id.seq)
         .query_async(conn)
         .await
-        .map_err(unavailable)?;
+        .map_err(from_redis)?;
     let (start, end, count) = match &indexed {
         Some(entry) => (entry.clone(), entry.clone(), 1),
         None => ("-".to_owned(), "+".to_owned(), 1000),
@@ -272,7 +272,7 @@ async fn find_dead<C>(
             .arg(count)
             .query_async(conn)
             .await
-            .map_err(unavailable)?;
+            .map_err(from_redis)?;
         let entries = array(entries)?;
         let (seen, last) = (entries.len(), entries.last().and_then(entry_id));
         for entry in entries {

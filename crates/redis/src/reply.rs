@@ -6,6 +6,20 @@ pub(super) fn unavailable(error: impl std::fmt::Display) -> StoreError {
     StoreError::Unavailable(format!("redis: {error}"))
 }
 
+/// Marks the errors `lua/record.lua` raises for a key it cannot read as a record.
+const UNREADABLE_RECORD: &str = "oncegate: record ";
+
+/// A failed Redis call: a record our scripts cannot read is corrupt data, not an outage (it
+/// must not open the circuit breaker for every other key); anything else is unavailable.
+pub(super) fn from_redis(error: impl std::fmt::Display) -> StoreError {
+    let text = error.to_string();
+    if text.contains(UNREADABLE_RECORD) {
+        StoreError::Corrupt(format!("redis: {text}"))
+    } else {
+        StoreError::Unavailable(format!("redis: {text}"))
+    }
+}
+
 pub(super) fn int(value: &Value) -> Option<u64> {
     match value {
         Value::Int(i) => u64::try_from(*i).ok(),

@@ -26,7 +26,7 @@ pub(super) async fn summary<C: Clock>(
         .arg(1)
         .query_async(conn)
         .await
-        .map_err(unavailable)?;
+        .map_err(from_redis)?;
     let oldest_created_ms = match array(first)?.into_iter().next().and_then(parse_entry) {
         Some((_, _, _, stored)) => Some(decode::<Stored>(&stored)?.event.created_at_ms),
         None => None,
@@ -66,7 +66,7 @@ pub(super) async fn entries<C: Clock>(
         .arg(limit.max(1))
         .query_async(conn)
         .await
-        .map_err(unavailable)?;
+        .map_err(from_redis)?;
     let mut parsed = Vec::new();
     for entry in array(listed)? {
         if is_deleted(&entry) {
@@ -87,7 +87,7 @@ pub(super) async fn entries<C: Clock>(
         .arg(&fields)
         .query_async(conn)
         .await
-        .map_err(unavailable)?;
+        .map_err(from_redis)?;
     let now_ms = inner.clock.now_ms();
     let queue = inner.queues[usize::from(partition)].lock().await;
     let mut out = Vec::with_capacity(parsed.len());

@@ -7,23 +7,15 @@ use oncegate_contract::{block_on, event, key};
 use oncegate_core::{Admission, Claim, DedupStore, EventQueue, Nonce, SystemClock, key_for};
 use oncegate_redis::{RedisConfig, RedisStore};
 
-fn config(prefix: &str) -> RedisConfig {
-    let url = std::env::var("ONCEGATE_TEST_REDIS_URL").unwrap_or_else(|_| {
-        panic!("ONCEGATE_TEST_REDIS_URL is not set: run scripts/test, which starts redis-server")
-    });
-    RedisConfig {
-        prefix: prefix.to_owned(),
-        partitions: 1,
-        ownership: Duration::from_millis(300),
-        ..RedisConfig::at(&url)
-    }
-}
+mod common;
+use common::plain;
 
-/// A plain connection to the test Redis, to look at what the store wrote.
-fn plain() -> redis::Connection {
-    redis::Client::open(config("plain").url)
-        .and_then(|c| c.get_connection())
-        .expect("a plain redis connection")
+/// A store's configuration on the test Redis: one partition, ownership that lapses quickly.
+fn config(prefix: &str) -> RedisConfig {
+    RedisConfig {
+        ownership: Duration::from_millis(300),
+        ..common::config(prefix)
+    }
 }
 
 /// The consumers of a partition stream's group: (name, pending entries).
