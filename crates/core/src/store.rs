@@ -13,7 +13,7 @@ use crate::record::{
 };
 
 /// Why a store could not answer. Every variant means "nothing was changed".
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// The store cannot be reached or written right now; the caller should retry later (an
     /// ingress answers 503 so that the platform retries).

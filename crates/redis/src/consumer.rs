@@ -1,5 +1,7 @@
 //! The partition streams: ownership, takeover, group reads and hand-outs.
 
+use std::sync::atomic::Ordering;
+
 use super::*;
 
 impl<C: Clock> Inner<C> {
@@ -29,13 +31,19 @@ impl<C: Clock> Inner<C> {
     /// Takes or keeps `partition` for this instance. One owner at a time hands a partition's
     /// events out, so per-chat order holds across gateways. A new owner takes over, with
     /// `XAUTOCLAIM`, every entry the consumer group had delivered to earlier owners and that
-    /// nobody acked; they come out again before anything newer.
+    /// nobody acked; they come out again before anything newer. Asks Redis only once half the
+    /// ownership time has passed since the last renewal: the key cannot have lapsed before.
     pub(super) async fn own(
         &self,
         conn: &mut Conn,
         partition: u16,
         queue: &mut Partition,
     ) -> Result<bool, StoreError> {
+        let fresh = std::time::Duration::from_millis(self.ownership_ms / 2);
+        if queue.owned && queue.renewed.is_some_and(|at| at.elapsed() < fresh) {
+            return Ok(true);
+        }
+        let sent = std::time::Instant::now();
         let verdict: i64 = self
             .scripts
             .own
@@ -47,10 +55,14 @@ impl<C: Clock> Inner<C> {
             .map_err(from_redis)?;
         match verdict {
             // Ours already, unless we did not know: the answer that made it ours was lost.
-            1 if queue.owned => Ok(true),
+            1 if queue.owned => {
+                queue.renewed = Some(sent);
+                Ok(true)
+            }
             1 | 2 => {
                 queue.forget();
                 queue.owned = true;
+                queue.renewed = Some(sent);
                 queue.reclaim = true;
                 Ok(true)
             }
@@ -185,9 +197,22 @@ impl<C: Clock> Inner<C> {
             queue.resync = false;
             queue.resynced = Some(std::time::Instant::now());
         }
+        let unread = self.unread[usize::from(partition)].swap(false, Ordering::AcqRel);
+        if !unread && queue.read.is_some_and(|at| at.elapsed() < READ_EVERY) {
+            return Ok(());
+        }
         loop {
             queue.resync = true;
-            let entries = self.read_group(conn, partition, ">").await?;
+            let read = self.read_group(conn, partition, ">").await;
+            let entries = match read {
+                Ok(entries) => entries,
+                Err(error) => {
+                    // Read again next time, whatever was appended.
+                    self.unread[usize::from(partition)].store(true, Ordering::Release);
+                    return Err(error);
+                }
+            };
+            queue.read = Some(std::time::Instant::now());
             let done = entries.len() < CATCH_UP;
             // Never delivered before: no other gateway can ack them behind our back, so their
             // payloads may be kept for the hand-out.
@@ -248,15 +273,16 @@ impl<C: Clock> Inner<C> {
         }
     }
 
-    /// Adds stream entries (in entry order) to the hand-out order, with their retry times;
-    /// with `keep`, their payloads too, while the partition's bound allows.
+    /// Adds stream entries (in entry order) to the hand-out order, with their retry times.
+    /// `fresh` entries (a `>` read: never delivered before) have no retry times, and their
+    /// payloads are kept while the partition's bound allows.
     pub(super) async fn fold(
         &self,
         conn: &mut Conn,
         partition: u16,
         queue: &mut Partition,
         entries: Vec<Value>,
-        keep: bool,
+        fresh: bool,
     ) -> Result<(), StoreError> {
         let mut seqs = Vec::with_capacity(entries.len());
         for entry in entries {
@@ -274,18 +300,24 @@ impl<C: Clock> Inner<C> {
         if seqs.is_empty() {
             return Ok(());
         }
-        let fields: Vec<String> = seqs.iter().map(|(seq, ..)| seq.to_string()).collect();
-        let attempts: Vec<Option<String>> = redis::cmd("HMGET")
-            .arg(self.attempts(partition))
-            .arg(&fields)
-            .query_async(conn)
-            .await
-            .map_err(from_redis)?;
+        // Entries never delivered before were never retried: no attempts to read (and no
+        // round trip on every new entry's way to its handler).
+        let attempts: Vec<Option<String>> = if fresh {
+            vec![None; seqs.len()]
+        } else {
+            let fields: Vec<String> = seqs.iter().map(|(seq, ..)| seq.to_string()).collect();
+            redis::cmd("HMGET")
+                .arg(self.attempts(partition))
+                .arg(&fields)
+                .query_async(conn)
+                .await
+                .map_err(from_redis)?
+        };
         for ((seq, key, order, stored), attempt) in seqs.into_iter().zip(attempts) {
             let (attempt, not_before) = attempts_of(attempt.as_deref());
             queue.order.push(seq, order, not_before, stored.len());
             queue.last_seq = seq;
-            if keep {
+            if fresh {
                 queue.keep_body(seq, key, stored, attempt);
             }
         }

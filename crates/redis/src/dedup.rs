@@ -1,5 +1,6 @@
 //! Records: admit, claim, the fenced transitions, look-ups, stats, watermarks.
 
+use super::gather::Batch;
 use super::*;
 
 impl<C: Clock> DedupStore for RedisStore<C> {
@@ -44,7 +45,10 @@ impl<C: Clock> DedupStore for RedisStore<C> {
                 call.key(inner.nonce_key(&nonce.key, partition))
                     .arg(nonce.window_ms.max(1));
             }
-            let reply = array(call.invoke_async(&mut conn).await.map_err(from_redis)?)?;
+            let reply = call.invoke_async(&mut conn).await.map_err(from_redis);
+            // Even after an error: the script may have appended before it failed.
+            inner.unread[usize::from(partition)].store(true, std::sync::atomic::Ordering::Release);
+            let reply = array(reply?)?;
             match (reply.first().and_then(int), reply.get(1).and_then(int)) {
                 (Some(1), Some(seq)) => Ok(Admission::Admitted {
                     id: QueueId { partition, seq },
@@ -68,59 +72,13 @@ impl<C: Clock> DedupStore for RedisStore<C> {
         lease: Duration,
         fingerprint: Option<Fingerprint>,
     ) -> Result<Claim, StoreError> {
-        oncegate_core::store::require_partition(partition, self.inner.partitions)?;
-        let key = *key;
-        self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
-            let reply: Value = inner
-                .scripts
-                .claim
-                .key(inner.record_key(&key, partition))
-                .key(inner.tokens(partition))
-                .arg(inner.clock.now_ms())
-                .arg(millis(lease))
-                .arg(TTL_SLACK_MS)
-                // Empty for none: a fingerprint is always 16 bytes.
-                .arg(fingerprint.as_ref().map_or(&[][..], |f| &f.0[..]))
-                .invoke_async(&mut conn)
-                .await
-                .map_err(from_redis)?;
-            let reply = array(reply)?;
-            match reply.first().and_then(text) {
-                Some("acquired") => {
-                    match (reply.get(1).and_then(int), reply.get(2).and_then(int)) {
-                        (Some(token), Some(until_ms)) => {
-                            let lease = Lease {
-                                key,
-                                partition,
-                                token: FencingToken(token),
-                                until_ms,
-                            };
-                            Ok(match reply.get(3).and_then(text) {
-                                Some("1") => Claim::TookOver(lease),
-                                _ => Claim::Acquired(lease),
-                            })
-                        }
-                        _ => Err(StoreError::Corrupt(format!(
-                            "unexpected claim reply {reply:?}"
-                        ))),
-                    }
-                }
-                Some("inflight") => Ok(Claim::InFlight {
-                    until_ms: reply.get(1).and_then(int).unwrap_or(0),
-                }),
-                Some("conflict") => Ok(Claim::Conflict),
-                Some("done") => Ok(Claim::Done {
-                    outcome: match reply.get(1) {
-                        Some(Value::BulkString(bytes)) => Some(Bytes::from(bytes.clone())),
-                        _ => None,
-                    },
-                }),
-                _ => Err(StoreError::Corrupt(format!(
-                    "unexpected claim reply {reply:?}"
-                ))),
-            }
-        })
-        .await
+        require_partition(partition, self.inner.partitions)?;
+        let call = ClaimCall {
+            key: *key,
+            lease_ms: millis(lease),
+            fingerprint,
+        };
+        self.gathered(partition, call).await
     }
 
     async fn renew(&self, lease: &Lease, extend: Duration) -> Result<FenceCheck, StoreError> {
@@ -173,37 +131,14 @@ impl<C: Clock> DedupStore for RedisStore<C> {
             self.ack(id).await?;
             return Ok(fence);
         }
-        let lease = *lease;
-        self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
-            if inner.queues.get(usize::from(id.partition)).is_none() {
-                return Err(StoreError::Invalid(format!(
-                    "no partition {}",
-                    id.partition
-                )));
-            }
-            let mut call = inner.scripts.complete_ack.prepare_invoke();
-            call.key(inner.record_key(&lease.key, lease.partition))
-                .key(inner.stream(id.partition))
-                .key(inner.attempts(id.partition))
-                .arg(lease.token.0)
-                .arg(inner.clock.now_ms())
-                .arg(millis(retention))
-                .arg(TTL_SLACK_MS)
-                .arg(format!("0-{}", id.seq))
-                .arg(id.seq)
-                .arg(GROUP);
-            if let Some(outcome) = &outcome {
-                call.arg(outcome.as_ref());
-            }
-            let applied: i64 = call.invoke_async(&mut conn).await.map_err(from_redis)?;
-            inner.settle(id, |order| order.remove(id.seq)).await;
-            Ok(if applied == 1 {
-                FenceCheck::Accepted
-            } else {
-                FenceCheck::Rejected
-            })
-        })
-        .await
+        require_partition(id.partition, self.inner.partitions)?;
+        let call = CompleteCall {
+            lease: *lease,
+            retention_ms: millis(retention),
+            outcome,
+            seq: id.seq,
+        };
+        self.gathered(id.partition, call).await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
@@ -398,5 +333,146 @@ impl<C: Clock> RateStore for RedisStore<C> {
             }
         })
         .await
+    }
+}
+
+/// A claim waiting for its partition's next claim script.
+pub(super) struct ClaimCall {
+    key: KeyHash,
+    lease_ms: u64,
+    fingerprint: Option<Fingerprint>,
+}
+
+impl<C: Clock> Batch<C> for ClaimCall {
+    type Reply = Claim;
+
+    fn gather(inner: &Inner<C>, partition: u16) -> &Gather<Self, Claim> {
+        &inner.claims[usize::from(partition)]
+    }
+
+    async fn run(
+        inner: &Inner<C>,
+        conn: &mut Conn,
+        partition: u16,
+        calls: &[Self],
+    ) -> Result<Vec<Result<Claim, StoreError>>, StoreError> {
+        let mut script = inner.scripts.claim.prepare_invoke();
+        script
+            .key(inner.tokens(partition))
+            .arg(inner.clock.now_ms())
+            .arg(TTL_SLACK_MS);
+        for call in calls {
+            script
+                .key(inner.record_key(&call.key, partition))
+                .arg(call.lease_ms)
+                // Empty for none: a fingerprint is always 16 bytes.
+                .arg(call.fingerprint.as_ref().map_or(&[][..], |f| &f.0[..]));
+        }
+        let reply: Value = script.invoke_async(conn).await.map_err(from_redis)?;
+        Ok(array(reply)?
+            .into_iter()
+            .zip(calls)
+            .map(|(reply, call)| claim_of(reply, call.key, partition))
+            .collect())
+    }
+}
+
+/// One claim's answer in the claim script's reply.
+fn claim_of(reply: Value, key: KeyHash, partition: u16) -> Result<Claim, StoreError> {
+    let reply = array(reply)?;
+    let unexpected = || StoreError::Corrupt(format!("unexpected claim reply {reply:?}"));
+    match reply.first().and_then(text) {
+        Some("acquired") => match (reply.get(1).and_then(int), reply.get(2).and_then(int)) {
+            (Some(token), Some(until_ms)) => {
+                let lease = Lease {
+                    key,
+                    partition,
+                    token: FencingToken(token),
+                    until_ms,
+                };
+                Ok(match reply.get(3).and_then(text) {
+                    Some("1") => Claim::TookOver(lease),
+                    _ => Claim::Acquired(lease),
+                })
+            }
+            _ => Err(unexpected()),
+        },
+        Some("inflight") => Ok(Claim::InFlight {
+            until_ms: reply.get(1).and_then(int).unwrap_or(0),
+        }),
+        Some("conflict") => Ok(Claim::Conflict),
+        Some("done") => Ok(Claim::Done {
+            outcome: match reply.get(1) {
+                Some(Value::BulkString(bytes)) => Some(Bytes::from(bytes.clone())),
+                _ => None,
+            },
+        }),
+        _ => Err(unexpected()),
+    }
+}
+
+/// A completion (with its queue entry's ack) waiting for its partition's next script.
+pub(super) struct CompleteCall {
+    lease: Lease,
+    retention_ms: u64,
+    outcome: Option<Bytes>,
+    seq: u64,
+}
+
+impl<C: Clock> Batch<C> for CompleteCall {
+    type Reply = FenceCheck;
+
+    fn gather(inner: &Inner<C>, partition: u16) -> &Gather<Self, FenceCheck> {
+        &inner.completions[usize::from(partition)]
+    }
+
+    async fn run(
+        inner: &Inner<C>,
+        conn: &mut Conn,
+        partition: u16,
+        calls: &[Self],
+    ) -> Result<Vec<Result<FenceCheck, StoreError>>, StoreError> {
+        let mut script = inner.scripts.complete_ack.prepare_invoke();
+        script
+            .key(inner.stream(partition))
+            .key(inner.attempts(partition))
+            .arg(inner.clock.now_ms())
+            .arg(TTL_SLACK_MS)
+            .arg(GROUP);
+        for call in calls {
+            // "-" for no outcome, "o" and its bytes for one (which may be empty).
+            let mut outcome = Vec::with_capacity(call.outcome.as_ref().map_or(1, |o| o.len() + 1));
+            match &call.outcome {
+                Some(bytes) => {
+                    outcome.push(b'o');
+                    outcome.extend_from_slice(bytes);
+                }
+                None => outcome.push(b'-'),
+            }
+            script
+                .key(inner.record_key(&call.lease.key, partition))
+                .arg(call.lease.token.0)
+                .arg(call.retention_ms)
+                .arg(call.seq)
+                .arg(outcome);
+        }
+        let reply: Value = script.invoke_async(conn).await.map_err(from_redis)?;
+        let applied = array(reply)?;
+        let mut out = Vec::with_capacity(calls.len());
+        for (call, applied) in calls.iter().zip(applied) {
+            let id = QueueId {
+                partition,
+                seq: call.seq,
+            };
+            inner.settle(id, |order| order.remove(id.seq)).await;
+            out.push(match int(&applied) {
+                Some(1) => Ok(FenceCheck::Accepted),
+                Some(_) => Ok(FenceCheck::Rejected),
+                None => Err(StoreError::Corrupt(format!(
+                    "unexpected complete reply {applied:?}"
+                ))),
+            });
+        }
+        Ok(out)
     }
 }

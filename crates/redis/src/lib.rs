@@ -7,6 +7,9 @@
 //! times (retention end, lease end) decide liveness against the caller's clock; Redis TTLs only
 //! clean up, a minute after the logical end.
 //!
+//! Claims and completions made at once in one partition share a script (`gather`): each
+//! script costs Redis a fixed few microseconds beyond its keys' work.
+//!
 //! Every key a script touches carries its partition's hash tag (`{prefix:p}`): an event's
 //! records, its partition's stream, counters and dead letters share one Cluster slot.
 //!
@@ -42,6 +45,7 @@ mod config;
 mod conn;
 mod consumer;
 mod dedup;
+mod gather;
 mod keys;
 mod queue;
 mod reply;
@@ -52,6 +56,8 @@ use config::check_partitions;
 pub use config::{ConnectError, RedisConfig};
 use conn::Conn;
 use consumer::fetch;
+use dedup::{ClaimCall, CompleteCall};
+use gather::Gather;
 use reply::*;
 
 /// Physical TTLs outlive the logical end by this much, so that clock skew between gateways and
@@ -97,12 +103,18 @@ struct Partition {
     last_seq: u64,
     /// This instance owns the partition, as far as it knows.
     owned: bool,
+    /// When the renewal that last found the partition ours was sent: the ownership key lives
+    /// for the ownership time after Redis ran it, so until half of that has passed it is ours
+    /// without asking again.
+    renewed: Option<std::time::Instant>,
     /// Newly owned: the group's pending entries of earlier owners are still to be taken over.
     reclaim: bool,
     /// A group read may have been applied by Redis without its answer reaching us (entries
     /// then sit in this consumer's pending list, unknown here): read that list back before
     /// anything newer.
     resync: bool,
+    /// When the stream was last read for new entries.
+    read: Option<std::time::Instant>,
     /// When the pending list was last read back; it is, every `RESYNC_EVERY`, whatever
     /// happened, so that an answer lost without an error is caught too.
     resynced: Option<std::time::Instant>,
@@ -172,6 +184,11 @@ fn delivery_of(
     })
 }
 
+/// How long a pull may go without reading its stream when this instance appended nothing to
+/// it: what other instances append waits at most this long (an idle dispatcher pulls every
+/// 100 ms anyway).
+const READ_EVERY: Duration = Duration::from_millis(10);
+
 /// How often an owner reads its own pending list back (see `Partition::resynced`).
 const RESYNC_EVERY: Duration = Duration::from_secs(1);
 
@@ -193,7 +210,38 @@ struct Inner<C> {
     clock: C,
     scripts: Scripts,
     queues: Vec<Mutex<Partition>>,
+    /// Per partition: its stream may hold entries this instance's group reads have not brought
+    /// yet (this instance appended one since its last read). Without it, a pull reads the
+    /// stream only every `READ_EVERY`, for what other instances append.
+    unread: Vec<std::sync::atomic::AtomicBool>,
+    /// Claims waiting for their partition's next claim script.
+    claims: Vec<Gather<ClaimCall, Claim>>,
+    /// Completions waiting for their partition's next complete-and-ack script.
+    completions: Vec<Gather<CompleteCall, FenceCheck>>,
     breaker: Breaker,
+}
+
+impl<C> Inner<C> {
+    /// Checks, on first contact, the partition count a lazy store could not check at connect.
+    async fn reachable(&self, conn: &mut Conn) -> Result<(), StoreError> {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.partitions_checked.load(Relaxed) {
+            return Ok(());
+        }
+        match check_partitions(conn, &self.prefix, self.partitions).await {
+            Ok(()) => {
+                self.partitions_checked.store(true, Relaxed);
+                Ok(())
+            }
+            Err(ConnectError::Connect { message, .. }) => Err(unavailable(message)),
+            // Unavailable, not Invalid: nothing may be dropped (a spool keeps waiting) until
+            // the configuration is fixed.
+            Err(mismatch) => {
+                tracing::error!(%mismatch, "refusing every store call");
+                Err(unavailable(mismatch))
+            }
+        }
+    }
 }
 
 /// The Redis store.
@@ -328,6 +376,11 @@ impl<C: Clock> RedisStore<C> {
                 queues: (0..partitions)
                     .map(|_| Mutex::new(Partition::default()))
                     .collect(),
+                unread: (0..partitions)
+                    .map(|_| std::sync::atomic::AtomicBool::new(true))
+                    .collect(),
+                claims: (0..partitions).map(|_| Gather::default()).collect(),
+                completions: (0..partitions).map(|_| Gather::default()).collect(),
             }),
             runtime,
             handle,
@@ -356,24 +409,7 @@ impl<C: Clock> RedisStore<C> {
         let inner = self.inner.clone();
         let task = self.handle.spawn(async move {
             let mut conn = inner.conn.clone();
-            if !inner
-                .partitions_checked
-                .load(std::sync::atomic::Ordering::Relaxed)
-            {
-                // Started without Redis (lazy): the check `connect` skipped, on first contact.
-                match check_partitions(&mut conn, &inner.prefix, inner.partitions).await {
-                    Ok(()) => inner
-                        .partitions_checked
-                        .store(true, std::sync::atomic::Ordering::Relaxed),
-                    Err(ConnectError::Connect { message, .. }) => return Err(unavailable(message)),
-                    // Unavailable, not Invalid: nothing may be dropped (a spool keeps waiting)
-                    // until the configuration is fixed.
-                    Err(mismatch) => {
-                        tracing::error!(%mismatch, "refusing every store call");
-                        return Err(unavailable(mismatch));
-                    }
-                }
-            }
+            inner.reachable(&mut conn).await?;
             tokio::time::timeout(limit, work(inner, conn))
                 .await
                 .unwrap_or_else(|_| Err(unavailable("no answer in time")))

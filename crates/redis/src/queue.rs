@@ -192,6 +192,8 @@ impl<C: Clock> EventQueue for RedisStore<C> {
                 .invoke_async(&mut conn)
                 .await
                 .map_err(from_redis)?;
+            inner.unread[usize::from(id.partition)]
+                .store(true, std::sync::atomic::Ordering::Release);
             Ok(u64::try_from(seq).ok().map(|seq| QueueId {
                 partition: id.partition,
                 seq,
