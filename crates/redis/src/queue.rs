@@ -16,8 +16,21 @@ impl<C: Clock> EventQueue for RedisStore<C> {
             if !inner.own(&mut conn, partition, &mut queue).await? {
                 return Ok(Vec::new());
             }
-            inner.catch_up(&mut conn, partition, &mut queue).await?;
-            let ready = queue.order.take_ready(inner.clock.now_ms(), max);
+            let now = inner.clock.now_ms();
+            // Chats whose next event is here already go out without waiting for a read: what
+            // a read brings is newer than all of it. The next pull reads.
+            let mut ready = if queue.read.is_some_and(|at| at.elapsed() < READ_EVERY)
+                && !queue.reclaim
+                && !queue.resync
+            {
+                queue.order.take_ready(now, max)
+            } else {
+                Vec::new()
+            };
+            if ready.is_empty() {
+                inner.catch_up(&mut conn, partition, &mut queue).await?;
+                ready = queue.order.take_ready(now, max);
+            }
             // Kept payloads go out as they are; only the others are read again.
             let mut kept = Vec::with_capacity(ready.len());
             let mut missing = Vec::new();
