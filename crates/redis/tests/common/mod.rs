@@ -1,4 +1,6 @@
 //! What the Redis test files share: the test server's configuration and a plain connection.
+//! Each test file compiles its own copy and uses a part of it.
+#![allow(dead_code)]
 
 use oncegate_redis::RedisConfig;
 
