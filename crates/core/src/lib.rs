@@ -30,4 +30,6 @@ pub use source::{
     Accepted, Admit, Callback, Decoded, Headers, Inlet, Keys, Method, Refusal, RefusalKind, Reply,
     SealedRequest, Sealer, Stamp, SyntheticMembership, SyntheticMessage, Versions, WebhookSource,
 };
-pub use store::{DedupStore, EventQueue, RateStore, Store, StoreError, WatermarkStore};
+pub use store::{
+    ClaimedDelivery, DedupStore, EventQueue, RateStore, Store, StoreError, WatermarkStore,
+};

@@ -151,6 +151,9 @@ pub trait DedupStore: Send + Sync + 'static {
     }
 }
 
+/// A handed-out event with its key's claim (see [`EventQueue::pull_claimed`]).
+pub type ClaimedDelivery = (Delivery, Result<Claim, StoreError>);
+
 /// The durable queue of admitted events, split into partitions by order key.
 pub trait EventQueue: Send + Sync + 'static {
     /// How many partitions the queue has.
@@ -164,6 +167,32 @@ pub trait EventQueue: Send + Sync + 'static {
         partition: u16,
         max: usize,
     ) -> impl Future<Output = Result<Vec<Delivery>, StoreError>> + Send;
+
+    /// `pull`, and each handed-out event's key claimed for `lease` (as `claim` would, with no
+    /// fingerprint; the lease runs from the hand-out). A claim that failed is that event's
+    /// error: the event is handed out all the same and must be retried or acked. Backends that
+    /// can claim in the hand-out's own round trip override it.
+    fn pull_claimed(
+        &self,
+        partition: u16,
+        max: usize,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Vec<ClaimedDelivery>, StoreError>> + Send
+    where
+        Self: DedupStore + Sized,
+    {
+        async move {
+            let pulled = self.pull(partition, max).await?;
+            let mut claimed = Vec::with_capacity(pulled.len());
+            for delivery in pulled {
+                let claim = self
+                    .claim(&delivery.key, delivery.id.partition, lease)
+                    .await;
+                claimed.push((delivery, claim));
+            }
+            Ok(claimed)
+        }
+    }
 
     /// Removes a handled event. `false`: no such event was handed out.
     fn ack(&self, id: QueueId) -> impl Future<Output = Result<bool, StoreError>> + Send;

@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use oncegate_core::{
-    Delivery, FenceCheck, KeyHash, Lease, QueueId, Store, StoreError, WatermarkOutcome, key_for,
+    Claim, Delivery, FenceCheck, KeyHash, Lease, QueueId, Store, StoreError, WatermarkOutcome,
+    key_for,
 };
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -81,7 +82,11 @@ async fn partition_loop<S: Store>(
             break;
         }
         let free = permits.available_permits().clamp(1, 64);
-        let pulled = match shared.store.pull(partition, free).await {
+        let pulled = match shared
+            .store
+            .pull_claimed(partition, free, shared.timing.lease)
+            .await
+        {
             Ok(pulled) => pulled,
             Err(error) => {
                 shared
@@ -104,11 +109,14 @@ async fn partition_loop<S: Store>(
             }
             continue;
         }
-        for delivery in pulled {
+        for (delivery, claim) in pulled {
             let permit = tokio::select! {
                 permit = permits.clone().acquire_owned() => permit,
                 _ = shutdown.cancelled() => {
-                    // Not started: hand it back untouched.
+                    // Not started: hand it back, and its key.
+                    if let Ok(Claim::Acquired(lease) | Claim::TookOver(lease)) = &claim {
+                        let _ = shared.store.release(lease).await;
+                    }
                     let _ = shared.store.retry(delivery.id, 0).await;
                     continue;
                 }
@@ -116,7 +124,7 @@ async fn partition_loop<S: Store>(
             let Ok(permit) = permit else { break };
             let (shared, held) = (shared.clone(), held.clone());
             running.spawn(async move {
-                handle(&shared, delivery, &held).await;
+                handle(&shared, delivery, claim, &held).await;
                 shared.wake(partition);
                 drop(permit);
             });
@@ -207,19 +215,19 @@ async fn superseded<S: Store>(
     Ok(false)
 }
 
-async fn handle<S: Store>(shared: &Shared<S>, delivery: Delivery, held: &Held) {
+/// Runs one handed-out event whose key the hand-out claimed (`claim`). Events name no
+/// payload: a redelivery of one event id is the same event.
+async fn handle<S: Store>(
+    shared: &Shared<S>,
+    delivery: Delivery,
+    claim: Result<Claim, StoreError>,
+    held: &Held,
+) {
     let stats = &shared.stats;
     let store = &shared.store;
     let timing = &shared.timing;
     let summaries = &shared.summaries;
-    // Events name no payload: a redelivery of one event id is the same event.
-    let claiming = once::Claiming {
-        key: &delivery.key,
-        partition: delivery.id.partition,
-        lease: timing.lease,
-        fingerprint: None,
-    };
-    let lease = match once::claim(store, claiming).await {
+    let lease = match claim.map(Claimed::from) {
         Ok(Claimed::Run(lease)) => {
             shared.meters.claim(ClaimOutcome::Acquired);
             lease

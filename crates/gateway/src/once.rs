@@ -56,17 +56,21 @@ pub(crate) async fn claim<S: Store>(
         lease,
         fingerprint,
     } = claiming;
-    Ok(
-        match store
-            .claim_with_fingerprint(key, partition, lease, fingerprint)
-            .await?
-        {
+    Ok(store
+        .claim_with_fingerprint(key, partition, lease, fingerprint)
+        .await?
+        .into())
+}
+
+impl From<Claim> for Claimed {
+    fn from(claim: Claim) -> Self {
+        match claim {
             Claim::Acquired(lease) | Claim::TookOver(lease) => Claimed::Run(lease),
             Claim::Done { outcome } => Claimed::Done(outcome),
             Claim::InFlight { until_ms } => Claimed::InFlight { until_ms },
             Claim::Conflict => Claimed::Conflict,
-        },
-    )
+        }
+    }
 }
 
 /// The first pause between claims while another holder works; it doubles up to the last.

@@ -223,6 +223,29 @@ impl<S: Store> EventQueue for Timed<S> {
         self.time(Op::Pull, self.inner.pull(partition, max)).await
     }
 
+    async fn pull_claimed(
+        &self,
+        partition: u16,
+        max: usize,
+        lease: Duration,
+    ) -> Result<Vec<oncegate_core::ClaimedDelivery>, StoreError>
+    where
+        Self: DedupStore + Sized,
+    {
+        let pulled = self
+            .time(Op::Pull, self.inner.pull_claimed(partition, max, lease))
+            .await?;
+        // The claims made in the hand-out count as `claim` would.
+        for (_, claim) in &pulled {
+            match claim {
+                Ok(Claim::TookOver(_)) => self.expiries().increment(1),
+                Err(_) => self.errors.add(Op::Claim as usize, 1),
+                Ok(_) => {}
+            }
+        }
+        Ok(pulled)
+    }
+
     async fn ack(&self, id: QueueId) -> Result<bool, StoreError> {
         self.time(Op::Ack, self.inner.ack(id)).await
     }
@@ -314,7 +337,7 @@ mod tests {
     }
 
     /// Every call lands in its op's histogram, a refused one in its op's error count too, and
-    /// a claim that takes over an expired lease in the expiry count.
+    /// a claim that takes over an expired lease (alone or in a hand-out) in the expiry count.
     #[test]
     fn calls_are_timed_by_op_refusals_and_lease_expiries_counted() {
         let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
@@ -354,6 +377,16 @@ mod tests {
                 clock.advance_ms(1_001);
                 let second = store.claim(&key, partition, lease).await.expect("claim");
                 assert!(matches!(second, Claim::TookOver(_)), "{second:?}");
+                // A hand-out's claim that takes over counts as well.
+                clock.advance_ms(1_001);
+                let handed = store
+                    .pull_claimed(partition, 10, lease)
+                    .await
+                    .expect("pull claimed");
+                assert!(
+                    matches!(handed.as_slice(), [(_, Ok(Claim::TookOver(_)))]),
+                    "{handed:?}"
+                );
             });
         });
         let text = handle.render();
@@ -363,12 +396,12 @@ mod tests {
                 .unwrap_or_else(|| panic!("no {name} in {text}"))
                 .to_owned()
         };
-        assert!(line("oncegate_store_seconds_count{op=\"pull\"}").ends_with(" 3"));
+        assert!(line("oncegate_store_seconds_count{op=\"pull\"}").ends_with(" 4"));
         assert!(line("oncegate_store_seconds_count{op=\"ack\"}").ends_with(" 1"));
         assert!(line("oncegate_store_seconds_count{op=\"claim\"}").ends_with(" 2"));
         assert!(line("oncegate_store_errors_total{op=\"pull\"}").ends_with(" 1"));
         assert!(line("oncegate_store_errors_total{op=\"ack\"}").ends_with(" 0"));
         assert!(line("oncegate_store_errors_total{op=\"admit\"}").ends_with(" 0"));
-        assert!(line("oncegate_lease_expiries_total ").ends_with(" 1"));
+        assert!(line("oncegate_lease_expiries_total ").ends_with(" 2"));
     }
 }

@@ -343,6 +343,17 @@ pub(super) struct ClaimCall {
     fingerprint: Option<Fingerprint>,
 }
 
+impl ClaimCall {
+    /// A claim of `key` for `lease_ms`, naming no payload.
+    pub(super) fn new(key: KeyHash, lease_ms: u64) -> Self {
+        Self {
+            key,
+            lease_ms,
+            fingerprint: None,
+        }
+    }
+}
+
 impl<C: Clock> Batch<C> for ClaimCall {
     type Reply = Claim;
 

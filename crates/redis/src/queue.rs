@@ -1,5 +1,7 @@
 //! The queue: pull, ack, retry, dead letters.
 
+use super::dedup::ClaimCall;
+use super::gather::Batch;
 use super::*;
 
 impl<C: Clock> EventQueue for RedisStore<C> {
@@ -12,69 +14,52 @@ impl<C: Clock> EventQueue for RedisStore<C> {
             return Err(StoreError::Invalid(format!("no partition {partition}")));
         }
         self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
-            let mut queue = inner.queues[usize::from(partition)].lock().await;
-            if !inner.own(&mut conn, partition, &mut queue).await? {
+            hand_out(&inner, &mut conn, partition, max).await
+        })
+        .await
+    }
+
+    async fn pull_claimed(
+        &self,
+        partition: u16,
+        max: usize,
+        lease: Duration,
+    ) -> Result<Vec<oncegate_core::ClaimedDelivery>, StoreError> {
+        if partition >= self.inner.partitions {
+            return Err(StoreError::Invalid(format!("no partition {partition}")));
+        }
+        self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
+            let pulled = hand_out(&inner, &mut conn, partition, max).await?;
+            if pulled.is_empty() {
                 return Ok(Vec::new());
             }
-            let now = inner.clock.now_ms();
-            // Chats whose next event is here already go out without waiting for a read: what
-            // a read brings is newer than all of it. The next pull reads.
-            let mut ready = if queue.read.is_some_and(|at| at.elapsed() < READ_EVERY)
-                && !queue.reclaim
-                && !queue.resync
-            {
-                queue.order.take_ready(now, max)
-            } else {
-                Vec::new()
-            };
-            if ready.is_empty() {
-                inner.catch_up(&mut conn, partition, &mut queue).await?;
-                ready = queue.order.take_ready(now, max);
-            }
-            // Kept payloads go out as they are; only the others are read again.
-            let mut kept = Vec::with_capacity(ready.len());
-            let mut missing = Vec::new();
-            let mut broken = None;
-            for &seq in &ready {
-                match queue.take_body(partition, seq) {
-                    Some(Ok(delivery)) => kept.push(Some(delivery)),
-                    Some(Err(error)) => {
-                        broken.get_or_insert(error);
-                        kept.push(None);
+            // One claim script for the whole hand-out, in its round trip.
+            let calls: Vec<ClaimCall> = pulled
+                .iter()
+                .map(|delivery| ClaimCall::new(delivery.key, millis(lease)))
+                .collect();
+            Ok(
+                match ClaimCall::run(&inner, &mut conn, partition, &calls).await {
+                    Ok(claims) if claims.len() == pulled.len() => {
+                        pulled.into_iter().zip(claims).collect()
                     }
-                    None => {
-                        missing.push(seq);
-                        kept.push(None);
+                    Ok(claims) => {
+                        let error = StoreError::Corrupt(format!(
+                            "{} claim answers from redis for {} hand-outs",
+                            claims.len(),
+                            pulled.len()
+                        ));
+                        pulled
+                            .into_iter()
+                            .map(|d| (d, Err(error.clone())))
+                            .collect()
                     }
-                }
-            }
-            let fetched = match broken {
-                Some(error) => Err(error),
-                None => fetch(&inner, &mut conn, partition, &missing).await,
-            };
-            match fetched {
-                Ok(fetched) => {
-                    let mut fetched = fetched.into_iter();
-                    let mut out = Vec::with_capacity(ready.len());
-                    for (seq, kept) in ready.iter().zip(kept) {
-                        match kept.or_else(|| fetched.next().flatten()) {
-                            Some(delivery) => out.push(delivery),
-                            // Gone (acked by an earlier owner): forget it here too.
-                            None => {
-                                queue.order.remove(*seq);
-                            }
-                        }
-                    }
-                    Ok(out)
-                }
-                Err(error) => {
-                    // Not handed out after all: put them back so that they go out later.
-                    for seq in ready {
-                        queue.order.retry(seq, 0);
-                    }
-                    Err(error)
-                }
-            }
+                    Err(error) => pulled
+                        .into_iter()
+                        .map(|d| (d, Err(error.clone())))
+                        .collect(),
+                },
+            )
         })
         .await
     }
@@ -302,6 +287,78 @@ async fn find_dead<C>(
         match last {
             Some(last) if indexed.is_none() && seen == count => start = format!("({last}"),
             _ => return Ok(None),
+        }
+    }
+}
+
+/// Hands out up to `max` ready events of `partition` (see `EventQueue::pull`).
+async fn hand_out<C: Clock>(
+    inner: &Inner<C>,
+    conn: &mut Conn,
+    partition: u16,
+    max: usize,
+) -> Result<Vec<Delivery>, StoreError> {
+    let mut queue = inner.queues[usize::from(partition)].lock().await;
+    if !inner.own(conn, partition, &mut queue).await? {
+        return Ok(Vec::new());
+    }
+    let now = inner.clock.now_ms();
+    // Chats whose next event is here already go out without waiting for a read: what
+    // a read brings is newer than all of it. The next pull reads.
+    let mut ready = if queue.read.is_some_and(|at| at.elapsed() < READ_EVERY)
+        && !queue.reclaim
+        && !queue.resync
+    {
+        queue.order.take_ready(now, max)
+    } else {
+        Vec::new()
+    };
+    if ready.is_empty() {
+        inner.catch_up(conn, partition, &mut queue).await?;
+        ready = queue.order.take_ready(now, max);
+    }
+    // Kept payloads go out as they are; only the others are read again.
+    let mut kept = Vec::with_capacity(ready.len());
+    let mut missing = Vec::new();
+    let mut broken = None;
+    for &seq in &ready {
+        match queue.take_body(partition, seq) {
+            Some(Ok(delivery)) => kept.push(Some(delivery)),
+            Some(Err(error)) => {
+                broken.get_or_insert(error);
+                kept.push(None);
+            }
+            None => {
+                missing.push(seq);
+                kept.push(None);
+            }
+        }
+    }
+    let fetched = match broken {
+        Some(error) => Err(error),
+        None => fetch(inner, conn, partition, &missing).await,
+    };
+    match fetched {
+        Ok(fetched) => {
+            let mut fetched = fetched.into_iter();
+            let mut out = Vec::with_capacity(ready.len());
+            for (seq, kept) in ready.iter().zip(kept) {
+                match kept.or_else(|| fetched.next().flatten()) {
+                    Some(delivery) => out.push(delivery),
+                    // Gone (acked by an earlier owner): forget it here too.
+                    None => {
+                        queue.order.remove(*seq);
+                    }
+                }
+            }
+            Ok(out)
+        }
+        Err(error) => {
+            // Not handed out after all: put them back so that they go out later.
+            for seq in ready {
+                queue.order.retry(seq, 0);
+            }
+            Err(error)
         }
     }
 }

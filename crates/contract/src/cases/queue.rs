@@ -254,3 +254,93 @@ pub fn dead_letters_replay_once_and_purge<S: Store>(make: impl Fn(ManualClock) -
         }
     });
 }
+
+/// A hand-out with claims: each event comes with its key's claim, as `claim` would answer it —
+/// granted for a free key, in flight for a held one, done for a completed one.
+pub fn pull_claimed_claims_every_hand_out<S: Store>(make: impl Fn(ManualClock) -> S) {
+    let store = make(clock());
+    block_on(async {
+        // Three chats of one partition.
+        let mut ids = Vec::new();
+        let mut chat = 0;
+        while ids.len() < 3 {
+            let id = format!("pc{chat}");
+            let queued = admitted(
+                store
+                    .admit(event(&id, Some(&format!("chat-{chat}"))), &[key(&id)], DAY)
+                    .await
+                    .expect("admit"),
+            );
+            chat += 1;
+            if ids
+                .first()
+                .is_none_or(|(first, _): &(oncegate_core::QueueId, String)| {
+                    first.partition == queued.partition
+                })
+            {
+                ids.push((queued, id));
+            } else {
+                // Another partition's: out of the way.
+                let mut out = store.pull(queued.partition, 100).await.expect("pull");
+                out.retain(|d| d.id == queued);
+                assert_eq!(out.len(), 1, "{queued:?} was not handed out");
+                assert!(store.ack(queued).await.expect("ack"));
+            }
+        }
+        let partition = ids[0].0.partition;
+        let held = lease_of(
+            store
+                .claim(&key(&ids[1].1), partition, LEASE)
+                .await
+                .expect("claim"),
+        );
+        let done = lease_of(
+            store
+                .claim(&key(&ids[2].1), partition, LEASE)
+                .await
+                .expect("claim"),
+        );
+        assert_eq!(
+            store.complete(&done, DAY, None).await.expect("complete"),
+            FenceCheck::Accepted
+        );
+        let pulled = store
+            .pull_claimed(partition, 10, LEASE)
+            .await
+            .expect("pull claimed");
+        assert_eq!(
+            pulled.iter().map(|(d, _)| d.id).collect::<Vec<_>>(),
+            ids.iter().map(|(id, _)| *id).collect::<Vec<_>>()
+        );
+        let mut claims = pulled
+            .into_iter()
+            .map(|(d, claim)| (d, claim.expect("a claim")));
+        let (first, claim) = claims.next().expect("the first");
+        let lease = lease_of(claim);
+        assert_eq!((lease.key, lease.partition), (first.key, partition));
+        assert_eq!(lease.until_ms, START_MS + LEASE.as_millis() as u64);
+        assert!(matches!(
+            claims.next(),
+            Some((_, Claim::InFlight { until_ms })) if until_ms == held.until_ms
+        ));
+        assert!(matches!(
+            claims.next(),
+            Some((_, Claim::Done { outcome: None }))
+        ));
+        assert_eq!(
+            store
+                .complete_and_ack(&lease, DAY, None, first.id)
+                .await
+                .expect("complete and ack"),
+            FenceCheck::Accepted
+        );
+        assert!(
+            store
+                .pull_claimed(partition, 10, LEASE)
+                .await
+                .expect("pull claimed")
+                .is_empty(),
+            "the other two are still out"
+        );
+    });
+}
