@@ -1,6 +1,6 @@
 //! Records: admit, claim, the fenced transitions, look-ups, stats, watermarks.
 
-use super::gather::Batch;
+use super::gather::{Batch, one_each};
 use super::*;
 
 impl<C: Clock> DedupStore for RedisStore<C> {
@@ -380,7 +380,7 @@ impl<C: Clock> Batch<C> for ClaimCall {
                 .arg(call.fingerprint.as_ref().map_or(&[][..], |f| &f.0[..]));
         }
         let reply: Value = script.invoke_async(conn).await.map_err(from_redis)?;
-        Ok(array(reply)?
+        Ok(one_each(reply, calls.len())?
             .into_iter()
             .zip(calls)
             .map(|(reply, call)| claim_of(reply, call.key, partition))
@@ -468,22 +468,24 @@ impl<C: Clock> Batch<C> for CompleteCall {
                 .arg(outcome);
         }
         let reply: Value = script.invoke_async(conn).await.map_err(from_redis)?;
-        let applied = array(reply)?;
-        let mut out = Vec::with_capacity(calls.len());
-        for (call, applied) in calls.iter().zip(applied) {
-            let id = QueueId {
-                partition,
-                seq: call.seq,
-            };
-            inner.settle(id, |order| order.remove(id.seq)).await;
-            out.push(match int(&applied) {
+        let applied = one_each(reply, calls.len())?;
+        // Acked and removed in Redis whatever the fences said: out of the hand-out order too,
+        // under one lock for the batch.
+        if let Some(queue) = inner.queues.get(usize::from(partition)) {
+            let mut queue = queue.lock().await;
+            for call in calls {
+                queue.order.remove(call.seq);
+            }
+        }
+        Ok(applied
+            .iter()
+            .map(|applied| match int(applied) {
                 Some(1) => Ok(FenceCheck::Accepted),
                 Some(_) => Ok(FenceCheck::Rejected),
                 None => Err(StoreError::Corrupt(format!(
                     "unexpected complete reply {applied:?}"
                 ))),
-            });
-        }
-        Ok(out)
+            })
+            .collect())
     }
 }

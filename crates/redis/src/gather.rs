@@ -49,7 +49,8 @@ pub(super) trait Batch<C: Clock>: Send + Sync + Sized + 'static {
     type Reply: Send + 'static;
     /// Where calls of this kind for `partition` wait.
     fn gather(inner: &Inner<C>, partition: u16) -> &Gather<Self, Self::Reply>;
-    /// Runs `calls` (at least one) in one script: one answer per call, in order.
+    /// Runs `calls` (at least one) in one script: one answer per call, in order (a script
+    /// that answers another number is an error; see [`one_each`]).
     fn run(
         inner: &Inner<C>,
         conn: &mut Conn,
@@ -76,9 +77,26 @@ impl<C: Clock> RedisStore<C> {
             self.handle
                 .spawn(flush::<C, B>(self.inner.clone(), partition));
         }
-        answered
-            .await
-            .unwrap_or_else(|_| Err(unavailable("the store stopped before answering")))
+        // The call's own deadline, as alone: a call behind a slow batch gives up in time (and
+        // the flusher then skips it: nobody would take its answer).
+        match tokio::time::timeout(self.inner.timeout * 2, answered).await {
+            Ok(Ok(reply)) => reply,
+            Ok(Err(_)) => Err(unavailable("the store stopped before answering")),
+            Err(_) => Err(unavailable("no answer in time")),
+        }
+    }
+}
+
+/// A script's reply array, checked to hold one answer per call.
+pub(super) fn one_each(reply: Value, calls: usize) -> Result<Vec<Value>, StoreError> {
+    let answers = array(reply)?;
+    if answers.len() == calls {
+        Ok(answers)
+    } else {
+        Err(StoreError::Corrupt(format!(
+            "{} answers from redis for {calls} calls in one script",
+            answers.len()
+        )))
     }
 }
 
@@ -111,8 +129,17 @@ async fn flush<C: Clock, B: Batch<C>>(inner: Arc<Inner<C>>, partition: u16) {
                 return;
             }
             let take = waiting.calls.len().min(BATCH_MAX);
-            waiting.calls.drain(..take).unzip()
+            waiting
+                .calls
+                .drain(..take)
+                // Callers that gave up (their deadline, or their own caller went away): what
+                // they asked for is not done, as their error said.
+                .filter(|(_, answer)| !answer.is_closed())
+                .unzip()
         };
+        if calls.is_empty() {
+            continue;
+        }
         let result = tokio::time::timeout(inner.timeout * 2, async {
             inner.reachable(&mut conn).await?;
             B::run(&inner, &mut conn, partition, &calls).await
@@ -123,19 +150,9 @@ async fn flush<C: Clock, B: Batch<C>>(inner: Arc<Inner<C>>, partition: u16) {
             .breaker
             .record(!matches!(result, Err(StoreError::Unavailable(_))));
         match result {
-            Ok(replies) if replies.len() == answers.len() => {
+            Ok(replies) => {
                 for (answer, reply) in answers.into_iter().zip(replies) {
                     let _ = answer.send(reply);
-                }
-            }
-            Ok(replies) => {
-                let error = StoreError::Corrupt(format!(
-                    "{} answers from redis for {} calls in one script",
-                    replies.len(),
-                    answers.len()
-                ));
-                for answer in answers {
-                    let _ = answer.send(Err(error.clone()));
                 }
             }
             Err(error) => {

