@@ -1,7 +1,8 @@
 //! The claim protocol, written once: claim a key, run the work while renewing the lease, and
 //! settle — complete with a stored result, or release for a retry. A key already done answers
 //! with its stored result; a key in flight says until when, or is waited for; a key claimed for
-//! another payload is a conflict. The dispatcher and synchronous calls use it; send-once and
+//! another payload is a conflict. The dispatcher (whose claims come with its hand-outs, from
+//! `pull_claimed`, read through `Claimed::from`) and synchronous calls use it; send-once and
 //! business keys will.
 
 use std::future::Future;
