@@ -25,16 +25,11 @@ pub(crate) async fn serve(config_path: Option<&Path>) -> anyhow::Result<()> {
             "the configuration has errors (listed above); `oncegate check-config` shows them too"
         );
     }
-    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
-        .set_buckets_for_metric(
-            metrics_exporter_prometheus::Matcher::Suffix("_seconds".into()),
-            &oncegate_gateway::SECONDS_BUCKETS,
-        )
-        .context("histogram buckets")?
-        .install_recorder()
-        .context("install the metrics recorder")?;
-    // Histogram samples wait in the recorder until its upkeep folds them into the buckets:
-    // without it they would pile up between scrapes (or forever, unscraped).
+    let metrics = oncegate_gateway::MetricsRecorder::new()
+        .install()
+        .map_err(anyhow::Error::msg)?;
+    // Histograms other than `_seconds` ones wait in the exporter until its upkeep folds them
+    // into their summaries: without it they would pile up between scrapes (or forever).
     let upkeep = metrics.clone();
     tokio::spawn(async move {
         let mut every = tokio::time::interval(std::time::Duration::from_secs(5));

@@ -14,6 +14,7 @@ mod longconn;
 mod meters;
 mod once;
 mod queue_view;
+mod recorder;
 pub mod registry;
 mod send_api;
 mod send_budget;
@@ -42,6 +43,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 pub use meters::SECONDS_BUCKETS;
+pub use recorder::{MetricsRecorder, MetricsRender};
 pub use server::ServerLimits;
 pub use sink::{Handler, HandlerSink, HttpSink, LinesSink, Outgoing, SharedSink, Sink, SinkError};
 pub use stats::{Stats, StatsSnapshot};

@@ -340,8 +340,8 @@ mod tests {
     /// a claim that takes over an expired lease (alone or in a hand-out) in the expiry count.
     #[test]
     fn calls_are_timed_by_op_refusals_and_lease_expiries_counted() {
-        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
-        let handle = recorder.handle();
+        let recorder = crate::MetricsRecorder::new();
+        let handle = recorder.render_handle();
         metrics::with_local_recorder(&recorder, || {
             let clock = Arc::new(ManualClock::new(1_000_000));
             let store = Timed::new(MemoryStore::with_clock(
