@@ -77,6 +77,14 @@ async fn partition_loop<S: Store>(
     shutdown: CancellationToken,
 ) {
     let mut running = JoinSet::new();
+    // One timer and one cancellation waiter for the loop's life: made anew at each idle wait
+    // (after nearly every event), they cost a timer-wheel insert and removal and a waiter-list
+    // lock each time.
+    let mut idle = tokio::time::interval(IDLE_POLL);
+    idle.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    idle.reset();
+    let cancelled = shutdown.cancelled();
+    tokio::pin!(cancelled);
     loop {
         if shutdown.is_cancelled() {
             break;
@@ -94,7 +102,7 @@ async fn partition_loop<S: Store>(
                     .note("pull_failed", None, &error.to_string());
                 tokio::select! {
                     _ = tokio::time::sleep(STORE_BACKOFF) => {}
-                    _ = shutdown.cancelled() => break,
+                    _ = &mut cancelled => break,
                 }
                 continue;
             }
@@ -103,8 +111,8 @@ async fn partition_loop<S: Store>(
             let wake = shared.wake.get(usize::from(partition));
             tokio::select! {
                 _ = async { if let Some(wake) = wake { wake.notified().await } else { std::future::pending().await } } => {}
-                _ = tokio::time::sleep(IDLE_POLL) => {}
-                _ = shutdown.cancelled() => break,
+                _ = idle.tick() => {}
+                _ = &mut cancelled => break,
                 Some(_) = running.join_next(), if !running.is_empty() => {}
             }
             continue;
@@ -112,7 +120,7 @@ async fn partition_loop<S: Store>(
         for (delivery, claim) in pulled {
             let permit = tokio::select! {
                 permit = permits.clone().acquire_owned() => permit,
-                _ = shutdown.cancelled() => {
+                _ = &mut cancelled => {
                     // Not started: hand it back, and its key.
                     if let Ok(Claim::Acquired(lease) | Claim::TookOver(lease)) = &claim {
                         let _ = shared.store.release(lease).await;

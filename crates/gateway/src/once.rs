@@ -116,13 +116,16 @@ pub(crate) async fn run<S: Store>(
             ran.unwrap_or_else(|_| Err(SinkError::Transient("the handler panicked".into())))
         });
     tokio::pin!(work);
-    let mut renew = tokio::time::interval(renew_every);
-    renew.tick().await;
+    // A sleep rather than an interval: an interval's first tick is due at once, and taking it
+    // moves the timer once more per event; most work ends long before the first renewal.
+    let renew = tokio::time::sleep(renew_every);
+    tokio::pin!(renew);
     let mut renewing = true;
     loop {
         tokio::select! {
             result = &mut work => return result,
-            _ = renew.tick(), if renewing => {
+            _ = &mut renew, if renewing => {
+                renew.as_mut().reset(Instant::now() + renew_every);
                 let renewed = shared.store.renew(lease, extend).await;
                 shared.meters.renewal(match renewed {
                     Ok(FenceCheck::Accepted) => Renewal::Renewed,

@@ -1,5 +1,6 @@
 //! Counters of every layer, kept as atomics for the admin API and mirrored to `metrics`.
 
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
@@ -9,7 +10,7 @@ macro_rules! counters {
         /// What the gateway has done since it started.
         #[derive(Debug, Default)]
         pub struct Stats {
-            $(#[doc = $doc] pub $name: AtomicU64,)*
+            $(#[doc = $doc] pub $name: Count,)*
         }
 
         /// A copy of [`Stats`] at one moment.
@@ -21,7 +22,7 @@ macro_rules! counters {
         impl Stats {
             /// Reads every counter.
             pub fn snapshot(&self) -> StatsSnapshot {
-                StatsSnapshot { $($name: self.$name.load(Ordering::Relaxed),)* }
+                StatsSnapshot { $($name: self.$name.get(),)* }
             }
         }
     };
@@ -52,8 +53,26 @@ counters! {
 
 impl Stats {
     /// Adds one to a counter and to its metric.
-    pub fn bump(&self, counter: &AtomicU64, metric: &'static str) {
-        counter.fetch_add(1, Ordering::Relaxed);
-        metrics::counter!(metric).increment(1);
+    pub fn bump(&self, counter: &Count, metric: &'static str) {
+        counter.value.fetch_add(1, Ordering::Relaxed);
+        // Registered once: a lookup in the recorder per bump cost more than the count.
+        counter
+            .metric
+            .get_or_init(|| metrics::counter!(metric))
+            .increment(1);
+    }
+}
+
+/// One of [`Stats`]' counters, with its metric's handle.
+#[derive(Debug, Default)]
+pub struct Count {
+    value: AtomicU64,
+    metric: OnceLock<metrics::Counter>,
+}
+
+impl Count {
+    /// The count so far.
+    pub fn get(&self) -> u64 {
+        self.value.load(Ordering::Relaxed)
     }
 }
