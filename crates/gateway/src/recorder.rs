@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::fmt::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use metrics::{
@@ -22,12 +22,33 @@ use crate::meters::SECONDS_BUCKETS;
 /// What a histogram's name ends with to be kept here, in [`SECONDS_BUCKETS`].
 const SECONDS: &str = "_seconds";
 
-/// One histogram: a count per bucket (the last for values above every bound) and the sum.
+/// One histogram, in shards that threads pick by their own index, so that two workers
+/// recording at once do not pull one cache line back and forth.
 #[derive(Debug, Default)]
 struct Buckets {
+    shards: [Shard; SHARDS],
+}
+
+/// How many shards a histogram has: more than a small host's cores.
+const SHARDS: usize = 8;
+
+/// A count per bucket (the last for values above every bound) and the sum, of the samples
+/// recorded by the threads of one shard.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Shard {
     counts: [AtomicU64; SECONDS_BUCKETS.len() + 1],
     /// The sum of the samples, as the bits of an `f64`.
     sum: AtomicU64,
+}
+
+/// This thread's shard, handed out in turn as threads first record.
+fn shard_index() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static INDEX: usize = NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS;
+    }
+    INDEX.with(|index| *index)
 }
 
 impl HistogramFn for Buckets {
@@ -35,14 +56,30 @@ impl HistogramFn for Buckets {
         if value.is_nan() {
             return;
         }
+        let shard = &self.shards[shard_index()];
         // The first bound at or above the value: Prometheus buckets are `le`.
         let at = SECONDS_BUCKETS.partition_point(|bound| *bound < value);
-        self.counts[at].fetch_add(1, Ordering::Relaxed);
-        let _ = self
+        shard.counts[at].fetch_add(1, Ordering::Relaxed);
+        let _ = shard
             .sum
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
                 Some((f64::from_bits(bits) + value).to_bits())
             });
+    }
+}
+
+impl Buckets {
+    /// The count of each bucket (not cumulative) and the sum, over every shard.
+    fn read(&self) -> ([u64; SECONDS_BUCKETS.len() + 1], f64) {
+        let mut counts = [0u64; SECONDS_BUCKETS.len() + 1];
+        let mut sum = 0.0;
+        for shard in &self.shards {
+            for (total, count) in counts.iter_mut().zip(&shard.counts) {
+                *total += count.load(Ordering::Relaxed);
+            }
+            sum += f64::from_bits(shard.sum.load(Ordering::Relaxed));
+        }
+        (counts, sum)
     }
 }
 
@@ -77,9 +114,10 @@ impl SecondsHistograms {
                 previous = Some(name);
             }
             let comma = if labels.is_empty() { "" } else { "," };
+            let (counts, sum) = buckets.read();
             let mut total = 0u64;
-            for (at, count) in buckets.counts.iter().enumerate() {
-                total += count.load(Ordering::Relaxed);
+            for (at, count) in counts.iter().enumerate() {
+                total += count;
                 match SECONDS_BUCKETS.get(at) {
                     Some(bound) => {
                         let _ = writeln!(
@@ -98,7 +136,6 @@ impl SecondsHistograms {
             } else {
                 format!("{{{labels}}}")
             };
-            let sum = f64::from_bits(buckets.sum.load(Ordering::Relaxed));
             let _ = writeln!(out, "{name}_sum{braced} {sum}");
             let _ = writeln!(out, "{name}_count{braced} {total}");
         }
