@@ -12,6 +12,7 @@
 mod frame;
 mod open;
 mod snapshot;
+mod tail;
 mod writer;
 
 use std::path::PathBuf;

@@ -13,6 +13,7 @@ use oncegate_memory::{Change, Journal};
 use tokio::sync::watch;
 
 use crate::frame::{self, EntryRef, Header, Kind};
+use crate::tail::Tail;
 
 /// How long a small batch waits for more changes before it is synced, and the size from which
 /// it does not: every sync costs the machine the same whatever it carries, and under load the
@@ -273,58 +274,6 @@ impl Journal for FileJournal {
     }
 }
 
-/// How far ahead of its frames the writer zeroes a segment. Writing into blocks the file
-/// already has leaves its size and extents alone, so a batch's `fdatasync` flushes the data
-/// without a metadata commit (a growing file makes every sync commit one: about twice the
-/// sync's latency on ext4); the zeroing costs one such commit per this many bytes. Measured at
-/// the gateway (BENCHMARKS.md): 2 MiB lost to not zeroing at all, its zeroing syncs stalling
-/// every waiting caller; 256 KiB won.
-const ZERO_AHEAD: u64 = 256 << 10;
-
-/// The zeros written ahead, from a static buffer rather than an allocation per extension.
-static ZEROS: [u8; ZERO_AHEAD as usize] = [0; ZERO_AHEAD as usize];
-
-/// The segment being written: where its frames end and how far it is zeroed.
-struct Tail {
-    file: File,
-    written: u64,
-    zeroed: u64,
-}
-
-impl Tail {
-    fn new(file: File) -> Self {
-        let header = frame::HEADER_LEN as u64;
-        Self {
-            file,
-            written: header,
-            zeroed: header,
-        }
-    }
-
-    /// Writes `batch` after the frames and makes it durable.
-    fn append(&mut self, batch: &[u8]) -> std::io::Result<()> {
-        use std::os::unix::fs::FileExt;
-        let end = self.written + batch.len() as u64;
-        if end > self.zeroed {
-            // `end` passed the zeroed room, so at most ZERO_AHEAD bytes follow it.
-            let to = end.max(self.zeroed + ZERO_AHEAD);
-            let zeros = usize::try_from(to - end).map_or(ZEROS.len(), |n| n.min(ZEROS.len()));
-            self.file.write_all_at(&ZEROS[..zeros], end)?;
-            self.zeroed = end + zeros as u64;
-        }
-        self.file.write_all_at(batch, self.written)?;
-        self.file.sync_data()?;
-        self.written = end;
-        Ok(())
-    }
-
-    /// Gives back the zeroed room once the segment is finished.
-    fn trim(&self) -> std::io::Result<()> {
-        self.file.set_len(self.written)?;
-        self.file.sync_data()
-    }
-}
-
 fn write_loop(
     inner: Arc<Inner>,
     files: Files,
@@ -333,7 +282,7 @@ fn write_loop(
     rotation: Rotation,
     ask: mpsc::Sender<u64>,
 ) {
-    let mut tail = Tail::new(file);
+    let mut tail = Tail::new(file, &files.segment(number));
     let mut batch = Vec::new();
     loop {
         let appended = {
@@ -394,7 +343,7 @@ fn write_loop(
             }
             match files.create_segment(number + 1) {
                 Ok(next) => {
-                    tail = Tail::new(next);
+                    tail = Tail::new(next, &files.segment(number + 1));
                     number += 1;
                     inner.since_snapshot.store(0, Ordering::Relaxed);
                     let _ = ask.send(number);
