@@ -105,7 +105,8 @@ impl Tail {
 
 impl Direct {
     /// `path` opened for direct writes, holding `header` bytes; `None` where the file system
-    /// refuses direct I/O (or the header does not read back whole).
+    /// refuses direct I/O, or a direct write of the header's block (or the header does not read
+    /// back whole).
     fn open(path: &Path, header: u64) -> Option<Self> {
         let file = std::fs::OpenOptions::new()
             .read(true)
@@ -119,6 +120,10 @@ impl Direct {
         if read as u64 != header {
             return None;
         }
+        // A file system may take the flag yet refuse these writes (a block size above 4 KiB):
+        // the header's block written back once, unchanged, proves that it does not.
+        block[read..].fill(0);
+        file.write_all_at(block, 0).ok()?;
         let partial = block[..read].to_vec();
         Some(Self {
             file,
