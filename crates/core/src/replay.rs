@@ -6,31 +6,13 @@
 //! generation at once: no scan, no per-entry timer.
 
 use std::collections::HashSet;
-use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
+use std::hash::{BuildHasher, RandomState};
 
-/// The sets hold keyed SipHash values of nonces, random to anyone without the key: they are
-/// their own hash (hashing them again cost more than the lookup).
-#[derive(Default)]
-struct AlreadyHashed(u64);
+use crate::passthrough::BuildPassThrough;
 
-impl Hasher for AlreadyHashed {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        // Only `write_u64` is used; anything else still spreads.
-        for byte in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(*byte);
-        }
-    }
-
-    fn write_u64(&mut self, value: u64) {
-        self.0 = value;
-    }
-}
-
-type Hashes = HashSet<u64, BuildHasherDefault<AlreadyHashed>>;
+/// Keyed SipHash values of nonces, random to anyone without the key: their own hash in the
+/// sets (hashing them again cost more than the lookup).
+type Hashes = HashSet<u64, BuildPassThrough>;
 
 /// What the guard says about a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
