@@ -22,10 +22,11 @@ end
 -- The event first: a script that fails half-way keeps what it wrote, and marks without the
 -- event would turn the platform's retry into a duplicate.
 local seq = redis.call('INCR', KEYS[n + 2])
-redis.call('XADD', KEYS[n + 1], '0-' .. seq, 'k', ARGV[4], 'o', ARGV[5], 'e', ARGV[6])
+redis.call('XADD', KEYS[n + 1], string.format('0-%d', seq), 'k', ARGV[4], 'o', ARGV[5], 'e', ARGV[6])
 local pending = encode('p', now + retention, '', 0, false, false)
+local ttl = string.format('%d', retention + slack)
 for i = 1, n do
-  redis.call('SET', KEYS[i], pending, 'PX', retention + slack)
+  redis.call('SET', KEYS[i], pending, 'PX', ttl)
 end
 remember()
 return {1, seq}

@@ -2,10 +2,12 @@
 -- record per claim; ARGV = now_ms, ttl slack ms, then per claim: lease_ms, fingerprint
 -- (16 bytes, or empty for none).
 -- One reply per claim, in order: {'inflight', until} | {'done'} | {'done', outcome}
--- | {'conflict'} | {'acquired', token, until, taken}: taken is '1' when a holder's lease ran
--- out (a takeover). Claims run in order, so a key claimed twice in one call is in flight for
--- the second. A live record claimed for another payload is a conflict; one without a
--- fingerprint takes the claimer's (core's transition::claim is the rule this mirrors).
+-- | {'conflict'} | the granted token, negated when a holder's lease ran out (a takeover).
+-- A grant, the common reply, is one integer: the caller knows its lease end (now + lease),
+-- and Redis turns a table into a reply element by element. Claims run in order, so a key
+-- claimed twice in one call is in flight for the second. A live record claimed for another
+-- payload is a conflict; one without a fingerprint takes the claimer's (core's
+-- transition::claim is the rule this mirrors).
 local now = tonumber(ARGV[1])
 local slack = tonumber(ARGV[2])
 -- The next token, read on the first grant. The token is a hybrid clock: the server's time in
@@ -23,13 +25,13 @@ local function next_token()
   else
     token = token + 1
   end
-  return string.format('%d', token)
+  return token
 end
 local function claim(key, lease, fingerprint)
   local s, e, _, u, f, o = load(key)
   local expires = now
   local kept = false
-  local taken = '0'
+  local taken = false
   if s and (now < e or (s == 'r' and now < u)) then
     if f and fingerprint ~= '' and f ~= fingerprint then return {'conflict'} end
     if s == 'r' and now < u then return {'inflight', u} end
@@ -39,14 +41,16 @@ local function claim(key, lease, fingerprint)
     end
     expires = e
     kept = f
-    if s == 'r' then taken = '1' end
+    if s == 'r' then taken = true end
   end
   local granted = next_token()
   local till = now + lease
   -- A forgotten record's fingerprint goes with it; a kept one stays.
   if not kept and fingerprint ~= '' then kept = fingerprint end
-  store(key, math.max(expires, till) - now + slack, 'r', expires, granted, till, kept, false)
-  return {'acquired', granted, string.format('%d', till), taken}
+  store(key, math.max(expires, till) - now + slack, 'r', expires, string.format('%d', granted),
+    till, kept, false)
+  if taken then return -granted end
+  return granted
 end
 local replies = {}
 for i = 2, #KEYS do

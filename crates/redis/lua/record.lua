@@ -33,16 +33,17 @@ local function load(key)
   return s, tonumber(e), t, tonumber(u) or 0, f, o
 end
 
--- The string of a record (lease end only for r; fingerprint and outcome false for none).
+-- The string of a record (lease end only for r; fingerprint and outcome false for none), made
+-- in one concatenation: Lua interns every string it makes, the pieces of a longer chain too.
 local function encode(s, e, t, u, f, o)
-  local text = s .. string.format('%d', e) .. ',' .. t .. ','
-  if s == 'r' then text = text .. string.format('%d', u) end
-  if f then text = text .. ',f' .. f else text = text .. ',-' end
-  if o then text = text .. 'o' .. o end
-  return text
+  local lease = ''
+  if s == 'r' then lease = string.format('%d', u) end
+  return s .. string.format('%d', e) .. ',' .. t .. ',' .. lease .. (f and ',f' or ',-')
+    .. (f or '') .. (o and 'o' or '') .. (o or '')
 end
 
--- Writes a record that Redis drops `ttl` ms from now (its logical end plus slack).
+-- Writes a record that Redis drops `ttl` ms from now (its logical end plus slack). The TTL goes
+-- as a string: Redis prints a Lua number argument with "%.17g", a float's slow path.
 local function store(key, ttl, s, e, t, u, f, o)
-  redis.call('SET', key, encode(s, e, t, u, f, o), 'PX', ttl)
+  redis.call('SET', key, encode(s, e, t, u, f, o), 'PX', string.format('%d', ttl))
 end

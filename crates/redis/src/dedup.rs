@@ -368,9 +368,10 @@ impl<C: Clock> Batch<C> for ClaimCall {
         calls: &[Self],
     ) -> Result<Vec<Result<Claim, StoreError>>, StoreError> {
         let mut script = inner.scripts.claim.prepare_invoke();
+        let now_ms = inner.clock.now_ms();
         script
             .key(inner.tokens(partition))
-            .arg(inner.clock.now_ms())
+            .arg(now_ms)
             .arg(TTL_SLACK_MS);
         for call in calls {
             script
@@ -383,31 +384,44 @@ impl<C: Clock> Batch<C> for ClaimCall {
         Ok(one_each(reply, calls.len())?
             .into_iter()
             .zip(calls)
-            .map(|(reply, call)| claim_of(reply, call.key, partition))
+            .map(|(reply, call)| {
+                claim_of(
+                    reply,
+                    call.key,
+                    partition,
+                    now_ms.saturating_add(call.lease_ms),
+                )
+            })
             .collect())
     }
 }
 
-/// One claim's answer in the claim script's reply.
-fn claim_of(reply: Value, key: KeyHash, partition: u16) -> Result<Claim, StoreError> {
+/// One claim's answer in the claim script's reply: a grant is its token (negated for a
+/// takeover), whose lease ends at `until_ms` (the script's now plus the lease).
+fn claim_of(
+    reply: Value,
+    key: KeyHash,
+    partition: u16,
+    until_ms: u64,
+) -> Result<Claim, StoreError> {
+    if let Value::Int(granted) = reply {
+        let lease = |token: u64| Lease {
+            key,
+            partition,
+            token: FencingToken(token),
+            until_ms,
+        };
+        return match granted {
+            1.. => Ok(Claim::Acquired(lease(granted.unsigned_abs()))),
+            ..0 => Ok(Claim::TookOver(lease(granted.unsigned_abs()))),
+            0 => Err(StoreError::Corrupt(
+                "unexpected claim reply: token 0 (tokens start at 1)".to_owned(),
+            )),
+        };
+    }
     let reply = array(reply)?;
     let unexpected = || StoreError::Corrupt(format!("unexpected claim reply {reply:?}"));
     match reply.first().and_then(text) {
-        Some("acquired") => match (reply.get(1).and_then(int), reply.get(2).and_then(int)) {
-            (Some(token), Some(until_ms)) => {
-                let lease = Lease {
-                    key,
-                    partition,
-                    token: FencingToken(token),
-                    until_ms,
-                };
-                Ok(match reply.get(3).and_then(text) {
-                    Some("1") => Claim::TookOver(lease),
-                    _ => Claim::Acquired(lease),
-                })
-            }
-            _ => Err(unexpected()),
-        },
         Some("inflight") => Ok(Claim::InFlight {
             until_ms: reply.get(1).and_then(int).unwrap_or(0),
         }),
