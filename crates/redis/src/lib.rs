@@ -62,7 +62,7 @@ use reply::*;
 
 /// Physical TTLs outlive the logical end by this much, so that clock skew between gateways and
 /// Redis never drops a record early.
-const TTL_SLACK_MS: u64 = 60_000;
+pub const TTL_SLACK_MS: u64 = 60_000;
 /// How long counting every record may take (a scan; ~100k records a second on loopback).
 const STATS_LIMIT: Duration = Duration::from_secs(120);
 /// Stream entries read per catch-up round.
@@ -72,6 +72,19 @@ const CATCH_UP: usize = 1000;
 pub const ADMIT_LUA: &str = concat!(
     include_str!("../lua/record.lua"),
     include_str!("../lua/admit.lua")
+);
+
+/// The claim script's source (also for benchmarks that run it by itself).
+pub const CLAIM_LUA: &str = concat!(
+    include_str!("../lua/record.lua"),
+    include_str!("../lua/claim.lua")
+);
+
+/// The complete-and-ack script's source (also for benchmarks that run it by itself).
+pub const COMPLETE_ACK_LUA: &str = concat!(
+    include_str!("../lua/record.lua"),
+    include_str!("../lua/completed.lua"),
+    include_str!("../lua/complete_ack.lua")
 );
 
 /// A queue entry's payload as stored in the stream.
@@ -347,10 +360,7 @@ impl<C: Clock> RedisStore<C> {
                 clock,
                 scripts: Scripts {
                     admit: Script::new(ADMIT_LUA),
-                    claim: Script::new(concat!(
-                        include_str!("../lua/record.lua"),
-                        include_str!("../lua/claim.lua")
-                    )),
+                    claim: Script::new(CLAIM_LUA),
                     fence: Script::new(concat!(
                         include_str!("../lua/record.lua"),
                         include_str!("../lua/completed.lua"),
@@ -366,11 +376,7 @@ impl<C: Clock> RedisStore<C> {
                     dead_replay: Script::new(include_str!("../lua/dead_replay.lua")),
                     dead_purge: Script::new(include_str!("../lua/dead_purge.lua")),
                     own: Script::new(include_str!("../lua/own.lua")),
-                    complete_ack: Script::new(concat!(
-                        include_str!("../lua/record.lua"),
-                        include_str!("../lua/completed.lua"),
-                        include_str!("../lua/complete_ack.lua")
-                    )),
+                    complete_ack: Script::new(COMPLETE_ACK_LUA),
                 },
                 breaker: Breaker::default(),
                 queues: (0..partitions)

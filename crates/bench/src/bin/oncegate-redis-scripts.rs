@@ -1,0 +1,304 @@
+//! What each script on an event's way costs Redis, measured alone: a fresh event's admit, a
+//! re-delivery's admit, the claims and the completions in the store's batches, the hand-out's
+//! group read; beside two floors in the same run (a script that only returns, called with the
+//! admit's arguments, and a bare `SET … PX` of a new key). Redis's CPU (INFO cpu) before and after
+//! each step, divided by the events: a cost per event, so no load generator needs to saturate
+//! anything. Calls are pipelined 64 deep over one connection, as the store's multiplexed
+//! connection does under load.
+
+use anyhow::{Context, bail};
+use clap::Parser;
+use redis::{Cmd, Connection, Value};
+
+/// Arguments.
+#[derive(Parser)]
+#[command(about = "Redis CPU per event of each oncegate script, measured alone")]
+struct Args {
+    /// An empty Redis (the run writes several keys per event): scripts/redis-scripts starts one.
+    #[arg(long, default_value = "redis://127.0.0.1:6379")]
+    url: String,
+    /// Events admitted, claimed and completed.
+    #[arg(long, default_value_t = 20_000)]
+    events: usize,
+    /// Claims (and completions) per script call, as the store's gathers batch them.
+    #[arg(long, default_value_t = 4)]
+    batch: usize,
+    /// Bytes of each event as the stream stores it.
+    #[arg(long, default_value_t = 500)]
+    payload: usize,
+}
+
+/// Calls in flight per pipeline round.
+const DEPTH: usize = 64;
+const PARTITION: &str = "{ogscripts:0}";
+const GROUP: &str = "oncegate";
+const RETENTION_MS: u64 = 86_400_000;
+const NONCE_WINDOW_MS: u64 = 600_000;
+const LEASE_MS: u64 = 30_000;
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    if args.events == 0 || args.batch == 0 {
+        bail!("--events and --batch must be at least 1");
+    }
+    let mut con = redis::Client::open(args.url.as_str())?
+        .get_connection()
+        .with_context(|| format!("connect to {}", args.url))?;
+    let keys: u64 = redis::cmd("DBSIZE").query(&mut con)?;
+    if keys != 0 {
+        bail!(
+            "{} holds {keys} keys: this run needs an empty Redis (scripts/redis-scripts starts one)",
+            args.url
+        );
+    }
+    let load = |con: &mut Connection, source: &str| -> anyhow::Result<String> {
+        Ok(redis::cmd("SCRIPT").arg("LOAD").arg(source).query(con)?)
+    };
+    let admit = load(&mut con, oncegate_redis::ADMIT_LUA)?;
+    let claim = load(&mut con, oncegate_redis::CLAIM_LUA)?;
+    let complete = load(&mut con, oncegate_redis::COMPLETE_ACK_LUA)?;
+    let floor = load(&mut con, "return 1")?;
+    let _: Value = redis::cmd("XGROUP")
+        .arg(&["CREATE", &format!("{PARTITION}:q"), GROUP, "0", "MKSTREAM"][..])
+        .query(&mut con)?;
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_millis() as u64;
+    let payload = vec![b'x'; args.payload];
+    let n = args.events;
+    println!(
+        "oncegate-redis-scripts: {n} events, {} claims or completions per call, {} B payloads",
+        args.batch, args.payload
+    );
+    println!("{:<46} {:>12} {:>12}", "step", "us/event", "us/call");
+
+    let floor_calls: Vec<Cmd> = (0..n)
+        .map(|i| admit_cmd(&floor, i, i, now_ms, &payload))
+        .collect();
+    let floor_cost = measure(
+        &mut con,
+        "floor: a script that returns, admit's args",
+        1,
+        floor_calls,
+    )?;
+    let set_calls: Vec<Cmd> = (0..n)
+        .map(|i| {
+            let mut cmd = redis::cmd("SET");
+            cmd.arg(format!("{PARTITION}:floor:{i:032x}"))
+                .arg("p1800000000000,,,-")
+                .arg("PX")
+                .arg(RETENTION_MS + oncegate_redis::TTL_SLACK_MS);
+            cmd
+        })
+        .collect();
+    measure(&mut con, "floor: SET ... PX of a new key", 1, set_calls)?;
+
+    let admits: Vec<Cmd> = (0..n)
+        .map(|i| admit_cmd(&admit, i, i, now_ms, &payload))
+        .collect();
+    let (fresh, replies) = measure_replies(
+        &mut con,
+        "admit, a new event (2 keys and a nonce)",
+        1,
+        admits,
+    )?;
+    let seqs: Vec<u64> = replies
+        .iter()
+        .map(|reply| match reply {
+            Value::Array(parts) if matches!(parts.first(), Some(Value::Int(1))) => {
+                match parts.get(1) {
+                    Some(Value::Int(seq)) => Ok(*seq as u64),
+                    other => bail!("admit answered {other:?} for a sequence number"),
+                }
+            }
+            other => bail!("admit did not admit a new event: {other:?}"),
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let redeliveries: Vec<Cmd> = (0..n)
+        .map(|i| admit_cmd(&admit, i, n + i, now_ms, &payload))
+        .collect();
+    let again = measure(
+        &mut con,
+        "admit, a re-delivery (a new nonce)",
+        1,
+        redeliveries,
+    )?;
+
+    let reads: Vec<Cmd> = (0..n.div_ceil(args.batch))
+        .map(|_| {
+            let mut cmd = redis::cmd("XREADGROUP");
+            cmd.arg(&["GROUP", GROUP, "bench", "COUNT"][..])
+                .arg(args.batch)
+                .arg("STREAMS")
+                .arg(format!("{PARTITION}:q"))
+                .arg(">");
+            cmd
+        })
+        .collect();
+    let read = measure(
+        &mut con,
+        "hand-out: XREADGROUP of a batch",
+        args.batch,
+        reads,
+    )?;
+
+    let batches: Vec<Vec<usize>> = (0..n)
+        .collect::<Vec<_>>()
+        .chunks(args.batch)
+        .map(<[usize]>::to_vec)
+        .collect();
+    let claims: Vec<Cmd> = batches
+        .iter()
+        .map(|batch| {
+            let mut cmd = redis::cmd("EVALSHA");
+            cmd.arg(&claim)
+                .arg(batch.len() + 1)
+                .arg(format!("{PARTITION}:token"));
+            for &i in batch {
+                cmd.arg(record_key(i, 0));
+            }
+            cmd.arg(now_ms).arg(oncegate_redis::TTL_SLACK_MS);
+            for _ in batch {
+                cmd.arg(LEASE_MS).arg("");
+            }
+            cmd
+        })
+        .collect();
+    let (claimed, replies) = measure_replies(&mut con, "claim, in batches", args.batch, claims)?;
+    let mut tokens = Vec::with_capacity(n);
+    for reply in replies {
+        match reply {
+            Value::Array(grants) => {
+                for grant in grants {
+                    match grant {
+                        Value::Int(token) if token > 0 => tokens.push(token),
+                        other => bail!("a claim of a new event was not granted: {other:?}"),
+                    }
+                }
+            }
+            other => bail!("claim answered {other:?}"),
+        }
+    }
+    let completes: Vec<Cmd> = batches
+        .iter()
+        .map(|batch| {
+            let mut cmd = redis::cmd("EVALSHA");
+            cmd.arg(&complete)
+                .arg(batch.len() + 2)
+                .arg(format!("{PARTITION}:q"))
+                .arg(format!("{PARTITION}:qa"));
+            for &i in batch {
+                cmd.arg(record_key(i, 0));
+            }
+            cmd.arg(now_ms).arg(oncegate_redis::TTL_SLACK_MS).arg(GROUP);
+            for &i in batch {
+                cmd.arg(tokens[i]).arg(RETENTION_MS).arg(seqs[i]).arg("-");
+            }
+            cmd
+        })
+        .collect();
+    let (completed, replies) = measure_replies(
+        &mut con,
+        "complete and ack, in batches",
+        args.batch,
+        completes,
+    )?;
+    let applied = replies
+        .iter()
+        .flat_map(|reply| match reply {
+            Value::Array(each) => each.clone(),
+            other => vec![other.clone()],
+        })
+        .filter(|each| matches!(each, Value::Int(1)))
+        .count();
+    if applied != n {
+        bail!("{applied} of {n} completions were applied");
+    }
+    let left: u64 = redis::cmd("XLEN")
+        .arg(format!("{PARTITION}:q"))
+        .query(&mut con)?;
+    if left != 0 {
+        bail!("{left} entries are still in the stream after every ack");
+    }
+    let total = fresh + 0.3 * again + read + claimed + completed;
+    println!(
+        "{:<46} {total:>12.2}   ({:.1} x the floor script)",
+        "per delivered event, 30 % re-deliveries",
+        total / floor_cost
+    );
+    Ok(())
+}
+
+/// The admit script's call for event `event` with nonce `nonce` (a new nonce re-delivers).
+fn admit_cmd(sha: &str, event: usize, nonce: usize, now_ms: u64, payload: &[u8]) -> Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(sha)
+        .arg(5)
+        .arg(record_key(event, 0))
+        .arg(record_key(event, 1))
+        .arg(format!("{PARTITION}:q"))
+        .arg(format!("{PARTITION}:qseq"))
+        .arg(format!("{PARTITION}:n:{nonce:032x}"))
+        .arg(now_ms)
+        .arg(RETENTION_MS)
+        .arg(2)
+        .arg(format!("{:032x}", event * 2))
+        .arg(event as u64 * 7919)
+        .arg(payload)
+        .arg(oncegate_redis::TTL_SLACK_MS)
+        .arg(NONCE_WINDOW_MS);
+    cmd
+}
+
+fn record_key(event: usize, which: usize) -> String {
+    format!("{PARTITION}:r:{:032x}", event * 2 + which)
+}
+
+/// Redis's CPU seconds so far (user and system).
+fn redis_cpu(con: &mut Connection) -> anyhow::Result<f64> {
+    let info: String = redis::cmd("INFO").arg("cpu").query(con)?;
+    Ok(info
+        .lines()
+        .filter_map(|line| {
+            let (name, value) = line.trim().split_once(':')?;
+            matches!(name, "used_cpu_user" | "used_cpu_sys").then(|| value.parse::<f64>().ok())?
+        })
+        .sum())
+}
+
+fn measure(
+    con: &mut Connection,
+    label: &str,
+    per_call: usize,
+    calls: Vec<Cmd>,
+) -> anyhow::Result<f64> {
+    Ok(measure_replies(con, label, per_call, calls)?.0)
+}
+
+/// Runs `calls` pipelined, prints Redis's CPU per event (`per_call` events per call) and per
+/// call, and returns the first with every reply.
+fn measure_replies(
+    con: &mut Connection,
+    label: &str,
+    per_call: usize,
+    calls: Vec<Cmd>,
+) -> anyhow::Result<(f64, Vec<Value>)> {
+    let count = calls.len();
+    let before = redis_cpu(con)?;
+    let mut replies = Vec::with_capacity(count);
+    for round in calls.chunks(DEPTH) {
+        let mut pipe = redis::pipe();
+        for call in round {
+            pipe.add_command(call.clone());
+        }
+        let answers: Vec<Value> = pipe
+            .query(con)
+            .with_context(|| format!("{label}: a call failed"))?;
+        replies.extend(answers);
+    }
+    let spent = redis_cpu(con)? - before;
+    let per_call_us = spent * 1e6 / count as f64;
+    let per_event = per_call_us / per_call as f64;
+    println!("{label:<46} {per_event:>12.2} {per_call_us:>12.2}");
+    Ok((per_event, replies))
+}
