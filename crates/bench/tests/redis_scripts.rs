@@ -1,6 +1,6 @@
 //! The script benchmark runs whole on a real Redis: every admit admits, every claim is granted,
-//! every completion applies and the stream ends empty (the binary checks each and fails
-//! otherwise), and it refuses a Redis that holds keys.
+//! every completion applies, the stream ends empty and the store reads the records it expects
+//! (the binary checks each and fails otherwise), and it refuses a Redis that holds keys.
 
 use std::process::Command;
 

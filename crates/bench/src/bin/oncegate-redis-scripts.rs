@@ -4,10 +4,15 @@
 //! admit's arguments, and a bare `SET … PX` of a new key). Redis's CPU (INFO cpu) before and after
 //! each step, divided by the events: a cost per event, so no load generator needs to saturate
 //! anything. Calls are pipelined 64 deep over one connection, as the store's multiplexed
-//! connection does under load.
+//! connection does under load. The calls restate the store's arguments; the store's own
+//! record reading checks them after each step (state, retention end, token and lease end), so a
+//! change of the store's arguments that this copy missed fails the run instead of measuring
+//! something else.
 
 use anyhow::{Context, bail};
 use clap::Parser;
+use oncegate_core::{DedupStore, FencingToken, KeyHash, Record, RecordState};
+use oncegate_redis::{RedisConfig, RedisStore};
 use redis::{Cmd, Connection, Value};
 
 /// Arguments.
@@ -30,6 +35,8 @@ struct Args {
 
 /// Calls in flight per pipeline round.
 const DEPTH: usize = 64;
+/// The store's prefix for these keys, and partition 0's hash tag with it.
+const PREFIX: &str = "ogscripts";
 const PARTITION: &str = "{ogscripts:0}";
 const GROUP: &str = "oncegate";
 const RETENTION_MS: u64 = 86_400_000;
@@ -58,6 +65,13 @@ fn main() -> anyhow::Result<()> {
     let claim = load(&mut con, oncegate_redis::CLAIM_LUA)?;
     let complete = load(&mut con, oncegate_redis::COMPLETE_ACK_LUA)?;
     let floor = load(&mut con, "return 1")?;
+    let store = RedisStore::connect(RedisConfig {
+        prefix: PREFIX.into(),
+        ..RedisConfig::at(&args.url)
+    })?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     let _: Value = redis::cmd("XGROUP")
         .arg(&["CREATE", &format!("{PARTITION}:q"), GROUP, "0", "MKSTREAM"][..])
         .query(&mut con)?;
@@ -114,6 +128,12 @@ fn main() -> anyhow::Result<()> {
             other => bail!("admit did not admit a new event: {other:?}"),
         })
         .collect::<anyhow::Result<_>>()?;
+    let check = |what: &str, expect: &dyn Fn(usize, usize, &Record) -> bool| {
+        check_records(&runtime, &store, n, what, expect)
+    };
+    check("admit", &|_, _, record| {
+        record.state == RecordState::Pending && record.expires_at_ms == now_ms + RETENTION_MS
+    })?;
     let redeliveries: Vec<Cmd> = (0..n)
         .map(|i| admit_cmd(&admit, i, n + i, now_ms, &payload))
         .collect();
@@ -179,6 +199,17 @@ fn main() -> anyhow::Result<()> {
             other => bail!("claim answered {other:?}"),
         }
     }
+    check("claim", &|event, which, record| match which {
+        0 => {
+            record.state
+                == RecordState::Processing {
+                    token: FencingToken(tokens[event].unsigned_abs()),
+                    lease_until_ms: now_ms + LEASE_MS,
+                }
+                && record.expires_at_ms == now_ms + RETENTION_MS
+        }
+        _ => record.state == RecordState::Pending,
+    })?;
     let completes: Vec<Cmd> = batches
         .iter()
         .map(|batch| {
@@ -214,6 +245,13 @@ fn main() -> anyhow::Result<()> {
     if applied != n {
         bail!("{applied} of {n} completions were applied");
     }
+    check("complete", &|_, which, record| match which {
+        0 => {
+            matches!(record.state, RecordState::Completed { .. })
+                && record.expires_at_ms == now_ms + RETENTION_MS
+        }
+        _ => record.state == RecordState::Pending,
+    })?;
     let left: u64 = redis::cmd("XLEN")
         .arg(format!("{PARTITION}:q"))
         .query(&mut con)?;
@@ -242,7 +280,7 @@ fn admit_cmd(sha: &str, event: usize, nonce: usize, now_ms: u64, payload: &[u8])
         .arg(now_ms)
         .arg(RETENTION_MS)
         .arg(2)
-        .arg(format!("{:032x}", event * 2))
+        .arg(key_hash(event, 0).to_string())
         .arg(event as u64 * 7919)
         .arg(payload)
         .arg(oncegate_redis::TTL_SLACK_MS)
@@ -250,8 +288,40 @@ fn admit_cmd(sha: &str, event: usize, nonce: usize, now_ms: u64, payload: &[u8])
     cmd
 }
 
+/// The key hash of event `event`'s key `which` (0 its first, 1 its second).
+fn key_hash(event: usize, which: usize) -> KeyHash {
+    KeyHash(((event * 2 + which) as u128).to_be_bytes())
+}
+
+/// The Redis key of that record, named as the store names it.
 fn record_key(event: usize, which: usize) -> String {
-    format!("{PARTITION}:r:{:032x}", event * 2 + which)
+    format!("{PARTITION}:r:{}", key_hash(event, which))
+}
+
+/// Reads the records of the first, a middle and the last event (both keys) through the store
+/// and fails unless `expect(event, which, record)` holds for each.
+fn check_records(
+    runtime: &tokio::runtime::Runtime,
+    store: &RedisStore,
+    events: usize,
+    what: &str,
+    expect: &dyn Fn(usize, usize, &Record) -> bool,
+) -> anyhow::Result<()> {
+    for event in [0, events / 2, events - 1] {
+        for which in [0, 1] {
+            let record = runtime
+                .block_on(store.record(&key_hash(event, which), 0))
+                .with_context(|| format!("read event {event}'s record after {what}"))?;
+            match record {
+                Some(record) if expect(event, which, &record) => {}
+                other => bail!(
+                    "after {what}, the store reads event {event}'s key {which} as {other:?}: \
+                     the arguments here no longer match the store's"
+                ),
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Redis's CPU seconds so far (user and system).
