@@ -215,6 +215,9 @@ pub struct Nonce {
     pub key: KeyHash,
     /// How long it must be remembered: while its timestamp still passes the skew check.
     pub window_ms: u64,
+    /// The request's signed timestamp, unix seconds: a replay carries the same one, so a store
+    /// may file the nonce under it and look in one place.
+    pub timestamp_secs: u64,
 }
 
 /// An event handed out of the queue.

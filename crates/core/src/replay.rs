@@ -103,7 +103,10 @@ impl ReplayGuard {
             self.current.clear();
             self.generation_start_secs = now_secs;
         } else if now_secs >= self.generation_start_secs + span {
-            self.previous = std::mem::take(&mut self.current);
+            // The older set's room is kept for the new generation: a steady stream of requests
+            // then grows no set anew (growing one is rehashing and zeroing fresh pages).
+            std::mem::swap(&mut self.previous, &mut self.current);
+            self.current.clear();
             self.generation_start_secs += span;
         }
     }

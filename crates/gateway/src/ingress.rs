@@ -235,6 +235,7 @@ async fn callback<S: Store>(
             .map(|(stamp, limits)| Nonce {
                 key: key_for(&admit.event.source, &admit.event.app, "nonce", &stamp.nonce),
                 window_ms: millis(limits.nonce_window()),
+                timestamp_secs: stamp.timestamp_secs,
             });
         admission::admit(shared, admit)
             .await

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use oncegate_core::{Admission, Admit, Event, KeyHash, Keys, Nonce, Store, StoreError};
-use oncegate_spool::{Spool, SpoolError, Spooled};
+use oncegate_spool::{Spool, SpoolError, Spooled, SpooledNonce};
 use tokio_util::sync::CancellationToken;
 
 use crate::{Shared, admission};
@@ -28,7 +28,11 @@ pub(crate) async fn put(
         event,
         keys,
         retention_ms,
-        nonce: nonce.map(|n| (n.key, n.window_ms)),
+        nonce: nonce.map(|n| SpooledNonce {
+            key: n.key,
+            window_ms: n.window_ms,
+            timestamp_secs: n.timestamp_secs,
+        }),
     };
     let writer = spool.clone();
     let result = tokio::task::spawn_blocking(move || {

@@ -42,8 +42,9 @@ impl<C: Clock> DedupStore for RedisStore<C> {
                 .arg(TTL_SLACK_MS);
             if let Some(nonce) = nonce {
                 // In the event's slot: a replay carries the same event, so the same partition.
-                call.key(inner.nonce_key(&nonce.key, partition))
-                    .arg(nonce.window_ms.max(1));
+                call.key(inner.nonce_bucket(nonce.timestamp_secs, partition))
+                    .arg(nonce.window_ms.max(1))
+                    .arg(&nonce.key.0[..]);
             }
             let reply = call.invoke_async(&mut conn).await.map_err(from_redis);
             // Even after an error: the script may have appended before it failed.

@@ -27,8 +27,9 @@ impl<C> Inner<C> {
     pub(super) fn tokens(&self, partition: u16) -> String {
         format!("{{{}:{partition}}}:token", self.prefix)
     }
-    pub(super) fn nonce_key(&self, nonce: &KeyHash, partition: u16) -> String {
-        format!("{{{}:{partition}}}:n:{nonce}", self.prefix)
+    /// The set of the nonces of the requests signed at `timestamp_secs`.
+    pub(super) fn nonce_bucket(&self, timestamp_secs: u64, partition: u16) -> String {
+        format!("{{{}:{partition}}}:nt:{timestamp_secs}", self.prefix)
     }
     pub(super) fn owner(&self, partition: u16) -> String {
         format!("{}:own:{partition}", self.prefix)

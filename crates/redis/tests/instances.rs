@@ -117,11 +117,14 @@ fn a_nonce_handled_by_one_gateway_is_a_replay_at_another() {
     let prefix = format!("nonce{}", std::process::id());
     let a = RedisStore::connect_with_clock(config(&prefix), SystemClock).expect("connect a");
     let b = RedisStore::connect_with_clock(config(&prefix), SystemClock).expect("connect b");
-    // Event `id` (all in one chat) sent with nonce `n`, remembered for `window_ms`.
+    // Event `id` (all in one chat) sent with nonce `n`, remembered for `window_ms`. Nonces are
+    // kept per signed second, as long as the window of the last one kept: the short windows
+    // get a second of their own, as a gateway's window is the same for every request.
     let send = |store: &RedisStore, id: &str, n: &str, window_ms: u64| {
         let nonce = Nonce {
             key: key_for("feishu", "cli_nonce", "nonce", n),
             window_ms,
+            timestamp_secs: 1_764_000_000 + u64::from(window_ms < 1_000),
         };
         block_on(store.admit_with_nonce(
             event(id, Some("c")),
@@ -157,6 +160,39 @@ fn a_nonce_handled_by_one_gateway_is_a_replay_at_another() {
     ))
     .expect("admit");
     assert!(matches!(fresh, Admission::Admitted { .. }), "{fresh:?}");
+    // An admission that fails remembers no nonce: the request's repeat (how WeCom retries) is
+    // admitted once the store can admit it, not refused as a replay.
+    let mut redis = plain();
+    let record = format!("{{{prefix}:0}}:r:{}", key("n3"));
+    let _: () = redis::cmd("SET")
+        .arg(&record)
+        .arg("not a record")
+        .query(&mut redis)
+        .expect("set");
+    let failed = block_on(a.admit_with_nonce(
+        event("n3", Some("c")),
+        &[key("n3")],
+        Duration::from_secs(86_400),
+        Some(Nonce {
+            key: key_for("feishu", "cli_nonce", "nonce", "z"),
+            window_ms: 60_000,
+            timestamp_secs: 1_764_000_000,
+        }),
+    ));
+    assert!(
+        failed.is_err(),
+        "a corrupt record fails the admit: {failed:?}"
+    );
+    let _: () = redis::cmd("DEL")
+        .arg(&record)
+        .query(&mut redis)
+        .expect("del");
+    let repeated = send(&b, "n3", "z", 60_000);
+    assert!(
+        matches!(repeated, Admission::Admitted { .. }),
+        "the repeat of a failed admission is admitted: {repeated:?}"
+    );
+    assert_eq!(send(&a, "n3", "z", 60_000), Admission::Replayed);
 }
 
 #[test]

@@ -27,8 +27,28 @@ pub struct Spooled {
     pub keys: Vec<KeyHash>,
     /// How long the keys are remembered.
     pub retention_ms: u64,
-    /// The request's nonce and its window, if it had one.
-    pub nonce: Option<(KeyHash, u64)>,
+    /// The request's nonce, if it had one.
+    pub nonce: Option<SpooledNonce>,
+}
+
+/// A spooled request's nonce, as the store takes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpooledNonce {
+    /// The nonce, hashed with its source.
+    pub key: KeyHash,
+    /// How long it must be remembered.
+    pub window_ms: u64,
+    /// The request's signed timestamp, unix seconds.
+    pub timestamp_secs: u64,
+}
+
+/// An admission as versions before the nonce's timestamp spooled it.
+#[derive(Deserialize)]
+struct SpooledWithoutTimestamp {
+    event: Event,
+    keys: Vec<KeyHash>,
+    retention_ms: u64,
+    _nonce: Option<(KeyHash, u64)>,
 }
 
 impl Spooled {
@@ -39,7 +59,29 @@ impl Spooled {
 
     /// The nonce as the store takes it.
     pub fn nonce(&self) -> Option<Nonce> {
-        self.nonce.map(|(key, window_ms)| Nonce { key, window_ms })
+        self.nonce.map(|n| Nonce {
+            key: n.key,
+            window_ms: n.window_ms,
+            timestamp_secs: n.timestamp_secs,
+        })
+    }
+
+    /// An entry of the spool file: this version's layout, else the one before it. An entry of
+    /// the earlier layout comes back without its nonce, whose timestamp it lacks: a replay of it
+    /// still finds its event's records, and is answered as the duplicate it is.
+    fn decode(bytes: &[u8]) -> Result<Self, postcard::Error> {
+        postcard::from_bytes(bytes).or_else(|error| {
+            match postcard::take_from_bytes::<SpooledWithoutTimestamp>(bytes) {
+                Ok((before, [])) => Ok(Self {
+                    event: before.event,
+                    keys: before.keys,
+                    retention_ms: before.retention_ms,
+                    nonce: None,
+                }),
+                // Bytes left over: neither layout, and the first one's error says more.
+                _ => Err(error),
+            }
+        })
     }
 }
 
@@ -224,7 +266,7 @@ impl Spool {
         let mut out = Vec::new();
         for entry in table.iter().map_err(|e| self.io(e))?.take(max) {
             let (seq, bytes) = entry.map_err(|e| self.io(e))?;
-            let spooled = postcard::from_bytes(bytes.value()).map_err(|e| SpoolError::Corrupt {
+            let spooled = Spooled::decode(bytes.value()).map_err(|e| SpoolError::Corrupt {
                 path: self.path.clone(),
                 message: e.to_string(),
             })?;
@@ -273,8 +315,44 @@ mod tests {
             event: event(id, Some("chat")),
             keys: vec![key(id)],
             retention_ms: 60_000,
-            nonce: Some((key("nonce"), 1_000)),
+            nonce: Some(SpooledNonce {
+                key: key("nonce"),
+                window_ms: 1_000,
+                timestamp_secs: 1_764_000_000,
+            }),
         }
+    }
+
+    /// An entry spooled by the version before the nonce's timestamp still comes back, without
+    /// its nonce; bytes of neither layout are refused as corrupt.
+    #[test]
+    fn entries_of_the_earlier_layout_come_back_without_their_nonce() {
+        #[derive(Serialize)]
+        struct Before {
+            event: Event,
+            keys: Vec<KeyHash>,
+            retention_ms: u64,
+            nonce: Option<(KeyHash, u64)>,
+        }
+        let now = spooled("a");
+        let before = postcard::to_stdvec(&Before {
+            event: now.event.clone(),
+            keys: now.keys.clone(),
+            retention_ms: now.retention_ms,
+            nonce: Some((key("nonce"), 1_000)),
+        })
+        .expect("encode");
+        let decoded = Spooled::decode(&before).expect("the earlier layout decodes");
+        assert_eq!(
+            decoded,
+            Spooled {
+                nonce: None,
+                ..now.clone()
+            }
+        );
+        let current = postcard::to_stdvec(&now).expect("encode");
+        assert_eq!(Spooled::decode(&current).expect("decodes"), now);
+        assert!(Spooled::decode(&current[..current.len() - 3]).is_err());
     }
 
     #[test]
