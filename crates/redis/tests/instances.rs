@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use oncegate_contract::{block_on, event, key};
-use oncegate_core::{Admission, Claim, DedupStore, EventQueue, Nonce, SystemClock, key_for};
+use oncegate_core::{
+    Admission, Claim, DedupStore, EventQueue, FenceCheck, Nonce, SystemClock, key_for,
+};
 use oncegate_redis::{RedisConfig, RedisStore};
 
 mod common;
@@ -488,5 +490,55 @@ fn a_store_on_the_callers_runtime_runs_the_whole_path() {
             }
         }
         assert_eq!(store.queued().await.expect("queued"), 0);
+    });
+}
+
+#[test]
+fn the_scripts_come_back_after_redis_forgets_them() {
+    // What a restart without persistence or a failover to a fresh replica does to the script
+    // cache: every hot script must be sent again, whole, and answer as before.
+    let prefix = format!("flush{}", std::process::id());
+    let store = RedisStore::connect_with_clock(config(&prefix), SystemClock).expect("connect");
+    let mut redis = plain();
+    let forget = |redis: &mut redis::Connection| {
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query(redis)
+            .expect("script flush");
+    };
+    block_on(async {
+        for round in 0..2 {
+            forget(&mut redis);
+            let id = format!("f{round}");
+            let admitted = store
+                .admit(event(&id, Some("c")), &[key(&id)], Duration::from_secs(60))
+                .await
+                .expect("admit");
+            assert!(
+                matches!(admitted, Admission::Admitted { .. }),
+                "{admitted:?}"
+            );
+            forget(&mut redis);
+            let pulled = store
+                .pull_claimed(0, 10, Duration::from_secs(30))
+                .await
+                .expect("pull and claim");
+            assert_eq!(pulled.len(), 1, "{pulled:?}");
+            let (delivery, claim) = pulled.into_iter().next().expect("one");
+            let Ok(Claim::Acquired(lease)) = claim else {
+                panic!("{claim:?}");
+            };
+            forget(&mut redis);
+            let fence = store
+                .complete_and_ack(&lease, Duration::from_secs(60), None, delivery.id)
+                .await
+                .expect("complete");
+            assert_eq!(fence, FenceCheck::Accepted);
+            let again = store
+                .admit(event(&id, Some("c")), &[key(&id)], Duration::from_secs(60))
+                .await
+                .expect("admit again");
+            assert_eq!(again, Admission::Duplicate { key_index: 0 });
+        }
     });
 }
