@@ -34,7 +34,21 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("send_body", send_body),
     ("keys_body", keys_body),
     ("journal_file", journal_file),
+    ("spool_entry", spool_entry),
 ];
+
+/// An entry of the outage spool as it lies on disk (either layout, damaged or foreign): it
+/// decodes or is refused, never panics, and what decodes is written back as it was read.
+pub fn spool_entry(data: &[u8]) {
+    if let Ok(spooled) = oncegate_spool::Spooled::decode(data) {
+        let again = spooled.encode().expect("a decoded entry encodes");
+        assert_eq!(
+            oncegate_spool::Spooled::decode(&again).ok(),
+            Some(spooled),
+            "an entry changes through encode and decode"
+        );
+    }
+}
 
 /// A journal segment or snapshot as it lies on disk (torn, damaged or foreign): opening
 /// answers with the changes it replays or why it refuses, and never panics.

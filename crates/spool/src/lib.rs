@@ -66,10 +66,15 @@ impl Spooled {
         })
     }
 
+    /// The admission as the spool file holds it.
+    pub fn encode(&self) -> Result<Vec<u8>, postcard::Error> {
+        postcard::to_stdvec(self)
+    }
+
     /// An entry of the spool file: this version's layout, else the one before it. An entry of
     /// the earlier layout comes back without its nonce, whose timestamp it lacks: a replay of it
     /// still finds its event's records, and is answered as the duplicate it is.
-    fn decode(bytes: &[u8]) -> Result<Self, postcard::Error> {
+    pub fn decode(bytes: &[u8]) -> Result<Self, postcard::Error> {
         postcard::from_bytes(bytes).or_else(|error| {
             match postcard::take_from_bytes::<SpooledWithoutTimestamp>(bytes) {
                 Ok((before, [])) => Ok(Self {
@@ -202,7 +207,7 @@ impl Spool {
     /// off the async threads. Concurrent callers share commits: whoever finds no commit running
     /// writes everything waiting in one transaction, so one fsync answers them all.
     pub fn push(&self, spooled: &Spooled) -> Result<(), SpoolError> {
-        let bytes = postcard::to_stdvec(spooled).map_err(|e| self.io(e))?;
+        let bytes = spooled.encode().map_err(|e| self.io(e))?;
         let answer: Answer = Arc::new(OnceLock::new());
         let mut group = self.group.lock().unwrap_or_else(|p| p.into_inner());
         if self.len() + group.waiting.len() as u64 >= self.limit {
@@ -350,7 +355,7 @@ mod tests {
                 ..now.clone()
             }
         );
-        let current = postcard::to_stdvec(&now).expect("encode");
+        let current = now.encode().expect("encode");
         assert_eq!(Spooled::decode(&current).expect("decodes"), now);
         assert!(Spooled::decode(&current[..current.len() - 3]).is_err());
     }
