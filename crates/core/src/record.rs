@@ -208,8 +208,9 @@ pub enum Admission {
 }
 
 /// A signed request's nonce, checked and remembered together with its admission so that every
-/// gateway sharing the store refuses a replay.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// gateway sharing the store refuses a replay. The outage spool keeps it as serialized here:
+/// fields are added at the end, never reordered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Nonce {
     /// The nonce, hashed with its source.
     pub key: KeyHash,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use oncegate_core::{Admission, Admit, Event, KeyHash, Keys, Nonce, Store, StoreError};
-use oncegate_spool::{Spool, SpoolError, Spooled, SpooledNonce};
+use oncegate_spool::{Spool, SpoolError, Spooled};
 use tokio_util::sync::CancellationToken;
 
 use crate::{Shared, admission};
@@ -28,11 +28,7 @@ pub(crate) async fn put(
         event,
         keys,
         retention_ms,
-        nonce: nonce.map(|n| SpooledNonce {
-            key: n.key,
-            window_ms: n.window_ms,
-            timestamp_secs: n.timestamp_secs,
-        }),
+        nonce,
     };
     let writer = spool.clone();
     let result = tokio::task::spawn_blocking(move || {
@@ -141,7 +137,7 @@ async fn hand_over<S: Store>(shared: &Shared<S>, entries: Vec<(u64, Spooled)>) -
     let mut handed = Vec::with_capacity(entries.len());
     for (seq, spooled) in entries {
         let retention = spooled.retention();
-        let nonce = spooled.nonce();
+        let nonce = spooled.nonce;
         let Some(keys) = Keys::from_vec(spooled.keys) else {
             tracing::error!(seq, "a spooled admission has no keys; dropped");
             handed.push(seq);

@@ -28,18 +28,7 @@ pub struct Spooled {
     /// How long the keys are remembered.
     pub retention_ms: u64,
     /// The request's nonce, if it had one.
-    pub nonce: Option<SpooledNonce>,
-}
-
-/// A spooled request's nonce, as the store takes it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SpooledNonce {
-    /// The nonce, hashed with its source.
-    pub key: KeyHash,
-    /// How long it must be remembered.
-    pub window_ms: u64,
-    /// The request's signed timestamp, unix seconds.
-    pub timestamp_secs: u64,
+    pub nonce: Option<Nonce>,
 }
 
 /// An admission as versions before the nonce's timestamp spooled it.
@@ -55,15 +44,6 @@ impl Spooled {
     /// The retention as a duration.
     pub fn retention(&self) -> Duration {
         Duration::from_millis(self.retention_ms)
-    }
-
-    /// The nonce as the store takes it.
-    pub fn nonce(&self) -> Option<Nonce> {
-        self.nonce.map(|n| Nonce {
-            key: n.key,
-            window_ms: n.window_ms,
-            timestamp_secs: n.timestamp_secs,
-        })
     }
 
     /// The admission as the spool file holds it.
@@ -320,7 +300,7 @@ mod tests {
             event: event(id, Some("chat")),
             keys: vec![key(id)],
             retention_ms: 60_000,
-            nonce: Some(SpooledNonce {
+            nonce: Some(Nonce {
                 key: key("nonce"),
                 window_ms: 1_000,
                 timestamp_secs: 1_764_000_000,

@@ -139,12 +139,19 @@ fn main() -> anyhow::Result<()> {
     let redeliveries: Vec<Cmd> = (0..n)
         .map(|i| admit_cmd(&admit, i, n + i, now_ms, &payload))
         .collect();
-    let again = measure(
+    let (again, replies) = measure_replies(
         &mut con,
         "admit, a re-delivery (a new nonce)",
         1,
         redeliveries,
     )?;
+    // A duplicate of its first key: the path measured is the re-delivery's, not a replay's.
+    for reply in &replies {
+        match reply {
+            Value::Array(parts) if matches!(parts.as_slice(), [Value::Int(0), Value::Int(0)]) => {}
+            other => bail!("a re-delivery was not answered as a duplicate: {other:?}"),
+        }
+    }
 
     let reads: Vec<Cmd> = (0..n.div_ceil(args.batch))
         .map(|_| {
