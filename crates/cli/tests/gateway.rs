@@ -602,7 +602,9 @@ async fn kill_nine_under_load_loses_nothing() {
         .keys()
         .filter(|id| got.iter().filter(|g| g.event_id == ***id).count() > 1)
         .collect();
-    // Only handlers running at the kill can run twice: at most the dispatcher's concurrency.
+    // Only handlers running at the kill, or finished since the journal's last sync (the
+    // dispatcher does not wait for its completions' sync), can run twice: a few more than the
+    // dispatcher's concurrency at most, with handlers this slow.
     assert!(
         repeated.len() <= 32,
         "{} events delivered twice",

@@ -97,7 +97,8 @@ pub trait DedupStore: Send + Sync + 'static {
         extend: Duration,
     ) -> impl Future<Output = Result<FenceCheck, StoreError>> + Send;
 
-    /// Marks the key done with `outcome`, kept for `retention`.
+    /// Marks the key done with `outcome`, kept for `retention`; a journaled store answers once
+    /// the change is durable.
     fn complete(
         &self,
         lease: &Lease,
@@ -133,6 +134,11 @@ pub trait DedupStore: Send + Sync + 'static {
     /// `complete`, then ack the handed-out queue entry `id` whatever the fence said (the entry
     /// was handed to this caller). Backends that can do both in one step override it: one write
     /// instead of two, and no moment where the key is done but its event still queued.
+    ///
+    /// The dispatcher's step, so unlike `complete` it may answer before the change is durable:
+    /// a journaled store makes it durable with its next group commit and in order (no change
+    /// made after it is durable without it), so a crash can only run the last handlers once
+    /// more, in queue order and with their idempotency keys.
     fn complete_and_ack(
         &self,
         lease: &Lease,

@@ -306,8 +306,8 @@ impl<C: Clock, J: Journal> Tables<C, J> {
         answer
     }
 
-    /// `complete`'s change, journaled but not waited for: `complete` and `complete_and_ack`
-    /// wait once, after everything they changed.
+    /// `complete`'s change, journaled but not waited for: `complete` waits once, after it;
+    /// `complete_and_ack` does not wait.
     fn complete_unsynced(
         &self,
         lease: &Lease,
@@ -438,10 +438,12 @@ impl<C: Clock, J: Journal> DedupStore for MemoryStore<C, J> {
         id: QueueId,
     ) -> Result<FenceCheck, StoreError> {
         self.journal.check()?;
-        // Both changes, then one wait for the journal.
+        // Journaled, not waited for: the dispatcher's next step needs no sync. The journal
+        // keeps order, so nothing changed after this is durable without it; a crash before the
+        // next sync runs the handler once more, as for one running at the crash.
         let fence = self.complete_unsynced(lease, retention, outcome);
         self.take_handed_out(id);
-        self.synced(Ok(fence)).await
+        Ok(fence)
     }
 
     async fn record(&self, key: &KeyHash, partition: u16) -> Result<Option<Record>, StoreError> {

@@ -3,7 +3,10 @@
 //! `oncegate-crash-child <store> <first id> <count>` admits events `first..first+count` (each
 //! with two keys), from 16 concurrent tasks, while a consumer claims, completes and acks them.
 //! It prints `A id` after an admit returned Admitted, `D id` after Duplicate, and `K id` after
-//! an ack returned true, each line flushed before the next step, and runs until killed.
+//! an ack returned true; odd ids are completed as the dispatcher does, by `complete_and_ack`
+//! (which does not wait for the sync), printing `L id`; `B` ends each batch of deliveries (the
+//! next batch's steps all start after it). Each line is flushed before the next step; it runs
+//! until killed.
 
 use std::io::Write;
 use std::sync::Arc;
@@ -63,6 +66,16 @@ async fn handle(store: Arc<oncegate_journal::JournalStore>, delivery: oncegate_c
             return;
         }
     };
+    let id: u64 = delivery.event.event_id[1..].parse().unwrap_or(0);
+    if id % 2 == 1 {
+        if let Ok(FenceCheck::Accepted) = store
+            .complete_and_ack(&lease, Duration::from_secs(86_400), None, delivery.id)
+            .await
+        {
+            say(format!("L {id}"));
+        }
+        return;
+    }
     if let Ok(FenceCheck::Accepted) = store
         .complete(&lease, Duration::from_secs(86_400), None)
         .await
@@ -145,8 +158,12 @@ fn main() {
                             // Each event on its own task: their journal waits overlap.
                             handled.push(tokio::spawn(handle(store.clone(), delivery)));
                         }
+                        let any = !handled.is_empty();
                         for task in handled {
                             let _ = task.await;
+                        }
+                        if any {
+                            say("B".into());
                         }
                     }
                     if idle {
