@@ -1,8 +1,10 @@
 //! The seam to durability: every change the store makes is handed to its [`Journal`] inside the
 //! critical section that makes it, and no answer leaves the store before the journal has made
-//! everything the answer saw durable — except answers that only grant, extend or end a lease:
-//! a crash ends every lease anyway (the run after it fences every earlier token), so those do
-//! not wait.
+//! everything the answer saw durable — except answers that only grant, extend or end a lease
+//! (a crash ends every lease anyway: the run after it fences every earlier token), and the
+//! dispatcher's complete-and-ack: the journal keeps order, so that completion is durable once
+//! anything after it is, and a crash before then runs its handler once more, as it does for a
+//! handler running at the crash.
 //!
 //! A change states its subject's new value outright (a record, a queue entry, a mark), never a
 //! delta, so replaying a suffix of the journal over any later state of the same subjects ends in
