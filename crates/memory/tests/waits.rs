@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use oncegate_contract::{START_MS, event, key};
+use oncegate_contract::{START_MS, block_on, event, key};
 use oncegate_core::{Admission, Claim, DedupStore, EventQueue, FenceCheck, ManualClock};
 use oncegate_memory::{Change, Journal, MemoryConfig, MemoryStore};
 
@@ -22,26 +22,19 @@ struct Held {
 #[derive(Clone, Default)]
 struct HeldJournal(Arc<Held>);
 
-impl std::ops::Deref for HeldJournal {
-    type Target = Held;
-    fn deref(&self) -> &Held {
-        &self.0
-    }
-}
-
 impl Journal for HeldJournal {
     fn check(&self) -> Result<(), oncegate_core::StoreError> {
         Ok(())
     }
 
     fn append(&self, _: &Change<'_>) {
-        self.appended.fetch_add(1, Ordering::SeqCst);
+        self.0.appended.fetch_add(1, Ordering::SeqCst);
     }
 
     fn sync(&self) -> impl Future<Output = Result<(), oncegate_core::StoreError>> + Send {
         let journal = self.clone();
         std::future::poll_fn(move |_| {
-            if journal.durable.load(Ordering::SeqCst) {
+            if journal.0.durable.load(Ordering::SeqCst) {
                 Poll::Ready(Ok(()))
             } else {
                 Poll::Pending
@@ -59,19 +52,6 @@ fn at_once<F: Future>(future: F) -> Option<F::Output> {
     {
         Poll::Ready(out) => Some(out),
         Poll::Pending => None,
-    }
-}
-
-/// Polls `future` until it answers (the test releases the journal first).
-fn finish<F: Future>(future: F) -> F::Output {
-    let mut future = std::pin::pin!(future);
-    loop {
-        if let Poll::Ready(out) = future
-            .as_mut()
-            .poll(&mut Context::from_waker(Waker::noop()))
-        {
-            return out;
-        }
     }
 }
 
@@ -93,17 +73,17 @@ fn durable_answers_wait_for_the_sync_and_the_dispatchers_completion_does_not() {
         // An admit waits: the platform's 200 says the event is durable.
         assert!(at_once(store.admit(event(id, None), &[key(id)], day)).is_none());
     }
-    journal.durable.store(true, Ordering::SeqCst);
+    journal.0.durable.store(true, Ordering::SeqCst);
     for id in ["a", "b"] {
-        let admission = finish(store.admit(event(id, None), &[key(id)], day)).expect("admit");
+        let admission = block_on(store.admit(event(id, None), &[key(id)], day)).expect("admit");
         assert!(
             matches!(admission, Admission::Duplicate { .. }),
             "{admission:?}"
         );
     }
-    let pulled = finish(store.pull(0, 10)).expect("pull");
+    let pulled = block_on(store.pull(0, 10)).expect("pull");
     assert_eq!(pulled.len(), 2);
-    journal.durable.store(false, Ordering::SeqCst);
+    journal.0.durable.store(false, Ordering::SeqCst);
 
     let leases: Vec<_> = pulled
         .iter()
@@ -115,18 +95,18 @@ fn durable_answers_wait_for_the_sync_and_the_dispatchers_completion_does_not() {
             }
         })
         .collect();
-    let before = journal.appended.load(Ordering::SeqCst);
+    let before = journal.0.appended.load(Ordering::SeqCst);
     // The dispatcher's complete-and-ack answers before the sync, journaled all the same.
     let fence = at_once(store.complete_and_ack(&leases[0], day, None, pulled[0].id));
     assert!(
         matches!(fence, Some(Ok(FenceCheck::Accepted))),
         "complete-and-ack waited: {fence:?}"
     );
-    assert!(journal.appended.load(Ordering::SeqCst) > before);
+    assert!(journal.0.appended.load(Ordering::SeqCst) > before);
     // `complete` waits: its caller is told the key is done.
     assert!(at_once(store.complete(&leases[1], day, None)).is_none());
-    journal.durable.store(true, Ordering::SeqCst);
-    let record = finish(store.record(&pulled[0].key, 0))
+    journal.0.durable.store(true, Ordering::SeqCst);
+    let record = block_on(store.record(&pulled[0].key, 0))
         .expect("record")
         .expect("kept");
     assert!(

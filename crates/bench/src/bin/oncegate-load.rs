@@ -255,10 +255,12 @@ async fn read_answer(
                 }
                 let length = length
                     .ok_or_else(|| invalid(format!("a {status} answer without content-length")))?;
-                let total = head + length;
-                if total > ANSWER_MAX {
-                    return Err(invalid(format!("a {status} answer of {total} bytes")));
-                }
+                let total = head
+                    .checked_add(length)
+                    .filter(|total| *total <= ANSWER_MAX)
+                    .ok_or_else(|| {
+                        invalid(format!("a {status} answer with a {length}-byte body"))
+                    })?;
                 while buffer.len() < total {
                     read_more(stream, buffer).await?;
                 }
@@ -286,7 +288,7 @@ async fn read_more(
     buffer: &mut Vec<u8>,
 ) -> std::io::Result<()> {
     if buffer.capacity() - buffer.len() < 1024 {
-        buffer.reserve(buffer.capacity());
+        buffer.reserve(buffer.capacity().max(ANSWER_BUFFER));
     }
     if stream.read_buf(buffer).await? == 0 {
         return Err(std::io::Error::new(
@@ -539,6 +541,10 @@ mod tests {
             ),
             (&b"HTTP/1.1 200 OK\r\n\r\n"[..], "without content-length"),
             (&b"SMTP ready\r\n\r\n"[..], "not HTTP/1.1"),
+            (
+                &b"HTTP/1.1 200 OK\r\ncontent-length: 18446744073709551615\r\n\r\n"[..],
+                "18446744073709551615-byte body",
+            ),
             (
                 &b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\nabc"[..],
                 "closed",
