@@ -53,6 +53,13 @@ struct Args {
     /// nothing else: the ceiling for the gateway benchmark (`scripts/bench-gateway`).
     #[arg(long)]
     bare_server: Option<String>,
+    /// Write a new embedded store folder at this path that remembers `--keys` completed events
+    /// (retention a day), for a gateway to start on (`scripts/bench-retention`), and exit.
+    #[arg(long, value_name = "DIR")]
+    fill_store: Option<PathBuf>,
+    /// Queue partitions of the folder `--fill-store` writes (the gateway's configuration's).
+    #[arg(long, default_value_t = 16)]
+    partitions: u16,
     /// Internal: measure memory per key in a fresh process.
     #[arg(long, hide = true)]
     child: Option<String>,
@@ -497,24 +504,13 @@ fn process_cpu_seconds() -> anyhow::Result<f64> {
 /// How long the journal store takes to open on `keys` remembered keys (a full retention window
 /// just snapshotted), and the folder's bytes: (seconds, bytes).
 fn journal_restart(dir: &std::path::Path, keys: u64) -> anyhow::Result<(f64, u64)> {
-    use std::borrow::Cow;
     let folder = dir.join(format!("bench-restart-{keys}"));
     let _ = std::fs::remove_dir_all(&folder);
-    let mut config = oncegate_journal::JournalConfig::at(&folder);
-    config.max_records = keys.saturating_mul(2);
-    let record = oncegate_core::Record {
-        state: oncegate_core::RecordState::Completed { outcome: None },
-        expires_at_ms: SystemClock.now_ms() + DAY.as_millis() as u64,
-        fingerprint: None,
-    };
-    oncegate_journal::import(&config, 0, |emit| {
-        for id in 0..keys {
-            emit(&oncegate_memory::Change::Record {
-                key: key_for("feishu", "cli_bench", "event_id", &id.to_string()),
-                record: Cow::Borrowed(&record),
-            });
-        }
-    })?;
+    let config = fill_store(
+        &folder,
+        keys,
+        oncegate_journal::JournalConfig::at(&folder).partitions,
+    )?;
     let mut bytes = 0;
     for entry in std::fs::read_dir(&folder)? {
         bytes += entry?.metadata()?.len();
@@ -530,6 +526,34 @@ fn journal_restart(dir: &std::path::Path, keys: u64) -> anyhow::Result<(f64, u64
     drop(store);
     let _ = std::fs::remove_dir_all(&folder);
     Ok((elapsed, bytes))
+}
+
+/// Writes a new store folder whose snapshot remembers `keys` completed events (retention a
+/// day from now) in `partitions` partitions; the configuration to open it with (room for twice
+/// the keys, so that nothing is evicted early).
+fn fill_store(
+    folder: &std::path::Path,
+    keys: u64,
+    partitions: u16,
+) -> anyhow::Result<oncegate_journal::JournalConfig> {
+    use std::borrow::Cow;
+    let mut config = oncegate_journal::JournalConfig::at(folder);
+    config.max_records = keys.saturating_mul(2);
+    config.partitions = partitions;
+    let record = oncegate_core::Record {
+        state: oncegate_core::RecordState::Completed { outcome: None },
+        expires_at_ms: SystemClock.now_ms() + DAY.as_millis() as u64,
+        fingerprint: None,
+    };
+    oncegate_journal::import(&config, 0, |emit| {
+        for id in 0..keys {
+            emit(&oncegate_memory::Change::Record {
+                key: key_for("feishu", "cli_bench", "event_id", &id.to_string()),
+                record: Cow::Borrowed(&record),
+            });
+        }
+    })?;
+    Ok(config)
 }
 
 /// A durable run's (events per second, CPU µs per event).
@@ -686,6 +710,15 @@ fn main() -> anyhow::Result<()> {
     }
     if let Some(address) = &args.bare_server {
         return bare_server(address);
+    }
+    if let Some(folder) = &args.fill_store {
+        fill_store(folder, args.keys, args.partitions)?;
+        println!(
+            "{} remembers {} completed events",
+            folder.display(),
+            args.keys
+        );
+        return Ok(());
     }
     let wants = |part: &str| args.only.is_empty() || args.only.iter().any(|p| p == part);
     println!(

@@ -4,20 +4,20 @@
 
 use std::process::Command;
 
-/// An empty database of the test Redis (`scripts/test` starts one): number 15, which no other
-/// test uses.
-fn empty_database() -> String {
+/// An empty database of the test Redis (`scripts/test` starts one): `db` is 14 or 15, which no
+/// other test uses (one per test here, so that they can run at once).
+fn empty_database(db: u8) -> String {
     let url = std::env::var("ONCEGATE_TEST_REDIS_URL").unwrap_or_else(|_| {
         panic!("ONCEGATE_TEST_REDIS_URL is not set: run scripts/test, which starts redis-server")
     });
-    let url = format!("{}/15", url.trim_end_matches('/'));
+    let url = format!("{}/{db}", url.trim_end_matches('/'));
     let mut con = redis::Client::open(url.as_str())
         .expect("url")
         .get_connection()
         .expect("connect to the test Redis");
     let () = redis::cmd("FLUSHDB")
         .query(&mut con)
-        .expect("flush database 15");
+        .expect("flush the test's database");
     url
 }
 
@@ -39,7 +39,7 @@ fn run(url: &str) -> std::process::Output {
 
 #[test]
 fn every_step_runs_and_is_checked_then_a_used_redis_is_refused() {
-    let url = empty_database();
+    let url = empty_database(15);
     let first = run(&url);
     let text = String::from_utf8_lossy(&first.stdout);
     assert!(
@@ -72,4 +72,58 @@ fn every_step_runs_and_is_checked_then_a_used_redis_is_refused() {
     assert!(!second.status.success());
     let error = String::from_utf8_lossy(&second.stderr);
     assert!(error.contains("needs an empty Redis"), "{error}");
+}
+
+/// Runs the interleaved comparison of this build's admit script with `against`.
+fn compare(url: &str, against: &str) -> std::process::Output {
+    let file = tempfile::NamedTempFile::new().expect("temp file");
+    std::fs::write(file.path(), against).expect("write the script");
+    Command::new(env!("CARGO_BIN_EXE_oncegate-redis-scripts"))
+        .args([
+            "--url",
+            url,
+            "--events",
+            "400",
+            "--rounds",
+            "4",
+            "--payload",
+            "100",
+        ])
+        .arg("--admit-against")
+        .arg(file.path())
+        .output()
+        .expect("run oncegate-redis-scripts")
+}
+
+#[test]
+fn admit_scripts_are_compared_in_rounds_and_one_that_answers_otherwise_is_refused() {
+    let url = empty_database(14);
+    // The same script on both sides: both admit every event and take every re-delivery as a
+    // duplicate, each side's figures printed.
+    let same = compare(&url, oncegate_redis::ADMIT_LUA);
+    let text = String::from_utf8_lossy(&same.stdout);
+    assert!(
+        same.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&same.stderr)
+    );
+    assert!(text.contains("4 rounds of 100 events a side"), "{text}");
+    for step in ["admit, a new event", "admit, a re-delivery"] {
+        let line = text
+            .lines()
+            .find(|line| line.starts_with(step))
+            .unwrap_or_else(|| panic!("no row for {step:?} in {text}"));
+        let figures: Vec<f64> = line[46..]
+            .split_whitespace()
+            .map(|n| n.parse().unwrap_or(f64::NAN))
+            .collect();
+        assert_eq!(figures.len(), 2, "{line}");
+        assert!(figures.iter().all(|f| f.is_finite() && *f >= 0.0), "{line}");
+    }
+    // A script whose answers are not the admit's is not measured as one.
+    let url = empty_database(14);
+    let other = compare(&url, "return {2}");
+    assert!(!other.status.success());
+    let error = String::from_utf8_lossy(&other.stderr);
+    assert!(error.contains("admit answered"), "{error}");
 }

@@ -7,7 +7,9 @@
 //! connection does under load. The calls restate the store's arguments; the store's own
 //! record reading checks them after each step (state, retention end, token and lease end), so a
 //! change of the store's arguments that this copy missed fails the run instead of measuring
-//! something else.
+//! something else. With `--admit-against FILE` it compares this build's admit script with
+//! another revision's instead, in interleaved rounds on the one Redis: on a VM whose speed
+//! drifts, two runs on fresh servers differ by more than most changes do.
 
 use anyhow::{Context, bail};
 use clap::Parser;
@@ -31,6 +33,15 @@ struct Args {
     /// Bytes of each event as the stream stores it.
     #[arg(long, default_value_t = 500)]
     payload: usize,
+    /// Instead of the steps: this build's admit script against the admit script in FILE
+    /// (record.lua and admit.lua of another revision, concatenated; same arguments and
+    /// replies), interleaved in rounds on the one Redis so that a machine's drift falls on both.
+    #[arg(long, value_name = "FILE")]
+    admit_against: Option<std::path::PathBuf>,
+    /// Rounds of the interleaved comparison (each side admits `events / rounds` new events and
+    /// re-delivers them per round).
+    #[arg(long, default_value_t = 20)]
+    rounds: usize,
 }
 
 /// Calls in flight per pipeline round.
@@ -67,6 +78,13 @@ fn main() -> anyhow::Result<()> {
     let claim = load(&mut con, oncegate_redis::CLAIM_LUA)?;
     let complete = load(&mut con, oncegate_redis::COMPLETE_ACK_LUA)?;
     let floor = load(&mut con, "return 1")?;
+    if let Some(path) = &args.admit_against {
+        let source = std::fs::read_to_string(path).with_context(|| {
+            format!("read the admit script to compare with, {}", path.display())
+        })?;
+        let against = load(&mut con, &source)?;
+        return compare_admits(&mut con, &admit, &against, &args);
+    }
     let store = RedisStore::connect(RedisConfig {
         prefix: PREFIX.into(),
         ..RedisConfig::at(&args.url)
@@ -276,6 +294,93 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Admits of new events and their re-deliveries by `ours` and `theirs` in interleaved rounds
+/// (ABBA), each round's Redis CPU going to its side; prints each side's µs per event.
+fn compare_admits(
+    con: &mut Connection,
+    ours: &str,
+    theirs: &str,
+    args: &Args,
+) -> anyhow::Result<()> {
+    let rounds = args.rounds.max(1);
+    let per_round = (args.events / rounds).max(1);
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_millis() as u64;
+    let payload = vec![b'x'; args.payload];
+    // [side][new, re-delivery]: Redis CPU seconds.
+    let mut spent = [[0f64; 2]; 2];
+    let mut next_event = 0;
+    for round in 0..rounds {
+        let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+        for side in order {
+            let sha = [ours, theirs][side];
+            let events: Vec<usize> = (next_event..next_event + per_round).collect();
+            next_event += per_round;
+            // Nonces apart from the events', so that each re-delivery's is new.
+            let fresh: Vec<Cmd> = events
+                .iter()
+                .map(|&i| admit_cmd(sha, i, i, now_ms, &payload))
+                .collect();
+            let again: Vec<Cmd> = events
+                .iter()
+                .map(|&i| admit_cmd(sha, i, usize::MAX / 2 + i, now_ms, &payload))
+                .collect();
+            for (step, calls) in [fresh, again].into_iter().enumerate() {
+                let before = redis_cpu(con)?;
+                let replies = pipelined(con, calls)?;
+                spent[side][step] += redis_cpu(con)? - before;
+                for reply in replies {
+                    let Value::Array(parts) = &reply else {
+                        bail!("admit answered {reply:?}");
+                    };
+                    let expected = if step == 0 { 1 } else { 0 };
+                    if !matches!(parts.first(), Some(Value::Int(code)) if *code == expected) {
+                        bail!("side {side}, step {step}: admit answered {reply:?}");
+                    }
+                }
+            }
+        }
+    }
+    let events = (per_round * rounds) as f64;
+    println!(
+        "admit scripts interleaved: {rounds} rounds of {per_round} events a side, {} B payloads",
+        args.payload
+    );
+    println!(
+        "{:<46} {:>12} {:>12}",
+        "us of Redis CPU per event", "this build", "against"
+    );
+    for (step, label) in [
+        "admit, a new event (2 keys and a nonce)",
+        "admit, a re-delivery (a new nonce)",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        println!(
+            "{label:<46} {:>12.2} {:>12.2}",
+            spent[0][step] * 1e6 / events,
+            spent[1][step] * 1e6 / events
+        );
+    }
+    Ok(())
+}
+
+/// Sends `calls` pipelined `DEPTH` deep; every reply.
+fn pipelined(con: &mut Connection, calls: Vec<Cmd>) -> anyhow::Result<Vec<Value>> {
+    let mut replies = Vec::with_capacity(calls.len());
+    for round in calls.chunks(DEPTH) {
+        let mut pipe = redis::pipe();
+        for call in round {
+            pipe.add_command(call.clone());
+        }
+        let answers: Vec<Value> = pipe.query(con).context("a call failed")?;
+        replies.extend(answers);
+    }
+    Ok(replies)
+}
+
 /// The admit script's call for event `event` with nonce `nonce` (a new nonce re-delivers).
 fn admit_cmd(sha: &str, event: usize, nonce: usize, now_ms: u64, payload: &[u8]) -> Cmd {
     let mut cmd = redis::cmd("EVALSHA");
@@ -370,17 +475,7 @@ fn measure_replies(
 ) -> anyhow::Result<(f64, Vec<Value>)> {
     let count = calls.len();
     let before = redis_cpu(con)?;
-    let mut replies = Vec::with_capacity(count);
-    for round in calls.chunks(DEPTH) {
-        let mut pipe = redis::pipe();
-        for call in round {
-            pipe.add_command(call.clone());
-        }
-        let answers: Vec<Value> = pipe
-            .query(con)
-            .with_context(|| format!("{label}: a call failed"))?;
-        replies.extend(answers);
-    }
+    let replies = pipelined(con, calls).with_context(|| label.to_owned())?;
     let spent = redis_cpu(con)? - before;
     let per_call_us = spent * 1e6 / count as f64;
     let per_event = per_call_us / per_call as f64;
