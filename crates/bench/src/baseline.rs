@@ -91,3 +91,61 @@ impl SeedDeduplicator {
         before - cache.len()
     }
 }
+
+/// The least a store with sharded dedup and a partitioned queue must do per admit, kept as a
+/// second floor for the memory store: a lock on one of 64 shards around a hash set of 128-bit
+/// keys, then a lock on one of 16 partitions around a `Vec` the event is pushed onto. No
+/// expiry, no per-chat order, no eviction, no journal: what the memory store adds to this is
+/// what its features cost.
+#[derive(Debug)]
+pub(crate) struct MinimalStore {
+    shards: Vec<Mutex<std::collections::HashSet<u128, LowBits>>>,
+    partitions: Vec<Mutex<Vec<Event>>>,
+}
+
+impl MinimalStore {
+    pub(crate) fn new() -> Self {
+        Self {
+            shards: (0..64).map(|_| Mutex::default()).collect(),
+            partitions: (0..16).map(|_| Mutex::default()).collect(),
+        }
+    }
+
+    /// Marks `key` and queues `event` in its chat's partition, unless `key` was marked before.
+    pub(crate) fn admit(&self, event: Event, key: oncegate_core::KeyHash) -> bool {
+        let key = u128::from_le_bytes(key.0);
+        let shard = &self.shards[(key >> 64) as usize % self.shards.len()];
+        if !shard.lock().unwrap_or_else(|p| p.into_inner()).insert(key) {
+            return false;
+        }
+        let partition = event.order_hash() as usize % self.partitions.len();
+        self.partitions[partition]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(event);
+        true
+    }
+}
+
+/// Hashes a 128-bit key that is already a uniform hash by its low 64 bits.
+type LowBits = std::hash::BuildHasherDefault<Low64>;
+
+/// See [`LowBits`].
+#[derive(Debug, Default)]
+pub(crate) struct Low64(u64);
+
+impl std::hash::Hasher for Low64 {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for byte in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*byte);
+        }
+    }
+
+    fn write_u128(&mut self, value: u128) {
+        self.0 = value as u64;
+    }
+}
