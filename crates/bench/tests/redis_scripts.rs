@@ -54,6 +54,10 @@ fn every_step_runs_and_is_checked_then_a_used_redis_is_refused() {
         "claim, in batches",
         "complete and ack, in batches",
         "per delivered event",
+        "floor: a new event's commands, no script",
+        "floor: a re-delivery's commands, no script",
+        "floor: one transition's GET and SET, no script",
+        "  floor: per delivered event",
     ] {
         let line = text
             .lines()

@@ -1,7 +1,8 @@
 //! What each script on an event's way costs Redis, measured alone: a fresh event's admit, a
 //! re-delivery's admit, the claims and the completions in the store's batches, the hand-out's
-//! group read; beside two floors in the same run (a script that only returns, called with the
-//! admit's arguments, and a bare `SET … PX` of a new key). Redis's CPU (INFO cpu) before and after
+//! group read; beside floors in the same run (a script that only returns, called with the
+//! admit's arguments, a bare `SET … PX` of a new key, and the event's own commands sent bare,
+//! with no script and no check: the least its keys cost, whatever the scripts do). Redis's CPU (INFO cpu) before and after
 //! each step, divided by the events: a cost per event, so no load generator needs to saturate
 //! anything. Calls are pipelined 64 deep over one connection, as the store's multiplexed
 //! connection does under load. The calls restate the store's arguments; the store's own
@@ -126,6 +127,7 @@ fn main() -> anyhow::Result<()> {
         })
         .collect();
     measure(&mut con, "floor: SET ... PX of a new key", 1, set_calls)?;
+    let bare = bare_commands(&mut con, n, now_ms, &payload)?;
 
     let admits: Vec<Cmd> = (0..n)
         .map(|i| admit_cmd(&admit, i, i, now_ms, &payload))
@@ -291,7 +293,109 @@ fn main() -> anyhow::Result<()> {
         "per delivered event, 30 % re-deliveries",
         total / floor_cost
     );
+    // The same event's way with every script's logic gone: what the keys alone cost.
+    let floor_total = bare.admit + 0.3 * bare.redelivery + read + 2.0 * bare.transition;
+    println!(
+        "{:<46} {floor_total:>12.2}   (the commands alone, no script: admit, 30 % re-deliveries, hand-out, two transitions)",
+        "  floor: per delivered event"
+    );
     Ok(())
+}
+
+/// Redis CPU per event of an event's own commands sent bare, pipelined, without a script or
+/// any check: the least that keeping its keys costs, whatever the scripts do around them.
+struct Bare {
+    /// A new event: its nonce added to a second's set, two records written with expiry, its
+    /// entry appended to a stream.
+    admit: f64,
+    /// A re-delivery: its nonce added, its first record read.
+    redelivery: f64,
+    /// A transition of one record (a claim, a completion): read, then written with expiry.
+    transition: f64,
+}
+
+fn bare_commands(
+    con: &mut Connection,
+    n: usize,
+    now_ms: u64,
+    payload: &[u8],
+) -> anyhow::Result<Bare> {
+    let record = |i: usize, which: usize| format!("{PARTITION}:floor:{which}:{i:032x}");
+    let ttl = RETENTION_MS + oncegate_redis::TTL_SLACK_MS;
+    let mut admits = Vec::with_capacity(4 * n);
+    for i in 0..n {
+        let mut nonce = redis::cmd("SADD");
+        nonce
+            .arg(nonce_set("floornt", now_ms, i))
+            .arg(&(i as u128).to_be_bytes()[..]);
+        admits.push(nonce);
+        for which in 0..2 {
+            let mut set = redis::cmd("SET");
+            set.arg(record(i, which))
+                .arg("p1800000000000,,,-")
+                .arg("PX")
+                .arg(ttl);
+            admits.push(set);
+        }
+        let mut add = redis::cmd("XADD");
+        add.arg(format!("{PARTITION}:floorq"))
+            .arg(format!("0-{}", i + 1))
+            .arg("k")
+            .arg(key_hash(i, 0).to_string())
+            .arg("o")
+            .arg(i as u64 * 7919)
+            .arg("e")
+            .arg(payload);
+        admits.push(add);
+    }
+    let admit = measure_quietly(con, admits)? / n as f64;
+    let mut again = Vec::with_capacity(2 * n);
+    for i in 0..n {
+        let mut nonce = redis::cmd("SADD");
+        nonce
+            .arg(nonce_set("floornt", now_ms, n + i))
+            .arg(&((n + i) as u128).to_be_bytes()[..]);
+        again.push(nonce);
+        again.push(redis::cmd("GET").arg(record(i, 0)).clone());
+    }
+    let redelivery = measure_quietly(con, again)? / n as f64;
+    let mut transitions = Vec::with_capacity(2 * n);
+    for i in 0..n {
+        transitions.push(redis::cmd("GET").arg(record(i, 0)).clone());
+        let mut set = redis::cmd("SET");
+        set.arg(record(i, 0))
+            .arg(format!(
+                "r1800000000000,{},{},-",
+                now_ms * 1000 + i as u64,
+                now_ms + LEASE_MS
+            ))
+            .arg("PX")
+            .arg(ttl);
+        transitions.push(set);
+    }
+    let transition = measure_quietly(con, transitions)? / n as f64;
+    for (label, figure) in [
+        ("floor: a new event's commands, no script", admit),
+        ("floor: a re-delivery's commands, no script", redelivery),
+        ("floor: one transition's GET and SET, no script", transition),
+    ] {
+        println!("{label:<46} {figure:>12.2}");
+    }
+    let _: () = redis::cmd("DEL")
+        .arg(format!("{PARTITION}:floorq"))
+        .query(con)?;
+    Ok(Bare {
+        admit,
+        redelivery,
+        transition,
+    })
+}
+
+/// Runs `calls` pipelined and returns Redis's CPU for them, in µs.
+fn measure_quietly(con: &mut Connection, calls: Vec<Cmd>) -> anyhow::Result<f64> {
+    let before = redis_cpu(con)?;
+    pipelined(con, calls)?;
+    Ok((redis_cpu(con)? - before) * 1e6)
 }
 
 /// Admits of new events and their re-deliveries by `ours` and `theirs` in interleaved rounds
@@ -390,12 +494,7 @@ fn admit_cmd(sha: &str, event: usize, nonce: usize, now_ms: u64, payload: &[u8])
         .arg(record_key(event, 1))
         .arg(format!("{PARTITION}:q"))
         .arg(format!("{PARTITION}:qseq"))
-        // The nonces of one second's requests share a set: about a partition's share of
-        // 20 000 requests a second (16 partitions), 1 250 a set.
-        .arg(format!(
-            "{PARTITION}:nt:{}",
-            now_ms / 1000 + nonce as u64 / NONCES_PER_SECOND
-        ))
+        .arg(nonce_set("nt", now_ms, nonce))
         .arg(now_ms)
         .arg(RETENTION_MS)
         .arg(2)
@@ -406,6 +505,16 @@ fn admit_cmd(sha: &str, event: usize, nonce: usize, now_ms: u64, payload: &[u8])
         .arg(NONCE_WINDOW_MS)
         .arg(&(nonce as u128).to_be_bytes()[..]);
     cmd
+}
+
+/// The set nonce `nonce` goes to (`kind` "nt", as the store names it): the nonces of one
+/// second's requests share a set, about a partition's share of 20 000 requests a second (16
+/// partitions), 1 250 a set.
+fn nonce_set(kind: &str, now_ms: u64, nonce: usize) -> String {
+    format!(
+        "{PARTITION}:{kind}:{}",
+        now_ms / 1000 + nonce as u64 / NONCES_PER_SECOND
+    )
 }
 
 /// The key hash of event `event`'s key `which` (0 its first, 1 its second).
