@@ -5,7 +5,8 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
-use oncegate_core::Event;
+use oncegate_core::passthrough::BuildPassThrough;
+use oncegate_core::{Event, KeyHash};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Status {
@@ -99,7 +100,7 @@ impl SeedDeduplicator {
 /// what its features cost.
 #[derive(Debug)]
 pub(crate) struct MinimalStore {
-    shards: Vec<Mutex<std::collections::HashSet<u128, LowBits>>>,
+    shards: Vec<Mutex<std::collections::HashSet<KeyHash, BuildPassThrough>>>,
     partitions: Vec<Mutex<Vec<Event>>>,
 }
 
@@ -112,9 +113,8 @@ impl MinimalStore {
     }
 
     /// Marks `key` and queues `event` in its chat's partition, unless `key` was marked before.
-    pub(crate) fn admit(&self, event: Event, key: oncegate_core::KeyHash) -> bool {
-        let key = u128::from_le_bytes(key.0);
-        let shard = &self.shards[(key >> 64) as usize % self.shards.len()];
+    pub(crate) fn admit(&self, event: Event, key: KeyHash) -> bool {
+        let shard = &self.shards[key.high64() as usize % self.shards.len()];
         if !shard.lock().unwrap_or_else(|p| p.into_inner()).insert(key) {
             return false;
         }
@@ -124,28 +124,5 @@ impl MinimalStore {
             .unwrap_or_else(|p| p.into_inner())
             .push(event);
         true
-    }
-}
-
-/// Hashes a 128-bit key that is already a uniform hash by its low 64 bits.
-type LowBits = std::hash::BuildHasherDefault<Low64>;
-
-/// See [`LowBits`].
-#[derive(Debug, Default)]
-pub(crate) struct Low64(u64);
-
-impl std::hash::Hasher for Low64 {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for byte in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(*byte);
-        }
-    }
-
-    fn write_u128(&mut self, value: u128) {
-        self.0 = value as u64;
     }
 }

@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use bytes::Bytes;
 use clap::Parser;
-use oncegate_core::{Admission, Claim, Clock, DedupStore, Event, EventQueue, SystemClock, key_for};
+use oncegate_core::{
+    Admission, Claim, Clock, DedupStore, Event, EventQueue, KeyHash, SystemClock, key_for,
+};
 use oncegate_embedded::{EmbeddedConfig, EmbeddedStore};
 use oncegate_memory::{MemoryConfig, MemoryStore};
 
@@ -200,6 +202,17 @@ impl PerThread {
 
 fn admit_ours(ops: u64) -> f64 {
     let store = MemoryStore::with_clock(MemoryConfig::default(), SystemClock);
+    admit_rate(ops, |event, key| {
+        matches!(
+            ready(store.admit(event, &[key], DAY)),
+            Ok(Admission::Admitted { .. })
+        )
+    })
+}
+
+/// Admits per second when each thread hands its events to `admit` (true: admitted), which
+/// must admit exactly the half that are new.
+fn admit_rate(ops: u64, admit: impl Fn(Event, KeyHash) -> bool + Sync) -> f64 {
     let events = PerThread::new(ops);
     let take = |thread: u64| events.take(thread);
     let (admitted, elapsed) = run_threads(|thread| {
@@ -207,7 +220,7 @@ fn admit_ours(ops: u64) -> f64 {
         let mut admitted = 0;
         for event in mine {
             let key = key_for(&event.source, &event.app, "event_id", &event.event_id);
-            if let Ok(Admission::Admitted { .. }) = ready(store.admit(event, &[key], DAY)) {
+            if admit(event, key) {
                 admitted += 1;
             }
         }
@@ -240,21 +253,7 @@ fn admit_floor(ops: u64) -> f64 {
 /// The second floor: [`MinimalStore`], sharded dedup and a partitioned queue with nothing else.
 fn admit_minimal(ops: u64) -> f64 {
     let store = MinimalStore::new();
-    let events = PerThread::new(ops);
-    let take = |thread: u64| events.take(thread);
-    let (admitted, elapsed) = run_threads(|thread| {
-        let mine = take(thread);
-        let mut admitted = 0;
-        for event in mine {
-            let key = key_for(&event.source, &event.app, "event_id", &event.event_id);
-            if store.admit(event, key) {
-                admitted += 1;
-            }
-        }
-        admitted
-    });
-    check_half(admitted, ops);
-    (ops * THREADS) as f64 / elapsed.as_secs_f64()
+    admit_rate(ops, |event, key| store.admit(event, key))
 }
 
 fn admit_seed(ops: u64) -> f64 {
