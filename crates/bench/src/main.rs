@@ -59,9 +59,10 @@ struct Args {
     /// (retention a day), for a gateway to start on (`scripts/bench-retention`), and exit.
     #[arg(long, value_name = "DIR")]
     fill_store: Option<PathBuf>,
-    /// Queue partitions of the folder `--fill-store` writes (the gateway's configuration's).
-    #[arg(long, default_value_t = 16)]
-    partitions: u16,
+    /// Queue partitions of the folder `--fill-store` writes (the gateway's configuration's;
+    /// without it, the gateway's default).
+    #[arg(long)]
+    partitions: Option<u16>,
     /// Internal: measure memory per key in a fresh process.
     #[arg(long, hide = true)]
     child: Option<String>,
@@ -525,11 +526,7 @@ fn process_cpu_seconds() -> anyhow::Result<f64> {
 fn journal_restart(dir: &std::path::Path, keys: u64) -> anyhow::Result<(f64, u64)> {
     let folder = dir.join(format!("bench-restart-{keys}"));
     let _ = std::fs::remove_dir_all(&folder);
-    let config = fill_store(
-        &folder,
-        keys,
-        oncegate_journal::JournalConfig::at(&folder).partitions,
-    )?;
+    let config = fill_store(oncegate_journal::JournalConfig::at(&folder), keys)?;
     let mut bytes = 0;
     for entry in std::fs::read_dir(&folder)? {
         bytes += entry?.metadata()?.len();
@@ -547,18 +544,15 @@ fn journal_restart(dir: &std::path::Path, keys: u64) -> anyhow::Result<(f64, u64
     Ok((elapsed, bytes))
 }
 
-/// Writes a new store folder whose snapshot remembers `keys` completed events (retention a
-/// day from now) in `partitions` partitions; the configuration to open it with (room for twice
-/// the keys, so that nothing is evicted early).
+/// Writes a new store folder at `config.dir` whose snapshot remembers `keys` completed events
+/// (retention a day from now) in `config.partitions` partitions; `config` to open it with, with
+/// room for twice the keys so that nothing is evicted early.
 fn fill_store(
-    folder: &std::path::Path,
+    mut config: oncegate_journal::JournalConfig,
     keys: u64,
-    partitions: u16,
 ) -> anyhow::Result<oncegate_journal::JournalConfig> {
     use std::borrow::Cow;
-    let mut config = oncegate_journal::JournalConfig::at(folder);
     config.max_records = keys.saturating_mul(2);
-    config.partitions = partitions;
     let record = oncegate_core::Record {
         state: oncegate_core::RecordState::Completed { outcome: None },
         expires_at_ms: SystemClock.now_ms() + DAY.as_millis() as u64,
@@ -731,7 +725,12 @@ fn main() -> anyhow::Result<()> {
         return bare_server(address);
     }
     if let Some(folder) = &args.fill_store {
-        fill_store(folder, args.keys, args.partitions)?;
+        let mut config = oncegate_journal::JournalConfig::at(folder);
+        // The gateway's own default, so that a configuration that names none opens the folder.
+        config.partitions = args
+            .partitions
+            .unwrap_or_else(|| oncegate_config::EmbeddedSettings::default().partitions);
+        fill_store(config, args.keys)?;
         println!(
             "{} remembers {} completed events",
             folder.display(),

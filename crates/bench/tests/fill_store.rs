@@ -6,25 +6,23 @@ use std::process::Command;
 
 use oncegate_core::{DedupStore, RecordState, key_for};
 
-fn fill(folder: &std::path::Path, keys: u64, partitions: u16) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_oncegate-bench"))
+fn fill(folder: &std::path::Path, keys: u64, partitions: Option<u16>) -> std::process::Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_oncegate-bench"));
+    command
         .arg("--fill-store")
         .arg(folder)
-        .args([
-            "--keys",
-            &keys.to_string(),
-            "--partitions",
-            &partitions.to_string(),
-        ])
-        .output()
-        .expect("run oncegate-bench")
+        .args(["--keys", &keys.to_string()]);
+    if let Some(partitions) = partitions {
+        command.args(["--partitions", &partitions.to_string()]);
+    }
+    command.output().expect("run oncegate-bench")
 }
 
 #[test]
 fn a_filled_folder_opens_remembering_every_key() {
     let dir = tempfile::tempdir().expect("temp dir");
     let folder = dir.path().join("store");
-    let filled = fill(&folder, 5_000, 4);
+    let filled = fill(&folder, 5_000, Some(4));
     assert!(
         filled.status.success(),
         "{}",
@@ -50,8 +48,24 @@ fn a_filled_folder_opens_remembering_every_key() {
     }
     drop(store);
     // A folder that holds a store is not written over.
-    let again = fill(&folder, 10, 4);
+    let again = fill(&folder, 10, Some(4));
     assert!(!again.status.success());
     let error = String::from_utf8_lossy(&again.stderr);
     assert!(error.contains("already holds a store"), "{error}");
+}
+
+#[test]
+fn without_partitions_the_folder_has_the_gateways_default() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let folder = dir.path().join("store");
+    let filled = fill(&folder, 10, None);
+    assert!(
+        filled.status.success(),
+        "{}",
+        String::from_utf8_lossy(&filled.stderr)
+    );
+    let mut config = oncegate_journal::JournalConfig::at(&folder);
+    config.partitions = oncegate_config::EmbeddedSettings::default().partitions;
+    let store = oncegate_journal::open(config).expect("open with the gateway's default");
+    assert_eq!(store.held_records(), 10);
 }
