@@ -85,15 +85,43 @@ impl KeyHash {
     }
 }
 
-impl fmt::Display for KeyHash {
-    /// 32 lowercase hex digits, written at once: every delivery and Redis key names one.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl KeyHash {
+    /// The 32 lowercase hex digits that name the key, on the stack.
+    pub fn hex_digits(&self) -> [u8; 32] {
         const DIGITS: &[u8; 16] = b"0123456789abcdef";
         let mut hex = [0u8; 32];
         for (pair, byte) in hex.chunks_exact_mut(2).zip(self.0) {
             pair[0] = DIGITS[usize::from(byte >> 4)];
             pair[1] = DIGITS[usize::from(byte & 0x0f)];
         }
+        hex
+    }
+
+    /// The idempotency id of the key's deliveries, `msg_` and its hex digits, on the stack:
+    /// every delivery names one.
+    pub fn delivery_id(&self) -> DeliveryId {
+        let mut id = *b"msg_00000000000000000000000000000000";
+        id[4..].copy_from_slice(&self.hex_digits());
+        DeliveryId(id)
+    }
+}
+
+/// `msg_` and a key's 32 hex digits: the id a sink names a delivery by.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct DeliveryId([u8; 36]);
+
+impl DeliveryId {
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        // Only ASCII went in.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+}
+
+impl fmt::Display for KeyHash {
+    /// 32 lowercase hex digits, written at once: every delivery and Redis key names one.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let hex = self.hex_digits();
         // Only ASCII digits went in.
         f.write_str(std::str::from_utf8(&hex).map_err(|_| fmt::Error)?)
     }
@@ -119,6 +147,21 @@ pub fn key_for(source: &str, app: &str, kind: &str, id: &str) -> KeyHash {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_delivery_id_is_msg_and_the_keys_hex() {
+        let mut bytes = [0u8; 16];
+        bytes[0] = 0xab;
+        bytes[15] = 0x09;
+        let key = KeyHash(bytes);
+        assert_eq!(key.to_string(), "ab000000000000000000000000000009");
+        assert_eq!(
+            key.delivery_id().as_str(),
+            "msg_ab000000000000000000000000000009"
+        );
+        let other = KeyHash::of(&["feishu", "cli_a", "event_id", "ev_1"]);
+        assert_eq!(other.delivery_id().as_str(), format!("msg_{other}"));
+    }
 
     #[test]
     fn part_boundaries_are_part_of_the_key() {

@@ -18,7 +18,10 @@ pub struct Keys(Vec<KeyHash>);
 impl Keys {
     /// The keys of an event whose primary key is `primary`.
     pub fn new(primary: KeyHash) -> Self {
-        Self(vec![primary])
+        // Room for the secondary key most events of a chat carry: one allocation, not two.
+        let mut keys = Vec::with_capacity(2);
+        keys.push(primary);
+        Self(keys)
     }
 
     /// Adds a secondary key (a message id that a platform may resend under a new event id).

@@ -18,24 +18,51 @@ pub(crate) fn aes_key(encrypt_key: &str) -> [u8; 32] {
     Sha256::digest(encrypt_key.as_bytes()).into()
 }
 
-fn hex(bytes: &[u8]) -> String {
+/// Lowercase hex digits of `bytes` into `out` (twice as long).
+fn hex_into(bytes: &[u8], out: &mut [u8]) {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for byte in bytes {
-        out.push(DIGITS[usize::from(byte >> 4)] as char);
-        out.push(DIGITS[usize::from(byte & 15)] as char);
+    for (pair, byte) in out.chunks_exact_mut(2).zip(bytes) {
+        pair[0] = DIGITS[usize::from(byte >> 4)];
+        pair[1] = DIGITS[usize::from(byte & 15)];
     }
-    out
 }
 
-/// `lowercase_hex(SHA-256(timestamp ‖ nonce ‖ encrypt_key ‖ body))`, over the raw body bytes.
-pub fn signature(timestamp: &str, nonce: &str, encrypt_key: &str, body: &[u8]) -> String {
+fn hex(bytes: &[u8]) -> String {
+    let mut out = vec![0; bytes.len() * 2];
+    hex_into(bytes, &mut out);
+    // Only ASCII digits went in.
+    out.into_iter().map(char::from).collect()
+}
+
+fn signature_digest(timestamp: &str, nonce: &str, encrypt_key: &str, body: &[u8]) -> [u8; 32] {
     let mut hasher = Sha256::new();
     hasher.update(timestamp.as_bytes());
     hasher.update(nonce.as_bytes());
     hasher.update(encrypt_key.as_bytes());
     hasher.update(body);
-    hex(&hasher.finalize())
+    hasher.finalize().into()
+}
+
+/// `lowercase_hex(SHA-256(timestamp ‖ nonce ‖ encrypt_key ‖ body))`, over the raw body bytes.
+pub fn signature(timestamp: &str, nonce: &str, encrypt_key: &str, body: &[u8]) -> String {
+    hex(&signature_digest(timestamp, nonce, encrypt_key, body))
+}
+
+/// Whether `received` is the signature of the request, compared in constant time; the
+/// expected hex stays on the stack (it is checked on every request).
+pub(crate) fn signature_matches(
+    timestamp: &str,
+    nonce: &str,
+    encrypt_key: &str,
+    body: &[u8],
+    received: &str,
+) -> bool {
+    let mut expected = [0u8; 64];
+    hex_into(
+        &signature_digest(timestamp, nonce, encrypt_key, body),
+        &mut expected,
+    );
+    same(&expected, received)
 }
 
 /// The old-style card callback's `lowercase_hex(SHA-1(timestamp ‖ nonce ‖ token ‖ body))`.
@@ -49,13 +76,12 @@ pub fn legacy_card_signature(timestamp: &str, nonce: &str, token: &str, body: &[
 }
 
 /// Compares a received hex signature with the expected one in constant time.
-pub(crate) fn same(expected: &str, received: &str) -> bool {
+fn same(expected: &[u8], received: &str) -> bool {
     let received = received.trim().as_bytes();
     // Case-folded byte by byte, in constant time, without a lowered copy per request.
     expected.len() == received.len()
         && bool::from(
             expected
-                .as_bytes()
                 .iter()
                 .zip(received)
                 .fold(subtle::Choice::from(1), |same, (e, r)| {
@@ -137,10 +163,28 @@ mod tests {
             "03ac674216f3e15c761ee1a5e255f067953623c8b388b4459e13f978d7c846f4"
         );
         assert!(same(
-            &signature("1", "2", "3", b"4"),
+            signature("1", "2", "3", b"4").as_bytes(),
             "03AC674216F3E15C761EE1A5E255F067953623C8B388B4459E13F978D7C846F4"
         ));
-        assert!(!same(&signature("1", "2", "3", b"4"), "03ac"));
+        assert!(!same(signature("1", "2", "3", b"4").as_bytes(), "03ac"));
+        let expected = "03ac674216f3e15c761ee1a5e255f067953623c8b388b4459e13f978d7c846f4";
+        assert!(signature_matches("1", "2", "3", b"4", expected));
+        assert!(signature_matches(
+            "1",
+            "2",
+            "3",
+            b"4",
+            &expected.to_uppercase()
+        ));
+        assert!(!signature_matches("1", "2", "3", b"5", expected));
+        assert!(!signature_matches("1", "2", "3", b"4", &expected[..62]));
+        assert!(!signature_matches(
+            "1",
+            "2",
+            "3",
+            b"4",
+            &expected.replace("f4", "f5")
+        ));
         // sha1("1234")
         assert_eq!(
             legacy_card_signature("1", "2", "3", b"4"),

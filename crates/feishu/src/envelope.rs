@@ -5,7 +5,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use oncegate_core::{Event, Keys, key_for};
 
-use crate::crypto::{decrypt_with, same, signature};
+use crate::crypto::{decrypt_with, signature_matches};
 use crate::json::{self, Doc, Scalar, Token};
 use crate::{EncryptKey, FeishuApp, FeishuError, SignedHeaders};
 
@@ -106,7 +106,7 @@ pub(crate) fn open(
         .nonce
         .ok_or(FeishuError::MissingHeader("X-Lark-Request-Nonce"))?;
     // The signature covers the raw bytes: nothing is parsed or decrypted before it holds.
-    if !same(&signature(timestamp, nonce, &key.text, body), received) {
+    if !signature_matches(timestamp, nonce, &key.text, body, received) {
         return Err(FeishuError::BadSignature);
     }
     let doc: Doc<'_> = parse(body)?;
@@ -296,6 +296,7 @@ fn check_app(app: &FeishuApp, got: &Scalar<'_>, field: &'static str) -> Result<(
 mod tests {
     use super::*;
     use crate::SignedHeaders;
+    use crate::crypto::signature;
 
     fn app(key: Option<&str>) -> FeishuApp {
         FeishuApp::new(

@@ -323,9 +323,9 @@ async fn handle<S: Store>(
     }
     lock(held).insert(delivery.id, lease);
     shared.meters.lag(event.created_at_ms, shared.now_ms());
-    let id = format!("msg_{}", delivery.key);
+    let id = delivery.key.delivery_id();
     let outgoing = Outgoing {
-        id: &id,
+        id: id.as_str(),
         event,
         attempt: delivery.attempt,
         wants_answer: false,

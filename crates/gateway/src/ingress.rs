@@ -76,7 +76,11 @@ fn refused<S>(shared: &Shared<S>, peer: Option<SocketAddr>, refusal: Refusal) ->
 fn reply(reply: Reply) -> Response {
     (
         StatusCode::OK,
-        [(header::CONTENT_TYPE, reply.content_type)],
+        // A static header value: made from the `&str`, it would be copied on every answer.
+        [(
+            header::CONTENT_TYPE,
+            header::HeaderValue::from_static(reply.content_type),
+        )],
         reply.body,
     )
         .into_response()
@@ -98,7 +102,7 @@ async fn webhook<S: Store>(
 ) -> Response {
     let started = std::time::Instant::now();
     let (parts, body) = request.into_parts();
-    let peer = crate::server::peer(&parts.extensions);
+    let peer = crate::server::peer();
     let stats = &shared.stats;
     stats.bump(&stats.requests, "oncegate_requests_total");
     let Some(source) = shared.sources.get(&name) else {
@@ -208,7 +212,8 @@ async fn callback<S: Store>(
     // memory. A nonce is remembered only once its event is admitted (or known), so a nonce can
     // never make the gateway drop an event it has not admitted.
     let now_secs = shared.now_ms() / 1000;
-    let request = stamp.clone();
+    // Only a synchronous reply quotes the request's stamp.
+    let request = if sync { stamp.clone() } else { None };
     let stamp = match check_replay(source, stamp, now_secs) {
         Ok(stamp) => stamp,
         // A platform retrying a synchronous call by repeating it gets the stored answer: the

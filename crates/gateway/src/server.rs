@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::ConnectInfo;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
@@ -92,13 +91,14 @@ pub(crate) async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let router = router.clone();
-        let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
-            request.extensions_mut().insert(ConnectInfo(peer));
+        let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
             router.clone().oneshot(request)
         });
         let connection = http.serve_connection(TokioIo::new(stream), service);
         let shutdown = shutdown.clone();
-        connections.spawn(async move {
+        // The peer for the connection's requests, which run inside its task: an extension
+        // would cost every request a map and a box.
+        connections.spawn(PEER.scope(peer, async move {
             tokio::pin!(connection);
             tokio::select! {
                 _ = connection.as_mut() => {}
@@ -108,7 +108,7 @@ pub(crate) async fn serve(
                 }
             }
             drop(slot);
-        });
+        }));
     }
     drop(listener);
     let drained = tokio::time::timeout(limits.shutdown_grace, async {
@@ -127,9 +127,67 @@ pub(crate) async fn serve(
     Ok(())
 }
 
-/// The peer of a request, when the listener recorded it.
-pub(crate) fn peer(extensions: &axum::http::Extensions) -> Option<SocketAddr> {
-    extensions
-        .get::<ConnectInfo<SocketAddr>>()
-        .map(|ConnectInfo(peer)| *peer)
+tokio::task_local! {
+    /// The peer of the connection whose request runs, set by the listener.
+    static PEER: SocketAddr;
+}
+
+/// The peer of the running request, when a listener of ours accepted it.
+pub(crate) fn peer() -> Option<SocketAddr> {
+    PEER.try_with(|peer| *peer).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Each request learns its own connection's peer, on every request of a kept-alive
+    /// connection; code outside a listener's connection learns none.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn requests_see_their_connections_peer() -> anyhow::Result<()> {
+        assert_eq!(peer(), None);
+        let router = Router::new().route(
+            "/",
+            axum::routing::get(|| async {
+                peer().map_or_else(|| "none".to_owned(), |p| p.to_string())
+            }),
+        );
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let shutdown = CancellationToken::new();
+        let server = tokio::spawn(serve(
+            "test",
+            listener,
+            router,
+            ServerLimits::default(),
+            Arc::new(Summaries::new(Duration::from_secs(60))),
+            shutdown.clone(),
+        ));
+        let mut clients = Vec::new();
+        for _ in 0..8 {
+            clients.push(tokio::spawn(async move {
+                let mut stream = tokio::net::TcpStream::connect(addr).await?;
+                let local = stream.local_addr()?;
+                let mut seen = Vec::new();
+                for _ in 0..3 {
+                    stream
+                        .write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+                        .await?;
+                    let mut buf = vec![0u8; 1024];
+                    let n = stream.read(&mut buf).await?;
+                    let answer = String::from_utf8_lossy(&buf[..n]).into_owned();
+                    seen.push(answer.rsplit("\r\n\r\n").next().unwrap_or("").to_owned());
+                }
+                anyhow::Ok((local, seen))
+            }));
+        }
+        for client in clients {
+            let (local, seen) = client.await??;
+            assert_eq!(seen, vec![local.to_string(); 3]);
+        }
+        shutdown.cancel();
+        server.await??;
+        Ok(())
+    }
 }

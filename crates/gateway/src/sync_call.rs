@@ -58,9 +58,9 @@ pub(crate) async fn call<S: Store>(
         }
         Err(error) => return Err(unavailable(&error)),
     };
-    let id = format!("msg_{key}");
+    let id = key.delivery_id();
     let outgoing = Outgoing {
-        id: &id,
+        id: id.as_str(),
         event: &admit.event,
         attempt: 0,
         wants_answer: true,
