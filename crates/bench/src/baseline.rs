@@ -34,14 +34,15 @@ impl SeedDeduplicator {
     /// benefit of doing both under its one lock).
     pub(crate) fn admit(&self, event: Event, now_ms: u64) -> bool {
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        if cache.contains_key(&event.event_id) {
+        if cache.contains_key(&*event.event_id) {
             return false;
         }
+        // The seed's own copies of the id: a map key and a field of the entry.
         cache.insert(
-            event.event_id.clone(),
+            event.event_id.to_string(),
             EventCacheEntry {
                 processed_at_ms: now_ms,
-                event_id: event.event_id.clone(),
+                event_id: event.event_id.to_string(),
                 status: Status::Processing,
             },
         );

@@ -133,10 +133,10 @@ impl Strings {
             source: self.source.clone(),
             app: self.app.clone(),
             tenant: None,
-            event_id: format!("ev_{id:016x}"),
+            event_id: format!("ev_{id:016x}").into(),
             event_type: self.kind.clone(),
             created_at_ms: id,
-            order_key: Some(format!("oc_{:08x}", id % 4096)),
+            order_key: Some(format!("oc_{:08x}", id % 4096).into()),
             payload: Bytes::from_static(b"{\"text\":\"hello\"}"),
         }
     }

@@ -92,7 +92,7 @@ fn event(id: &str) -> Event {
         source: Arc::from("feishu"),
         app: Arc::from("cli_x"),
         tenant: None,
-        event_id: id.to_owned(),
+        event_id: Arc::from(id),
         event_type: Arc::from("im.message.receive_v1"),
         created_at_ms: 0,
         order_key: Some("oc_chat".into()),
@@ -132,7 +132,7 @@ fn fill<S: DedupStore + EventQueue>(store: &S) {
         let first = store.pull(partition, 1).await.expect("pull");
         assert!(store.ack(first[0].id).await.expect("ack"));
         let second = store.pull(partition, 1).await.expect("pull");
-        assert_eq!(second[0].event.event_id, "e2");
+        assert_eq!(&*second[0].event.event_id, "e2");
         assert!(
             store
                 .dead_letter(second[0].id, "gave up")
@@ -268,7 +268,7 @@ fn a_store_file_of_the_earlier_format_is_refused_then_migrated_whole() {
         );
         let dead = store.dead_letters(10).await.expect("dead");
         assert_eq!(dead.len(), 1);
-        assert_eq!(dead[0].event.event_id, "e2");
+        assert_eq!(&*dead[0].event.event_id, "e2");
         assert!(
             store
                 .replay_dead_letter(dead[0].id)

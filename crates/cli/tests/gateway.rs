@@ -83,12 +83,7 @@ impl Downstream {
             }
             if Instant::now() > deadline {
                 let got = self.got();
-                let ids: Vec<&str> = got
-                    .iter()
-                    .rev()
-                    .take(10)
-                    .map(|g| g.event_id.as_str())
-                    .collect();
+                let ids: Vec<&str> = got.iter().rev().take(10).map(|g| &*g.event_id).collect();
                 panic!(
                     "timed out waiting for {what}; downstream has {} deliveries, the last: {ids:?}",
                     got.len()
@@ -586,7 +581,7 @@ async fn kill_nine_under_load_loses_nothing() {
     }
     downstream
         .wait_for("every event", |got| {
-            let ids: HashSet<&str> = got.iter().map(|g| g.event_id.as_str()).collect();
+            let ids: HashSet<&str> = got.iter().map(|g| &*g.event_id).collect();
             ids.len() == EVENTS
         })
         .await;
@@ -594,7 +589,7 @@ async fn kill_nine_under_load_loses_nothing() {
     let got = downstream.got();
     let mut keys: HashMap<&str, HashSet<&str>> = HashMap::new();
     for g in &got {
-        keys.entry(g.event_id.as_str())
+        keys.entry(&*g.event_id)
             .or_default()
             .insert(g.idempotency_key.as_str());
     }
@@ -1308,7 +1303,7 @@ async fn a_redis_restart_loses_nothing_and_admits_nothing_twice() {
     );
     downstream
         .wait_for("every event after the restart", |got| {
-            let ids: HashSet<&str> = got.iter().map(|g| g.event_id.as_str()).collect();
+            let ids: HashSet<&str> = got.iter().map(|g| &*g.event_id).collect();
             ids.len() == EVENTS
         })
         .await;
@@ -1334,7 +1329,7 @@ async fn a_redis_restart_loses_nothing_and_admits_nothing_twice() {
     let got = downstream.got();
     let mut keys: HashMap<&str, HashSet<&str>> = HashMap::new();
     for g in &got {
-        keys.entry(g.event_id.as_str())
+        keys.entry(&*g.event_id)
             .or_default()
             .insert(g.idempotency_key.as_str());
     }
@@ -1431,7 +1426,7 @@ async fn with_a_spool_an_outage_is_answered_200_and_nothing_is_lost_or_doubled()
         .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let got = downstream.got();
-    let ids: Vec<&str> = got.iter().map(|g| g.event_id.as_str()).collect();
+    let ids: Vec<&str> = got.iter().map(|g| &*g.event_id).collect();
     let unique: HashSet<&str> = ids.iter().copied().collect();
     assert_eq!(
         (ids.len(), unique.len()),
@@ -1493,7 +1488,7 @@ async fn spooled_requests_survive_a_kill_nine_and_a_restart_during_the_outage() 
         .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let got = downstream.got();
-    let unique: HashSet<&str> = got.iter().map(|g| g.event_id.as_str()).collect();
+    let unique: HashSet<&str> = got.iter().map(|g| &*g.event_id).collect();
     assert_eq!(
         (got.len(), unique.len()),
         (EVENTS + 20, EVENTS + 20),
@@ -1579,7 +1574,7 @@ async fn one_of_three_gateways_killed_midway_loses_nothing() {
     }
     downstream
         .wait_for("every event", |got| {
-            let ids: HashSet<&str> = got.iter().map(|g| g.event_id.as_str()).collect();
+            let ids: HashSet<&str> = got.iter().map(|g| &*g.event_id).collect();
             ids.len() == CHATS * PER_CHAT
         })
         .await;
@@ -1588,7 +1583,7 @@ async fn one_of_three_gateways_killed_midway_loses_nothing() {
     let mut per_chat: HashMap<String, Vec<String>> = HashMap::new();
     let mut keys: HashMap<&str, HashSet<&str>> = HashMap::new();
     for g in &got {
-        keys.entry(g.event_id.as_str())
+        keys.entry(&*g.event_id)
             .or_default()
             .insert(g.idempotency_key.as_str());
         let list = per_chat

@@ -42,10 +42,10 @@ pub fn event(id: &str, chat: Option<&str>) -> Event {
         source: Arc::from("feishu"),
         app: Arc::from("cli_contract"),
         tenant: Some(Arc::from("tenant")),
-        event_id: id.to_owned(),
+        event_id: Arc::from(id),
         event_type: Arc::from("im.message.receive_v1"),
         created_at_ms: START_MS,
-        order_key: chat.map(str::to_owned),
+        order_key: chat.map(Arc::from),
         payload: Bytes::from(format!("{{\"id\":\"{id}\"}}")),
     }
 }

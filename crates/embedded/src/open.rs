@@ -357,7 +357,7 @@ mod tests {
             for partition in 0..store.partitions() {
                 for delivery in store.pull(partition, 10).await.expect("pull") {
                     assert_eq!(delivery.attempt, 0);
-                    events.push(delivery.event.event_id);
+                    events.push(delivery.event.event_id.to_string());
                 }
             }
             events.sort();

@@ -42,7 +42,7 @@ impl Inlet for Recorder {
             ));
         }
         let mut seen = self.seen.lock().expect("lock");
-        let key = admit.event.event_id.clone();
+        let key = admit.event.event_id.to_string();
         if seen.contains_key(&key) {
             return Ok(Accepted::Duplicate);
         }

@@ -227,10 +227,10 @@ fn decode(
                 source: app.source.clone(),
                 app: app.app_id.clone(),
                 tenant: header.tenant_key.text().map(Arc::from),
-                event_id: event_id.to_owned(),
+                event_id: Arc::from(event_id),
                 event_type: Arc::from(event_type),
                 created_at_ms: lenient_ms(&header.create_time),
-                order_key: order_key.map(str::to_owned),
+                order_key: order_key.map(Arc::from),
                 payload: payload(json, &[&doc.token, &header.token])?,
             },
             keys,
@@ -261,10 +261,10 @@ fn decode(
                 source: app.source.clone(),
                 app: app.app_id.clone(),
                 tenant: event.tenant_key.text().map(Arc::from),
-                event_id: uuid.to_owned(),
+                event_id: Arc::from(uuid),
                 event_type: Arc::from(event_type),
                 created_at_ms: lenient_ms(&doc.ts),
-                order_key: order_key.map(str::to_owned),
+                order_key: order_key.map(Arc::from),
                 payload: payload(json, &[&doc.token])?,
             },
             keys: Keys::new(key_for(&app.source, &app.app_id, "event_id", uuid)),
@@ -358,7 +358,7 @@ mod tests {
         let Inbound::Event(verified) = app.open(headers(&sig), &body).expect("open") else {
             panic!("event")
         };
-        assert_eq!(verified.event.event_id, "ev1");
+        assert_eq!(&*verified.event.event_id, "ev1");
         assert_eq!(&*verified.event.event_type, "im.message.receive_v1");
         assert_eq!(verified.event.order_key.as_deref(), Some("oc_chat"));
         assert_eq!(verified.event.created_at_ms, 1_608_725_989_000);
@@ -494,7 +494,7 @@ mod tests {
         let Ok(Inbound::Event(v)) = app.open(SignedHeaders::default(), v1.as_bytes()) else {
             panic!("v1")
         };
-        assert_eq!(v.event.event_id, "bc447199585340d1f3728d26b1c0297a");
+        assert_eq!(&*v.event.event_id, "bc447199585340d1f3728d26b1c0297a");
         assert_eq!(&*v.event.event_type, "p2p_chat_create");
         assert_eq!(v.event.created_at_ms, 1_502_199_207_717);
         assert_eq!(v.event.order_key.as_deref(), Some("oc_1"));

@@ -166,7 +166,7 @@ mod tests {
         let Ok(Decoded::Admit { admit, stamp }) = app.decode(&callback(Method::Post)) else {
             panic!("an admission")
         };
-        assert_eq!(admit.event.event_id, "e1");
+        assert_eq!(&*admit.event.event_id, "e1");
         assert_eq!(admit.nonce, None);
         assert_eq!(
             stamp,
@@ -228,7 +228,7 @@ mod tests {
         let Ok(Decoded::Admit { admit, stamp }) = decoded else {
             panic!("{decoded:?}")
         };
-        assert_eq!(admit.event.event_id, "sim-1");
+        assert_eq!(&*admit.event.event_id, "sim-1");
         assert_eq!(admit.event.order_key.as_deref(), Some("oc_1"));
         assert_eq!(admit.keys.as_slice().len(), 2);
         assert_eq!(stamp.map(|s| s.nonce), Some("n9".into()));

@@ -56,7 +56,10 @@ impl Ask {
                 .reason
                 .as_deref()
                 .is_none_or(|r| letter.reason.contains(r))
-            && self.event_id.as_deref().is_none_or(|e| event.event_id == e)
+            && self
+                .event_id
+                .as_deref()
+                .is_none_or(|e| &*event.event_id == e)
     }
 }
 

@@ -111,7 +111,7 @@ async fn ten_concurrent_copies_of_one_message_are_delivered_once() {
         .lock()
         .expect("log")
         .iter()
-        .map(|e| e.event_id.clone())
+        .map(|e| e.event_id.to_string())
         .collect();
     let expected: Vec<String> = (0..10)
         .map(|round| format!("{}", 7_000_000 + round))

@@ -139,10 +139,10 @@ fn partition(id: u64, partitions: u16) -> u16 {
         source: Arc::from("feishu"),
         app: Arc::from("cli_crash"),
         tenant: None,
-        event_id: format!("e{id}"),
+        event_id: format!("e{id}").into(),
         event_type: Arc::from("im.message.receive_v1"),
         created_at_ms: id,
-        order_key: Some(format!("chat-{}", id % 13)),
+        order_key: Some(format!("chat-{}", id % 13).into()),
         payload: bytes::Bytes::new(),
     }
     .partition(partitions)
@@ -161,7 +161,7 @@ async fn check(
             .await
             .expect("queue")
         {
-            queued.insert(entry.event.event_id, ());
+            queued.insert(entry.event.event_id.to_string(), ());
         }
     }
     let max_id = (run + 2) * PER_RUN;

@@ -36,7 +36,10 @@ fn held_chats_go_out_in_order_and_nothing_is_left_behind() {
         admit("b1", "b").await;
         let first = store.pull(0, 10).await.expect("pull");
         let ids = |pulled: &[oncegate_core::Delivery]| -> Vec<String> {
-            pulled.iter().map(|d| d.event.event_id.clone()).collect()
+            pulled
+                .iter()
+                .map(|d| d.event.event_id.to_string())
+                .collect()
         };
         assert_eq!(ids(&first), ["a1", "b1"], "a2 waits behind a1");
         assert!(

@@ -80,7 +80,7 @@ fn one_owner_per_partition_and_a_takeover_after_silence() {
         assert_eq!(
             from_b
                 .iter()
-                .map(|d| d.event.event_id.as_str())
+                .map(|d| &*d.event.event_id)
                 .collect::<Vec<_>>(),
             vec!["o2"]
         );
@@ -312,10 +312,7 @@ fn an_entry_read_for_the_owner_whose_answer_was_lost_is_still_handed_out() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         assert_eq!(
-            found
-                .iter()
-                .map(|d| d.event.event_id.as_str())
-                .collect::<Vec<_>>(),
+            found.iter().map(|d| &*d.event.event_id).collect::<Vec<_>>(),
             ["l2"],
             "the entry in the owner's pending list comes out"
         );

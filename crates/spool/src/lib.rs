@@ -361,7 +361,7 @@ mod tests {
             .peek(10)
             .expect("peek")
             .into_iter()
-            .map(|(_, s)| s.event.event_id)
+            .map(|(_, s)| s.event.event_id.to_string())
             .collect();
         assert_eq!(ids, ["b", "c", "d"]);
     }

@@ -151,10 +151,10 @@ pub(crate) fn normalize(origin: &Origin<'_>, fields: &Fields, document: Bytes) -
         source: origin.source.into(),
         app: origin.app.into(),
         tenant: names.tenant(fields).map(Into::into),
-        event_id: id.map_or_else(|| primary.to_string(), str::to_owned),
+        event_id: id.map_or_else(|| primary.to_string().into(), std::sync::Arc::from),
         event_type: event_type(names, fields).into(),
         created_at_ms: created_secs.saturating_mul(1000),
-        order_key: order_key(names, fields),
+        order_key: order_key(names, fields).map(std::sync::Arc::from),
         payload: document,
     };
     (event, keys)
@@ -285,13 +285,16 @@ mod tests {
             "<xml><FromUserName>zhangsan</FromUserName><CreateTime>5</CreateTime><MsgType>text</MsgType><MsgId>42</MsgId><AgentID>7</AgentID></xml>",
         );
         assert_eq!(&*text.event_type, "message.text");
-        assert_eq!(text.event_id, "42");
+        assert_eq!(&*text.event_id, "42");
         assert_eq!(text.tenant.as_deref(), Some("7"));
         assert_eq!(text.order_key.as_deref(), Some("zhangsan"));
         let job = event_of(
             "<xml><FromUserName>sys</FromUserName><CreateTime>5</CreateTime><MsgType>event</MsgType><Event>MASSSENDJOBFINISH</Event><MsgID>1000001625</MsgID></xml>",
         );
-        assert_eq!(job.event_id, "1000001625", "MsgID counts as the message id");
+        assert_eq!(
+            &*job.event_id, "1000001625",
+            "MsgID counts as the message id"
+        );
         assert_eq!(job.order_key, None, "sys is nobody's conversation");
         let suite = event_of(
             "<xml><SuiteId>ww_suite</SuiteId><InfoType>suite_ticket</InfoType><TimeStamp>1403610513</TimeStamp><SuiteTicket>t</SuiteTicket></xml>",
@@ -311,7 +314,7 @@ mod tests {
         let fields = Fields::from_json(doc).expect("json");
         let (event, keys) = normalize(&origin, &fields, Bytes::from_static(doc));
         assert_eq!(&*event.event_type, "message.text");
-        assert_eq!(event.event_id, "CAIQ1");
+        assert_eq!(&*event.event_id, "CAIQ1");
         assert_eq!(event.order_key.as_deref(), Some("wrGroup"));
         assert_eq!(event.tenant.as_deref(), Some("AIBOT1"));
         assert_eq!(keys.as_slice().len(), 2);

@@ -71,7 +71,7 @@ fn the_official_message_is_admitted_with_its_stamp_and_keys() {
     );
     let event = &admit.event;
     assert_eq!((&*event.source, &*event.app), ("wecom", V1_CORP));
-    assert_eq!(event.event_id, "4561255354251345929");
+    assert_eq!(&*event.event_id, "4561255354251345929");
     assert_eq!(&*event.event_type, "message.text");
     assert_eq!(event.tenant.as_deref(), Some("218"));
     assert_eq!(event.order_key.as_deref(), Some("mycreate"));
@@ -237,7 +237,7 @@ fn official_accounts_in_plain_mode() {
         panic!("an admission")
     };
     assert_eq!(
-        (&*admit.event.source, admit.event.event_id.as_str()),
+        (&*admit.event.source, &*admit.event.event_id),
         ("wechat", "77")
     );
     assert_eq!(
@@ -274,7 +274,7 @@ fn official_accounts_in_safe_mode_refuse_plain_requests() {
     else {
         panic!("an admission")
     };
-    assert_eq!(admit.event.event_id, "78");
+    assert_eq!(&*admit.event.event_id, "78");
     let plain_mode = WechatApp::new("wx_oa", "test", None).expect("app");
     let refusal =
         replay(&app, &plain_mode.seal(&plain, 1_700_000_000, "n", [5; 16])).expect_err("refused");
@@ -301,7 +301,7 @@ fn ai_bot_json_callbacks_are_admitted_and_checked_like_xml() {
     let Ok(Decoded::Admit { admit, .. }) = post(doc, "") else {
         panic!("an admission")
     };
-    assert_eq!(admit.event.event_id, "CAIQ9");
+    assert_eq!(&*admit.event.event_id, "CAIQ9");
     assert_eq!(admit.event.order_key.as_deref(), Some("wrG"));
     // Another bot's message, or one encrypted for a corp id, is refused.
     let other = doc.replace("AIBOT1", "AIBOT2");

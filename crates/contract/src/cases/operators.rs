@@ -170,7 +170,7 @@ pub fn queue_summaries_and_listings_show_each_partition<S: Store>(make: impl Fn(
         assert_eq!(
             listed
                 .iter()
-                .map(|q| (q.id, q.event.event_id.as_str(), q.state))
+                .map(|q| (q.id, &*q.event.event_id, q.state))
                 .collect::<Vec<_>>(),
             vec![
                 (ids[0], "q1", QueuedState::HandedOut),

@@ -24,7 +24,7 @@ pub fn queue_hands_out_in_order_per_key<S: Store>(make: impl Fn(ManualClock) -> 
         );
         assert!(store.ack(ids[1]).await.expect("ack"));
         let third = store.pull(partition, 10).await.expect("pull");
-        assert_eq!(third[0].event.event_id, "a3");
+        assert_eq!(&*third[0].event.event_id, "a3");
         assert!(store.ack(ids[2]).await.expect("ack"));
         assert_eq!(store.stats().await.expect("stats").queued, 0);
 
@@ -120,7 +120,7 @@ pub fn queue_dead_letters_keep_the_reason<S: Store>(make: impl Fn(ManualClock) -
         let dead = store.dead_letters(10).await.expect("dead letters");
         assert_eq!(dead.len(), 1);
         assert_eq!(dead[0].id, ids[0]);
-        assert_eq!(dead[0].event.event_id, "d1");
+        assert_eq!(&*dead[0].event.event_id, "d1");
         assert_eq!(dead[0].attempts, 2);
         assert_eq!(dead[0].reason, "downstream answered 422: bad payload");
         // The next event of the chat is free now.
@@ -210,7 +210,7 @@ pub fn dead_letters_replay_once_and_purge<S: Store>(make: impl Fn(ManualClock) -
         let again = store.pull(partition, 10).await.expect("pull");
         assert_eq!(again.len(), 1);
         assert_eq!(again[0].id, replayed);
-        assert_eq!(again[0].event.event_id, "r1");
+        assert_eq!(&*again[0].event.event_id, "r1");
         assert_eq!(again[0].key, out[0].key, "the same key");
         assert_eq!(again[0].attempt, 0, "attempts start again");
         let _lease = lease_of(

@@ -215,7 +215,12 @@ pub fn racing_pullers_never_share_an_event<S: Store>(make: impl Fn(ManualClock) 
                         for delivery in store.pull(partition, 3).await.expect("pull") {
                             got = true;
                             log.lock().expect("log").push((
-                                delivery.event.order_key.clone().unwrap_or_default(),
+                                delivery
+                                    .event
+                                    .order_key
+                                    .as_deref()
+                                    .unwrap_or_default()
+                                    .to_owned(),
                                 delivery.id.seq,
                             ));
                             assert!(

@@ -28,10 +28,10 @@ fn event(id: u64) -> Event {
         source: Arc::from("feishu"),
         app: Arc::from("cli_crash"),
         tenant: None,
-        event_id: format!("e{id}"),
+        event_id: format!("e{id}").into(),
         event_type: Arc::from("im.message.receive_v1"),
         created_at_ms: id,
-        order_key: Some(format!("chat-{}", id % 13)),
+        order_key: Some(format!("chat-{}", id % 13).into()),
         payload: Bytes::from(vec![b'x'; (id % 200) as usize]),
     }
 }
