@@ -22,7 +22,7 @@ pub struct Event {
     #[serde(deserialize_with = "text::one")]
     pub app: Arc<str>,
     /// The tenant inside the app, where the platform names one (Feishu `tenant_key`).
-    #[serde(deserialize_with = "text::maybe")]
+    #[serde(default, deserialize_with = "text::maybe")]
     pub tenant: Option<Arc<str>>,
     /// The platform's event id, or one derived from the event where the platform has none.
     #[serde(deserialize_with = "text::one")]
@@ -33,7 +33,7 @@ pub struct Event {
     /// When the platform created the event, unix milliseconds.
     pub created_at_ms: u64,
     /// The key whose events must run one at a time in order (a chat id), if any.
-    #[serde(deserialize_with = "text::maybe")]
+    #[serde(default, deserialize_with = "text::maybe")]
     pub order_key: Option<Arc<str>>,
     /// The decoded payload as the platform sent it (JSON or XML bytes).
     pub payload: Bytes,
@@ -148,6 +148,11 @@ mod tests {
             let json = serde_json::to_vec(&event).expect("json");
             assert_eq!(serde_json::from_slice::<Event>(&json).expect("read"), event);
         }
+        // As before the fields had a reader of their own, a document without the optional
+        // ones means none.
+        let without = br#"{"source":"s","app":"a","event_id":"e","event_type":"t","created_at_ms":1,"payload":[]}"#;
+        let read = serde_json::from_slice::<Event>(without).expect("optional fields");
+        assert_eq!((read.tenant, read.order_key), (None, None));
         // Text where text belongs: a number is refused with the field's expectation.
         let wrong = br#"{"source":1,"app":"a","tenant":null,"event_id":"e","event_type":"t","created_at_ms":1,"order_key":null,"payload":[]}"#;
         let error = serde_json::from_slice::<Event>(wrong).expect_err("a number is no source");

@@ -31,7 +31,7 @@ fn hex(bytes: &[u8]) -> String {
     let mut out = vec![0; bytes.len() * 2];
     hex_into(bytes, &mut out);
     // Only ASCII digits went in.
-    out.into_iter().map(char::from).collect()
+    String::from_utf8(out).unwrap_or_default()
 }
 
 fn signature_digest(timestamp: &str, nonce: &str, encrypt_key: &str, body: &[u8]) -> [u8; 32] {
