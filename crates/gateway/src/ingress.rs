@@ -76,14 +76,23 @@ fn refused<S>(shared: &Shared<S>, peer: Option<SocketAddr>, refusal: Refusal) ->
 fn reply(reply: Reply) -> Response {
     (
         StatusCode::OK,
-        // A static header value: made from the `&str`, it would be copied on every answer.
-        [(
-            header::CONTENT_TYPE,
-            header::HeaderValue::from_static(reply.content_type),
-        )],
+        [(header::CONTENT_TYPE, content_type(reply.content_type))],
         reply.body,
     )
         .into_response()
+}
+
+/// A source's content type as a header, borrowed rather than copied on every answer; one that
+/// is no header value (a source's mistake) becomes `application/octet-stream`, not a panic.
+fn content_type(text: &'static str) -> header::HeaderValue {
+    if text
+        .bytes()
+        .all(|b| b == b'\t' || (b' '..=b'~').contains(&b))
+    {
+        header::HeaderValue::from_static(text)
+    } else {
+        header::HeaderValue::from_static("application/octet-stream")
+    }
 }
 
 /// The request headers as a source reads them.
@@ -368,5 +377,26 @@ fn check_replay(
             warn_saturated(now_secs);
             Ok(None)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn content_types_are_the_sources_or_a_safe_one() {
+        for text in [
+            "application/json",
+            "text/plain; charset=utf-8",
+            "application/xml",
+        ] {
+            assert_eq!(content_type(text), text);
+        }
+        assert_eq!(
+            content_type("text/plain\r\nx: y"),
+            "application/octet-stream"
+        );
+        assert_eq!(content_type("caf\u{e9}"), "application/octet-stream");
     }
 }
