@@ -36,7 +36,7 @@ impl<C: Clock> DedupStore for RedisStore<C> {
             call.arg(inner.clock.now_ms())
                 .arg(millis(retention))
                 .arg(keys.len())
-                .arg(keys[0].to_string())
+                .arg(&keys[0].hex_digits()[..])
                 .arg(order_hash)
                 .arg(bytes)
                 .arg(TTL_SLACK_MS);

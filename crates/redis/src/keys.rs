@@ -1,33 +1,93 @@
 //! Key names.
 
+use std::borrow::Cow;
+
 use super::*;
 
+/// A partition's own key names, made once: most calls name one or two of them, and a name
+/// made per call was an allocation each.
+pub(super) struct PartitionNames {
+    stream: String,
+    sequence: String,
+    attempts: String,
+    dead: String,
+    dead_index: String,
+    tokens: String,
+}
+
+impl PartitionNames {
+    /// The names of each of `partitions` under `prefix`.
+    pub(super) fn all(prefix: &str, partitions: u16) -> Vec<Self> {
+        (0..partitions)
+            .map(|partition| Self {
+                stream: stream(prefix, partition),
+                sequence: sequence(prefix, partition),
+                attempts: attempts(prefix, partition),
+                dead: dead(prefix, partition),
+                dead_index: dead_index(prefix, partition),
+                tokens: tokens(prefix, partition),
+            })
+            .collect()
+    }
+}
+
+fn stream(prefix: &str, partition: u16) -> String {
+    format!("{{{prefix}:{partition}}}:q")
+}
+fn sequence(prefix: &str, partition: u16) -> String {
+    format!("{{{prefix}:{partition}}}:qseq")
+}
+fn attempts(prefix: &str, partition: u16) -> String {
+    format!("{{{prefix}:{partition}}}:qa")
+}
+fn dead(prefix: &str, partition: u16) -> String {
+    format!("{{{prefix}:{partition}}}:dead")
+}
+fn dead_index(prefix: &str, partition: u16) -> String {
+    format!("{{{prefix}:{partition}}}:deadidx")
+}
+fn tokens(prefix: &str, partition: u16) -> String {
+    format!("{{{prefix}:{partition}}}:token")
+}
+
 /// Key names. Everything one script touches carries its partition's hash tag `{prefix:p}`, so
-/// that in a Redis Cluster a partition's records, stream and counters share one slot.
+/// that in a Redis Cluster a partition's records, stream and counters share one slot. A
+/// partition beyond the configured ones (a caller's mistake, refused where it matters) gets
+/// its name made on the spot.
 impl<C> Inner<C> {
     pub(super) fn record_key(&self, key: &KeyHash, partition: u16) -> String {
         format!("{{{}:{partition}}}:r:{key}", self.prefix)
     }
-    pub(super) fn stream(&self, partition: u16) -> String {
-        format!("{{{}:{partition}}}:q", self.prefix)
+    fn name(
+        &self,
+        partition: u16,
+        kept: fn(&PartitionNames) -> &String,
+        made: fn(&str, u16) -> String,
+    ) -> Cow<'_, str> {
+        match self.names.get(usize::from(partition)) {
+            Some(names) => Cow::Borrowed(kept(names).as_str()),
+            None => Cow::Owned(made(&self.prefix, partition)),
+        }
     }
-    pub(super) fn sequence(&self, partition: u16) -> String {
-        format!("{{{}:{partition}}}:qseq", self.prefix)
+    pub(super) fn stream(&self, partition: u16) -> Cow<'_, str> {
+        self.name(partition, |n| &n.stream, stream)
     }
-    pub(super) fn attempts(&self, partition: u16) -> String {
-        format!("{{{}:{partition}}}:qa", self.prefix)
+    pub(super) fn sequence(&self, partition: u16) -> Cow<'_, str> {
+        self.name(partition, |n| &n.sequence, sequence)
     }
-    pub(super) fn dead(&self, partition: u16) -> String {
-        format!("{{{}:{partition}}}:dead", self.prefix)
+    pub(super) fn attempts(&self, partition: u16) -> Cow<'_, str> {
+        self.name(partition, |n| &n.attempts, attempts)
+    }
+    pub(super) fn dead(&self, partition: u16) -> Cow<'_, str> {
+        self.name(partition, |n| &n.dead, dead)
     }
     /// Each dead letter's entry in the dead stream, by its queue seq.
-    pub(super) fn dead_index(&self, partition: u16) -> String {
-        format!("{{{}:{partition}}}:deadidx", self.prefix)
+    pub(super) fn dead_index(&self, partition: u16) -> Cow<'_, str> {
+        self.name(partition, |n| &n.dead_index, dead_index)
     }
-    pub(super) fn tokens(&self, partition: u16) -> String {
-        format!("{{{}:{partition}}}:token", self.prefix)
+    pub(super) fn tokens(&self, partition: u16) -> Cow<'_, str> {
+        self.name(partition, |n| &n.tokens, tokens)
     }
-    /// The set of the nonces of the requests signed at `timestamp_secs`.
     pub(super) fn nonce_bucket(&self, timestamp_secs: u64, partition: u16) -> String {
         format!("{{{}:{partition}}}:nt:{timestamp_secs}", self.prefix)
     }
@@ -44,5 +104,27 @@ impl<C> Inner<C> {
             escaped.push(c);
         }
         format!("{{{escaped}:*}}:r:*")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The names made once are the names made on the spot, for every partition; a partition
+    /// beyond them still gets its name.
+    #[test]
+    fn kept_names_are_the_made_ones() {
+        let names = PartitionNames::all("og", 3);
+        assert_eq!(names.len(), 3);
+        assert_eq!(names[2].stream, "{og:2}:q");
+        for (partition, kept) in (0u16..).zip(&names) {
+            assert_eq!(kept.stream, stream("og", partition));
+            assert_eq!(kept.sequence, format!("{{og:{partition}}}:qseq"));
+            assert_eq!(kept.attempts, format!("{{og:{partition}}}:qa"));
+            assert_eq!(kept.dead, format!("{{og:{partition}}}:dead"));
+            assert_eq!(kept.dead_index, format!("{{og:{partition}}}:deadidx"));
+            assert_eq!(kept.tokens, format!("{{og:{partition}}}:token"));
+        }
     }
 }

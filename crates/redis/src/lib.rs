@@ -218,6 +218,8 @@ struct Inner<C> {
     instance: String,
     prefix: String,
     partitions: u16,
+    /// Each partition's key names, made once.
+    names: Vec<keys::PartitionNames>,
     timeout: Duration,
     ownership_ms: u64,
     clock: C,
@@ -353,6 +355,7 @@ impl<C: Clock> RedisStore<C> {
                 conn,
                 instance: format!("{:016x}", fastrand::u64(..)),
                 partitions_checked: std::sync::atomic::AtomicBool::new(!config.lazy),
+                names: keys::PartitionNames::all(&prefix, partitions),
                 prefix,
                 partitions,
                 timeout: config.timeout,
