@@ -20,34 +20,27 @@ impl PartitionNames {
     pub(super) fn all(prefix: &str, partitions: u16) -> Vec<Self> {
         (0..partitions)
             .map(|partition| Self {
-                stream: stream(prefix, partition),
-                sequence: sequence(prefix, partition),
-                attempts: attempts(prefix, partition),
-                dead: dead(prefix, partition),
-                dead_index: dead_index(prefix, partition),
-                tokens: tokens(prefix, partition),
+                stream: made(prefix, partition, STREAM),
+                sequence: made(prefix, partition, SEQUENCE),
+                attempts: made(prefix, partition, ATTEMPTS),
+                dead: made(prefix, partition, DEAD),
+                dead_index: made(prefix, partition, DEAD_INDEX),
+                tokens: made(prefix, partition, TOKENS),
             })
             .collect()
     }
 }
 
-fn stream(prefix: &str, partition: u16) -> String {
-    format!("{{{prefix}:{partition}}}:q")
-}
-fn sequence(prefix: &str, partition: u16) -> String {
-    format!("{{{prefix}:{partition}}}:qseq")
-}
-fn attempts(prefix: &str, partition: u16) -> String {
-    format!("{{{prefix}:{partition}}}:qa")
-}
-fn dead(prefix: &str, partition: u16) -> String {
-    format!("{{{prefix}:{partition}}}:dead")
-}
-fn dead_index(prefix: &str, partition: u16) -> String {
-    format!("{{{prefix}:{partition}}}:deadidx")
-}
-fn tokens(prefix: &str, partition: u16) -> String {
-    format!("{{{prefix}:{partition}}}:token")
+const STREAM: &str = "q";
+const SEQUENCE: &str = "qseq";
+const ATTEMPTS: &str = "qa";
+const DEAD: &str = "dead";
+const DEAD_INDEX: &str = "deadidx";
+const TOKENS: &str = "token";
+
+/// `{prefix:partition}:suffix`.
+fn made(prefix: &str, partition: u16, suffix: &str) -> String {
+    format!("{{{prefix}:{partition}}}:{suffix}")
 }
 
 /// Key names. Everything one script touches carries its partition's hash tag `{prefix:p}`, so
@@ -62,31 +55,31 @@ impl<C> Inner<C> {
         &self,
         partition: u16,
         kept: fn(&PartitionNames) -> &String,
-        made: fn(&str, u16) -> String,
+        suffix: &str,
     ) -> Cow<'_, str> {
         match self.names.get(usize::from(partition)) {
             Some(names) => Cow::Borrowed(kept(names).as_str()),
-            None => Cow::Owned(made(&self.prefix, partition)),
+            None => Cow::Owned(made(&self.prefix, partition, suffix)),
         }
     }
     pub(super) fn stream(&self, partition: u16) -> Cow<'_, str> {
-        self.name(partition, |n| &n.stream, stream)
+        self.name(partition, |n| &n.stream, STREAM)
     }
     pub(super) fn sequence(&self, partition: u16) -> Cow<'_, str> {
-        self.name(partition, |n| &n.sequence, sequence)
+        self.name(partition, |n| &n.sequence, SEQUENCE)
     }
     pub(super) fn attempts(&self, partition: u16) -> Cow<'_, str> {
-        self.name(partition, |n| &n.attempts, attempts)
+        self.name(partition, |n| &n.attempts, ATTEMPTS)
     }
     pub(super) fn dead(&self, partition: u16) -> Cow<'_, str> {
-        self.name(partition, |n| &n.dead, dead)
+        self.name(partition, |n| &n.dead, DEAD)
     }
     /// Each dead letter's entry in the dead stream, by its queue seq.
     pub(super) fn dead_index(&self, partition: u16) -> Cow<'_, str> {
-        self.name(partition, |n| &n.dead_index, dead_index)
+        self.name(partition, |n| &n.dead_index, DEAD_INDEX)
     }
     pub(super) fn tokens(&self, partition: u16) -> Cow<'_, str> {
-        self.name(partition, |n| &n.tokens, tokens)
+        self.name(partition, |n| &n.tokens, TOKENS)
     }
     pub(super) fn nonce_bucket(&self, timestamp_secs: u64, partition: u16) -> String {
         format!("{{{}:{partition}}}:nt:{timestamp_secs}", self.prefix)
@@ -118,8 +111,11 @@ mod tests {
         let names = PartitionNames::all("og", 3);
         assert_eq!(names.len(), 3);
         assert_eq!(names[2].stream, "{og:2}:q");
+        // Beyond the table, the same name, made on the spot.
+        let beyond = made("og", 7, DEAD_INDEX);
+        assert_eq!(beyond, "{og:7}:deadidx");
         for (partition, kept) in (0u16..).zip(&names) {
-            assert_eq!(kept.stream, stream("og", partition));
+            assert_eq!(kept.stream, format!("{{og:{partition}}}:q"));
             assert_eq!(kept.sequence, format!("{{og:{partition}}}:qseq"));
             assert_eq!(kept.attempts, format!("{{og:{partition}}}:qa"));
             assert_eq!(kept.dead, format!("{{og:{partition}}}:dead"));
