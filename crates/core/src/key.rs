@@ -88,12 +88,8 @@ impl KeyHash {
 impl KeyHash {
     /// The 32 lowercase hex digits that name the key, on the stack.
     pub fn hex_digits(&self) -> [u8; 32] {
-        const DIGITS: &[u8; 16] = b"0123456789abcdef";
         let mut hex = [0u8; 32];
-        for (pair, byte) in hex.chunks_exact_mut(2).zip(self.0) {
-            pair[0] = DIGITS[usize::from(byte >> 4)];
-            pair[1] = DIGITS[usize::from(byte & 0x0f)];
-        }
+        hex_into(&self.0, &mut hex);
         hex
     }
 
@@ -103,6 +99,16 @@ impl KeyHash {
         let mut id = *b"msg_00000000000000000000000000000000";
         id[4..].copy_from_slice(&self.hex_digits());
         DeliveryId(id)
+    }
+}
+
+/// Writes the lowercase hex digits of `bytes` into `out` (twice as long; what does not fit is
+/// left out), without allocating: keys and signatures are written on every request.
+pub fn hex_into(bytes: &[u8], out: &mut [u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for (pair, byte) in out.chunks_exact_mut(2).zip(bytes) {
+        pair[0] = DIGITS[usize::from(byte >> 4)];
+        pair[1] = DIGITS[usize::from(byte & 0x0f)];
     }
 }
 

@@ -19,7 +19,7 @@ pub mod transition;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use event::Event;
-pub use key::{DeliveryId, KeyHash, key_for};
+pub use key::{DeliveryId, KeyHash, hex_into, key_for};
 pub use rates::{Rate, RateVerdict};
 pub use record::{
     Admission, Claim, DeadLetter, Delivery, FenceCheck, FencingToken, Fingerprint, Lease, Nonce,

@@ -4,6 +4,7 @@
 use aes::cipher::{BlockDecryptMut, BlockEncryptMut, KeyIvInit, block_padding::Pkcs7};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
+use oncegate_core::hex_into;
 use sha1::Sha1;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
@@ -16,15 +17,6 @@ type Encryptor = cbc::Encryptor<aes::Aes256>;
 /// The AES key: SHA-256 of the encrypt key.
 pub(crate) fn aes_key(encrypt_key: &str) -> [u8; 32] {
     Sha256::digest(encrypt_key.as_bytes()).into()
-}
-
-/// Lowercase hex digits of `bytes` into `out` (twice as long).
-fn hex_into(bytes: &[u8], out: &mut [u8]) {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    for (pair, byte) in out.chunks_exact_mut(2).zip(bytes) {
-        pair[0] = DIGITS[usize::from(byte >> 4)];
-        pair[1] = DIGITS[usize::from(byte & 15)];
-    }
 }
 
 fn hex(bytes: &[u8]) -> String {
