@@ -45,6 +45,41 @@ pub(crate) fn queue_line(answer: &Value) -> String {
     }
 }
 
+/// One line about who owns the partitions, from `/admin/queue`'s `owners`; `None` for a store
+/// of one gateway (it owns every partition).
+pub(crate) fn owners_line(answer: &Value) -> Option<String> {
+    let owners = answer.get("owners").filter(|o| !o.is_null())?;
+    let gateways = owners["gateways"].as_object()?;
+    let here = owners["this_gateway"].as_str();
+    let n = |name: &str| owners[name].as_u64().unwrap_or(0);
+    let shares: Vec<String> = gateways
+        .iter()
+        .map(|(name, count)| {
+            let count = count.as_u64().unwrap_or(0);
+            if Some(name.as_str()) == here {
+                format!("{name} (this gateway) {count}")
+            } else {
+                format!("{name} {count}")
+            }
+        })
+        .collect();
+    let mut line = format!(
+        "partitions   {} gateways own them: {}",
+        gateways.len(),
+        shares.join(", ")
+    );
+    if here.is_none() {
+        line.push_str("; this gateway owns none");
+    }
+    if n("handing_over") > 0 {
+        line.push_str(&format!("; handing {} over", n("handing_over")));
+    }
+    if n("unowned") > 0 {
+        line.push_str(&format!("; {} unowned right now", n("unowned")));
+    }
+    Some(line)
+}
+
 fn state_text(state: &Value) -> String {
     match state["state"].as_str() {
         Some("delayed") => format!("delayed until {} ms", state["until_ms"]),
@@ -78,10 +113,22 @@ pub(crate) async fn queue(args: QueueArgs) -> anyhow::Result<bool> {
     }
     if partition.is_none() {
         println!("{}", queue_line(&answer));
+        if let Some(owners) = owners_line(&answer) {
+            println!("{owners}");
+        }
         for summary in answer["partitions"].as_array().into_iter().flatten() {
-            if summary["events"].as_u64().unwrap_or(0) > 0 {
+            let owner = &summary["owner"];
+            let owned_by = match owner["gateway"].as_str() {
+                _ if owner.is_null() => String::new(),
+                Some(gateway) if owner["here"] == true => {
+                    format!(", owner {gateway} (this gateway)")
+                }
+                Some(gateway) => format!(", owner {gateway}"),
+                None => ", no owner right now".into(),
+            };
+            if summary["events"].as_u64().unwrap_or(0) > 0 || !owner.is_null() {
                 println!(
-                    "partition {:>3}  {} events, {} handed out, {} bytes, oldest {:.1} s old",
+                    "partition {:>3}  {} events, {} handed out, {} bytes, oldest {:.1} s old{owned_by}",
                     summary["partition"],
                     summary["events"],
                     summary["handed_out"],

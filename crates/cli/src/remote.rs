@@ -405,7 +405,12 @@ pub(crate) async fn status(args: StatusArgs) -> anyhow::Result<bool> {
         n(gateway, "stale_dropped"),
     );
     match client.get("/admin/queue", &[]).await {
-        Ok((200, queue)) => println!("{}", crate::queue_cmd::queue_line(&queue)),
+        Ok((200, queue)) => {
+            println!("{}", crate::queue_cmd::queue_line(&queue));
+            if let Some(owners) = crate::queue_cmd::owners_line(&queue) {
+                println!("{owners}");
+            }
+        }
         Ok((status, answer)) => println!("queue        {status} {}", error_of(&answer)),
         Err(error) => println!("queue        {error}"),
     }

@@ -63,6 +63,7 @@ pub(crate) async fn serve(config_path: Option<&Path>) -> anyhow::Result<()> {
                 partitions: settings.partitions,
                 prefix: settings.prefix.clone().unwrap_or(defaults.prefix.clone()),
                 ownership: settings.ownership.unwrap_or(defaults.ownership),
+                handover: settings.handover.unwrap_or(defaults.handover),
                 cluster: settings.cluster,
                 // With a spool the gateway takes requests during an outage, so it also starts
                 // during one.

@@ -1644,9 +1644,9 @@ async fn a_handler_that_outlives_its_lease_is_fenced_off() {
         tempfile::tempdir().expect("dir"),
         tempfile::tempdir().expect("dir"),
     );
+    // a is alone, owns the partition and starts the slow delivery; then b joins (a keeps the
+    // partition while its handler runs, whatever b's share).
     let a = Gateway::start_with_lease(dir_a.path(), addr, false, &store, "1s", "300ms");
-    tokio::time::sleep(Duration::from_millis(400)).await; // a pulls first and owns the partition
-    let b = Gateway::start_with_lease(dir_b.path(), addr, false, &store, "1s", "300ms");
     let client = client();
     let (status, _) = post(&client, &a.url, &sign(&message("slow-1", "oc_slow", 1_000)))
         .await
@@ -1657,6 +1657,8 @@ async fn a_handler_that_outlives_its_lease_is_fenced_off() {
         assert!(Instant::now() < deadline, "the slow delivery never started");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    let b = Gateway::start_with_lease(dir_b.path(), addr, false, &store, "1s", "300ms");
+    tokio::time::sleep(Duration::from_millis(300)).await;
     // a freezes mid-handler: no renewals, no pulls. Its lease and its partition run out; b takes
     // over, claims the event again and delivers it.
     a.signal("STOP");

@@ -412,9 +412,15 @@ pub struct RedisSettings {
     pub partitions: u16,
     /// The key prefix (several deployments can share one Redis).
     pub prefix: Option<String>,
-    /// How long a gateway keeps a partition without pulling it before another takes it over.
+    /// How long a gateway keeps a partition without a heartbeat before another takes it over
+    /// (a killed gateway's partitions move after this).
     #[serde(with = "duration_opt", default)]
     pub ownership: Option<Duration>,
+    /// How long a gateway that hands a partition over (another gateway joined) waits for its
+    /// running handlers there before it lets go; a handler still running then keeps its
+    /// event's claim, and that one chat waits for the claim's lease.
+    #[serde(with = "duration_opt", default)]
+    pub handover: Option<Duration>,
     /// A local file where accepted requests wait while Redis cannot be reached (answered 200
     /// instead of 503) and are admitted, in order, when it answers again. Off by default:
     /// until then the file is the events' only copy.
@@ -431,6 +437,7 @@ impl std::fmt::Debug for RedisSettings {
             .field("partitions", &self.partitions)
             .field("prefix", &self.prefix)
             .field("ownership", &self.ownership)
+            .field("handover", &self.handover)
             .field("spool", &self.spool)
             .field("spool_max", &self.spool_max)
             .finish()
@@ -445,6 +452,7 @@ impl Default for RedisSettings {
             partitions: DEFAULT_PARTITIONS,
             prefix: None,
             ownership: None,
+            handover: None,
             spool: None,
             spool_max: 1_000_000,
         }

@@ -258,6 +258,12 @@ fn bounds(config: &Config, report: &mut impl FnMut(Severity, &str, String)) {
                 redis.ownership.unwrap_or_default(),
                 HOUR / 6,
             );
+            time(
+                report,
+                "store.handover",
+                redis.handover.unwrap_or_default(),
+                HOUR,
+            );
         }
     }
     let server = &config.server;

@@ -23,8 +23,8 @@ pub use key::{DeliveryId, KeyHash, hex_into, key_for};
 pub use rates::{Rate, RateVerdict};
 pub use record::{
     Admission, Claim, DeadLetter, Delivery, FenceCheck, FencingToken, Fingerprint, Lease, Nonce,
-    QueueId, QueueSummary, QueuedEvent, QueuedState, Record, RecordState, StoreStats,
-    WatermarkOutcome,
+    PartitionOwner, QueueId, QueueSummary, QueuedEvent, QueuedState, Record, RecordState,
+    StoreStats, WatermarkOutcome,
 };
 pub use source::{
     Accepted, Admit, Callback, Decoded, Headers, Inlet, Keys, Method, Refusal, RefusalKind, Reply,

@@ -302,6 +302,23 @@ pub struct QueueSummary {
     pub oldest_created_ms: Option<u64>,
 }
 
+/// Who hands out one partition's events, on a store that several gateways share.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionOwner {
+    /// The partition.
+    pub partition: u16,
+    /// The owning gateway's name in the store; `None` while nobody owns it (between a release
+    /// and the next take, or after an owner's ownership ran out).
+    pub gateway: Option<String>,
+    /// The epoch of the owner's grant: it grows with every grant of the partition.
+    pub epoch: u64,
+    /// The owner is the gateway asked.
+    pub here: bool,
+    /// The gateway asked is handing it over: it hands out nothing new there and releases it
+    /// once its running handlers are done.
+    pub handing_over: bool,
+}
+
 /// Where one queued event stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]

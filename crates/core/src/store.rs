@@ -8,8 +8,8 @@ use bytes::Bytes;
 use crate::event::Event;
 use crate::key::KeyHash;
 use crate::record::{
-    Admission, Claim, DeadLetter, Delivery, FenceCheck, Fingerprint, Lease, Nonce, QueueId,
-    QueueSummary, QueuedEvent, Record, StoreStats, WatermarkOutcome,
+    Admission, Claim, DeadLetter, Delivery, FenceCheck, Fingerprint, Lease, Nonce, PartitionOwner,
+    QueueId, QueueSummary, QueuedEvent, Record, StoreStats, WatermarkOutcome,
 };
 
 /// Why a store could not answer. Every variant means "nothing was changed".
@@ -236,6 +236,21 @@ pub trait EventQueue: Send + Sync + 'static {
         &self,
         id: QueueId,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Gives up this instance's part in a queue that several gateways share — its partitions
+    /// and its membership — so that the others take over at once instead of when its ownership
+    /// runs out: for a gateway that stops, after its handlers finished or were handed back.
+    /// Nothing is handed out by this instance afterwards. A store of one gateway has nothing to
+    /// give up.
+    fn leave(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
+        async { Ok(()) }
+    }
+
+    /// Who owns each partition, on a store that several gateways share; empty for a store of
+    /// one gateway (it hands out every partition itself). For operators: a few reads.
+    fn owners(&self) -> impl Future<Output = Result<Vec<PartitionOwner>, StoreError>> + Send {
+        async { Ok(Vec::new()) }
+    }
 
     /// `partition`'s depth, handed-out count, bytes and oldest event: for the per-partition
     /// gauges, so it must stay cheap however long the queue is.

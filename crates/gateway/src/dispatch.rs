@@ -60,6 +60,11 @@ pub(crate) async fn run<S: Store>(
         let _ = shared.store.release(&lease).await;
         let _ = shared.store.retry(id, 0).await;
     }
+    // Then the partitions: on a shared store the other gateways take them over now, not when
+    // this one's ownership runs out.
+    if let Err(error) = shared.store.leave().await {
+        tracing::warn!(%error, "could not give the partitions up; the other gateways take them over when the ownership runs out");
+    }
     failed.map_or(Ok(()), Err)
 }
 

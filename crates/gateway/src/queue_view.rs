@@ -8,7 +8,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use metrics::Gauge;
-use oncegate_core::{QueueSummary, QueuedEvent, QueuedState, Store};
+use oncegate_core::{PartitionOwner, QueueSummary, QueuedEvent, QueuedState, Store};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
@@ -89,7 +89,55 @@ pub(crate) async fn watch<S: Store>(shared: Arc<Shared<S>>, shutdown: Cancellati
                 .lock()
                 .unwrap_or_else(|p| p.into_inner()) = sampled;
         }
+        match shared.store.owners().await {
+            Ok(owners) => {
+                *shared
+                    .partition_owners
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()) = owners;
+            }
+            Err(error) => shared
+                .summaries
+                .note("owners_failed", None, &error.to_string()),
+        }
     }
+}
+
+/// Partitions by owner: how many this gateway owns, how many each live gateway owns (by name),
+/// and how many nobody owns right now; `null` for a store of one gateway.
+fn owners_json(owners: &[PartitionOwner]) -> Value {
+    if owners.is_empty() {
+        return Value::Null;
+    }
+    let mut gateways = serde_json::Map::new();
+    let mut here = None;
+    for owner in owners {
+        if let Some(gateway) = &owner.gateway {
+            let count = gateways.entry(gateway.clone()).or_insert(json!(0));
+            *count = json!(count.as_u64().unwrap_or(0) + 1);
+            if owner.here {
+                here = Some(gateway.clone());
+            }
+        }
+    }
+    json!({
+        "here": owners.iter().filter(|o| o.here).count(),
+        "handing_over": owners.iter().filter(|o| o.handing_over).count(),
+        "unowned": owners.iter().filter(|o| o.gateway.is_none()).count(),
+        "this_gateway": here,
+        "gateways": gateways,
+    })
+}
+
+fn owner_json(owner: Option<&PartitionOwner>) -> Value {
+    owner.map_or(Value::Null, |owner| {
+        json!({
+            "gateway": owner.gateway,
+            "epoch": owner.epoch,
+            "here": owner.here,
+            "handing_over": owner.handing_over,
+        })
+    })
 }
 
 /// The last sampled summaries, for the status page: the deepest partition and the oldest event.
@@ -111,6 +159,7 @@ pub(crate) fn live_json<S: Store>(shared: &Shared<S>) -> Value {
         "deepest": summaries.iter().map(|s| s.events).max().unwrap_or(0),
         "oldest_age_seconds": oldest,
         "queued_now": shared.queued.load(Ordering::Relaxed),
+        "owners": owners_json(&shared.partition_owners.lock().unwrap_or_else(|p| p.into_inner())),
     })
 }
 
@@ -128,9 +177,10 @@ struct QueueQuery {
 const USAGE: &str = "use /admin/queue for every partition's summary, or \
                      ?partition=N[&after=<seq>][&limit=<1..1000>] for one partition's events";
 
-fn summary_json(summary: &QueueSummary, now_ms: u64) -> Value {
+fn summary_json(summary: &QueueSummary, owner: Option<&PartitionOwner>, now_ms: u64) -> Value {
     json!({
         "partition": summary.partition,
+        "owner": owner_json(owner),
         "events": summary.events,
         "handed_out": summary.handed_out,
         "bytes": summary.bytes,
@@ -187,14 +237,20 @@ pub(crate) async fn list<S: Store>(
         if query.after.is_some() || query.limit.is_some() {
             return refused(StatusCode::BAD_REQUEST, USAGE.into());
         }
+        let owners = match shared.store.owners().await {
+            Ok(owners) => owners,
+            Err(error) => return unavailable(error),
+        };
         let mut all = Vec::with_capacity(usize::from(partitions));
         for partition in 0..partitions {
+            let owner = owners.iter().find(|o| o.partition == partition);
             match shared.store.queue_summary(partition).await {
-                Ok(summary) => all.push(summary_json(&summary, now_ms)),
+                Ok(summary) => all.push(summary_json(&summary, owner, now_ms)),
                 Err(error) => return unavailable(error),
             }
         }
-        return axum::Json(json!({"partitions": all})).into_response();
+        return axum::Json(json!({"partitions": all, "owners": owners_json(&owners)}))
+            .into_response();
     };
     if partition >= partitions {
         return refused(
@@ -216,6 +272,11 @@ pub(crate) async fn list<S: Store>(
         Ok(summary) => summary,
         Err(error) => return unavailable(error),
     };
+    let owners = match shared.store.owners().await {
+        Ok(owners) => owners,
+        Err(error) => return unavailable(error),
+    };
+    let owner = owners.iter().find(|o| o.partition == partition);
     match shared
         .store
         .queued_events(partition, query.after, limit)
@@ -226,7 +287,7 @@ pub(crate) async fn list<S: Store>(
                 .then(|| events.last().map(|e| e.id.seq))
                 .flatten();
             axum::Json(json!({
-                "summary": summary_json(&summary, now_ms),
+                "summary": summary_json(&summary, owner, now_ms),
                 "events": events.iter().map(queued_json).collect::<Vec<_>>(),
                 "next_after": next_after,
             }))

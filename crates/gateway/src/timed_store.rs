@@ -274,6 +274,14 @@ impl<S: Store> EventQueue for Timed<S> {
         self.time(Op::Purge, self.inner.purge_dead_letter(id)).await
     }
 
+    async fn leave(&self) -> Result<(), StoreError> {
+        self.inner.leave().await
+    }
+
+    async fn owners(&self) -> Result<Vec<oncegate_core::PartitionOwner>, StoreError> {
+        self.inner.owners().await
+    }
+
     async fn queue_summary(&self, partition: u16) -> Result<QueueSummary, StoreError> {
         self.time(Op::QueueSummary, self.inner.queue_summary(partition))
             .await

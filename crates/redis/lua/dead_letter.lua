@@ -1,6 +1,8 @@
--- dead letter: KEYS = stream, attempts hash, dead stream, dead index (seq -> dead entry id)
--- ARGV = entry id, seq, reason, now_ms, partition, group
--- 1 when moved, 0 when the entry is gone.
+-- dead letter: KEYS = stream, attempts hash, dead stream, dead index (seq -> dead entry id),
+-- owner record; ARGV = entry id, seq, reason, now_ms, partition, group, instance, epoch
+-- 1 when moved, 0 when the entry is gone, -1 when the caller does not own the partition under
+-- `epoch` (the entry stays with the owner).
+if not owns(KEYS[5], ARGV[7], ARGV[8]) then return -1 end
 local entries = redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1])
 if #entries == 0 then
   redis.call('XACK', KEYS[1], ARGV[6], ARGV[1])

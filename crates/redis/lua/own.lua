@@ -1,12 +1,38 @@
--- partition ownership: KEYS = owner key; ARGV = instance id, ttl ms
--- 1: still ours (renewed), 2: newly ours, 0: someone else's.
-local current = redis.call('GET', KEYS[1])
-if current == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
+-- partition ownership: KEYS = owner record, token clock; ARGV = op (renew | take | release),
+-- instance, epoch (the one the caller holds; '0' for none), ttl ms.
+-- renew: {1} when the partition is still the caller's under `epoch` (its expiry moved to now +
+--   ttl), else {0}.
+-- take: {2, epoch} when it was nobody's (or the caller's without the caller knowing its epoch: an
+--   answer that was lost): a new grant, under a new epoch; else {0, owner}.
+-- release: {1} when it was the caller's under `epoch` (now nobody's), else {0}.
+-- The record has no TTL (one per partition): its expiry is logical, in the server's time.
+-- Epochs come from the partition's token clock, the one claims take their fencing tokens from:
+-- the server's microseconds, or one more than the last when that is larger, so that an epoch
+-- never repeats after a restart without persistence or a failover that lost the last writes.
+local now = server_ms()
+local raw = redis.call('GET', KEYS[1])
+local expires, epoch, owner = 0, '', ''
+if raw then
+  local e, p, o = string.match(raw, '^(%d+),(%d+),(.*)$')
+  if e then expires, epoch, owner = tonumber(e), p, o end
 end
-if not current then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return 2
+local live = now < expires
+local op = ARGV[1]
+if op == 'renew' then
+  if not (live and owner == ARGV[2] and epoch == ARGV[3]) then return {0} end
+  redis.call('SET', KEYS[1], string.format('%d,%s,%s', now + tonumber(ARGV[4]), epoch, owner))
+  return {1}
 end
-return 0
+if op == 'release' then
+  if not (owner == ARGV[2] and epoch == ARGV[3]) then return {0} end
+  redis.call('DEL', KEYS[1])
+  return {1}
+end
+if live and owner ~= ARGV[2] then return {0, owner} end
+local time = redis.call('TIME')
+local clock = tonumber(time[1]) * 1000000 + tonumber(time[2])
+local token = math.max(clock, tonumber(redis.call('GET', KEYS[2]) or '0') + 1)
+local granted = string.format('%d', token)
+redis.call('SET', KEYS[2], granted)
+redis.call('SET', KEYS[1], string.format('%d,%s,%s', now + tonumber(ARGV[4]), granted, ARGV[2]))
+return {2, granted}

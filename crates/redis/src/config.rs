@@ -18,9 +18,14 @@ pub struct RedisConfig {
     /// Start without Redis: connect on first use and check the partition count then, instead
     /// of failing now. For gateways with a spool, which take requests during an outage.
     pub lazy: bool,
-    /// How long a partition stays with its owner without a pull. Another instance takes it over
-    /// after that, and hands out again what the old owner had not acked.
+    /// How long a partition stays with its owner without a heartbeat (they ride on its pulls).
+    /// Another instance takes it over after that, and hands out again what the old owner had
+    /// not acked.
     pub ownership: Duration,
+    /// How long an instance handing a partition over waits for the events it handed out there
+    /// to be settled before it lets go. A handler still running then keeps its event's claim:
+    /// the next owner holds that chat back until the claim is settled or its lease ends.
+    pub handover: Duration,
 }
 
 impl std::fmt::Debug for RedisConfig {
@@ -33,6 +38,7 @@ impl std::fmt::Debug for RedisConfig {
             .field("timeout", &self.timeout)
             .field("lazy", &self.lazy)
             .field("ownership", &self.ownership)
+            .field("handover", &self.handover)
             .finish()
     }
 }
@@ -48,6 +54,7 @@ impl RedisConfig {
             partitions: 16,
             timeout: Duration::from_secs(2),
             ownership: Duration::from_secs(10),
+            handover: Duration::from_secs(30),
         }
     }
 }

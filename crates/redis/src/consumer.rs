@@ -28,51 +28,6 @@ impl<C: Clock> Inner<C> {
         }
     }
 
-    /// Takes or keeps `partition` for this instance. One owner at a time hands a partition's
-    /// events out, so per-chat order holds across gateways. A new owner takes over, with
-    /// `XAUTOCLAIM`, every entry the consumer group had delivered to earlier owners and that
-    /// nobody acked; they come out again before anything newer. Asks Redis only once half the
-    /// ownership time has passed since the last renewal: the key cannot have lapsed before.
-    pub(super) async fn own(
-        &self,
-        conn: &mut Conn,
-        partition: u16,
-        queue: &mut Partition,
-    ) -> Result<bool, StoreError> {
-        let fresh = std::time::Duration::from_millis(self.ownership_ms / 2);
-        if queue.owned && queue.renewed.is_some_and(|at| at.elapsed() < fresh) {
-            return Ok(true);
-        }
-        let sent = std::time::Instant::now();
-        let verdict: i64 = self
-            .scripts
-            .own
-            .key(self.owner(partition))
-            .arg(&self.instance)
-            .arg(self.ownership_ms)
-            .invoke_async(conn)
-            .await
-            .map_err(from_redis)?;
-        match verdict {
-            // Ours already, unless we did not know: the answer that made it ours was lost.
-            1 if queue.owned => {
-                queue.renewed = Some(sent);
-                Ok(true)
-            }
-            1 | 2 => {
-                queue.forget();
-                queue.owned = true;
-                queue.renewed = Some(sent);
-                queue.reclaim = true;
-                Ok(true)
-            }
-            _ => {
-                queue.forget();
-                Ok(false)
-            }
-        }
-    }
-
     /// Creates the partition's consumer group (and stream) unless it exists.
     pub(super) async fn ensure_group(
         &self,
@@ -96,25 +51,21 @@ impl<C: Clock> Inner<C> {
 
     /// Moves every pending entry of the group to this consumer (in entry order) and into the
     /// hand-out order; then forgets consumers that hold nothing (gateways that are gone).
+    /// `false` when the partition is not this instance's under its epoch anymore.
     pub(super) async fn reclaim(
         &self,
         conn: &mut Conn,
         partition: u16,
         queue: &mut Partition,
-    ) -> Result<(), StoreError> {
+    ) -> Result<bool, StoreError> {
         let mut start = "0-0".to_owned();
         loop {
-            let reply: Value = redis::cmd("XAUTOCLAIM")
-                .arg(self.stream(partition))
-                .arg(GROUP)
-                .arg(&self.instance)
-                .arg(0)
-                .arg(&start)
-                .arg("COUNT")
-                .arg(CATCH_UP)
-                .query_async(conn)
-                .await
-                .map_err(from_redis)?;
+            let Some(reply) = self
+                .owner_read(conn, partition, queue.epoch, "claim", &start)
+                .await?
+            else {
+                return Ok(false);
+            };
             let mut parts = array(reply)?.into_iter();
             let next = parts.next().as_ref().and_then(text).map(str::to_owned);
             let entries = array(parts.next().unwrap_or(Value::Array(Vec::new())))?;
@@ -155,7 +106,7 @@ impl<C: Clock> Inner<C> {
                     .map_err(from_redis)?;
             }
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Brings the hand-out order up to date: takes over earlier owners' pending entries once
@@ -174,7 +125,10 @@ impl<C: Clock> Inner<C> {
             // XAUTOCLAIM moves entries to this consumer before answering: if the answer is
             // lost, they are in our own pending list.
             queue.resync = true;
-            self.reclaim(conn, partition, queue).await?;
+            if !self.reclaim(conn, partition, queue).await? {
+                queue.forget();
+                return Ok(());
+            }
             queue.reclaim = false;
         }
         if queue.resynced.is_none_or(|at| at.elapsed() >= RESYNC_EVERY) {
@@ -183,7 +137,13 @@ impl<C: Clock> Inner<C> {
         if queue.resync {
             let mut after = "0".to_owned();
             loop {
-                let entries = self.read_group(conn, partition, &after).await?;
+                let Some(entries) = self
+                    .read_group(conn, partition, queue.epoch, &after)
+                    .await?
+                else {
+                    queue.forget();
+                    return Ok(());
+                };
                 let Some(last) = entries.last().and_then(entry_id) else {
                     break;
                 };
@@ -203,9 +163,13 @@ impl<C: Clock> Inner<C> {
         }
         loop {
             queue.resync = true;
-            let read = self.read_group(conn, partition, ">").await;
+            let read = self.read_group(conn, partition, queue.epoch, ">").await;
             let entries = match read {
-                Ok(entries) => entries,
+                Ok(Some(entries)) => entries,
+                Ok(None) => {
+                    queue.forget();
+                    return Ok(());
+                }
                 Err(error) => {
                     // Read again next time, whatever was appended.
                     self.unread[usize::from(partition)].store(true, Ordering::Release);
@@ -225,51 +189,81 @@ impl<C: Clock> Inner<C> {
     }
 
     /// `XREADGROUP` for this consumer from `from`: `>` for entries never delivered, an id for
-    /// this consumer's own pending entries after it.
+    /// this consumer's own pending entries after it. `None` when the partition is not this
+    /// instance's under `epoch` (nothing was read).
     pub(super) async fn read_group(
         &self,
         conn: &mut Conn,
         partition: u16,
+        epoch: u64,
         from: &str,
-    ) -> Result<Vec<Value>, StoreError> {
+    ) -> Result<Option<Vec<Value>>, StoreError> {
+        let Some(reply) = self
+            .owner_read(conn, partition, epoch, "read", from)
+            .await?
+        else {
+            return Ok(None);
+        };
+        match reply {
+            Value::Nil => Ok(Some(Vec::new())),
+            // [[stream, [entries]]] (RESP2) or {stream: [entries]} (RESP3)
+            Value::Array(streams) => match streams.into_iter().next() {
+                Some(stream) => Ok(Some(array(
+                    array(stream)?.into_iter().nth(1).unwrap_or(Value::Nil),
+                )?)),
+                None => Ok(Some(Vec::new())),
+            },
+            Value::Map(streams) => match streams.into_iter().next() {
+                Some((_, entries)) => Ok(Some(array(entries)?)),
+                None => Ok(Some(Vec::new())),
+            },
+            other => Err(StoreError::Corrupt(format!(
+                "unexpected XREADGROUP reply {other:?}"
+            ))),
+        }
+    }
+
+    /// One of the owner's group reads (`lua/read.lua`, `mode` read or claim) under `epoch`:
+    /// the command's reply, or `None` when the partition is not this instance's under it. A
+    /// group that is gone (a Redis that lost its data) is made again, once.
+    async fn owner_read(
+        &self,
+        conn: &mut Conn,
+        partition: u16,
+        epoch: u64,
+        mode: &str,
+        from: &str,
+    ) -> Result<Option<Value>, StoreError> {
         let mut recreated = false;
         loop {
-            let read: redis::RedisResult<Value> = redis::cmd("XREADGROUP")
-                .arg("GROUP")
-                .arg(GROUP)
+            let reply: Value = self
+                .scripts
+                .read
+                .key(self.stream(partition))
+                .key(self.owner(partition))
                 .arg(&self.instance)
-                .arg("COUNT")
+                .arg(epoch)
+                .arg(GROUP)
                 .arg(CATCH_UP)
-                .arg("STREAMS")
-                .arg(self.stream(partition))
+                .arg(mode)
                 .arg(from)
-                .query_async(conn)
-                .await;
-            let reply = match read {
-                Ok(reply) => reply,
-                // The group is gone (a Redis that lost its data): start it again.
-                Err(error) if error.code() == Some("NOGROUP") && !recreated => {
+                .invoke_async(conn)
+                .await
+                .map_err(from_redis)?;
+            let mut parts = array(reply)?.into_iter();
+            match parts.next() {
+                Some(Value::Int(1)) => return Ok(Some(parts.next().unwrap_or(Value::Nil))),
+                Some(Value::Int(0)) => return Ok(None),
+                Some(Value::Int(-1)) if !recreated => {
                     self.ensure_group(conn, partition).await?;
                     recreated = true;
-                    continue;
                 }
-                Err(error) => return Err(unavailable(error)),
-            };
-            return match reply {
-                Value::Nil => Ok(Vec::new()),
-                // [[stream, [entries]]] (RESP2) or {stream: [entries]} (RESP3)
-                Value::Array(streams) => match streams.into_iter().next() {
-                    Some(stream) => array(array(stream)?.into_iter().nth(1).unwrap_or(Value::Nil)),
-                    None => Ok(Vec::new()),
-                },
-                Value::Map(streams) => match streams.into_iter().next() {
-                    Some((_, entries)) => array(entries),
-                    None => Ok(Vec::new()),
-                },
-                other => Err(StoreError::Corrupt(format!(
-                    "unexpected XREADGROUP reply {other:?}"
-                ))),
-            };
+                other => {
+                    return Err(StoreError::Corrupt(format!(
+                        "unexpected group read reply {other:?}"
+                    )));
+                }
+            }
         }
     }
 

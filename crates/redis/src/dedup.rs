@@ -462,9 +462,12 @@ impl<C: Clock> Batch<C> for CompleteCall {
         script
             .key(inner.stream(partition))
             .key(inner.attempts(partition))
+            .key(inner.owner(partition))
             .arg(inner.clock.now_ms())
             .arg(TTL_SLACK_MS)
-            .arg(GROUP);
+            .arg(GROUP)
+            .arg(&inner.instance)
+            .arg(inner.epoch(partition).await);
         for call in calls {
             // "-" for no outcome, "o" and its bytes for one (which may be empty).
             let mut outcome = Vec::with_capacity(call.outcome.as_ref().map_or(1, |o| o.len() + 1));
@@ -484,8 +487,9 @@ impl<C: Clock> Batch<C> for CompleteCall {
         }
         let reply: Value = script.invoke_async(conn).await.map_err(from_redis)?;
         let applied = one_each(reply, calls.len())?;
-        // Acked and removed in Redis whatever the fences said: out of the hand-out order too,
-        // under one lock for the batch.
+        // Acked and removed in Redis whatever the fences said (or left to the partition's new
+        // owner): out of this instance's hand-out order either way, under one lock for the
+        // batch.
         if let Some(queue) = inner.queues.get(usize::from(partition)) {
             let mut queue = queue.lock().await;
             for call in calls {

@@ -13,6 +13,7 @@ pub(super) struct PartitionNames {
     dead: String,
     dead_index: String,
     tokens: String,
+    owner: String,
 }
 
 impl PartitionNames {
@@ -26,6 +27,7 @@ impl PartitionNames {
                 dead: made(prefix, partition, DEAD),
                 dead_index: made(prefix, partition, DEAD_INDEX),
                 tokens: made(prefix, partition, TOKENS),
+                owner: made(prefix, partition, OWNER),
             })
             .collect()
     }
@@ -37,6 +39,7 @@ const ATTEMPTS: &str = "qa";
 const DEAD: &str = "dead";
 const DEAD_INDEX: &str = "deadidx";
 const TOKENS: &str = "token";
+const OWNER: &str = "own";
 
 /// `{prefix:partition}:suffix`.
 fn made(prefix: &str, partition: u16, suffix: &str) -> String {
@@ -84,8 +87,14 @@ impl<C> Inner<C> {
     pub(super) fn nonce_bucket(&self, timestamp_secs: u64, partition: u16) -> String {
         format!("{{{}:{partition}}}:nt:{timestamp_secs}", self.prefix)
     }
-    pub(super) fn owner(&self, partition: u16) -> String {
-        format!("{}:own:{partition}", self.prefix)
+    /// Who owns the partition, under which epoch, until when (`lua/own.lua`): in the
+    /// partition's slot, so that every owner's script can check it.
+    pub(super) fn owner(&self, partition: u16) -> Cow<'_, str> {
+        self.name(partition, |n| &n.owner, OWNER)
+    }
+    /// The live gateways (`lua/members.lua`).
+    pub(super) fn members(&self) -> String {
+        format!("{{{}}}:members", self.prefix)
     }
     /// A `SCAN` pattern for every record key.
     pub(super) fn records_pattern(&self) -> String {
@@ -121,6 +130,7 @@ mod tests {
             assert_eq!(kept.dead, format!("{{og:{partition}}}:dead"));
             assert_eq!(kept.dead_index, format!("{{og:{partition}}}:deadidx"));
             assert_eq!(kept.tokens, format!("{{og:{partition}}}:token"));
+            assert_eq!(kept.owner, format!("{{og:{partition}}}:own"));
         }
     }
 }

@@ -19,10 +19,13 @@
 //!
 //! Queues: one stream per partition, entry id `0-<seq>` from a per-partition counter so that
 //! `QueueId.seq` is the stream id, read through one consumer group. One gateway owns a
-//! partition at a time (an expiring ownership key); it reads new entries with `XREADGROUP`,
-//! and a new owner first takes over what earlier owners were handed and never acked with
-//! `XAUTOCLAIM`. Acked entries are `XACK`ed and `XDEL`eted. The hand-out order (chat heads) is
-//! kept in memory per partition, as in the embedded store.
+//! partition at a time, under an epoch that grows with every grant (`share`): live gateways
+//! know each other through a membership set and each takes a fair share of the partitions,
+//! handing the excess over once its running handlers are done. The owner reads new entries with
+//! `XREADGROUP`, and a new owner first takes over what earlier owners were handed and never
+//! acked with `XAUTOCLAIM`; reads, acks, retries and dead letters name the owner's epoch and are
+//! refused inside their script under any other. Acked entries are `XACK`ed and `XDEL`eted. The
+//! hand-out order (chat heads) is kept in memory per partition, as in the embedded store.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,9 +35,9 @@ use oncegate_core::queue_index::PartitionIndex;
 use oncegate_core::store::{millis, require_partition};
 use oncegate_core::{
     Admission, Claim, Clock, DeadLetter, DedupStore, Delivery, Event, EventQueue, FenceCheck,
-    FencingToken, Fingerprint, KeyHash, Lease, Nonce, QueueId, QueueSummary, QueuedEvent,
-    QueuedState, Rate, RateStore, RateVerdict, Record, RecordState, StoreError, StoreStats,
-    SystemClock, WatermarkOutcome, WatermarkStore,
+    FencingToken, Fingerprint, KeyHash, Lease, Nonce, PartitionOwner, QueueId, QueueSummary,
+    QueuedEvent, QueuedState, Rate, RateStore, RateVerdict, Record, RecordState, StoreError,
+    StoreStats, SystemClock, WatermarkOutcome, WatermarkStore,
 };
 use redis::{Script, Value};
 use serde::{Deserialize, Serialize};
@@ -49,6 +52,7 @@ mod gather;
 mod keys;
 mod queue;
 mod reply;
+mod share;
 mod view;
 
 use breaker::Breaker;
@@ -82,6 +86,8 @@ pub const CLAIM_LUA: &str = concat!(
 
 /// The complete-and-ack script's source (also for benchmarks that run it by itself).
 pub const COMPLETE_ACK_LUA: &str = concat!(
+    include_str!("../lua/clock.lua"),
+    include_str!("../lua/owns.lua"),
     include_str!("../lua/record.lua"),
     include_str!("../lua/completed.lua"),
     include_str!("../lua/complete_ack.lua")
@@ -104,7 +110,16 @@ struct Scripts {
     dead_letter: Script,
     dead_replay: Script,
     dead_purge: Script,
+    /// Partition ownership: renew, take, release.
     own: Script,
+    /// Gateway membership.
+    members: Script,
+    /// The owner's group reads.
+    read: Script,
+    /// The owner's ack.
+    ack: Script,
+    /// The owner's retry.
+    retry: Script,
     complete_ack: Script,
 }
 
@@ -116,9 +131,13 @@ struct Partition {
     last_seq: u64,
     /// This instance owns the partition, as far as it knows.
     owned: bool,
-    /// When the renewal that last found the partition ours was sent: the ownership key lives
-    /// for the ownership time after Redis ran it, so until half of that has passed it is ours
-    /// without asking again.
+    /// The epoch of this instance's grant (0 when it owns nothing): every owner's call names it.
+    epoch: u64,
+    /// Since when the partition is being handed over: nothing new is handed out, and ownership
+    /// is given up once no handed-out event is left.
+    draining: Option<std::time::Instant>,
+    /// When the renewal that last found the partition ours was sent: the ownership lives for
+    /// the ownership time after Redis ran it, so until that has passed it is ours.
     renewed: Option<std::time::Instant>,
     /// Newly owned: the group's pending entries of earlier owners are still to be taken over.
     reclaim: bool,
@@ -152,6 +171,15 @@ const BODIES_BYTES: usize = 4 * 1024 * 1024;
 impl Partition {
     fn forget(&mut self) {
         *self = Self::default();
+    }
+
+    /// Whether this instance may hand out the partition's events now: it owns it, is not
+    /// handing it over, and its last renewal cannot have run out (`ownership` after it was
+    /// sent; every owner's call is fenced by the epoch in Redis anyway).
+    fn serving(&self, ownership: Duration) -> bool {
+        self.owned
+            && self.draining.is_none()
+            && self.renewed.is_some_and(|at| at.elapsed() < ownership)
     }
 
     fn keep_body(&mut self, seq: u64, key: KeyHash, stored: Vec<u8>, attempt: u32) {
@@ -222,6 +250,16 @@ struct Inner<C> {
     names: Vec<keys::PartitionNames>,
     timeout: Duration,
     ownership_ms: u64,
+    /// How long a hand-over waits for the partition's handed-out events.
+    handover: Duration,
+    /// How often this instance says it is alive and rebalances (on its pulls).
+    balance_every: Duration,
+    /// Membership and this instance's share of the partitions.
+    share: Mutex<share::Share>,
+    /// The first balancing round has run: later pulls do not wait for one that is running.
+    joined: std::sync::atomic::AtomicBool,
+    /// This instance has left (`EventQueue::leave`): it takes nothing anymore.
+    left: std::sync::atomic::AtomicBool,
     clock: C,
     scripts: Scripts,
     queues: Vec<Mutex<Partition>>,
@@ -360,6 +398,11 @@ impl<C: Clock> RedisStore<C> {
                 partitions,
                 timeout: config.timeout,
                 ownership_ms: millis(config.ownership),
+                balance_every: share::balance_every(config.ownership),
+                handover: config.handover,
+                share: Mutex::new(share::Share::default()),
+                joined: std::sync::atomic::AtomicBool::new(false),
+                left: std::sync::atomic::AtomicBool::new(false),
                 clock,
                 scripts: Scripts {
                     admit: Script::new(ADMIT_LUA),
@@ -375,10 +418,36 @@ impl<C: Clock> RedisStore<C> {
                     )),
                     watermark: Script::new(include_str!("../lua/watermark.lua")),
                     rate: Script::new(include_str!("../lua/rate.lua")),
-                    dead_letter: Script::new(include_str!("../lua/dead_letter.lua")),
+                    dead_letter: Script::new(concat!(
+                        include_str!("../lua/clock.lua"),
+                        include_str!("../lua/owns.lua"),
+                        include_str!("../lua/dead_letter.lua")
+                    )),
                     dead_replay: Script::new(include_str!("../lua/dead_replay.lua")),
                     dead_purge: Script::new(include_str!("../lua/dead_purge.lua")),
-                    own: Script::new(include_str!("../lua/own.lua")),
+                    own: Script::new(concat!(
+                        include_str!("../lua/clock.lua"),
+                        include_str!("../lua/own.lua")
+                    )),
+                    members: Script::new(concat!(
+                        include_str!("../lua/clock.lua"),
+                        include_str!("../lua/members.lua")
+                    )),
+                    read: Script::new(concat!(
+                        include_str!("../lua/clock.lua"),
+                        include_str!("../lua/owns.lua"),
+                        include_str!("../lua/read.lua")
+                    )),
+                    ack: Script::new(concat!(
+                        include_str!("../lua/clock.lua"),
+                        include_str!("../lua/owns.lua"),
+                        include_str!("../lua/ack.lua")
+                    )),
+                    retry: Script::new(concat!(
+                        include_str!("../lua/clock.lua"),
+                        include_str!("../lua/owns.lua"),
+                        include_str!("../lua/retry.lua")
+                    )),
                     complete_ack: Script::new(COMPLETE_ACK_LUA),
                 },
                 breaker: Breaker::default(),
@@ -394,6 +463,14 @@ impl<C: Clock> RedisStore<C> {
             runtime,
             handle,
         })
+    }
+
+    /// This store's name among the gateways that share the Redis: a random one per
+    /// connection, shown as the owner of its partitions (`EventQueue::owners`) and in the
+    /// `gateway` label of `oncegate_partitions_owned`. Live gateways take their shares in the
+    /// order of their names.
+    pub fn name(&self) -> &str {
+        &self.inner.instance
     }
 
     /// Runs `work` on the store's runtime, within twice the call timeout.

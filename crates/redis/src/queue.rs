@@ -53,29 +53,30 @@ impl<C: Clock> EventQueue for RedisStore<C> {
             if !inner.handed_out(id).await {
                 return Ok(false);
             }
-            let _: Value = redis::pipe()
-                .cmd("XACK")
-                .arg(inner.stream(id.partition))
+            let acked: i64 = inner
+                .scripts
+                .ack
+                .key(inner.stream(id.partition))
+                .key(inner.attempts(id.partition))
+                .key(inner.owner(id.partition))
+                .arg(&inner.instance)
+                .arg(inner.epoch(id.partition).await)
                 .arg(GROUP)
-                .arg(format!("0-{}", id.seq))
-                .cmd("XDEL")
-                .arg(inner.stream(id.partition))
-                .arg(format!("0-{}", id.seq))
-                .cmd("HDEL")
-                .arg(inner.attempts(id.partition))
                 .arg(id.seq)
-                .query_async(&mut conn)
+                .invoke_async(&mut conn)
                 .await
                 .map_err(from_redis)?;
-            Ok(inner.settle(id, |order| order.remove(id.seq)).await)
+            // Refused: the partition is another owner's now, and so is the entry.
+            let settled = inner.settle(id, |order| order.remove(id.seq)).await;
+            Ok(acked == 1 && settled)
         })
         .await
     }
 
     async fn retry(&self, id: QueueId, not_before_ms: u64) -> Result<bool, StoreError> {
         self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
-            // Locked across its two round trips: a second retry of the same hand-out must see
-            // it settled, or the attempt would be counted twice.
+            // Locked across its round trip: a second retry of the same hand-out must see it
+            // settled, or the attempt would be counted twice.
             let Some(queue) = inner.queues.get(usize::from(id.partition)) else {
                 return Ok(false);
             };
@@ -83,20 +84,23 @@ impl<C: Clock> EventQueue for RedisStore<C> {
             if !queue.order.is_in_flight(id.seq) {
                 return Ok(false);
             }
-            let previous: Option<String> = redis::cmd("HGET")
-                .arg(inner.attempts(id.partition))
+            let counted: i64 = inner
+                .scripts
+                .retry
+                .key(inner.attempts(id.partition))
+                .key(inner.owner(id.partition))
+                .arg(&inner.instance)
+                .arg(queue.epoch)
                 .arg(id.seq)
-                .query_async(&mut conn)
+                .arg(not_before_ms)
+                .invoke_async(&mut conn)
                 .await
                 .map_err(from_redis)?;
-            let (attempt, _) = attempts_of(previous.as_deref());
-            let _: Value = redis::cmd("HSET")
-                .arg(inner.attempts(id.partition))
-                .arg(id.seq)
-                .arg(format!("{}:{not_before_ms}", attempt + 1))
-                .query_async(&mut conn)
-                .await
-                .map_err(from_redis)?;
+            if counted != 1 {
+                // Another owner's now: it takes the entry over with its pending list.
+                queue.order.remove(id.seq);
+                return Ok(false);
+            }
             Ok(queue.order.retry(id.seq, not_before_ms))
         })
         .await
@@ -115,12 +119,15 @@ impl<C: Clock> EventQueue for RedisStore<C> {
                 .key(inner.attempts(id.partition))
                 .key(inner.dead(id.partition))
                 .key(inner.dead_index(id.partition))
+                .key(inner.owner(id.partition))
                 .arg(format!("0-{}", id.seq))
                 .arg(id.seq)
                 .arg(reason)
                 .arg(inner.clock.now_ms())
                 .arg(id.partition)
                 .arg(GROUP)
+                .arg(&inner.instance)
+                .arg(inner.epoch(id.partition).await)
                 .invoke_async(&mut conn)
                 .await
                 .map_err(from_redis)?;
@@ -204,6 +211,20 @@ impl<C: Clock> EventQueue for RedisStore<C> {
         .await
     }
 
+    async fn leave(&self) -> Result<(), StoreError> {
+        self.run(
+            move |inner: Arc<Inner<C>>, mut conn: Conn| async move { inner.leave(&mut conn).await },
+        )
+        .await
+    }
+
+    async fn owners(&self) -> Result<Vec<oncegate_core::PartitionOwner>, StoreError> {
+        self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
+            inner.owners(&mut conn).await
+        })
+        .await
+    }
+
     async fn queue_summary(&self, partition: u16) -> Result<QueueSummary, StoreError> {
         require_partition(partition, self.inner.partitions)?;
         self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
@@ -282,8 +303,9 @@ async fn hand_out<C: Clock>(
     partition: u16,
     max: usize,
 ) -> Result<Vec<Delivery>, StoreError> {
+    inner.balance_if_due(conn).await?;
     let mut queue = inner.queues[usize::from(partition)].lock().await;
-    if !inner.own(conn, partition, &mut queue).await? {
+    if !queue.serving(Duration::from_millis(inner.ownership_ms)) {
         return Ok(Vec::new());
     }
     let now = inner.clock.now_ms();

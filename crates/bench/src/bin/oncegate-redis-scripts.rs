@@ -56,6 +56,9 @@ const NONCE_WINDOW_MS: u64 = 600_000;
 /// Requests of one partition signed in one second.
 const NONCES_PER_SECOND: u64 = 1_250;
 const LEASE_MS: u64 = 30_000;
+/// The gateway these scripts run as, owning the partition under this epoch.
+const OWNER: &str = "bench";
+const EPOCH: u64 = 1;
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -93,6 +96,12 @@ fn main() -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    // The partition's owner, as a gateway's heartbeat leaves it: the complete-and-ack script
+    // acks only for the owner under its epoch.
+    let _: Value = redis::cmd("SET")
+        .arg(format!("{PARTITION}:own"))
+        .arg(format!("4000000000000,{EPOCH},{OWNER}"))
+        .query(&mut con)?;
     let _: Value = redis::cmd("XGROUP")
         .arg(&["CREATE", &format!("{PARTITION}:q"), GROUP, "0", "MKSTREAM"][..])
         .query(&mut con)?;
@@ -244,13 +253,18 @@ fn main() -> anyhow::Result<()> {
         .map(|batch| {
             let mut cmd = redis::cmd("EVALSHA");
             cmd.arg(&complete)
-                .arg(batch.len() + 2)
+                .arg(batch.len() + 3)
                 .arg(format!("{PARTITION}:q"))
-                .arg(format!("{PARTITION}:qa"));
+                .arg(format!("{PARTITION}:qa"))
+                .arg(format!("{PARTITION}:own"));
             for &i in batch {
                 cmd.arg(record_key(i, 0));
             }
-            cmd.arg(now_ms).arg(oncegate_redis::TTL_SLACK_MS).arg(GROUP);
+            cmd.arg(now_ms)
+                .arg(oncegate_redis::TTL_SLACK_MS)
+                .arg(GROUP)
+                .arg(OWNER)
+                .arg(EPOCH);
             for &i in batch {
                 cmd.arg(tokens[i]).arg(RETENTION_MS).arg(seqs[i]).arg("-");
             }

@@ -1,0 +1,402 @@
+//! Many gateways on one Redis: who is alive, each one's fair share of the partitions, handing
+//! partitions over, and leaving.
+//!
+//! Every instance that pulls says it is alive on its pulls (at most every `balance_every`: a
+//! sorted set scored by expiry, `lua/members.lua`) and learns who else is. With `n` live
+//! gateways sorted by name, the one at rank `r` owns `partitions / n` partitions, and one more
+//! when `r < partitions % n`. Under its share it takes free partitions (nobody's, or an owner's
+//! that ran out) under a new epoch; over it, it stops handing out the excess, waits until the
+//! events it handed out there are settled, and only then releases them — so the next owner's
+//! first hand-out of a chat comes after this owner's last handler of it ended. A gateway that
+//! stops releases everything at once (`leave`); one that is killed loses its partitions and its
+//! membership together, `ownership` after its last heartbeat.
+
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use super::*;
+
+/// This instance's view of the membership, from its last balancing round.
+#[derive(Default)]
+pub(super) struct Share {
+    /// When the last round's heartbeat was sent.
+    last: Option<Instant>,
+}
+
+/// How often an instance says it is alive and rebalances: often enough that a newcomer gets its
+/// share and a handover completes within a second or two, rarely enough to cost Redis nothing
+/// (a few small scripts a round).
+pub(super) fn balance_every(ownership: Duration) -> Duration {
+    (ownership / 10).clamp(Duration::from_millis(20), Duration::from_secs(1))
+}
+
+/// How many of `partitions` the gateway at `rank` among `members` live ones owns.
+pub(super) fn fair_share(partitions: u16, members: usize, rank: usize) -> usize {
+    let partitions = usize::from(partitions);
+    let members = members.max(1);
+    partitions / members + usize::from(rank < partitions % members)
+}
+
+/// What `lua/own.lua` answered.
+enum Own {
+    /// Renewed or released: it was ours under the epoch named.
+    Done,
+    /// Newly ours, under this epoch.
+    Taken(u64),
+    /// Not ours (someone else's, or ours under another epoch).
+    Refused,
+}
+
+impl<C: Clock> Inner<C> {
+    async fn own_call(
+        &self,
+        conn: &mut Conn,
+        partition: u16,
+        op: &str,
+        epoch: u64,
+    ) -> Result<Own, StoreError> {
+        let reply: Value = self
+            .scripts
+            .own
+            .key(self.owner(partition))
+            .key(self.tokens(partition))
+            .arg(op)
+            .arg(&self.instance)
+            .arg(epoch)
+            .arg(self.ownership_ms)
+            .invoke_async(conn)
+            .await
+            .map_err(from_redis)?;
+        let reply = array(reply)?;
+        match (reply.first().and_then(int), reply.get(1).and_then(int)) {
+            (Some(1), _) => Ok(Own::Done),
+            (Some(2), Some(epoch)) => Ok(Own::Taken(epoch)),
+            (Some(0), _) => Ok(Own::Refused),
+            _ => Err(StoreError::Corrupt(format!(
+                "unexpected ownership reply {reply:?}"
+            ))),
+        }
+    }
+
+    /// Runs a balancing round when one is due. The first round is waited for (a store's first
+    /// pull hands out what it owns after it); later pulls go on while another runs one.
+    pub(super) async fn balance_if_due(&self, conn: &mut Conn) -> Result<(), StoreError> {
+        if self.left.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let mut share = if self.joined.load(Ordering::Acquire) {
+            match self.share.try_lock() {
+                Ok(share) => share,
+                Err(_) => return Ok(()),
+            }
+        } else {
+            self.share.lock().await
+        };
+        if self.left.load(Ordering::Acquire)
+            || share
+                .last
+                .is_some_and(|at| at.elapsed() < self.balance_every)
+        {
+            return Ok(());
+        }
+        self.balance(conn, &mut share).await?;
+        self.joined.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// One round: the heartbeat, then renewals, releases of drained partitions, and takes or
+    /// hand-overs towards this instance's share.
+    async fn balance(&self, conn: &mut Conn, share: &mut Share) -> Result<(), StoreError> {
+        let sent = Instant::now();
+        let mut members: Vec<String> = self
+            .scripts
+            .members
+            .key(self.members())
+            .arg(&self.instance)
+            .arg(self.ownership_ms)
+            .arg(0)
+            .invoke_async(conn)
+            .await
+            .map_err(from_redis)?;
+        members.sort_unstable();
+        let rank = members
+            .iter()
+            .position(|member| *member == self.instance)
+            .unwrap_or(members.len());
+        let target = fair_share(self.partitions, members.len(), rank);
+        metrics::gauge!("oncegate_gateways_live").set(members.len() as f64);
+        let mut kept = 0usize;
+        let mut draining = Vec::new();
+        for partition in 0..self.partitions {
+            let mut queue = self.queues[usize::from(partition)].lock().await;
+            if !queue.owned {
+                continue;
+            }
+            // Handed over once its handed-out events are settled, or after `handover` at the
+            // latest: a handler still running then keeps its key's claim, so the next owner
+            // waits for it all the same (then only that chat waits, for the claim's lease).
+            if queue.draining.is_some_and(|since| {
+                queue.order.in_flight() == 0 || since.elapsed() >= self.handover
+            }) {
+                self.give_up(conn, partition, &mut queue).await?;
+                continue;
+            }
+            match self.own_call(conn, partition, "renew", queue.epoch).await? {
+                Own::Done => {
+                    queue.renewed = Some(sent);
+                    if queue.draining.is_some() {
+                        draining.push(partition);
+                    } else {
+                        kept += 1;
+                    }
+                }
+                Own::Taken(_) | Own::Refused => {
+                    tracing::warn!(
+                        partition,
+                        "partition lost: its ownership ran out before this gateway renewed it; its events go to the next owner"
+                    );
+                    metrics::counter!("oncegate_partition_handoffs_total", "direction" => "lost")
+                        .increment(1);
+                    queue.forget();
+                }
+            }
+        }
+        if kept < target {
+            // Keep what is being handed over before taking anything new.
+            for partition in draining {
+                if kept == target {
+                    break;
+                }
+                let mut queue = self.queues[usize::from(partition)].lock().await;
+                if queue.owned && queue.draining.take().is_some() {
+                    kept += 1;
+                }
+            }
+            if kept < target {
+                kept += self.take(conn, target - kept, rank, members.len()).await?;
+            }
+        } else if kept > target {
+            // Those with the fewest handed-out events first: they can go at once.
+            let mut candidates = Vec::with_capacity(kept);
+            for partition in 0..self.partitions {
+                let queue = self.queues[usize::from(partition)].lock().await;
+                if queue.owned && queue.draining.is_none() {
+                    candidates.push((queue.order.in_flight(), std::cmp::Reverse(partition)));
+                }
+            }
+            candidates.sort_unstable();
+            let mut excess = kept - target;
+            for (_, std::cmp::Reverse(partition)) in candidates {
+                if excess == 0 {
+                    break;
+                }
+                let mut queue = self.queues[usize::from(partition)].lock().await;
+                if !queue.owned || queue.draining.is_some() {
+                    continue;
+                }
+                queue.draining = Some(Instant::now());
+                excess -= 1;
+                kept -= 1;
+                if queue.order.in_flight() == 0 {
+                    self.give_up(conn, partition, &mut queue).await?;
+                }
+            }
+        }
+        metrics::gauge!("oncegate_partitions_owned", "gateway" => self.instance.clone())
+            .set(kept as f64);
+        share.last = Some(sent);
+        Ok(())
+    }
+
+    /// Takes up to `wanted` free partitions, starting where this rank's share would begin so
+    /// that newcomers try different ones first; how many it took.
+    async fn take(
+        &self,
+        conn: &mut Conn,
+        wanted: usize,
+        rank: usize,
+        members: usize,
+    ) -> Result<usize, StoreError> {
+        let partitions = usize::from(self.partitions);
+        let start = partitions * rank.min(members) / members.max(1);
+        let mut taken = 0;
+        for i in 0..partitions {
+            if taken == wanted {
+                break;
+            }
+            let partition = ((start + i) % partitions) as u16;
+            let mut queue = self.queues[usize::from(partition)].lock().await;
+            if queue.owned {
+                continue;
+            }
+            let sent = Instant::now();
+            if let Own::Taken(epoch) = self.own_call(conn, partition, "take", 0).await? {
+                queue.forget();
+                queue.owned = true;
+                queue.epoch = epoch;
+                queue.renewed = Some(sent);
+                // What earlier owners were handed and never acked comes out first.
+                queue.reclaim = true;
+                taken += 1;
+                metrics::counter!("oncegate_partition_handoffs_total", "direction" => "in")
+                    .increment(1);
+            }
+        }
+        Ok(taken)
+    }
+
+    /// Releases a partition this instance owns (its handed-out events settled).
+    async fn give_up(
+        &self,
+        conn: &mut Conn,
+        partition: u16,
+        queue: &mut Partition,
+    ) -> Result<(), StoreError> {
+        // Refused: it was not ours anymore; forgotten all the same.
+        let _ = self
+            .own_call(conn, partition, "release", queue.epoch)
+            .await?;
+        if let Some(since) = queue.draining {
+            metrics::histogram!("oncegate_partition_handoff_seconds")
+                .record(since.elapsed().as_secs_f64());
+        }
+        metrics::counter!("oncegate_partition_handoffs_total", "direction" => "out").increment(1);
+        queue.forget();
+        Ok(())
+    }
+
+    /// Gives up every partition and the membership: the other gateways take over at their next
+    /// round instead of after the ownership runs out. Nothing is taken afterwards.
+    pub(super) async fn leave(&self, conn: &mut Conn) -> Result<(), StoreError> {
+        self.left.store(true, Ordering::Release);
+        let _share = self.share.lock().await;
+        let mut failed = None;
+        for partition in 0..self.partitions {
+            let mut queue = self.queues[usize::from(partition)].lock().await;
+            if queue.owned
+                && let Err(error) = self.give_up(conn, partition, &mut queue).await
+            {
+                failed.get_or_insert(error);
+                queue.forget();
+            }
+        }
+        let left: redis::RedisResult<Value> = self
+            .scripts
+            .members
+            .key(self.members())
+            .arg(&self.instance)
+            .arg(self.ownership_ms)
+            .arg(1)
+            .invoke_async(conn)
+            .await;
+        if let Err(error) = left {
+            failed.get_or_insert(from_redis(error));
+        }
+        metrics::gauge!("oncegate_partitions_owned", "gateway" => self.instance.clone()).set(0.0);
+        failed.map_or(Ok(()), Err)
+    }
+
+    /// Every partition's owner as Redis has it, with what this instance knows of its own.
+    pub(super) async fn owners(&self, conn: &mut Conn) -> Result<Vec<PartitionOwner>, StoreError> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("TIME");
+        for partition in 0..self.partitions {
+            pipe.cmd("GET").arg(self.owner(partition));
+        }
+        let replies: Vec<Value> = pipe.query_async(conn).await.map_err(from_redis)?;
+        let mut replies = replies.into_iter();
+        let now_ms = match replies.next().map(array).transpose()?.as_deref() {
+            Some([secs, micros]) => int(secs).unwrap_or(0) * 1000 + int(micros).unwrap_or(0) / 1000,
+            _ => return Err(StoreError::Corrupt("unexpected TIME reply".into())),
+        };
+        let mut owners = Vec::with_capacity(usize::from(self.partitions));
+        for (partition, record) in (0..self.partitions).zip(replies) {
+            let (gateway, epoch) = match text(&record).and_then(parse_owner) {
+                Some((expires, epoch, gateway)) if now_ms < expires => (Some(gateway), epoch),
+                _ => (None, 0),
+            };
+            let queue = self.queues[usize::from(partition)].lock().await;
+            owners.push(PartitionOwner {
+                partition,
+                here: gateway.as_deref() == Some(self.instance.as_str()),
+                handing_over: queue.owned && queue.draining.is_some(),
+                gateway,
+                epoch,
+            });
+        }
+        Ok(owners)
+    }
+
+    /// The epoch this instance owns `partition` under (0 when it does not).
+    pub(super) async fn epoch(&self, partition: u16) -> u64 {
+        match self.queues.get(usize::from(partition)) {
+            Some(queue) => queue.lock().await.epoch,
+            None => 0,
+        }
+    }
+}
+
+/// An owner record (`lua/own.lua`): expiry (server ms), epoch, owner.
+fn parse_owner(record: &str) -> Option<(u64, u64, String)> {
+    let mut parts = record.splitn(3, ',');
+    let expires = parts.next()?.parse().ok()?;
+    let epoch = parts.next()?.parse().ok()?;
+    Some((expires, epoch, parts.next()?.to_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Shares add up to the partitions, differ by at most one, and the larger ones go to the
+    /// first ranks; a gateway missing from the list (it just left) gets the smaller share.
+    #[test]
+    fn fair_shares_add_up() {
+        for partitions in [1u16, 2, 7, 16, 64, 1000] {
+            for members in 1..=20usize {
+                let shares: Vec<usize> = (0..members)
+                    .map(|rank| fair_share(partitions, members, rank))
+                    .collect();
+                assert_eq!(shares.iter().sum::<usize>(), usize::from(partitions));
+                let (min, max) = (shares.iter().min(), shares.iter().max());
+                assert!(max.zip(min).is_some_and(|(max, min)| max - min <= 1));
+                assert!(shares.windows(2).all(|pair| pair[0] >= pair[1]));
+            }
+        }
+        assert_eq!(fair_share(16, 3, 0), 6);
+        assert_eq!(fair_share(16, 3, 2), 5);
+        assert_eq!(fair_share(16, 3, 3), 5);
+        assert_eq!(fair_share(16, 0, 0), 16);
+    }
+
+    #[test]
+    fn owner_records_parse_as_the_script_writes_them() {
+        assert_eq!(
+            parse_owner("1700000000000,1700000000000123,0123abcd"),
+            Some((
+                1_700_000_000_000,
+                1_700_000_000_000_123,
+                "0123abcd".to_owned()
+            ))
+        );
+        assert_eq!(parse_owner("12,3,a,b"), Some((12, 3, "a,b".to_owned())));
+        assert_eq!(parse_owner("12,x,a"), None);
+        assert_eq!(parse_owner("12"), None);
+    }
+
+    #[test]
+    fn rounds_come_often_but_not_too_often() {
+        assert_eq!(
+            balance_every(Duration::from_secs(10)),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            balance_every(Duration::from_millis(300)),
+            Duration::from_millis(30)
+        );
+        assert_eq!(
+            balance_every(Duration::from_millis(10)),
+            Duration::from_millis(20)
+        );
+    }
+}
