@@ -58,6 +58,42 @@ impl Conn {
         ))
     }
 
+    /// Runs `commands`, each on its own key (any slots), and answers their replies in order:
+    /// one pipeline on a standalone server; on a cluster, whose pipelines must stay in one
+    /// slot, each command on its own, all at once.
+    pub(crate) async fn each(&mut self, commands: Vec<Cmd>) -> RedisResult<Vec<Value>> {
+        match self {
+            Self::Single(conn) => {
+                let mut pipe = redis::pipe();
+                for command in commands {
+                    pipe.add_command(command);
+                }
+                pipe.query_async(conn).await
+            }
+            Self::Cluster(conn) => {
+                let mut running = tokio::task::JoinSet::new();
+                let count = commands.len();
+                for (i, command) in commands.into_iter().enumerate() {
+                    let mut conn = conn.clone();
+                    running
+                        .spawn(async move { (i, command.query_async::<Value>(&mut conn).await) });
+                }
+                let mut replies = vec![Value::Nil; count];
+                while let Some(done) = running.join_next().await {
+                    let (i, reply) = done.map_err(|e| {
+                        redis::RedisError::from((
+                            redis::ErrorKind::Io,
+                            "a cluster call's task failed",
+                            e.to_string(),
+                        ))
+                    })?;
+                    replies[i] = reply?;
+                }
+                Ok(replies)
+            }
+        }
+    }
+
     /// The nodes whose keys a `SCAN` must visit: the server, or every cluster primary.
     pub(crate) async fn scan_nodes(&mut self) -> RedisResult<Vec<ScanNode>> {
         match self {

@@ -156,12 +156,15 @@ impl<C: Clock> DedupStore for RedisStore<C> {
     /// The streams' lengths, one pipelined round trip: entries stay in a stream until acked.
     async fn queued(&self) -> Result<u64, StoreError> {
         self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
-            let mut pipe = redis::pipe();
-            for partition in 0..inner.partitions {
-                pipe.cmd("XLEN").arg(inner.stream(partition));
-            }
-            let lengths: Vec<u64> = pipe.query_async(&mut conn).await.map_err(from_redis)?;
-            Ok(lengths.iter().sum())
+            let lengths = (0..inner.partitions)
+                .map(|partition| {
+                    let mut xlen = redis::cmd("XLEN");
+                    xlen.arg(inner.stream(partition));
+                    xlen
+                })
+                .collect();
+            let lengths = conn.each(lengths).await.map_err(from_redis)?;
+            Ok(lengths.iter().filter_map(int).sum())
         })
         .await
     }

@@ -298,12 +298,13 @@ impl<C: Clock> Inner<C> {
 
     /// Every partition's owner as Redis has it, with what this instance knows of its own.
     pub(super) async fn owners(&self, conn: &mut Conn) -> Result<Vec<PartitionOwner>, StoreError> {
-        let mut pipe = redis::pipe();
-        pipe.cmd("TIME");
+        let mut commands = vec![redis::cmd("TIME")];
         for partition in 0..self.partitions {
-            pipe.cmd("GET").arg(self.owner(partition));
+            let mut get = redis::cmd("GET");
+            get.arg(self.owner(partition));
+            commands.push(get);
         }
-        let replies: Vec<Value> = pipe.query_async(conn).await.map_err(from_redis)?;
+        let replies = conn.each(commands).await.map_err(from_redis)?;
         let mut replies = replies.into_iter();
         let now_ms = match replies.next().map(array).transpose()?.as_deref() {
             Some([secs, micros]) => int(secs).unwrap_or(0) * 1000 + int(micros).unwrap_or(0) / 1000,

@@ -27,3 +27,48 @@ fn fastrand_u64() -> u64 {
     use std::hash::{BuildHasher, RandomState};
     RandomState::new().hash_one(std::time::SystemTime::now())
 }
+
+/// On a cluster, what spans partitions (the queue's depth, the owners) reads keys of many
+/// slots: each on its own, never as one cross-slot pipeline. Two stores split the partitions.
+#[test]
+fn depth_and_owners_span_the_slots_and_two_stores_split_the_partitions() {
+    use std::time::{Duration, Instant};
+
+    use oncegate_contract::{block_on, event, key};
+    use oncegate_core::{DedupStore, EventQueue, SystemClock};
+
+    let prefix = format!("span{:016x}", fastrand_u64());
+    let connect = || {
+        let config = RedisConfig {
+            prefix: prefix.clone(),
+            partitions: 12,
+            cluster: true,
+            ownership: Duration::from_millis(500),
+            ..RedisConfig::at(&urls())
+        };
+        RedisStore::connect_with_clock(config, SystemClock).expect("connect to the cluster")
+    };
+    let (a, b) = (connect(), connect());
+    for n in 0..40 {
+        let id = format!("span-{n}");
+        block_on(a.admit(event(&id, Some(&id)), &[key(&id)], Duration::from_secs(60)))
+            .expect("admit");
+    }
+    assert_eq!(block_on(a.queued()).expect("queued"), 40);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        for store in [&a, &b] {
+            for partition in 0..12 {
+                block_on(store.pull(partition, 0)).expect("pull");
+            }
+        }
+        let owners = block_on(b.owners()).expect("owners");
+        assert_eq!(owners.len(), 12);
+        let here = owners.iter().filter(|o| o.here).count();
+        if owners.iter().all(|o| o.gateway.is_some()) && here == 6 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no even split: {owners:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

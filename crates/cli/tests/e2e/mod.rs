@@ -1,0 +1,400 @@
+//! The end-to-end harness: a real downstream, real `oncegate serve` processes, signed Feishu
+//! requests. Each test file compiles its own copy and uses a part of it.
+#![allow(dead_code, unreachable_pub)]
+
+use std::collections::{HashMap, HashSet};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::http::{HeaderMap, StatusCode};
+
+use oncegate_feishu::FeishuApp;
+
+pub(crate) const APP_ID: &str = "cli_e2e";
+pub(crate) const ENCRYPT_KEY: &str = "e2e-encrypt-key";
+pub(crate) const TOKEN: &str = "e2e-token";
+pub(crate) const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+/// One request the downstream received.
+#[derive(Debug, Clone)]
+pub(crate) struct Got {
+    pub(crate) idempotency_key: String,
+    pub(crate) event_id: String,
+    pub(crate) order_key: Option<String>,
+    pub(crate) attempt: u64,
+    pub(crate) signed: bool,
+}
+
+/// How the downstream answers.
+#[derive(Debug, Default)]
+pub(crate) struct Behavior {
+    /// event id → transient failures still to give.
+    pub(crate) transient: HashMap<String, u32>,
+    /// event ids answered 422.
+    pub(crate) permanent: HashSet<String>,
+    /// Delay before answering.
+    pub(crate) delay: Duration,
+    /// Card replies given so far.
+    pub(crate) cards: u32,
+    /// event id → a delay for its first delivery only.
+    pub(crate) slow_once: HashMap<String, Duration>,
+    /// Slow first deliveries that have arrived.
+    pub(crate) slow_started: usize,
+}
+
+#[derive(Clone, Default)]
+pub(crate) struct Downstream {
+    pub(crate) got: Arc<Mutex<Vec<Got>>>,
+    pub(crate) behavior: Arc<Mutex<Behavior>>,
+}
+
+impl Downstream {
+    pub(crate) async fn start() -> (Self, SocketAddr) {
+        let downstream = Self::default();
+        let state = downstream.clone();
+        let app = Router::new()
+            .route("/events", axum::routing::post(receive))
+            .route("/cards", axum::routing::post(card))
+            .with_state(state);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind downstream");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (downstream, addr)
+    }
+
+    pub(crate) fn got(&self) -> Vec<Got> {
+        self.got.lock().expect("log").clone()
+    }
+
+    pub(crate) fn count(&self, event_id: &str) -> usize {
+        self.got().iter().filter(|g| g.event_id == event_id).count()
+    }
+
+    pub(crate) async fn wait_for(&self, what: &str, done: impl Fn(&[Got]) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if done(&self.got()) {
+                return;
+            }
+            if Instant::now() > deadline {
+                let got = self.got();
+                let ids: Vec<&str> = got.iter().rev().take(10).map(|g| &*g.event_id).collect();
+                panic!(
+                    "timed out waiting for {what}; downstream has {} deliveries, the last: {ids:?}",
+                    got.len()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+}
+
+pub(crate) fn verify(headers: &HeaderMap, body: &[u8]) -> bool {
+    use base64::Engine;
+    let get = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let key = base64::engine::general_purpose::STANDARD
+        .decode(&SECRET["whsec_".len()..])
+        .expect("secret");
+    let timestamp: u64 = get("webhook-timestamp").parse().unwrap_or(0);
+    oncegate_gateway::HttpSink::sign(&key, &get("webhook-id"), timestamp, body)
+        == get("webhook-signature")
+}
+
+pub(crate) async fn receive(
+    axum::extract::State(state): axum::extract::State<Downstream>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> StatusCode {
+    let doc: serde_json::Value = serde_json::from_slice(&body).expect("json envelope");
+    let event_id = doc["event_id"].as_str().unwrap_or_default().to_owned();
+    let delay = {
+        let mut behavior = state.behavior.lock().expect("behavior");
+        match behavior.slow_once.remove(&event_id) {
+            Some(slow) => {
+                behavior.slow_started += 1;
+                slow
+            }
+            None => behavior.delay,
+        }
+    };
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+    {
+        let mut behavior = state.behavior.lock().expect("behavior");
+        if behavior.permanent.contains(&event_id) {
+            return StatusCode::UNPROCESSABLE_ENTITY;
+        }
+        if let Some(left) = behavior.transient.get_mut(&event_id)
+            && *left > 0
+        {
+            *left -= 1;
+            return StatusCode::SERVICE_UNAVAILABLE;
+        }
+    }
+    state.got.lock().expect("log").push(Got {
+        idempotency_key: headers
+            .get("idempotency-key")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned(),
+        event_id,
+        order_key: doc["order_key"].as_str().map(str::to_owned),
+        attempt: doc["attempt"].as_u64().unwrap_or(0),
+        signed: verify(&headers, &body),
+    });
+    StatusCode::NO_CONTENT
+}
+
+pub(crate) async fn card(
+    axum::extract::State(state): axum::extract::State<Downstream>,
+    body: axum::body::Bytes,
+) -> axum::Json<serde_json::Value> {
+    let doc: serde_json::Value = serde_json::from_slice(&body).expect("json");
+    let n = {
+        let mut behavior = state.behavior.lock().expect("behavior");
+        behavior.cards += 1;
+        behavior.cards
+    };
+    state.got.lock().expect("log").push(Got {
+        idempotency_key: String::new(),
+        event_id: doc["event_id"].as_str().unwrap_or_default().to_owned(),
+        order_key: None,
+        attempt: 0,
+        signed: true,
+    });
+    axum::Json(serde_json::json!({"toast": {"type": "success", "content": format!("answer {n}")}}))
+}
+
+/// A running gateway process.
+pub(crate) struct Gateway {
+    pub(crate) child: Child,
+    pub(crate) url: String,
+    pub(crate) admin: String,
+}
+
+impl Gateway {
+    pub(crate) fn start(dir: &Path, downstream: SocketAddr, watermark: bool) -> Self {
+        let store = format!("path = \"{}\"\npartitions = 8", dir.join("store").display());
+        Self::start_with(dir, downstream, watermark, &store)
+    }
+
+    pub(crate) fn start_with(
+        dir: &Path,
+        downstream: SocketAddr,
+        watermark: bool,
+        store: &str,
+    ) -> Self {
+        Self::start_with_lease(dir, downstream, watermark, store, "30s", "5s")
+    }
+
+    pub(crate) fn start_with_lease(
+        dir: &Path,
+        downstream: SocketAddr,
+        watermark: bool,
+        store: &str,
+        lease: &str,
+        renew: &str,
+    ) -> Self {
+        let config = dir.join("oncegate.toml");
+        std::fs::write(
+            &config,
+            format!(
+                r#"
+[store]
+{store}
+
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+body_limit = 65536
+
+[dispatcher]
+concurrency = 32
+max_attempts = 3
+backoff_base = "50ms"
+backoff_max = "200ms"
+shutdown_grace = "2s"
+
+[lease]
+duration = "{lease}"
+renew_every = "{renew}"
+
+[[source]]
+name = "main"
+platform = "feishu"
+app_id = "{APP_ID}"
+encrypt_key = "{ENCRYPT_KEY}"
+verification_token = "{TOKEN}"
+
+[[route]]
+events = ["card.action.trigger"]
+sink = "http"
+url = "http://{downstream}/cards"
+
+[[route]]
+events = ["*"]
+sink = "http"
+url = "http://{downstream}/events"
+secret = "{SECRET}"
+timeout = "5s"
+watermark = {watermark}
+"#,
+            ),
+        )
+        .expect("write config");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_oncegate"))
+            .args(["serve", "--config"])
+            .arg(&config)
+            .env(
+                "ONCEGATE_LOG",
+                std::env::var("E2E_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start oncegate serve");
+        let mut line = String::new();
+        let stdout = child.stdout.take().expect("stdout");
+        let mut reader = BufReader::new(stdout);
+        reader.read_line(&mut line).expect("first line");
+        // "oncegate listening on http://A (webhooks ...), admin on http://B"
+        let urls: Vec<&str> = line
+            .split_whitespace()
+            .filter(|w| w.starts_with("http://"))
+            .collect();
+        assert_eq!(urls.len(), 2, "unexpected first line: {line:?}");
+        std::thread::spawn(move || for _ in reader.lines() {});
+        Self {
+            child,
+            url: format!("{}/webhook/main", urls[0]),
+            admin: urls[1].to_owned(),
+        }
+    }
+
+    pub(crate) fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    }
+
+    pub(crate) fn kill9(mut self) {
+        self.child.kill().expect("kill -9");
+        self.child.wait().expect("reap");
+    }
+
+    pub(crate) fn stop(mut self) {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        let status = self.child.wait().expect("wait");
+        assert!(status.success(), "graceful stop: {status:?}");
+    }
+
+    pub(crate) async fn stats(&self) -> serde_json::Value {
+        reqwest::get(format!("{}/admin/stats", self.admin))
+            .await
+            .expect("stats")
+            .json()
+            .await
+            .expect("json")
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub(crate) fn app() -> FeishuApp {
+    FeishuApp::new(
+        oncegate_feishu::Cloud::Feishu,
+        APP_ID,
+        Some(ENCRYPT_KEY.into()),
+        Some(TOKEN.into()),
+    )
+    .expect("app")
+}
+
+pub(crate) fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+pub(crate) fn message(event_id: &str, chat: &str, create_ms: u64) -> String {
+    serde_json::json!({
+        "schema": "2.0",
+        "header": {"event_id": event_id, "token": TOKEN, "create_time": create_ms.to_string(),
+                   "event_type": "im.message.receive_v1", "tenant_key": "t", "app_id": APP_ID},
+        "event": {"message": {"message_id": format!("om_{event_id}"), "chat_id": chat, "content": "{\"text\":\"hi\"}"}}
+    })
+    .to_string()
+}
+
+/// A signed request: (body, timestamp, nonce, signature).
+pub(crate) struct Signed {
+    pub(crate) body: Vec<u8>,
+    pub(crate) timestamp: String,
+    pub(crate) nonce: String,
+    pub(crate) signature: String,
+}
+
+pub(crate) fn sign(plain: &str) -> Signed {
+    sign_at(plain, now_secs())
+}
+
+pub(crate) fn sign_at(plain: &str, timestamp: u64) -> Signed {
+    let timestamp = timestamp.to_string();
+    let nonce = format!("{:016x}", fastrand::u64(..));
+    let mut iv = [0u8; 16];
+    fastrand::fill(&mut iv);
+    let (body, signature) = app().seal(plain.as_bytes(), &timestamp, &nonce, iv);
+    Signed {
+        body,
+        timestamp,
+        nonce,
+        signature: signature.expect("signed"),
+    }
+}
+
+pub(crate) async fn post(
+    client: &reqwest::Client,
+    url: &str,
+    signed: &Signed,
+) -> Result<(u16, String), reqwest::Error> {
+    let response = client
+        .post(url)
+        .header("x-lark-request-timestamp", &signed.timestamp)
+        .header("x-lark-request-nonce", &signed.nonce)
+        .header("x-lark-signature", &signed.signature)
+        .body(signed.body.clone())
+        .send()
+        .await?;
+    let status = response.status().as_u16();
+    Ok((status, response.text().await.unwrap_or_default()))
+}
+
+pub(crate) fn client() -> reqwest::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::new()
+}
