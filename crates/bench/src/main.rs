@@ -55,6 +55,14 @@ struct Args {
     /// nothing else: the ceiling for the gateway benchmark (`scripts/bench-gateway`).
     #[arg(long)]
     bare_server: Option<String>,
+    /// Serve a slow downstream on this address for `scripts/bench-scale`: every POST is
+    /// answered 204 after `--delay-ms`, and counted; `GET /count` answers the count with the
+    /// first and last delivery's unix ms, `GET /reset` starts counting again.
+    #[arg(long)]
+    slow_sink: Option<String>,
+    /// The slow downstream's time per request.
+    #[arg(long, default_value_t = 40)]
+    delay_ms: u64,
     /// Write a new embedded store folder at this path that remembers `--keys` completed events
     /// (retention a day), for a gateway to start on (`scripts/bench-retention`), and exit.
     #[arg(long, value_name = "DIR")]
@@ -618,6 +626,69 @@ fn bare_server(address: &str) -> anyhow::Result<()> {
     })
 }
 
+/// Deliveries a slow downstream counted: how many, the first's and the last's unix ms.
+#[derive(Default)]
+struct SinkCount {
+    count: u64,
+    first_ms: u64,
+    last_ms: u64,
+}
+
+/// A downstream that takes `delay` per request (`--slow-sink`), to make the dispatch the
+/// bottleneck and see how it scales with gateways.
+fn slow_sink(address: &str, delay: Duration) -> anyhow::Result<()> {
+    use axum::routing::{get, post};
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let counted = Arc::new(std::sync::Mutex::new(SinkCount::default()));
+    let now_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64)
+    };
+    runtime.block_on(async move {
+        let (on_post, on_count, on_reset) = (counted.clone(), counted.clone(), counted);
+        let app = axum::Router::new()
+            .route(
+                "/count",
+                get(move || async move {
+                    let c = on_count.lock().unwrap_or_else(|p| p.into_inner());
+                    format!(
+                        "{{\"count\":{},\"first_ms\":{},\"last_ms\":{}}}",
+                        c.count, c.first_ms, c.last_ms
+                    )
+                }),
+            )
+            .route(
+                "/reset",
+                get(move || async move {
+                    *on_reset.lock().unwrap_or_else(|p| p.into_inner()) = SinkCount::default();
+                    "{}"
+                }),
+            )
+            .fallback(post(move |_body: axum::body::Bytes| async move {
+                tokio::time::sleep(delay).await;
+                let at = now_ms();
+                let mut c = on_post.lock().unwrap_or_else(|p| p.into_inner());
+                if c.count == 0 {
+                    c.first_ms = at;
+                }
+                c.count += 1;
+                c.last_ms = at;
+                axum::http::StatusCode::NO_CONTENT
+            }));
+        let listener = tokio::net::TcpListener::bind(address).await?;
+        println!(
+            "slow sink on http://{} ({delay:?} a request)",
+            listener.local_addr()?
+        );
+        axum::serve(listener, app).await?;
+        Ok(())
+    })
+}
+
 /// Admits per second through the Redis backend with `callers` concurrent callers.
 fn redis_admits(url: &str, callers: usize, seconds: u64) -> anyhow::Result<f64> {
     let store = Arc::new(oncegate_redis::RedisStore::connect(
@@ -723,6 +794,9 @@ fn main() -> anyhow::Result<()> {
     }
     if let Some(address) = &args.bare_server {
         return bare_server(address);
+    }
+    if let Some(address) = &args.slow_sink {
+        return slow_sink(address, Duration::from_millis(args.delay_ms));
     }
     if let Some(folder) = &args.fill_store {
         let mut config = oncegate_journal::JournalConfig::at(folder);
