@@ -95,26 +95,24 @@ async fn acked_at_least(
     }
 }
 
-/// `/admin/queue` of a gateway: its `owners` summary.
+/// The owners `gateway` reports.
 async fn owners(gateway: &Gateway) -> Value {
-    let answer: Value = reqwest::get(format!("{}/admin/queue", gateway.admin))
+    queue(gateway).await["owners"].clone()
+}
+
+/// `/admin/queue` of a gateway: every partition's summary and the owners.
+async fn queue(gateway: &Gateway) -> Value {
+    reqwest::get(format!("{}/admin/queue", gateway.admin))
         .await
         .expect("queue")
         .json()
         .await
-        .expect("json");
-    answer["owners"].clone()
+        .expect("json")
 }
 
 /// Events queued in the partitions `gateway` owns.
 async fn queued_here(gateway: &Gateway) -> u64 {
-    let answer: Value = reqwest::get(format!("{}/admin/queue", gateway.admin))
-        .await
-        .expect("queue")
-        .json()
-        .await
-        .expect("json");
-    answer["partitions"]
+    queue(gateway).await["partitions"]
         .as_array()
         .into_iter()
         .flatten()
@@ -193,6 +191,39 @@ async fn share_the_dispatch(store: &str, label: &str) {
     )
     .await;
     let settled = joins.elapsed();
+    // The first gateway's metrics say what it owns, how many gateways live, what it gave up.
+    let view = owners(first).await;
+    let name = view["this_gateway"]
+        .as_str()
+        .expect("the first gateway owns a share");
+    let mine = view["gateways"][name].as_u64().expect("its count");
+    let metrics = reqwest::get(format!("{}/metrics", first.admin))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    let value = |line: &str| {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(line))
+            .map(str::trim)
+    };
+    let owned = format!("oncegate_partitions_owned{{gateway=\"{name}\"}} ");
+    assert_eq!(value(&owned), Some(mine.to_string().as_str()), "{metrics}");
+    assert_eq!(value("oncegate_gateways_live "), Some("3"), "{metrics}");
+    let out = value("oncegate_partition_handoffs_total{direction=\"out\"} ")
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0);
+    assert_eq!(
+        out,
+        partitions - mine,
+        "it handed over what the others own: {metrics}"
+    );
+    assert!(
+        metrics.contains("oncegate_partition_handoff_seconds"),
+        "{metrics}"
+    );
     downstream
         .wait_for("phase one", |got| got.len() >= CHATS * PER_PHASE)
         .await;

@@ -78,6 +78,19 @@ impl<C: Clock> Inner<C> {
         }
     }
 
+    /// Says this instance is alive (or, `leaving`, that it is gone): the live members' names.
+    async fn heartbeat(&self, conn: &mut Conn, leaving: bool) -> Result<Vec<String>, StoreError> {
+        self.scripts
+            .members
+            .key(self.members())
+            .arg(&self.instance)
+            .arg(self.ownership_ms)
+            .arg(u8::from(leaving))
+            .invoke_async(conn)
+            .await
+            .map_err(from_redis)
+    }
+
     /// Runs a balancing round when one is due. The first round is waited for (a store's first
     /// pull hands out what it owns after it); later pulls go on while another runs one.
     pub(super) async fn balance_if_due(&self, conn: &mut Conn) -> Result<(), StoreError> {
@@ -108,16 +121,7 @@ impl<C: Clock> Inner<C> {
     /// hand-overs towards this instance's share.
     async fn balance(&self, conn: &mut Conn, share: &mut Share) -> Result<(), StoreError> {
         let sent = Instant::now();
-        let mut members: Vec<String> = self
-            .scripts
-            .members
-            .key(self.members())
-            .arg(&self.instance)
-            .arg(self.ownership_ms)
-            .arg(0)
-            .invoke_async(conn)
-            .await
-            .map_err(from_redis)?;
+        let mut members = self.heartbeat(conn, false).await?;
         members.sort_unstable();
         let rank = members
             .iter()
@@ -280,17 +284,8 @@ impl<C: Clock> Inner<C> {
                 queue.forget();
             }
         }
-        let left: redis::RedisResult<Value> = self
-            .scripts
-            .members
-            .key(self.members())
-            .arg(&self.instance)
-            .arg(self.ownership_ms)
-            .arg(1)
-            .invoke_async(conn)
-            .await;
-        if let Err(error) = left {
-            failed.get_or_insert(from_redis(error));
+        if let Err(error) = self.heartbeat(conn, true).await {
+            failed.get_or_insert(error);
         }
         metrics::gauge!("oncegate_partitions_owned", "gateway" => self.instance.clone()).set(0.0);
         failed.map_or(Ok(()), Err)
