@@ -86,7 +86,6 @@ pub const CLAIM_LUA: &str = concat!(
 
 /// The complete-and-ack script's source (also for benchmarks that run it by itself).
 pub const COMPLETE_ACK_LUA: &str = concat!(
-    include_str!("../lua/clock.lua"),
     include_str!("../lua/owns.lua"),
     include_str!("../lua/record.lua"),
     include_str!("../lua/completed.lua"),
@@ -419,7 +418,6 @@ impl<C: Clock> RedisStore<C> {
                     watermark: Script::new(include_str!("../lua/watermark.lua")),
                     rate: Script::new(include_str!("../lua/rate.lua")),
                     dead_letter: Script::new(concat!(
-                        include_str!("../lua/clock.lua"),
                         include_str!("../lua/owns.lua"),
                         include_str!("../lua/dead_letter.lua")
                     )),
@@ -434,17 +432,14 @@ impl<C: Clock> RedisStore<C> {
                         include_str!("../lua/members.lua")
                     )),
                     read: Script::new(concat!(
-                        include_str!("../lua/clock.lua"),
                         include_str!("../lua/owns.lua"),
                         include_str!("../lua/read.lua")
                     )),
                     ack: Script::new(concat!(
-                        include_str!("../lua/clock.lua"),
                         include_str!("../lua/owns.lua"),
                         include_str!("../lua/ack.lua")
                     )),
                     retry: Script::new(concat!(
-                        include_str!("../lua/clock.lua"),
                         include_str!("../lua/owns.lua"),
                         include_str!("../lua/retry.lua")
                     )),
