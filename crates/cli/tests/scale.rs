@@ -191,27 +191,37 @@ async fn share_the_dispatch(store: &str, label: &str) {
     )
     .await;
     let settled = joins.elapsed();
-    // The first gateway's metrics say what it owns, how many gateways live, what it gave up.
-    let view = owners(first).await;
-    let name = view["this_gateway"]
-        .as_str()
-        .expect("the first gateway owns a share");
-    let mine = view["gateways"][name].as_u64().expect("its count");
-    let metrics = reqwest::get(format!("{}/metrics", first.admin))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    // The first gateway's metrics say what it owns, how many gateways live, what it gave up
+    // (as of its last heartbeat: they may lag what Redis shows by a round).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (metrics, mine) = loop {
+        let view = owners(first).await;
+        let name = view["this_gateway"].as_str().unwrap_or("-").to_owned();
+        let mine = view["gateways"][&name].as_u64().unwrap_or(0);
+        let metrics = reqwest::get(format!("{}/metrics", first.admin))
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("text");
+        let owned = format!("oncegate_partitions_owned{{gateway=\"{name}\"}} {mine}");
+        if metrics.lines().any(|l| l == owned)
+            && metrics.lines().any(|l| l == "oncegate_gateways_live 3")
+        {
+            break (metrics, mine);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the metrics never showed {owned} and 3 gateways: {metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     let value = |line: &str| {
         metrics
             .lines()
             .find_map(|l| l.strip_prefix(line))
             .map(str::trim)
     };
-    let owned = format!("oncegate_partitions_owned{{gateway=\"{name}\"}} ");
-    assert_eq!(value(&owned), Some(mine.to_string().as_str()), "{metrics}");
-    assert_eq!(value("oncegate_gateways_live "), Some("3"), "{metrics}");
     let out = value("oncegate_partition_handoffs_total{direction=\"out\"} ")
         .and_then(|v| v.parse::<u64>().ok())
         .unwrap_or(0);

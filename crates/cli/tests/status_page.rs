@@ -282,6 +282,11 @@ async fn the_status_page_shows_a_gateway_under_load_and_its_charts_move() {
             .starts_with("deepest partition "),
         "{queue_note}"
     );
+    // One gateway on its own store owns every partition, and says so.
+    let partitions_note = page
+        .eval("document.getElementById('t-partitions').textContent")
+        .await;
+    assert_eq!(partitions_note, "one gateway: it owns them all");
     let (_, ages) = page.tile("queue_age").await;
     assert!(ages.iter().all(|a| a.is_finite() && *a >= 0.0), "{ages:?}");
     // What a person would see on a phone.
