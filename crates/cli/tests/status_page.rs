@@ -287,6 +287,8 @@ async fn the_status_page_shows_a_gateway_under_load_and_its_charts_move() {
         .eval("document.getElementById('t-partitions').textContent")
         .await;
     assert_eq!(partitions_note, "one gateway: it owns them all");
+    let (partitions_shown, _) = page.tile("partitions").await;
+    assert_eq!(partitions_shown, "all");
     let (_, ages) = page.tile("queue_age").await;
     assert!(ages.iter().all(|a| a.is_finite() && *a >= 0.0), "{ages:?}");
     // What a person would see on a phone.
