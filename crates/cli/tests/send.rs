@@ -244,6 +244,31 @@ async fn sends_are_refused_clearly() {
         .await
         .expect("sent");
     assert_eq!(nowhere.status().as_u16(), 404);
+    // Ids that go into Feishu's URL are what they say (issue 36): a path to another API is a
+    // 400 naming the field, and nothing reaches Feishu.
+    let traversal = "../../../contact/v3/users/batch_get_id?user_id_type=open_id#";
+    for (key, body, field) in [
+        (
+            "t1",
+            json!({"reply_to": traversal, "msg_type": "text", "content": {"text": "x"}}),
+            "reply_to",
+        ),
+        (
+            "t2",
+            json!({"update": "om_x/../../../contact/v3/users/ou_1", "content": {}}),
+            "update",
+        ),
+        (
+            "t3",
+            json!({"receive_id_type": "open_id&x=1", "receive_id": "ou_1", "msg_type": "text", "content": {"text": "x"}}),
+            "receive_id_type",
+        ),
+    ] {
+        let (status, answer, _) = send(&api, key, &body).await;
+        assert_eq!(status, 400, "{answer}");
+        assert!(answer.to_string().contains(field), "{field}: {answer}");
+    }
+    assert_eq!(platform.token_requests(), 0, "nothing reached Feishu");
     // A permanent refusal is the key's answer: the repeat gets it without a second call.
     let (status, answer, replayed) = send(&api, "gone", &hello("oc_gone_1")).await;
     assert_eq!(

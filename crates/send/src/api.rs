@@ -79,33 +79,39 @@ impl Api {
                 };
                 // Feishu limits updates per message, and sends per chat: a reply's budget is
                 // its chat's when the caller names it, else the parent message's own.
-                let bucket = match (&send.update, &send.reply_to, send.receive_id.is_empty()) {
+                let message = Message {
+                    receive_id_type: send.receive_id_type,
+                    receive_id: send.receive_id,
+                    msg_type: send.msg_type,
+                    content,
+                    reply_to: send.reply_to,
+                    update_of: send.update,
+                    uuid: platform_key,
+                };
+                message.check()?;
+                let bucket = match (
+                    &message.update_of,
+                    &message.reply_to,
+                    message.receive_id.is_empty(),
+                ) {
                     (Some(id), _, _) => format!("message:{id}"),
                     (None, Some(parent), true) => format!("receiver:{parent}"),
-                    _ => format!("receiver:{}", send.receive_id),
+                    _ => format!("receiver:{}", message.receive_id),
                 };
                 let payload = json!([
-                    send.receive_id_type,
-                    send.receive_id,
-                    send.msg_type,
-                    content,
-                    send.reply_to,
-                    send.update
+                    message.receive_id_type,
+                    message.receive_id,
+                    message.msg_type,
+                    message.content,
+                    message.reply_to,
+                    message.update_of
                 ]);
                 Ok(Prepared {
                     payload,
                     pace: Some((bucket.clone(), FEISHU_PACE)),
                     budgets: vec![(bucket, FEISHU_RECEIVER), ("app".into(), FEISHU_APP)],
-                    edit_of: send.update.clone(),
-                    outgoing: Outgoing::Feishu(Message {
-                        receive_id_type: send.receive_id_type,
-                        receive_id: send.receive_id,
-                        msg_type: send.msg_type,
-                        content,
-                        reply_to: send.reply_to,
-                        update_of: send.update,
-                        uuid: platform_key,
-                    }),
+                    edit_of: message.update_of.clone(),
+                    outgoing: Outgoing::Feishu(message),
                 })
             }
             Api::Wecom(api) => {

@@ -42,6 +42,50 @@ pub struct Message {
     pub uuid: String,
 }
 
+/// The receiver id types Feishu's send API takes (`receive_id_type`).
+pub const RECEIVE_ID_TYPES: [&str; 5] = ["chat_id", "open_id", "user_id", "union_id", "email"];
+
+/// The longest message id taken: Feishu's are `om_` and 32 hex digits.
+const MESSAGE_ID_MAX: usize = 128;
+
+impl Message {
+    /// Refuses what must not reach Feishu's URL: the ids that go into its path (`reply_to`,
+    /// `update_of`) must be message ids (`om_` and letters, digits, `_` or `-`), and the
+    /// receiver id type one of [`RECEIVE_ID_TYPES`] — else `"../../contact/v3/…"` would make
+    /// the bot's token call another API. What is wrong, to say to the caller.
+    pub fn check(&self) -> Result<(), String> {
+        for (field, id) in [("reply_to", &self.reply_to), ("update", &self.update_of)] {
+            if let Some(id) = id
+                && !is_message_id(id)
+            {
+                return Err(format!(
+                    "{field} must be a Feishu message id: om_ and up to {MESSAGE_ID_MAX} letters, digits, _ or -"
+                ));
+            }
+        }
+        if self.update_of.is_none()
+            && self.reply_to.is_none()
+            && !RECEIVE_ID_TYPES.contains(&self.receive_id_type.as_str())
+        {
+            return Err(format!(
+                "receive_id_type must be one of {}",
+                RECEIVE_ID_TYPES.join(", ")
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn is_message_id(id: &str) -> bool {
+    id.strip_prefix("om_").is_some_and(|rest| {
+        !rest.is_empty()
+            && rest.len() <= MESSAGE_ID_MAX
+            && rest
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    })
+}
+
 /// One app's client.
 pub struct FeishuApi {
     http: reqwest::Client,
@@ -133,6 +177,11 @@ impl FeishuApi {
 
     /// Sends (or replies with) `message`; the platform's answer document on success.
     pub async fn send(&self, message: &Message) -> Result<Value, SendError> {
+        // Checked here too, for callers that build a `Message` themselves: nothing unchecked
+        // goes into a URL with the bot's token.
+        message
+            .check()
+            .map_err(|message| SendError::Permanent { code: 0, message })?;
         // A token refused mid-way is fetched again once, and the send made once more.
         for attempt in 0..2 {
             let token = self.token.get(async || self.fetch_token().await).await?;

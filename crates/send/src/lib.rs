@@ -17,7 +17,7 @@ pub mod wecom;
 use std::time::Duration;
 
 pub use api::{Api, Prepared};
-pub use feishu::{FeishuApi, Message};
+pub use feishu::{FeishuApi, Message, RECEIVE_ID_TYPES};
 pub use oncegate_core::Rate as Budget;
 pub use wecom::{WecomApi, WecomMessage};
 

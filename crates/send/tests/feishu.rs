@@ -118,3 +118,55 @@ async fn rate_limits_and_refusals_are_classed() {
         Err(SendError::Transient(_))
     ));
 }
+
+/// Ids that go into Feishu's URL are checked before anything is sent (issue 36): a path
+/// pointing at another API never leaves with the bot's token, and a well-formed id still goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ids_that_would_leave_the_message_api_are_refused_before_any_call() {
+    let (server, api) = setup(Duration::from_secs(5)).await;
+    let traversal = "../../../contact/v3/users/batch_get_id?user_id_type=open_id#";
+    let reply = Message {
+        reply_to: Some(traversal.into()),
+        ..text("oc_x", "r")
+    };
+    let update = Message {
+        update_of: Some("om_a/../../../contact/v3/users/ou_1".into()),
+        ..text("oc_x", "u")
+    };
+    let kind = Message {
+        receive_id_type: "open_id&user_id_type=union_id".into(),
+        ..text("oc_x", "k")
+    };
+    let dots = Message {
+        update_of: Some("%2e%2e".into()),
+        ..text("oc_x", "d")
+    };
+    for message in [reply, update, kind, dots] {
+        match api.send(&message).await {
+            Err(SendError::Permanent { message: why, .. }) => {
+                assert!(
+                    why.contains("reply_to")
+                        || why.contains("update")
+                        || why.contains("receive_id_type"),
+                    "{why}"
+                )
+            }
+            other => panic!("{message:?} was not refused: {other:?}"),
+        }
+    }
+    assert_eq!(server.token_requests(), 0, "not even a token was asked for");
+    assert!(server.sent().is_empty());
+    // A real message id and every receiver type Feishu names still go.
+    let fine = Message {
+        reply_to: Some("om_dc13264520392913993dd051dba21dcf".into()),
+        ..text("oc_x", "fine")
+    };
+    api.send(&fine).await.expect("a reply to a message id");
+    for kind in oncegate_send::RECEIVE_ID_TYPES {
+        let message = Message {
+            receive_id_type: kind.into(),
+            ..text("oc_y", kind)
+        };
+        assert_eq!(message.check(), Ok(()), "{kind}");
+    }
+}
