@@ -23,6 +23,10 @@ use crate::sink::{Outgoing, SinkError};
 
 /// How long an idle partition waits before looking again (retries become due without a wake).
 const IDLE_POLL: Duration = Duration::from_millis(100);
+/// The longest `Retry-After` a downstream gets waited for when `dispatcher.backoff_max` is
+/// shorter: long enough for a maintenance window's 429s or 503s, short enough that an absurd
+/// header cannot park an event for a day.
+const RETRY_AFTER_MAX: Duration = Duration::from_secs(600);
 /// How long to back off when the store cannot answer.
 const STORE_BACKOFF: Duration = Duration::from_millis(500);
 
@@ -353,15 +357,22 @@ async fn handle<S: Store>(
             stats.bump(&stats.delivered, "oncegate_delivered_total");
             finish(shared, &delivery, &lease).await;
         }
-        Err(SinkError::Transient(reason))
+        Err(ref error @ (SinkError::Transient(_) | SinkError::RetryAfter { .. }))
             if delivery.attempt + 1 < timing.dispatcher.max_attempts =>
         {
             insist(&shared.summaries, "release", || store.release(&lease)).await;
-            let delay = backoff(
+            let mut delay = backoff(
                 timing.dispatcher.backoff_base,
                 timing.dispatcher.backoff_max,
                 delivery.attempt,
             );
+            // The downstream's own wait: retrying sooner only meets the same answer and spends
+            // an attempt. Up to the longest backoff, or `RETRY_AFTER_MAX` when that is shorter.
+            if let SinkError::RetryAfter { after, .. } = error {
+                let most = timing.dispatcher.backoff_max.max(RETRY_AFTER_MAX);
+                delay = delay.max((*after).min(most));
+            }
+            let reason = error.to_string();
             let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
             tracing::info!(key = %delivery.key, platform = %event.source, app = %event.app, tenant = event.tenant.as_deref().unwrap_or("-"), event_id = %event.event_id, attempt = delivery.attempt, %reason, ?delay, "delivery failed; retrying");
             stats.bump(&stats.retries, "oncegate_retries_total");
@@ -373,7 +384,7 @@ async fn handle<S: Store>(
         Err(error) => {
             insist(&shared.summaries, "release", || store.release(&lease)).await;
             let reason = match error {
-                SinkError::Transient(reason) => {
+                SinkError::Transient(reason) | SinkError::RetryAfter { reason, .. } => {
                     format!("gave up after {} attempts: {reason}", delivery.attempt + 1)
                 }
                 SinkError::Permanent(reason) => reason,

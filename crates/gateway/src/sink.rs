@@ -24,6 +24,16 @@ pub enum SinkError {
     /// Will never succeed (other 4xx, a handler's verdict): dead-letter it.
     #[error("permanent: {0}")]
     Permanent(String),
+    /// Worth retrying, but not before `after`: the downstream said so (`Retry-After` on a 429
+    /// or 503). The dispatcher waits at least that long (up to `dispatcher.backoff_max`, or
+    /// 10 minutes when that is shorter).
+    #[error("transient: {reason}; retry after {after:?}")]
+    RetryAfter {
+        /// What the downstream answered.
+        reason: String,
+        /// How long it asked to wait.
+        after: std::time::Duration,
+    },
 }
 
 /// One delivery as a sink sees it.
@@ -229,6 +239,20 @@ pub(crate) fn classify(status: u16) -> Result<(), SinkError> {
     }
 }
 
+/// The wait a `Retry-After` header asks for, in seconds (the form downstreams send with 429 and
+/// 503); an HTTP date or anything else is not read (the backoff applies), and a wait beyond a
+/// day is taken as a day.
+fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<std::time::Duration> {
+    let seconds: u64 = headers
+        .get(reqwest::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(std::time::Duration::from_secs(seconds.min(86_400)))
+}
+
 impl Sink for HttpSink {
     fn deliver<'a>(&'a self, outgoing: Outgoing<'a>) -> Delivered<'a> {
         Box::pin(async move {
@@ -261,7 +285,14 @@ impl Sink for HttpSink {
                 }
             })?;
             let status = response.status().as_u16();
-            classify(status)?;
+            if let Err(error) = classify(status) {
+                return Err(match (error, retry_after(response.headers())) {
+                    (SinkError::Transient(reason), Some(after)) => {
+                        SinkError::RetryAfter { reason, after }
+                    }
+                    (error, _) => error,
+                });
+            }
             if !outgoing.wants_answer {
                 // The status said it was delivered; the answer is read only so that the
                 // connection can be reused, and not kept.
@@ -432,6 +463,25 @@ mod tests {
         );
         event.payload = Bytes::from_static(b"<xml>not json</xml>");
         assert_eq!(out(&event)["payload"], "<xml>not json</xml>");
+    }
+
+    #[test]
+    fn retry_after_is_read_in_seconds_only() {
+        let headers = |value: &str| {
+            let mut headers = reqwest::header::HeaderMap::new();
+            headers.insert(
+                reqwest::header::RETRY_AFTER,
+                reqwest::header::HeaderValue::from_str(value).expect("value"),
+            );
+            headers
+        };
+        let secs = std::time::Duration::from_secs;
+        assert_eq!(retry_after(&headers("30")), Some(secs(30)));
+        assert_eq!(retry_after(&headers(" 7 ")), Some(secs(7)));
+        assert_eq!(retry_after(&headers("99999999")), Some(secs(86_400)));
+        assert_eq!(retry_after(&headers("Wed, 21 Oct 2026 07:28:00 GMT")), None);
+        assert_eq!(retry_after(&headers("-1")), None);
+        assert_eq!(retry_after(&reqwest::header::HeaderMap::new()), None);
     }
 
     #[test]

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::http::{HeaderMap, StatusCode};
+use axum::response::IntoResponse;
 
 use oncegate_feishu::FeishuApp;
 
@@ -45,6 +46,10 @@ pub(crate) struct Behavior {
     pub(crate) slow_once: HashMap<String, Duration>,
     /// Slow first deliveries that have arrived.
     pub(crate) slow_started: usize,
+    /// event id → seconds: its first delivery is answered 429 with `Retry-After` (once).
+    pub(crate) retry_after: HashMap<String, u64>,
+    /// event id → when each of its delivery attempts arrived.
+    pub(crate) attempts: HashMap<String, Vec<Instant>>,
 }
 
 #[derive(Clone, Default)]
@@ -117,9 +122,24 @@ pub(crate) async fn receive(
     axum::extract::State(state): axum::extract::State<Downstream>,
     headers: HeaderMap,
     body: axum::body::Bytes,
-) -> StatusCode {
+) -> axum::response::Response {
     let doc: serde_json::Value = serde_json::from_slice(&body).expect("json envelope");
     let event_id = doc["event_id"].as_str().unwrap_or_default().to_owned();
+    {
+        let mut behavior = state.behavior.lock().expect("behavior");
+        behavior
+            .attempts
+            .entry(event_id.clone())
+            .or_default()
+            .push(Instant::now());
+        if let Some(seconds) = behavior.retry_after.remove(&event_id) {
+            return (
+                StatusCode::TOO_MANY_REQUESTS,
+                [(axum::http::header::RETRY_AFTER, seconds.to_string())],
+            )
+                .into_response();
+        }
+    }
     let delay = {
         let mut behavior = state.behavior.lock().expect("behavior");
         match behavior.slow_once.remove(&event_id) {
@@ -136,13 +156,13 @@ pub(crate) async fn receive(
     {
         let mut behavior = state.behavior.lock().expect("behavior");
         if behavior.permanent.contains(&event_id) {
-            return StatusCode::UNPROCESSABLE_ENTITY;
+            return StatusCode::UNPROCESSABLE_ENTITY.into_response();
         }
         if let Some(left) = behavior.transient.get_mut(&event_id)
             && *left > 0
         {
             *left -= 1;
-            return StatusCode::SERVICE_UNAVAILABLE;
+            return StatusCode::SERVICE_UNAVAILABLE.into_response();
         }
     }
     state.got.lock().expect("log").push(Got {
@@ -156,7 +176,7 @@ pub(crate) async fn receive(
         attempt: doc["attempt"].as_u64().unwrap_or(0),
         signed: verify(&headers, &body),
     });
-    StatusCode::NO_CONTENT
+    StatusCode::NO_CONTENT.into_response()
 }
 
 pub(crate) async fn card(
