@@ -437,6 +437,16 @@ async fn transient_failures_retry_and_permanent_ones_are_dead_lettered() {
         .await
         .expect("post");
     assert_eq!(misspelt.status(), 400);
+    // An id of a partition the store does not have is the caller's mistake: 400, not 503.
+    let beyond = client
+        .post(format!("{}/admin/dead-letters/replay", gateway.admin))
+        .json(&serde_json::json!({"ids": ["999:1"]}))
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(beyond.status(), 400);
+    let beyond = beyond.text().await.expect("text");
+    assert!(beyond.contains("partitions 0 to 7"), "{beyond}");
     let (_, listed) = cli(&gateway, &["dlq", "list", "--json"]);
     let listed: serde_json::Value = serde_json::from_str(&listed).expect("json");
     assert_eq!(listed["dead_letters"], serde_json::json!([]));
@@ -456,9 +466,6 @@ async fn transient_failures_retry_and_permanent_ones_are_dead_lettered() {
     assert!(!story.contains("dead letter"), "{story}");
 }
 
-/// While a chat's first event is in its handler, `oncegate queue` shows the chat's partition
-/// with the two events behind it, in order, and `oncegate status` the queue's line; once
-/// delivered the queue is empty.
 /// A downstream that answers 429 with `Retry-After` gets its wait, not the backoff's 50 ms
 /// (issue 36): the retry comes after the seconds it asked for, and the event is delivered once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -496,6 +503,9 @@ async fn a_retry_after_answer_is_waited_for() {
     assert_eq!(downstream.count("ra-1"), 1);
 }
 
+/// While a chat's first event is in its handler, `oncegate queue` shows the chat's partition
+/// with the two events behind it, in order, and `oncegate status` the queue's line; once
+/// delivered the queue is empty.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_queue_command_shows_a_chats_events_in_order_while_its_first_is_handled() {
     let dir = tempfile::tempdir().expect("dir");

@@ -151,12 +151,21 @@ async fn selected<S: Store>(
             .ids
             .iter()
             .map(|text| {
-                parse_id(text).ok_or_else(|| {
-                    refused(
+                let partitions = shared.store.partitions();
+                match parse_id(text) {
+                    Some(id) if id.partition < partitions => Ok(id),
+                    Some(_) => Err(refused(
+                        StatusCode::BAD_REQUEST,
+                        format!(
+                            "{text:?} names a partition the store does not have (it has partitions 0 to {})",
+                            partitions.saturating_sub(1)
+                        ),
+                    )),
+                    None => Err(refused(
                         StatusCode::BAD_REQUEST,
                         format!("{text:?} is not a dead letter id (partition:seq)"),
-                    )
-                })
+                    )),
+                }
             })
             .collect(),
         (true, true) => match shared.store.dead_letters(SCAN).await {
