@@ -10,18 +10,12 @@
 -- transition::claim is the rule this mirrors).
 local now = tonumber(ARGV[1])
 local slack = tonumber(ARGV[2])
--- The next token, read on the first grant. The token is a hybrid clock: the server's time in
--- microseconds, or one more than the last token when that is larger. A counter alone repeats
--- after a failover that lost its last increments, or a restart without persistence; the clock
--- has moved past every token handed out before (unless the new primary's clock is behind by
--- more than the failover took). Integers up to 2^53 are exact in Lua; microseconds reach that
--- in the year 2255.
+-- The next token (`hybrid_next` in clock.lua), read on the first grant; later grants of the
+-- same call take the ones after it.
 local token = nil
 local function next_token()
   if not token then
-    local time = redis.call('TIME')
-    local clock = tonumber(time[1]) * 1000000 + tonumber(time[2])
-    token = math.max(clock, tonumber(redis.call('GET', KEYS[1]) or '0') + 1)
+    token = hybrid_next(KEYS[1])
   else
     token = token + 1
   end

@@ -6,9 +6,9 @@
 --   answer that was lost): a new grant, under a new epoch; else {0, owner}.
 -- release: {1} when it was the caller's under `epoch` (now nobody's), else {0}.
 -- The record has no TTL (one per partition): its expiry is logical, in the server's time.
--- Epochs come from the partition's token clock, the one claims take their fencing tokens from:
--- the server's microseconds, or one more than the last when that is larger, so that an epoch
--- never repeats after a restart without persistence or a failover that lost the last writes.
+-- Epochs come from the partition's token clock (`hybrid_next`), the one claims take their
+-- fencing tokens from, so that an epoch never repeats after a restart without persistence or a
+-- failover that lost the last writes.
 local now = server_ms()
 local raw = redis.call('GET', KEYS[1])
 local expires, epoch, owner = 0, '', ''
@@ -29,10 +29,7 @@ if op == 'release' then
   return {1}
 end
 if live and owner ~= ARGV[2] then return {0, owner} end
-local time = redis.call('TIME')
-local clock = tonumber(time[1]) * 1000000 + tonumber(time[2])
-local token = math.max(clock, tonumber(redis.call('GET', KEYS[2]) or '0') + 1)
-local granted = string.format('%d', token)
+local granted = string.format('%d', hybrid_next(KEYS[2]))
 redis.call('SET', KEYS[2], granted)
 redis.call('SET', KEYS[1], string.format('%d,%s,%s', now + tonumber(ARGV[4]), granted, ARGV[2]))
 return {2, granted}

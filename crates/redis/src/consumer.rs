@@ -5,12 +5,11 @@ use std::sync::atomic::Ordering;
 use super::*;
 
 impl<C: Clock> Inner<C> {
-    /// Whether this instance handed `id` out (and has not settled it since).
-    pub(super) async fn handed_out(&self, id: QueueId) -> bool {
-        match self.queues.get(usize::from(id.partition)) {
-            Some(queue) => queue.lock().await.order.is_in_flight(id.seq),
-            None => false,
-        }
+    /// The epoch this instance handed `id` out under, while it has not settled it since:
+    /// what the owner's scripts for it name. `None`: not handed out here.
+    pub(super) async fn handed_out(&self, id: QueueId) -> Option<u64> {
+        let queue = self.queues.get(usize::from(id.partition))?.lock().await;
+        queue.order.is_in_flight(id.seq).then_some(queue.epoch)
     }
 
     /// Settles handed-out `id` in the hand-out order with `step` (remove or retry), after its

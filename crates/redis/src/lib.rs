@@ -80,6 +80,7 @@ pub const ADMIT_LUA: &str = concat!(
 
 /// The claim script's source (also for benchmarks that run it by itself).
 pub const CLAIM_LUA: &str = concat!(
+    include_str!("../lua/clock.lua"),
     include_str!("../lua/record.lua"),
     include_str!("../lua/claim.lua")
 );

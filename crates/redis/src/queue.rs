@@ -50,9 +50,9 @@ impl<C: Clock> EventQueue for RedisStore<C> {
 
     async fn ack(&self, id: QueueId) -> Result<bool, StoreError> {
         self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
-            if !inner.handed_out(id).await {
+            let Some(epoch) = inner.handed_out(id).await else {
                 return Ok(false);
-            }
+            };
             let acked: i64 = inner
                 .scripts
                 .ack
@@ -60,7 +60,7 @@ impl<C: Clock> EventQueue for RedisStore<C> {
                 .key(inner.attempts(id.partition))
                 .key(inner.owner(id.partition))
                 .arg(&inner.instance)
-                .arg(inner.epoch(id.partition).await)
+                .arg(epoch)
                 .arg(GROUP)
                 .arg(id.seq)
                 .invoke_async(&mut conn)
@@ -109,9 +109,9 @@ impl<C: Clock> EventQueue for RedisStore<C> {
     async fn dead_letter(&self, id: QueueId, reason: &str) -> Result<bool, StoreError> {
         let reason = reason.to_owned();
         self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
-            if !inner.handed_out(id).await {
+            let Some(epoch) = inner.handed_out(id).await else {
                 return Ok(false);
-            }
+            };
             let moved: i64 = inner
                 .scripts
                 .dead_letter
@@ -127,7 +127,7 @@ impl<C: Clock> EventQueue for RedisStore<C> {
                 .arg(id.partition)
                 .arg(GROUP)
                 .arg(&inner.instance)
-                .arg(inner.epoch(id.partition).await)
+                .arg(epoch)
                 .invoke_async(&mut conn)
                 .await
                 .map_err(from_redis)?;
