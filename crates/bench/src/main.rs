@@ -694,6 +694,8 @@ fn redis_admits(url: &str, callers: usize, seconds: u64) -> anyhow::Result<f64> 
     let store = Arc::new(oncegate_redis::RedisStore::connect(
         oncegate_redis::RedisConfig {
             prefix: format!("bench{}", std::process::id()),
+            // Benchmarks run on a throwaway Redis without persistence.
+            durability: oncegate_redis::RedisDurability::Memory,
             ..oncegate_redis::RedisConfig::at(url)
         },
     )?);

@@ -181,10 +181,82 @@ fn load(file: Option<&Path>) -> anyhow::Result<Config> {
     Ok(oncegate_config::load(file, std::env::vars())?)
 }
 
+/// `[store]`'s durability settings as the Redis store takes them.
+pub(crate) fn redis_durability(
+    settings: &oncegate_config::RedisSettings,
+) -> oncegate_redis::RedisDurability {
+    use oncegate_config::RedisDurabilityMode as Mode;
+    match settings.durability {
+        Mode::Fsync => oncegate_redis::RedisDurability::Fsync,
+        Mode::Replicas => oncegate_redis::RedisDurability::Replicas {
+            min: settings.min_replicas,
+            wait: settings
+                .replica_wait
+                .unwrap_or(std::time::Duration::from_millis(500)),
+        },
+        Mode::Memory => oncegate_redis::RedisDurability::Memory,
+    }
+}
+
+/// What the configured Redis keeps under the configured durability, asked of the server (read
+/// only): a problem when it does not hold or cannot be reached, the guarantee in words
+/// otherwise.
+fn redis_guarantee(settings: &oncegate_config::RedisSettings) -> (Option<Severity>, String) {
+    let config = oncegate_redis::RedisConfig {
+        cluster: settings.cluster,
+        durability: redis_durability(settings),
+        ..oncegate_redis::RedisConfig::at(&settings.url)
+    };
+    let name = config.durability.name();
+    match oncegate_redis::RedisStore::probe(&config) {
+        Ok(found) if !found.holds => (Some(Severity::Error), found.detail),
+        Ok(found) => match found.at_risk {
+            Some(at_risk) => (
+                Some(Severity::Warning),
+                format!(
+                    "durability = \"{name}\" in force: {}; acknowledged events \
+                     this can lose: {at_risk}",
+                    found.detail
+                ),
+            ),
+            None => (
+                None,
+                format!(
+                    "store.durability: durability = \"{name}\" in force: {}",
+                    found.detail
+                ),
+            ),
+        },
+        Err(error) => (
+            Some(Severity::Warning),
+            format!(
+                "could not ask the Redis what it keeps ({error}); the gateway \
+                 checks at start and refuses to start when durability = \"fsync\" does not hold"
+            ),
+        ),
+    }
+}
+
 /// Prints every problem; `Ok(false)` when any is an error.
 fn check_config(file: &Path) -> anyhow::Result<bool> {
     let config = load(Some(file))?;
-    let problems = oncegate_config::validate(&config);
+    let mut problems = oncegate_config::validate(&config);
+    let mut guarantee = None;
+    if let oncegate_config::StoreConfig::Redis(settings) = &config.store
+        && !problems.iter().any(|p| p.severity == Severity::Error)
+    {
+        match redis_guarantee(settings) {
+            (Some(severity), message) => problems.push(oncegate_config::Problem {
+                severity,
+                setting: "store.durability".into(),
+                message,
+            }),
+            (None, message) => guarantee = Some(message),
+        }
+    }
+    if let Some(guarantee) = guarantee {
+        println!("{guarantee}");
+    }
     for problem in &problems {
         println!("{problem}");
     }

@@ -64,6 +64,7 @@ pub(crate) async fn serve(config_path: Option<&Path>) -> anyhow::Result<()> {
                 prefix: settings.prefix.clone().unwrap_or(defaults.prefix.clone()),
                 ownership: settings.ownership.unwrap_or(defaults.ownership),
                 handover: settings.handover.unwrap_or(defaults.handover),
+                durability: crate::redis_durability(settings),
                 cluster: settings.cluster,
                 // With a spool the gateway takes requests during an outage, so it also starts
                 // during one.
@@ -98,6 +99,7 @@ async fn run<S: Store>(
     spool: Option<(&Path, u64)>,
     render: impl Fn() -> String + Send + Sync + 'static,
 ) -> anyhow::Result<()> {
+    say_durability(&store);
     let mut gateway = Gateway::from_config(config, store).await?.metrics(render)?;
     if let Some((path, spool_max)) = spool {
         let spool = oncegate_gateway::Spool::open(path, spool_max)
@@ -164,6 +166,35 @@ async fn run<S: Store>(
     dispatched?;
     tracing::info!(stats = ?gateway.stats(), "stopped");
     Ok(())
+}
+
+/// Says at start what the store keeps of what the gateway acknowledges: an error when the
+/// promise does not hold (acknowledgements are refused until it does), a warning naming what
+/// can be lost when the mode allows losses.
+fn say_durability<S: Store>(store: &S) {
+    let durability = store.durability();
+    metrics::gauge!("oncegate_store_durability_holds", "mode" => durability.mode)
+        .set(if durability.holds { 1.0 } else { 0.0 });
+    metrics::gauge!("oncegate_store_durability_at_risk", "mode" => durability.mode).set(
+        if durability.at_risk.is_some() {
+            1.0
+        } else {
+            0.0
+        },
+    );
+    match (&durability.at_risk, durability.holds) {
+        (_, false) => tracing::error!(
+            mode = durability.mode,
+            "durability does not hold, acknowledgements are refused until it does: {}",
+            durability.detail
+        ),
+        (Some(at_risk), true) => tracing::warn!(
+            mode = durability.mode,
+            "durability: {}; acknowledged events this can lose: {at_risk}",
+            durability.detail
+        ),
+        (None, true) => tracing::info!(mode = durability.mode, "durability: {}", durability.detail),
+    }
 }
 
 /// The first SIGINT or SIGTERM starts a graceful shutdown; a second one exits at once.

@@ -2,7 +2,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -812,74 +811,6 @@ async fn three_gateways_deliver_once(store: &str, chats: usize, per_chat: usize,
     );
 }
 
-/// A redis-server of the test's own, with AOF, that can be killed and restarted on its port.
-struct OwnRedis {
-    dir: tempfile::TempDir,
-    port: u16,
-    child: Option<Child>,
-}
-
-impl OwnRedis {
-    fn start() -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .expect("port")
-            .local_addr()
-            .expect("addr")
-            .port();
-        let mut redis = Self {
-            dir: tempfile::tempdir().expect("dir"),
-            port,
-            child: None,
-        };
-        redis.run();
-        redis
-    }
-
-    fn run(&mut self) {
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &self.port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "always",
-                "--dir",
-            ])
-            .arg(self.dir.path())
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("redis-server is missing: run the tests with scripts/test, which installs it");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(Instant::now() < deadline, "redis-server did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn kill9(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            child.kill().expect("kill redis");
-            child.wait().expect("reap redis");
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for OwnRedis {
-    fn drop(&mut self) {
-        self.kill9();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_restart_loses_nothing_and_admits_nothing_twice() {
     const EVENTS: usize = 1500;
@@ -891,64 +822,8 @@ async fn a_redis_restart_loses_nothing_and_admits_nothing_twice() {
         redis.url()
     );
     let gateway = Gateway::start_with_lease(dir.path(), addr, false, &store, "2s", "500ms");
-    let client = client();
-    let acked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let refused = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let sender = {
-        let (client, url, acked, refused) = (
-            client.clone(),
-            gateway.url.clone(),
-            acked.clone(),
-            refused.clone(),
-        );
-        tokio::spawn(async move {
-            let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-            let mut workers = Vec::new();
-            for _ in 0..8 {
-                let (client, url, acked, refused, next) = (
-                    client.clone(),
-                    url.clone(),
-                    acked.clone(),
-                    refused.clone(),
-                    next.clone(),
-                );
-                workers.push(tokio::spawn(async move {
-                    loop {
-                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        if i >= EVENTS {
-                            break;
-                        }
-                        let plain = message(
-                            &format!("aof-{i}"),
-                            &format!("oc_aof{}", i % 11),
-                            1_000 + i as u64,
-                        );
-                        // As the platform does: retry until the gateway answers 200.
-                        loop {
-                            match post(&client, &url, &sign(&plain)).await {
-                                Ok((200, _)) => break,
-                                Ok((503, _)) => {
-                                    refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                                }
-                                Ok((status, body)) => panic!("unexpected {status}: {body}"),
-                                Err(error) => panic!("the gateway itself must stay up: {error}"),
-                            }
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                        }
-                        acked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    }
-                }));
-            }
-            for worker in workers {
-                worker.await.expect("worker");
-            }
-        })
-    };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while acked.load(std::sync::atomic::Ordering::Relaxed) < EVENTS / 3 && Instant::now() < deadline
-    {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let burst = Burst::start(&gateway.url, "aof", EVENTS);
+    burst.wait_acked(EVENTS / 3).await;
     redis.kill9();
     tokio::time::sleep(Duration::from_millis(700)).await;
     let ready = reqwest::get(format!("{}/readyz", gateway.admin))
@@ -960,11 +835,8 @@ async fn a_redis_restart_loses_nothing_and_admits_nothing_twice() {
         "not ready while the store is down"
     );
     redis.run();
-    sender.await.expect("sender");
-    assert!(
-        refused.load(std::sync::atomic::Ordering::Relaxed) > 0,
-        "the outage should have been seen as 503s"
-    );
+    let refused = burst.finish().await;
+    assert!(refused > 0, "the outage should have been seen as 503s");
     downstream
         .wait_for("every event after the restart", |got| {
             let ids: HashSet<&str> = got.iter().map(|g| &*g.event_id).collect();
@@ -1002,8 +874,7 @@ async fn a_redis_restart_loses_nothing_and_admits_nothing_twice() {
         "a repeat carries the same Idempotency-Key"
     );
     eprintln!(
-        "redis restart: {} requests refused with 503 during the outage, {} deliveries for {EVENTS} events",
-        refused.load(std::sync::atomic::Ordering::Relaxed),
+        "redis restart: {refused} requests refused with 503 during the outage, {} deliveries for {EVENTS} events",
         got.len()
     );
 }

@@ -427,6 +427,29 @@ pub struct RedisSettings {
     pub spool: Option<PathBuf>,
     /// Most admissions the spool holds; beyond that requests get 503 again.
     pub spool_max: u64,
+    /// What an acknowledged event survives: `fsync` (the default: the Redis must run with
+    /// appendonly yes and appendfsync always), `replicas` (every acknowledgement waits for
+    /// `min_replicas` replicas) or `memory` (allowed, with what it can lose said).
+    pub durability: RedisDurabilityMode,
+    /// With `durability = "replicas"`: how many replicas must have each acknowledged write.
+    pub min_replicas: u16,
+    /// With `durability = "replicas"`: how long an acknowledgement waits for them before it
+    /// is refused with 503 (500ms when left out).
+    #[serde(with = "duration_opt", default)]
+    pub replica_wait: Option<Duration>,
+}
+
+/// `[store] durability` for Redis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RedisDurabilityMode {
+    /// Every acknowledged write is on the Redis host's disk.
+    #[default]
+    Fsync,
+    /// Every acknowledged write is on `min_replicas` replicas.
+    Replicas,
+    /// Acknowledged events may live in Redis memory only.
+    Memory,
 }
 
 impl std::fmt::Debug for RedisSettings {
@@ -440,6 +463,9 @@ impl std::fmt::Debug for RedisSettings {
             .field("handover", &self.handover)
             .field("spool", &self.spool)
             .field("spool_max", &self.spool_max)
+            .field("durability", &self.durability)
+            .field("min_replicas", &self.min_replicas)
+            .field("replica_wait", &self.replica_wait)
             .finish()
     }
 }
@@ -455,6 +481,9 @@ impl Default for RedisSettings {
             handover: None,
             spool: None,
             spool_max: 1_000_000,
+            durability: RedisDurabilityMode::Fsync,
+            min_replicas: 1,
+            replica_wait: None,
         }
     }
 }

@@ -535,6 +535,15 @@ pub fn validate(config: &Config) -> Vec<Problem> {
                     "store.url",
                     "backend = \"redis\" needs a url, e.g. \"redis://127.0.0.1:6379\"".into(),
                 );
+            } else if redis.url.starts_with("redis+sentinel://") {
+                if redis.cluster {
+                    report(
+                        Severity::Error,
+                        "store.cluster",
+                        "a redis+sentinel:// URL names a primary the sentinels watch, not a                          cluster: leave cluster out"
+                            .into(),
+                    );
+                }
             } else if let Some(bad) = redis
                 .url
                 .split(',')
@@ -545,9 +554,13 @@ pub fn validate(config: &Config) -> Vec<Problem> {
                     Severity::Error,
                     "store.url",
                     // Not the URL itself: it may carry a password.
-                    format!("{} is not a redis:// or rediss:// URL", scheme_of(bad)),
+                    format!(
+                        "{} is not a redis://, rediss:// or redis+sentinel:// URL",
+                        scheme_of(bad)
+                    ),
                 );
             }
+            durability(redis, &mut report);
             if redis
                 .ownership
                 .is_some_and(|o| o < Duration::from_millis(200))
@@ -873,6 +886,55 @@ pub fn validate(config: &Config) -> Vec<Problem> {
     }
     problems.sort_by_key(|p| std::cmp::Reverse(p.severity));
     problems
+}
+
+/// `store.durability` and its companions; what `memory` can lose is said here, and again with
+/// the server's own settings at start and by `check-config`.
+fn durability(redis: &crate::RedisSettings, report: &mut impl FnMut(Severity, &str, String)) {
+    use crate::RedisDurabilityMode as Mode;
+    match redis.durability {
+        Mode::Replicas => {
+            if redis.min_replicas == 0 {
+                report(
+                    Severity::Error,
+                    "store.min_replicas",
+                    "durability = \"replicas\" waits for at least one replica; set \
+                     min_replicas = 1 or more"
+                        .into(),
+                );
+            }
+            let wait = redis.replica_wait.unwrap_or(Duration::from_millis(500));
+            if wait.is_zero() || wait > Duration::from_millis(1500) {
+                report(
+                    Severity::Error,
+                    "store.replica_wait",
+                    "between 1ms and 1500ms (each Redis call has 2s); 500ms is the default".into(),
+                );
+            }
+        }
+        Mode::Fsync | Mode::Memory => {
+            if redis.min_replicas != 1 || redis.replica_wait.is_some() {
+                report(
+                    Severity::Warning,
+                    "store.min_replicas",
+                    "min_replicas and replica_wait apply to durability = \"replicas\" only; \
+                     they have no effect here"
+                        .into(),
+                );
+            }
+        }
+    }
+    if redis.durability == Mode::Memory {
+        report(
+            Severity::Warning,
+            "store.durability",
+            "durability = \"memory\": acknowledged events live in Redis memory and are lost \
+             with it (a Redis restart without persistence, a failover before the replica \
+             received them); the platform will not send them again. Choose \"fsync\" or \
+             \"replicas\" to keep them"
+                .into(),
+        );
+    }
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 //! Nothing in this crate does I/O; backends live in sibling crates.
 
 pub mod clock;
+pub mod durability;
 pub mod event;
 pub mod key;
 pub mod passthrough;
@@ -18,6 +19,7 @@ pub mod store;
 pub mod transition;
 
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use durability::Durability;
 pub use event::Event;
 pub use key::{DeliveryId, KeyHash, hex_into, key_for};
 pub use rates::{Rate, RateVerdict};

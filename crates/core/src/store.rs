@@ -131,6 +131,18 @@ pub trait DedupStore: Send + Sync + 'static {
         async move { self.stats().await.map(|_| ()) }
     }
 
+    /// What the store keeps of what it acknowledged, as it last found out (no call to a
+    /// server): for the start-up log, `/readyz` and the durability gauge. A store that does
+    /// not say is reported as keeping nothing.
+    fn durability(&self) -> crate::Durability {
+        crate::Durability {
+            mode: "unstated",
+            holds: true,
+            detail: "this store does not say what it keeps".into(),
+            at_risk: Some("unknown: the store does not say what survives a crash".into()),
+        }
+    }
+
     /// `complete`, then ack the handed-out queue entry `id` whatever the fence said (the entry
     /// was handed to this caller). Backends that can do both in one step override it: one write
     /// instead of two, and no moment where the key is done but its event still queued.

@@ -261,6 +261,12 @@ impl<C: Clock + Clone> DedupStore for EmbeddedStore<C> {
         }
     }
 
+    fn durability(&self) -> oncegate_core::Durability {
+        oncegate_core::Durability::on_disk(
+            "every acknowledged event is in the store file, committed and fsynced before the answer",
+        )
+    }
+
     async fn stats(&self) -> Result<StoreStats, StoreError> {
         let in_flight = self
             .shared

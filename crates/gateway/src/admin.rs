@@ -129,6 +129,17 @@ async fn readyz<S: Store>(State(shared): State<Arc<Shared<S>>>) -> Response {
         (Err(error), _) => (false, format!("store: {error}")),
     };
     ready &= check("store".into(), store.0, store.1);
+    // What an acknowledged event survives: not ready while the promise does not hold (every
+    // admission is refused then); ready but saying what can be lost when the mode allows it.
+    let durability = shared.store.durability();
+    ready &= durability.holds;
+    checks.push(json!({
+        "check": "durability",
+        "ok": durability.holds,
+        "mode": durability.mode,
+        "detail": durability.detail,
+        "at_risk": durability.at_risk,
+    }));
     let status = if ready {
         StatusCode::OK
     } else {

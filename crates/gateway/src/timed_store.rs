@@ -196,6 +196,10 @@ impl<S: Store> DedupStore for Timed<S> {
         self.time(Op::Ping, self.inner.ping()).await
     }
 
+    fn durability(&self) -> oncegate_core::Durability {
+        self.inner.durability()
+    }
+
     async fn complete_and_ack(
         &self,
         lease: &Lease,

@@ -233,6 +233,12 @@ impl Drop for FileJournal {
 }
 
 impl Journal for FileJournal {
+    fn durability(&self) -> oncegate_core::Durability {
+        oncegate_core::Durability::on_disk(
+            "every acknowledged change is in the journal file and fsynced before the answer",
+        )
+    }
+
     fn check(&self) -> Result<(), StoreError> {
         if self.inner.failed.load(Ordering::SeqCst) {
             Err(self.inner.refusal())

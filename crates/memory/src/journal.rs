@@ -124,6 +124,11 @@ pub trait Journal: Send + Sync + 'static {
 
     /// Completes once everything appended before this call is durable.
     fn sync(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// What the journal keeps: by default nothing beyond the process.
+    fn durability(&self) -> oncegate_core::Durability {
+        oncegate_core::Durability::in_process()
+    }
 }
 
 /// No journal: the store lives in memory only.

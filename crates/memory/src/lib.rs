@@ -462,6 +462,10 @@ impl<C: Clock, J: Journal> DedupStore for MemoryStore<C, J> {
         self.journal.check()
     }
 
+    fn durability(&self) -> oncegate_core::Durability {
+        self.journal.durability()
+    }
+
     async fn queued(&self) -> Result<u64, StoreError> {
         Ok(self
             .partitions

@@ -22,7 +22,11 @@ local function admit()
   end
   -- The event first: a script that fails half-way keeps what it wrote, and marks without the
   -- event would turn the platform's retry into a duplicate.
-  local seq = redis.call('INCR', KEYS[n + 2])
+  -- The entry id from the partition's hybrid clock, not a counter: after a failover that lost
+  -- the last appends, a counter would give a new event the id of a lost one that a gateway
+  -- already read, and the gateway would take the new one for the old.
+  local seq = hybrid_next(KEYS[n + 2])
+  redis.call('SET', KEYS[n + 2], string.format('%d', seq))
   redis.call('XADD', KEYS[n + 1], string.format('0-%d', seq), 'k', ARGV[4], 'o', ARGV[5], 'e', ARGV[6])
   local pending = encode('p', now + retention, '', 0, false, false)
   local ttl = string.format('%d', retention + slack)

@@ -12,8 +12,9 @@ for i = 1, #fields, 2 do
   if fields[i] == 's' then s = fields[i + 1] end
 end
 if s ~= ARGV[2] or not k or not e then return -1 end
-local seq = redis.call('INCR', KEYS[4])
-redis.call('XADD', KEYS[3], '0-' .. seq, 'k', k, 'o', ARGV[3], 'e', e)
+local seq = hybrid_next(KEYS[4])
+redis.call('SET', KEYS[4], string.format('%d', seq))
+redis.call('XADD', KEYS[3], string.format('0-%d', seq), 'k', k, 'o', ARGV[3], 'e', e)
 redis.call('XDEL', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[2])
 return seq

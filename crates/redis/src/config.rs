@@ -26,6 +26,9 @@ pub struct RedisConfig {
     /// to be settled before it lets go. A handler still running then keeps its event's claim:
     /// the next owner holds that chat back until the claim is settled or its lease ends.
     pub handover: Duration,
+    /// What an acknowledged event survives (`RedisDurability`); `Fsync` by default, which
+    /// refuses a server that does not write every change to disk.
+    pub durability: RedisDurability,
 }
 
 impl std::fmt::Debug for RedisConfig {
@@ -39,6 +42,7 @@ impl std::fmt::Debug for RedisConfig {
             .field("lazy", &self.lazy)
             .field("ownership", &self.ownership)
             .field("handover", &self.handover)
+            .field("durability", &self.durability)
             .finish()
     }
 }
@@ -55,6 +59,7 @@ impl RedisConfig {
             timeout: Duration::from_secs(2),
             ownership: Duration::from_secs(10),
             handover: Duration::from_secs(30),
+            durability: RedisDurability::Fsync,
         }
     }
 }
@@ -70,6 +75,9 @@ pub enum ConnectError {
         /// What went wrong.
         message: String,
     },
+    /// The server does not keep what the configured durability promises.
+    #[error("{0}")]
+    Durability(String),
     /// The stored partition count differs.
     #[error(
         "prefix {prefix:?} was created with {stored} partitions but {configured} are configured; set partitions = {stored}"

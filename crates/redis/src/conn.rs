@@ -9,24 +9,46 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 
+use crate::sentinel::{Followed, SENTINEL_SCHEME, SentinelUrl};
+
 /// A multiplexed connection that pipelines concurrent calls and reconnects by itself: one
-/// server, or a cluster (commands routed by their first key's slot, following `MOVED`).
+/// server, a cluster (commands routed by their first key's slot, following `MOVED`), or the
+/// primary that Redis Sentinel names (followed across failovers).
 #[derive(Clone)]
 pub(crate) enum Conn {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
+    Sentinel(std::sync::Arc<Followed>),
 }
 
 impl Conn {
-    /// Connects to `urls`: one URL for a standalone server; with `cluster`, any of the
-    /// cluster's nodes (the rest is discovered).
+    /// Connects to `url`: one URL for a standalone server; with `cluster`, any of the
+    /// cluster's nodes separated by commas (the rest is discovered); `redis+sentinel://` for
+    /// the primary the sentinels name.
     /// With `lazy`, nothing is reached now: the first call connects.
     pub(crate) async fn open(
-        urls: &[&str],
+        url: &str,
         cluster: bool,
         timeout: Duration,
         lazy: bool,
     ) -> RedisResult<Self> {
+        let urls: Vec<&str> = url.split(',').map(str::trim).collect();
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout))
+            .set_number_of_retries(2);
+        if url.starts_with(SENTINEL_SCHEME) {
+            let parsed = SentinelUrl::parse(url).map_err(|message| {
+                redis::RedisError::from((
+                    redis::ErrorKind::InvalidClientConfig,
+                    "not a Sentinel URL",
+                    message,
+                ))
+            })?;
+            return Ok(Self::Sentinel(
+                Followed::open(&parsed, timeout, config, lazy).await?,
+            ));
+        }
         if cluster {
             let client = ClusterClientBuilder::new(urls.to_vec())
                 .connection_timeout(timeout)
@@ -44,10 +66,6 @@ impl Conn {
             return Ok(Self::Cluster(client.get_async_connection().await?));
         }
         let client = redis::Client::open(urls.first().copied().unwrap_or_default())?;
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeout))
-            .set_response_timeout(Some(timeout))
-            .set_number_of_retries(2);
         if lazy {
             return Ok(Self::Single(ConnectionManager::new_lazy_with_config(
                 client, config,
@@ -63,12 +81,12 @@ impl Conn {
     /// slot, each command on its own, all at once.
     pub(crate) async fn each(&mut self, commands: Vec<Cmd>) -> RedisResult<Vec<Value>> {
         match self {
-            Self::Single(conn) => {
+            Self::Single(_) | Self::Sentinel(_) => {
                 let mut pipe = redis::pipe();
                 for command in commands {
                     pipe.add_command(command);
                 }
-                pipe.query_async(conn).await
+                pipe.query_async(self).await
             }
             Self::Cluster(conn) => {
                 let mut running = tokio::task::JoinSet::new();
@@ -94,10 +112,56 @@ impl Conn {
         }
     }
 
+    /// The primary the sentinels named, while one is known; `None` for a server or cluster
+    /// named by URL.
+    pub(crate) fn primary(&self) -> Option<String> {
+        match self {
+            Self::Sentinel(followed) => followed.address(),
+            _ => None,
+        }
+    }
+
+    /// `SET mark 1 PX ttl_ms` then `WAIT min wait_ms` on the node that holds `mark`, in one
+    /// round trip: how many replicas have every write that node answered before.
+    pub(crate) async fn mark_and_wait(
+        &mut self,
+        mark: &str,
+        ttl_ms: u64,
+        min: u16,
+        wait_ms: u64,
+    ) -> RedisResult<u64> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("SET")
+            .arg(mark)
+            .arg(1)
+            .arg("PX")
+            .arg(ttl_ms)
+            .cmd("WAIT")
+            .arg(min)
+            .arg(wait_ms);
+        let confirmed = match self {
+            Self::Cluster(cluster) => {
+                let route =
+                    SingleNodeRoutingInfo::SpecificNode(redis::cluster_routing::Route::with_key(
+                        mark,
+                        redis::cluster_routing::SlotAddr::Master,
+                    ));
+                // The SET's answer skipped, the WAIT's kept.
+                let replies = cluster.route_pipeline(pipe, 1, 1, route).await?;
+                redis::from_redis_value(replies.into_iter().next().unwrap_or(Value::Nil))?
+            }
+            conn => {
+                let (_, confirmed): (Value, u64) = pipe.query_async(conn).await?;
+                confirmed
+            }
+        };
+        Ok(confirmed)
+    }
+
     /// The nodes whose keys a `SCAN` must visit: the server, or every cluster primary.
     pub(crate) async fn scan_nodes(&mut self) -> RedisResult<Vec<ScanNode>> {
         match self {
-            Self::Single(_) => Ok(vec![ScanNode::Server]),
+            Self::Single(_) | Self::Sentinel(_) => Ok(vec![ScanNode::Server]),
             Self::Cluster(cluster) => {
                 let nodes: String = redis::cmd("CLUSTER")
                     .arg("NODES")
@@ -125,14 +189,18 @@ impl Conn {
             .arg(pattern)
             .arg("COUNT")
             .arg(1000);
+        Ok(redis::from_redis_value(self.query_on(node, cmd).await?)?)
+    }
+
+    /// Runs `cmd` on `node` (a command without keys, such as `CONFIG GET` or `INFO`).
+    pub(crate) async fn query_on(&mut self, node: &ScanNode, cmd: Cmd) -> RedisResult<Value> {
         match (self, node) {
             (Self::Cluster(cluster), ScanNode::Primary { host, port }) => {
                 let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
                     host: host.clone(),
                     port: *port,
                 });
-                let reply = cluster.route_command(cmd, routing).await?;
-                Ok(redis::from_redis_value(reply)?)
+                cluster.route_command(cmd, routing).await
             }
             (conn, _) => cmd.query_async(conn).await,
         }
@@ -172,6 +240,7 @@ impl ConnectionLike for Conn {
         match self {
             Self::Single(conn) => conn.req_packed_command(cmd),
             Self::Cluster(conn) => conn.req_packed_command(cmd),
+            Self::Sentinel(followed) => followed.req_packed_command(cmd),
         }
     }
 
@@ -184,6 +253,7 @@ impl ConnectionLike for Conn {
         match self {
             Self::Single(conn) => conn.req_packed_commands(pipeline, offset, count),
             Self::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Self::Sentinel(followed) => followed.req_packed_commands(pipeline, offset, count),
         }
     }
 
@@ -191,6 +261,8 @@ impl ConnectionLike for Conn {
         match self {
             Self::Single(conn) => conn.get_db(),
             Self::Cluster(conn) => conn.get_db(),
+            // The URL's database, which every connection to the primary selects.
+            Self::Sentinel(_) => 0,
         }
     }
 }

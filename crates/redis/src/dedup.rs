@@ -21,8 +21,10 @@ impl<C: Clock> DedupStore for RedisStore<C> {
         nonce: Option<Nonce>,
     ) -> Result<Admission, StoreError> {
         oncegate_core::store::require_keys(keys)?;
+        self.inner.promise.admits()?;
         let keys = keys.to_vec();
         self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
+            let written_at = conn.primary();
             let order_hash = event.order_hash();
             let partition = oncegate_core::event::partition_of(order_hash, inner.partitions);
             let bytes = postcard::to_stdvec(&Stored { event })
@@ -50,18 +52,23 @@ impl<C: Clock> DedupStore for RedisStore<C> {
             // Even after an error: the script may have appended before it failed.
             inner.unread[usize::from(partition)].store(true, std::sync::atomic::Ordering::Release);
             let reply = array(reply?)?;
-            match (reply.first().and_then(int), reply.get(1).and_then(int)) {
-                (Some(1), Some(seq)) => Ok(Admission::Admitted {
+            let admission = match (reply.first().and_then(int), reply.get(1).and_then(int)) {
+                (Some(1), Some(seq)) => Admission::Admitted {
                     id: QueueId { partition, seq },
-                }),
-                (Some(0), Some(index)) => Ok(Admission::Duplicate {
+                },
+                (Some(0), Some(index)) => Admission::Duplicate {
                     key_index: index as usize,
-                }),
-                (Some(2), None) => Ok(Admission::Replayed),
-                _ => Err(StoreError::Corrupt(format!(
-                    "unexpected admit reply {reply:?}"
-                ))),
-            }
+                },
+                (Some(2), None) => return Ok(Admission::Replayed),
+                _ => {
+                    return Err(StoreError::Corrupt(format!(
+                        "unexpected admit reply {reply:?}"
+                    )));
+                }
+            };
+            // Answered 200 either way: a duplicate too waits for the write that made it one.
+            inner.replicated(partition, written_at).await?;
+            Ok(admission)
         })
         .await
     }
@@ -92,8 +99,16 @@ impl<C: Clock> DedupStore for RedisStore<C> {
         retention: Duration,
         outcome: Option<Bytes>,
     ) -> Result<FenceCheck, StoreError> {
-        self.fence("complete", *lease, millis(retention), outcome)
-            .await
+        let fence = self
+            .fence("complete", *lease, millis(retention), outcome)
+            .await?;
+        // A business key's outcome and a send's answer are answered to the caller as kept.
+        let partition = lease.partition;
+        self.run(move |inner: Arc<Inner<C>>, conn: Conn| async move {
+            inner.replicated(partition, conn.primary()).await
+        })
+        .await?;
+        Ok(fence)
     }
 
     async fn release(&self, lease: &Lease) -> Result<FenceCheck, StoreError> {
@@ -140,6 +155,10 @@ impl<C: Clock> DedupStore for RedisStore<C> {
             seq: id.seq,
         };
         self.gathered(id.partition, call).await
+    }
+
+    fn durability(&self) -> oncegate_core::Durability {
+        self.inner.promise.current()
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

@@ -92,6 +92,10 @@ impl<C> Inner<C> {
     pub(super) fn owner(&self, partition: u16) -> Cow<'_, str> {
         self.name(partition, |n| &n.owner, OWNER)
     }
+    /// Written just before a `WAIT` for replicas, in the partition's slot (`promise.rs`).
+    pub(super) fn replication_mark(&self, partition: u16) -> String {
+        format!("{{{}:{partition}}}:sync", self.prefix)
+    }
     /// The live gateways (`lua/members.lua`).
     pub(super) fn members(&self) -> String {
         format!("{{{}}}:members", self.prefix)

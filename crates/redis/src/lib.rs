@@ -17,7 +17,8 @@
 //! grow with every grant and do not repeat after a restart without persistence or a failover
 //! that lost the last writes.
 //!
-//! Queues: one stream per partition, entry id `0-<seq>` from a per-partition counter so that
+//! Queues: one stream per partition, entry id `0-<seq>` from the partition's hybrid clock (as
+//! fencing tokens: ids do not repeat after a failover that lost the last appends) so that
 //! `QueueId.seq` is the stream id, read through one consumer group. One gateway owns a
 //! partition at a time, under an epoch that grows with every grant (`share`): live gateways
 //! know each other through a membership set and each takes a fair share of the partitions,
@@ -48,10 +49,13 @@ mod config;
 mod conn;
 mod consumer;
 mod dedup;
+mod durability;
 mod gather;
 mod keys;
+mod promise;
 mod queue;
 mod reply;
+mod sentinel;
 mod share;
 mod view;
 
@@ -61,8 +65,10 @@ pub use config::{ConnectError, RedisConfig};
 use conn::Conn;
 use consumer::fetch;
 use dedup::{ClaimCall, CompleteCall};
+pub use durability::{RedisDurability, ServerPromise, judge};
 use gather::Gather;
 use reply::*;
+pub use sentinel::SENTINEL_SCHEME;
 
 /// Physical TTLs outlive the logical end by this much, so that clock skew between gateways and
 /// Redis never drops a record early.
@@ -74,6 +80,7 @@ const CATCH_UP: usize = 1000;
 
 /// The admit script's source (also for benchmarks that run it by itself).
 pub const ADMIT_LUA: &str = concat!(
+    include_str!("../lua/clock.lua"),
     include_str!("../lua/record.lua"),
     include_str!("../lua/admit.lua")
 );
@@ -239,6 +246,11 @@ const GROUP: &str = "oncegate";
 
 struct Inner<C> {
     conn: Conn,
+    /// A second connection for `WAIT` (`replicas` durability), which blocks the connection it
+    /// is sent on; the first one otherwise.
+    waits: Conn,
+    /// The durability asked for and what the servers were last found to do.
+    promise: promise::Promise,
     /// Whether the partition count in Redis was found to match (at connect, or when a lazy
     /// store first reached Redis).
     partitions_checked: std::sync::atomic::AtomicBool,
@@ -283,6 +295,9 @@ impl<C> Inner<C> {
         }
         match check_partitions(conn, &self.prefix, self.partitions).await {
             Ok(()) => {
+                // A lazy store learns what the server keeps now: `fsync` refuses admissions
+                // until it holds (`Promise::admits`).
+                self.check_durability(conn).await?;
                 self.partitions_checked.store(true, Relaxed);
                 Ok(())
             }
@@ -325,6 +340,33 @@ impl RedisStore<SystemClock> {
     /// Connects on the system clock.
     pub fn connect(config: RedisConfig) -> Result<Self, ConnectError> {
         Self::connect_with_clock(config, SystemClock)
+    }
+
+    /// What the Redis at `config.url` keeps of what a store on it would acknowledge under
+    /// `config.durability`, read without writing anything (for `oncegate check-config`).
+    /// Blocks: call it outside a runtime.
+    pub fn probe(config: &RedisConfig) -> Result<oncegate_core::Durability, ConnectError> {
+        let connect_error = |message: String| ConnectError::Connect {
+            url: oncegate_core::redact::url(&config.url),
+            message,
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| connect_error(e.to_string()))?;
+        runtime.block_on(async {
+            let read = async {
+                let mut conn = Conn::open(&config.url, config.cluster, config.timeout, false)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                promise::read(&mut conn).await.map_err(|e| e.to_string())
+            };
+            let nodes = tokio::time::timeout(config.timeout * 2, read)
+                .await
+                .map_err(|_| connect_error("no answer in time".into()))?
+                .map_err(connect_error)?;
+            Ok(durability::judge(config.durability, &nodes))
+        })
     }
 }
 
@@ -370,92 +412,123 @@ impl<C: Clock> RedisStore<C> {
         };
         let prefix = config.prefix.clone();
         let partitions = config.partitions.max(1);
-        let urls: Vec<&str> = config.url.split(',').map(str::trim).collect();
-        let conn = handle
+        let (conn, waits, verdict) = handle
             .block_on(async {
-                let mut conn = Conn::open(&urls, config.cluster, config.timeout, config.lazy)
-                    .await
-                    .map_err(|e| ConnectError::Connect {
-                        url: String::new(),
-                        message: e.to_string(),
-                    })?;
+                let open = || Conn::open(&config.url, config.cluster, config.timeout, config.lazy);
+                let connect = |e: redis::RedisError| ConnectError::Connect {
+                    url: String::new(),
+                    message: e.to_string(),
+                };
+                let mut conn = open().await.map_err(connect)?;
+                let waits = match config.durability {
+                    RedisDurability::Replicas { .. } => open().await.map_err(connect)?,
+                    _ => conn.clone(),
+                };
+                let mut verdict = None;
                 if !config.lazy {
                     check_partitions(&mut conn, &prefix, partitions).await?;
+                    let found = durability::judge(
+                        config.durability,
+                        &promise::read(&mut conn)
+                            .await
+                            .map_err(|e| ConnectError::Connect {
+                                url: String::new(),
+                                message: e.to_string(),
+                            })?,
+                    );
+                    if config.durability == RedisDurability::Fsync && !found.holds {
+                        return Err(ConnectError::Durability(found.detail));
+                    }
+                    verdict = Some(found);
                 }
-                Ok::<_, ConnectError>(conn)
+                Ok::<_, ConnectError>((conn, waits, verdict))
             })
             .map_err(|e| match e {
                 ConnectError::Connect { message, .. } => connect_error(message),
                 other => other,
             })?;
+        let lanes = match config.cluster {
+            true => partitions,
+            false => 1,
+        };
+        let inner = Arc::new(Inner {
+            conn,
+            waits,
+            promise: promise::Promise::new(config.durability, lanes),
+            instance: format!("{:016x}", fastrand::u64(..)),
+            partitions_checked: std::sync::atomic::AtomicBool::new(!config.lazy),
+            names: keys::PartitionNames::all(&prefix, partitions),
+            prefix,
+            partitions,
+            timeout: config.timeout,
+            ownership_ms: millis(config.ownership),
+            balance_every: share::balance_every(config.ownership),
+            handover: config.handover,
+            share: Mutex::new(share::Share::default()),
+            joined: std::sync::atomic::AtomicBool::new(false),
+            left: std::sync::atomic::AtomicBool::new(false),
+            clock,
+            scripts: Scripts {
+                admit: Script::new(ADMIT_LUA),
+                claim: Script::new(CLAIM_LUA),
+                fence: Script::new(concat!(
+                    include_str!("../lua/record.lua"),
+                    include_str!("../lua/completed.lua"),
+                    include_str!("../lua/fence.lua")
+                )),
+                records: Script::new(concat!(
+                    include_str!("../lua/record.lua"),
+                    include_str!("../lua/records.lua")
+                )),
+                watermark: Script::new(include_str!("../lua/watermark.lua")),
+                rate: Script::new(include_str!("../lua/rate.lua")),
+                dead_letter: Script::new(concat!(
+                    include_str!("../lua/owns.lua"),
+                    include_str!("../lua/dead_letter.lua")
+                )),
+                dead_replay: Script::new(concat!(
+                    include_str!("../lua/clock.lua"),
+                    include_str!("../lua/dead_replay.lua")
+                )),
+                dead_purge: Script::new(include_str!("../lua/dead_purge.lua")),
+                own: Script::new(concat!(
+                    include_str!("../lua/clock.lua"),
+                    include_str!("../lua/own.lua")
+                )),
+                members: Script::new(concat!(
+                    include_str!("../lua/clock.lua"),
+                    include_str!("../lua/members.lua")
+                )),
+                read: Script::new(concat!(
+                    include_str!("../lua/owns.lua"),
+                    include_str!("../lua/read.lua")
+                )),
+                ack: Script::new(concat!(
+                    include_str!("../lua/owns.lua"),
+                    include_str!("../lua/ack.lua")
+                )),
+                retry: Script::new(concat!(
+                    include_str!("../lua/owns.lua"),
+                    include_str!("../lua/retry.lua")
+                )),
+                complete_ack: Script::new(COMPLETE_ACK_LUA),
+            },
+            breaker: Breaker::default(),
+            queues: (0..partitions)
+                .map(|_| Mutex::new(Partition::default()))
+                .collect(),
+            unread: (0..partitions)
+                .map(|_| std::sync::atomic::AtomicBool::new(true))
+                .collect(),
+            claims: (0..partitions).map(|_| Gather::default()).collect(),
+            completions: (0..partitions).map(|_| Gather::default()).collect(),
+        });
+        if let Some(verdict) = verdict {
+            inner.promise.set(verdict);
+        }
+        promise::watch(Arc::downgrade(&inner), &handle);
         Ok(Self {
-            inner: Arc::new(Inner {
-                conn,
-                instance: format!("{:016x}", fastrand::u64(..)),
-                partitions_checked: std::sync::atomic::AtomicBool::new(!config.lazy),
-                names: keys::PartitionNames::all(&prefix, partitions),
-                prefix,
-                partitions,
-                timeout: config.timeout,
-                ownership_ms: millis(config.ownership),
-                balance_every: share::balance_every(config.ownership),
-                handover: config.handover,
-                share: Mutex::new(share::Share::default()),
-                joined: std::sync::atomic::AtomicBool::new(false),
-                left: std::sync::atomic::AtomicBool::new(false),
-                clock,
-                scripts: Scripts {
-                    admit: Script::new(ADMIT_LUA),
-                    claim: Script::new(CLAIM_LUA),
-                    fence: Script::new(concat!(
-                        include_str!("../lua/record.lua"),
-                        include_str!("../lua/completed.lua"),
-                        include_str!("../lua/fence.lua")
-                    )),
-                    records: Script::new(concat!(
-                        include_str!("../lua/record.lua"),
-                        include_str!("../lua/records.lua")
-                    )),
-                    watermark: Script::new(include_str!("../lua/watermark.lua")),
-                    rate: Script::new(include_str!("../lua/rate.lua")),
-                    dead_letter: Script::new(concat!(
-                        include_str!("../lua/owns.lua"),
-                        include_str!("../lua/dead_letter.lua")
-                    )),
-                    dead_replay: Script::new(include_str!("../lua/dead_replay.lua")),
-                    dead_purge: Script::new(include_str!("../lua/dead_purge.lua")),
-                    own: Script::new(concat!(
-                        include_str!("../lua/clock.lua"),
-                        include_str!("../lua/own.lua")
-                    )),
-                    members: Script::new(concat!(
-                        include_str!("../lua/clock.lua"),
-                        include_str!("../lua/members.lua")
-                    )),
-                    read: Script::new(concat!(
-                        include_str!("../lua/owns.lua"),
-                        include_str!("../lua/read.lua")
-                    )),
-                    ack: Script::new(concat!(
-                        include_str!("../lua/owns.lua"),
-                        include_str!("../lua/ack.lua")
-                    )),
-                    retry: Script::new(concat!(
-                        include_str!("../lua/owns.lua"),
-                        include_str!("../lua/retry.lua")
-                    )),
-                    complete_ack: Script::new(COMPLETE_ACK_LUA),
-                },
-                breaker: Breaker::default(),
-                queues: (0..partitions)
-                    .map(|_| Mutex::new(Partition::default()))
-                    .collect(),
-                unread: (0..partitions)
-                    .map(|_| std::sync::atomic::AtomicBool::new(true))
-                    .collect(),
-                claims: (0..partitions).map(|_| Gather::default()).collect(),
-                completions: (0..partitions).map(|_| Gather::default()).collect(),
-            }),
+            inner,
             runtime,
             handle,
         })

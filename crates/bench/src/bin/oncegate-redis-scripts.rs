@@ -91,6 +91,8 @@ fn main() -> anyhow::Result<()> {
     }
     let store = RedisStore::connect(RedisConfig {
         prefix: PREFIX.into(),
+        // Benchmarks run on a throwaway Redis without persistence.
+        durability: oncegate_redis::RedisDurability::Memory,
         ..RedisConfig::at(&args.url)
     })?;
     let runtime = tokio::runtime::Builder::new_current_thread()

@@ -229,56 +229,15 @@ impl Gateway {
         lease: &str,
         renew: &str,
     ) -> Self {
-        let config = dir.join("oncegate.toml");
-        std::fs::write(
-            &config,
-            format!(
-                r#"
-[store]
-{store}
+        let config = write_config(dir, downstream, watermark, store, lease, renew);
+        Self::run(&config)
+    }
 
-[server]
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-body_limit = 65536
-
-[dispatcher]
-concurrency = 32
-max_attempts = 3
-backoff_base = "50ms"
-backoff_max = "200ms"
-shutdown_grace = "2s"
-
-[lease]
-duration = "{lease}"
-renew_every = "{renew}"
-
-[[source]]
-name = "main"
-platform = "feishu"
-app_id = "{APP_ID}"
-encrypt_key = "{ENCRYPT_KEY}"
-verification_token = "{TOKEN}"
-
-[[route]]
-events = ["card.action.trigger"]
-sink = "http"
-url = "http://{downstream}/cards"
-
-[[route]]
-events = ["*"]
-sink = "http"
-url = "http://{downstream}/events"
-secret = "{SECRET}"
-timeout = "5s"
-watermark = {watermark}
-"#,
-            ),
-        )
-        .expect("write config");
+    /// `oncegate serve --config config`, once it says where it listens.
+    pub(crate) fn run(config: &Path) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_oncegate"))
             .args(["serve", "--config"])
-            .arg(&config)
+            .arg(config)
             .env(
                 "ONCEGATE_LOG",
                 std::env::var("E2E_LOG").unwrap_or_else(|_| "warn".into()),
@@ -417,4 +376,312 @@ pub(crate) async fn post(
 pub(crate) fn client() -> reqwest::Client {
     let _ = rustls::crypto::ring::default_provider().install_default();
     reqwest::Client::new()
+}
+
+/// A free loopback port (bound and let go).
+pub(crate) fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("port")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+/// A redis-server of the test's own, that can be killed and restarted on its port with its
+/// files.
+pub(crate) struct OwnRedis {
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) port: u16,
+    args: Vec<String>,
+    child: Option<Child>,
+}
+
+impl OwnRedis {
+    /// With AOF, every change fsynced (what `durability = "fsync"` asks for).
+    pub(crate) fn start() -> Self {
+        Self::start_with(&["--appendonly", "yes", "--appendfsync", "always"])
+    }
+
+    /// With `args` after the port, address and folder (`--save ''` unless they say otherwise).
+    pub(crate) fn start_with(args: &[&str]) -> Self {
+        let mut redis = Self {
+            dir: tempfile::tempdir().expect("dir"),
+            port: free_port(),
+            args: args.iter().map(|a| (*a).to_owned()).collect(),
+            child: None,
+        };
+        redis.run();
+        redis
+    }
+
+    pub(crate) fn run(&mut self) {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", ""])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server is missing: run the tests with scripts/test, which installs it");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub(crate) fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().expect("kill redis");
+            child.wait().expect("reap redis");
+        }
+    }
+
+    /// Stops (SIGSTOP) or continues (SIGCONT) the server: alive, connected, answering nothing.
+    pub(crate) fn pause(&self, paused: bool) {
+        if let Some(child) = &self.child {
+            let signal = if paused { "-STOP" } else { "-CONT" };
+            let status = Command::new("kill")
+                .args([signal, &child.id().to_string()])
+                .status()
+                .expect("kill");
+            assert!(status.success());
+        }
+    }
+
+    pub(crate) fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// `redis-cli -p PORT args…`'s output.
+    pub(crate) fn cli(&self, args: &[&str]) -> String {
+        redis_cli(self.port, args)
+    }
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        self.pause(false);
+        self.kill9();
+    }
+}
+
+/// `redis-cli -p port args…`'s output (empty when it could not run).
+pub(crate) fn redis_cli(port: u16, args: &[&str]) -> String {
+    Command::new("redis-cli")
+        .args(["-p", &port.to_string()])
+        .args(args)
+        .output()
+        .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
+        .unwrap_or_default()
+}
+
+/// A redis-sentinel of the test's own, watching `primary` as `mymaster` with a quorum of
+/// `quorum`, declaring it down after a second.
+pub(crate) struct OwnSentinel {
+    _dir: tempfile::TempDir,
+    pub(crate) port: u16,
+    child: Child,
+}
+
+impl OwnSentinel {
+    pub(crate) fn start(primary: u16, quorum: u32) -> Self {
+        let dir = tempfile::tempdir().expect("dir");
+        let port = free_port();
+        let config = dir.path().join("sentinel.conf");
+        std::fs::write(
+            &config,
+            format!(
+                "port {port}\nbind 127.0.0.1\ndir {}\n\
+                 sentinel monitor mymaster 127.0.0.1 {primary} {quorum}\n\
+                 sentinel down-after-milliseconds mymaster 1000\n\
+                 sentinel failover-timeout mymaster 5000\n\
+                 sentinel parallel-syncs mymaster 1\n",
+                dir.path().display()
+            ),
+        )
+        .expect("sentinel config");
+        let child = Command::new("redis-sentinel")
+            .arg(&config)
+            .stdout(Stdio::null())
+            .spawn()
+            .expect(
+                "redis-sentinel is missing: run the tests with scripts/test, which installs it",
+            );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "redis-sentinel did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Self {
+            _dir: dir,
+            port,
+            child,
+        }
+    }
+
+    /// The port of the primary this sentinel names now.
+    pub(crate) fn primary(&self) -> Option<u16> {
+        redis_cli(
+            self.port,
+            &["SENTINEL", "get-master-addr-by-name", "mymaster"],
+        )
+        .lines()
+        .nth(1)?
+        .trim()
+        .parse()
+        .ok()
+    }
+}
+
+impl Drop for OwnSentinel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The test gateway's configuration file in `dir`: one Feishu source, events to `downstream`.
+pub(crate) fn write_config(
+    dir: &Path,
+    downstream: SocketAddr,
+    watermark: bool,
+    store: &str,
+    lease: &str,
+    renew: &str,
+) -> std::path::PathBuf {
+    let config = dir.join("oncegate.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[store]
+{store}
+
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+body_limit = 65536
+
+[dispatcher]
+concurrency = 32
+max_attempts = 3
+backoff_base = "50ms"
+backoff_max = "200ms"
+shutdown_grace = "2s"
+
+[lease]
+duration = "{lease}"
+renew_every = "{renew}"
+
+[[source]]
+name = "main"
+platform = "feishu"
+app_id = "{APP_ID}"
+encrypt_key = "{ENCRYPT_KEY}"
+verification_token = "{TOKEN}"
+
+[[route]]
+events = ["card.action.trigger"]
+sink = "http"
+url = "http://{downstream}/cards"
+
+[[route]]
+events = ["*"]
+sink = "http"
+url = "http://{downstream}/events"
+secret = "{SECRET}"
+timeout = "5s"
+watermark = {watermark}
+"#,
+        ),
+    )
+    .expect("write config");
+    config
+}
+
+/// A burst of `events` signed callbacks `<prefix>-<i>` over 11 chats from 8 senders, each
+/// retried as the platform does (every 50 ms) until the gateway answers 200.
+pub(crate) struct Burst {
+    /// Callbacks answered 200.
+    pub(crate) acked: Arc<std::sync::atomic::AtomicUsize>,
+    /// 503 answers seen (each then retried).
+    pub(crate) refused: Arc<std::sync::atomic::AtomicUsize>,
+    senders: tokio::task::JoinHandle<()>,
+}
+
+impl Burst {
+    pub(crate) fn start(url: &str, prefix: &str, events: usize) -> Self {
+        use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+        let acked = Arc::new(AtomicUsize::new(0));
+        let refused = Arc::new(AtomicUsize::new(0));
+        let next = Arc::new(AtomicUsize::new(0));
+        let client = client();
+        let mut workers = Vec::new();
+        for _ in 0..8 {
+            let (client, url, acked, refused, next) = (
+                client.clone(),
+                url.to_owned(),
+                acked.clone(),
+                refused.clone(),
+                next.clone(),
+            );
+            let prefix = prefix.to_owned();
+            workers.push(tokio::spawn(async move {
+                loop {
+                    let i = next.fetch_add(1, Relaxed);
+                    if i >= events {
+                        break;
+                    }
+                    let plain = message(
+                        &format!("{prefix}-{i}"),
+                        &format!("oc_{prefix}{}", i % 11),
+                        1_000 + i as u64,
+                    );
+                    loop {
+                        match post(&client, &url, &sign(&plain)).await {
+                            Ok((200, _)) => break,
+                            Ok((503, _)) => {
+                                refused.fetch_add(1, Relaxed);
+                            }
+                            Ok((status, body)) => panic!("unexpected {status}: {body}"),
+                            Err(error) => panic!("the gateway itself must stay up: {error}"),
+                        }
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    acked.fetch_add(1, Relaxed);
+                }
+            }));
+        }
+        let senders = tokio::spawn(async move {
+            for worker in workers {
+                worker.await.expect("sender");
+            }
+        });
+        Self {
+            acked,
+            refused,
+            senders,
+        }
+    }
+
+    /// Waits (at most 30 s) until `count` callbacks were answered 200.
+    pub(crate) async fn wait_acked(&self, count: usize) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.acked.load(std::sync::atomic::Ordering::Relaxed) < count {
+            assert!(
+                Instant::now() < deadline,
+                "{count} callbacks not answered 200 in time"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Waits until every callback was answered 200; the 503s seen on the way.
+    pub(crate) async fn finish(self) -> usize {
+        self.senders.await.expect("senders");
+        self.refused.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }

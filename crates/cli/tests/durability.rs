@@ -1,0 +1,372 @@
+//! What an acknowledged event survives on Redis, through the binary on real processes: a
+//! `fsync` Redis killed with -9 and restarted, a primary killed under Sentinel with the
+//! `replicas` guarantee, a Redis without persistence refused by `fsync` and allowed (and said)
+//! by `memory`.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+mod e2e;
+use e2e::*;
+
+/// Deliveries per event id at the receiver.
+fn deliveries(downstream: &Downstream) -> HashMap<String, Vec<String>> {
+    let mut by_event: HashMap<String, Vec<String>> = HashMap::new();
+    for got in downstream.got() {
+        by_event
+            .entry(got.event_id)
+            .or_default()
+            .push(got.idempotency_key);
+    }
+    by_event
+}
+
+async fn readyz(gateway: &Gateway) -> (u16, serde_json::Value) {
+    let response = client()
+        .get(format!("{}/readyz", gateway.admin))
+        .send()
+        .await
+        .expect("readyz");
+    let status = response.status().as_u16();
+    (status, response.json().await.expect("json"))
+}
+
+/// The `durability` entry of a `/readyz` answer.
+fn durability_check(ready: &serde_json::Value) -> serde_json::Value {
+    ready["checks"]
+        .as_array()
+        .and_then(|checks| checks.iter().find(|c| c["check"] == "durability"))
+        .cloned()
+        .unwrap_or_else(|| panic!("no durability check in {ready}"))
+}
+
+/// `oncegate check-config config`: its exit status and output.
+fn check_config(config: &Path) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_oncegate"))
+        .args(["check-config"])
+        .arg(config)
+        .output()
+        .expect("check-config");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+/// `oncegate serve` that must refuse to start: its output (within 20 s).
+fn refused_start(config: &Path) -> String {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_oncegate"))
+        .args(["serve", "--config"])
+        .arg(config)
+        .env("ONCEGATE_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("serve");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            assert!(!status.success(), "the gateway must not start");
+            let out = child.wait_with_output().expect("output");
+            return String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the gateway started on a Redis that does not keep what it acknowledges");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_without_persistence_is_refused_by_fsync_and_said_by_memory() {
+    let redis = OwnRedis::start_with(&["--appendonly", "no"]);
+    let (_downstream, addr) = Downstream::start().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let store = format!(
+        "backend = \"redis\"\nurl = \"{}\"\npartitions = 4",
+        redis.url()
+    );
+
+    // The default, fsync: refused at start and by check-config, naming what to change.
+    let config = write_config(dir.path(), addr, false, &store, "30s", "5s");
+    let out = refused_start(&config);
+    assert!(
+        out.contains("appendonly yes and appendfsync always") && out.contains("appendonly no"),
+        "{out}"
+    );
+    let (ok, out) = check_config(&config);
+    assert!(!ok, "check-config must fail: {out}");
+    assert!(
+        out.contains("error: store.durability") && out.contains("appendfsync always"),
+        "{out}"
+    );
+
+    // memory: allowed, and what it can lose is said by check-config, /readyz and a gauge.
+    let memory = format!("{store}\ndurability = \"memory\"");
+    let config = write_config(dir.path(), addr, false, &memory, "30s", "5s");
+    let (ok, out) = check_config(&config);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("warning: store.durability") && out.contains("persistence is off"),
+        "{out}"
+    );
+    let gateway = Gateway::run(&config);
+    let (status, ready) = readyz(&gateway).await;
+    assert_eq!(status, 200, "{ready}");
+    let check = durability_check(&ready);
+    assert_eq!(check["mode"], "memory", "{check}");
+    assert!(
+        check["at_risk"]
+            .as_str()
+            .is_some_and(|r| r.contains("persistence is off")),
+        "{check}"
+    );
+    let metrics = client()
+        .get(format!("{}/metrics", gateway.admin))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        metrics.contains("oncegate_store_durability_at_risk{mode=\"memory\"} 1"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fsync_is_checked_while_running_and_refuses_what_it_cannot_keep() {
+    let redis = OwnRedis::start();
+    let (downstream, addr) = Downstream::start().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let store = format!(
+        "backend = \"redis\"\nurl = \"{}\"\npartitions = 4",
+        redis.url()
+    );
+    let config = write_config(dir.path(), addr, false, &store, "30s", "5s");
+    let (ok, out) = check_config(&config);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("durability = \"fsync\" in force") && out.contains("appendfsync always"),
+        "{out}"
+    );
+    let gateway = Gateway::run(&config);
+    let client = client();
+    let (status, ready) = readyz(&gateway).await;
+    assert_eq!(status, 200, "{ready}");
+    assert_eq!(durability_check(&ready)["ok"], true, "{ready}");
+
+    // Someone relaxes the server: within the check period, not ready and no acknowledgement.
+    redis.cli(&["CONFIG", "SET", "appendfsync", "everysec"]);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (status, ready) = readyz(&gateway).await;
+        if status == 503 {
+            let check = durability_check(&ready);
+            assert_eq!(check["ok"], false, "{ready}");
+            assert!(
+                check["detail"]
+                    .as_str()
+                    .is_some_and(|d| d.contains("appendfsync everysec")),
+                "{check}"
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "still ready: {ready}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let plain = message("fs-1", "oc_fs", 1);
+    let (status, body) = post(&client, &gateway.url, &sign(&plain))
+        .await
+        .expect("post");
+    assert_eq!(status, 503, "{body}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(downstream.count("fs-1"), 0, "refused, so not admitted");
+
+    // Back to always: the platform's retry is admitted (once).
+    redis.cli(&["CONFIG", "SET", "appendfsync", "always"]);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (status, _) = post(&client, &gateway.url, &sign(&plain))
+            .await
+            .expect("post");
+        if status == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still refused");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    downstream
+        .wait_for("the retried event", |got| {
+            got.iter().any(|g| g.event_id == "fs-1")
+        })
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(downstream.count("fs-1"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fsync_loses_nothing_and_delivers_nothing_twice_across_a_kill_9() {
+    const EVENTS: usize = 400;
+    let mut redis = OwnRedis::start();
+    let (downstream, addr) = Downstream::start().await;
+    // A slow downstream: acknowledged events wait in Redis when it dies.
+    downstream.behavior.lock().expect("behavior").delay = Duration::from_millis(20);
+    let dir = tempfile::tempdir().expect("dir");
+    let store = format!(
+        "backend = \"redis\"\nurl = \"{}\"\npartitions = 4",
+        redis.url()
+    );
+    let gateway = Gateway::start_with_lease(dir.path(), addr, false, &store, "10s", "2s");
+    let burst = Burst::start(&gateway.url, "kill", EVENTS);
+    burst.wait_acked(EVENTS / 2).await;
+    redis.kill9();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    redis.run();
+    let refused = burst.finish().await;
+    downstream
+        .wait_for("every acknowledged event", |got| {
+            deliveries_of(got) == EVENTS
+        })
+        .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let by_event = deliveries(&downstream);
+    let twice: Vec<_> = by_event.iter().filter(|(_, d)| d.len() > 1).collect();
+    assert_eq!(by_event.len(), EVENTS, "0 acknowledged events lost");
+    assert!(twice.is_empty(), "delivered twice: {twice:?}");
+    eprintln!("fsync, redis kill -9: {EVENTS} acknowledged, 0 lost, 0 twice; {refused} 503s");
+}
+
+fn deliveries_of(got: &[Got]) -> usize {
+    got.iter()
+        .map(|g| g.event_id.as_str())
+        .collect::<std::collections::HashSet<_>>()
+        .len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_follow_a_sentinel_failover_and_lose_nothing() {
+    const EVENTS: usize = 400;
+    let mut primary = OwnRedis::start_with(&[]);
+    let replica = OwnRedis::start_with(&["--replicaof", "127.0.0.1", &primary.port.to_string()]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !replica
+        .cli(&["INFO", "replication"])
+        .contains("master_link_status:up")
+    {
+        assert!(Instant::now() < deadline, "the replica did not sync");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let sentinels: Vec<OwnSentinel> = (0..3)
+        .map(|_| OwnSentinel::start(primary.port, 2))
+        .collect();
+    let url = format!(
+        "redis+sentinel://{}/mymaster",
+        sentinels
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    // Fencing tokens before the failover, from a store of the test's own on the same URL.
+    let tokens = tokio::task::block_in_place(|| {
+        oncegate_redis::RedisStore::connect(oncegate_redis::RedisConfig {
+            partitions: 4,
+            durability: oncegate_redis::RedisDurability::Replicas {
+                min: 1,
+                wait: Duration::from_millis(500),
+            },
+            ..oncegate_redis::RedisConfig::at(&url)
+        })
+    })
+    .expect("a store through the sentinels");
+    let before = claim_token(&tokens, "before").await;
+
+    let (downstream, addr) = Downstream::start().await;
+    downstream.behavior.lock().expect("behavior").delay = Duration::from_millis(10);
+    let dir = tempfile::tempdir().expect("dir");
+    let store = format!(
+        "backend = \"redis\"\nurl = \"{url}\"\npartitions = 4\ndurability = \"replicas\"\n\
+         min_replicas = 1\nreplica_wait = \"500ms\""
+    );
+    let gateway = Gateway::start_with_lease(dir.path(), addr, false, &store, "10s", "2s");
+    let (status, ready) = readyz(&gateway).await;
+    assert_eq!(status, 200, "{ready}");
+    assert_eq!(durability_check(&ready)["mode"], "replicas", "{ready}");
+
+    let burst = Burst::start(&gateway.url, "fo", EVENTS);
+    burst.wait_acked(EVENTS / 3).await;
+    primary.kill9();
+    // The sentinels promote the replica; then the old primary comes back and is made its
+    // replica, so that min_replicas = 1 can hold again.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while sentinels[0].primary() != Some(replica.port) {
+        assert!(Instant::now() < deadline, "no failover");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    primary.run();
+    let refused = burst.finish().await;
+    downstream
+        .wait_for("every acknowledged event", |got| {
+            deliveries_of(got) == EVENTS
+        })
+        .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let by_event = deliveries(&downstream);
+    assert_eq!(by_event.len(), EVENTS, "0 acknowledged events lost");
+    // A delivery the old primary's death interrupted may run again, always under its key:
+    // a receiver that applies by Idempotency-Key applies each event once.
+    let mut twice = 0;
+    for (event, keys) in &by_event {
+        twice += keys.len() - 1;
+        assert!(
+            keys.iter().all(|k| k == &keys[0]),
+            "{event}: one Idempotency-Key, got {keys:?}"
+        );
+    }
+    let stats = gateway.stats().await;
+    // An admission Redis applied but the replicas did not confirm in time was answered 503;
+    // the platform's retry then found it a duplicate. Every event is admitted exactly once.
+    let admitted = stats["gateway"]["admitted"].as_u64().unwrap_or(0);
+    let duplicates = stats["gateway"]["duplicates"].as_u64().unwrap_or(0);
+    assert_eq!(
+        admitted + duplicates,
+        EVENTS as u64,
+        "each event admitted once, the retries of the 503s as duplicates: {stats}"
+    );
+    assert_eq!(
+        stats["store"]["completed"].as_u64(),
+        Some(EVENTS as u64),
+        "one completed record per event: {stats}"
+    );
+    let after = claim_token(&tokens, "after").await;
+    assert!(
+        after > before,
+        "fencing tokens grow across the failover: {before} then {after}"
+    );
+    eprintln!(
+        "replicas, sentinel failover: {EVENTS} acknowledged, 0 lost, {twice} delivered again under their key; {refused} 503s"
+    );
+}
+
+/// A claim's fencing token on a fresh key in partition 0.
+async fn claim_token(store: &oncegate_redis::RedisStore, name: &str) -> u64 {
+    use oncegate_core::DedupStore;
+    let key = oncegate_core::key_for("test", "app", "t", name);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match store.claim(&key, 0, Duration::from_secs(5)).await {
+            Ok(oncegate_core::Claim::Acquired(lease)) => return lease.token.0,
+            Ok(other) => panic!("unexpected claim answer {other:?}"),
+            Err(error) => {
+                assert!(Instant::now() < deadline, "no claim: {error}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
