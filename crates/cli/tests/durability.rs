@@ -370,3 +370,48 @@ async fn claim_token(store: &oncegate_redis::RedisStore, name: &str) -> u64 {
         }
     }
 }
+
+/// The README's Redis example ("What Redis keeps"): the server it starts and the store section
+/// it shows pass `check-config` under the default durability.
+#[test]
+fn the_readme_redis_example_keeps_what_it_acknowledges() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
+        .expect("README");
+    let example = readme
+        .split_once("To try it on one machine")
+        .expect("the README's Redis example")
+        .1;
+    let command = example
+        .lines()
+        .find(|l| l.starts_with("redis-server "))
+        .expect("its redis-server line");
+    // Its flags, but in the foreground (the test stops it).
+    let words: Vec<&str> = command.split_whitespace().skip(1).collect();
+    let args: Vec<&str> = words
+        .chunks(2)
+        .filter(|flag| flag.first() != Some(&"--daemonize"))
+        .flatten()
+        .copied()
+        .collect();
+    let store = example
+        .split_once("```toml\n")
+        .and_then(|(_, rest)| rest.split_once("```"))
+        .expect("its toml block")
+        .0;
+    let redis = OwnRedis::start_with(&args);
+    let dir = tempfile::tempdir().expect("dir");
+    let store = store
+        .replace("redis://127.0.0.1:6379", &redis.url())
+        .replace("[store]\n", "");
+    let config = write_config(
+        dir.path(),
+        "127.0.0.1:9".parse().expect("addr"),
+        false,
+        &store,
+        "30s",
+        "5s",
+    );
+    let (ok, out) = check_config(&config);
+    assert!(ok, "{out}");
+    assert!(out.contains("durability = \"fsync\" in force"), "{out}");
+}
