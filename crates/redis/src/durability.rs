@@ -59,7 +59,8 @@ pub struct ServerPromise {
     pub config_refused: Option<String>,
     /// `INFO replication`'s `role`.
     pub role: Option<String>,
-    /// `INFO replication`'s `connected_slaves`.
+    /// Replicas `INFO replication` lists as `state=online` (one still waiting for its first
+    /// sync is connected but confirms nothing); `connected_slaves` when it lists none.
     pub replicas: Option<u64>,
 }
 
@@ -79,11 +80,26 @@ impl ServerPromise {
         };
         let persistence = fields(persistence);
         let replication = fields(replication);
+        let listed: Vec<&String> = replication
+            .iter()
+            .filter(|(name, _)| {
+                name.strip_prefix("slave")
+                    .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+            })
+            .map(|(_, value)| value)
+            .collect();
+        let online = listed
+            .iter()
+            .filter(|value| value.split(',').any(|field| field == "state=online"))
+            .count() as u64;
         let mut promise = Self {
             role: replication.get("role").cloned(),
-            replicas: replication
-                .get("connected_slaves")
-                .and_then(|n| n.parse().ok()),
+            replicas: match listed.is_empty() {
+                true => replication
+                    .get("connected_slaves")
+                    .and_then(|n| n.parse().ok()),
+                false => Some(online),
+            },
             ..Self::default()
         };
         match config {
@@ -321,6 +337,24 @@ mod tests {
             wait: Duration::from_millis(500),
         };
         assert!(judge(replicas, &[managed]).holds);
+    }
+
+    #[test]
+    fn only_online_replicas_count() {
+        let syncing = ServerPromise::from_answers(
+            config(&[]),
+            "",
+            "role:master\r\nconnected_slaves:2\r\n\
+             slave0:ip=127.0.0.1,port=16704,state=wait_bgsave,offset=0,lag=0\r\n\
+             slave1:ip=127.0.0.1,port=16705,state=online,offset=10,lag=0\r\n",
+        );
+        assert_eq!(syncing.replicas, Some(1));
+        let mode = |min| RedisDurability::Replicas {
+            min,
+            wait: Duration::from_millis(500),
+        };
+        assert!(judge(mode(1), std::slice::from_ref(&syncing)).holds);
+        assert!(!judge(mode(2), &[syncing]).holds);
     }
 
     #[test]
