@@ -121,8 +121,8 @@ impl Conn {
         }
     }
 
-    /// `SET mark 1 PX ttl_ms` then `WAIT min wait_ms` on the node that holds `mark`, in one
-    /// round trip: how many replicas have every write that node answered before.
+    /// `SET mark 1 PX ttl_ms` then `WAIT min wait_ms` on the node that holds `mark`: how
+    /// many replicas have every write that node answered before.
     pub(crate) async fn mark_and_wait(
         &mut self,
         mark: &str,
@@ -130,32 +130,34 @@ impl Conn {
         min: u16,
         wait_ms: u64,
     ) -> RedisResult<u64> {
-        let mut pipe = redis::pipe();
-        pipe.cmd("SET")
-            .arg(mark)
-            .arg(1)
-            .arg("PX")
-            .arg(ttl_ms)
-            .cmd("WAIT")
-            .arg(min)
-            .arg(wait_ms);
-        let confirmed = match self {
+        let mut set = redis::cmd("SET");
+        set.arg(mark).arg(1).arg("PX").arg(ttl_ms);
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(min).arg(wait_ms);
+        match self {
             Self::Cluster(cluster) => {
+                // The mark as a command of its own, so that a redirect after a failover is
+                // followed (and the slot map refreshed); then the wait on the primary that
+                // took it, over the same connection to that node.
+                let _: Value = set.query_async(cluster).await?;
                 let route =
                     SingleNodeRoutingInfo::SpecificNode(redis::cluster_routing::Route::with_key(
                         mark,
                         redis::cluster_routing::SlotAddr::Master,
                     ));
-                // The SET's answer skipped, the WAIT's kept.
-                let replies = cluster.route_pipeline(pipe, 1, 1, route).await?;
-                redis::from_redis_value(replies.into_iter().next().unwrap_or(Value::Nil))?
+                let reply = cluster
+                    .route_command(wait, RoutingInfo::SingleNode(route))
+                    .await?;
+                Ok(redis::from_redis_value(reply)?)
             }
             conn => {
+                // One round trip.
+                let mut pipe = redis::pipe();
+                pipe.add_command(set).add_command(wait);
                 let (_, confirmed): (Value, u64) = pipe.query_async(conn).await?;
-                confirmed
+                Ok(confirmed)
             }
-        };
-        Ok(confirmed)
+        }
     }
 
     /// The nodes whose keys a `SCAN` must visit: the server, or every cluster primary.

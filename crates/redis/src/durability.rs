@@ -231,11 +231,21 @@ pub fn judge(mode: RedisDurability, nodes: &[ServerPromise]) -> Durability {
                     if min == 1 { "" } else { "s" }
                 )
             };
+            // Redis's "replication safety when the master has persistence turned off".
+            let amnesiac = nodes
+                .iter()
+                .any(|n| n.appendonly == Some(false) && n.save.as_deref() == Some(""));
             Durability {
                 mode: mode.name(),
                 holds,
                 detail,
-                at_risk: None,
+                at_risk: amnesiac.then(|| {
+                    "everything, if a primary without persistence is restarted (automatically) \
+                     before the sentinels or the cluster have failed it over: it comes back \
+                     empty and its replicas copy the empty data set; turn on appendonly or \
+                     do not restart such primaries automatically"
+                        .to_owned()
+                }),
             }
         }
         RedisDurability::Memory => {
@@ -373,6 +383,21 @@ mod tests {
         assert!(
             !verdict.holds && verdict.detail.contains("slave"),
             "{verdict:?}"
+        );
+        // A primary that restarts empty is said, with persistence only.
+        assert!(judge(mode(1), std::slice::from_ref(&one)).at_risk.is_none());
+        let amnesiac = ServerPromise::from_answers(
+            config(&[("appendonly", "no"), ("save", "")]),
+            "",
+            MASTER_ONE,
+        );
+        let verdict = judge(mode(1), &[amnesiac]);
+        assert!(verdict.holds);
+        assert!(
+            verdict
+                .at_risk
+                .is_some_and(|r| r.contains("comes back empty")),
+            "a primary without persistence"
         );
     }
 

@@ -72,3 +72,46 @@ fn depth_and_owners_span_the_slots_and_two_stores_split_the_partitions() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// `replicas` durability on a cluster waits on the primary of the event's slot: with no replica
+/// there (this test cluster has none) an admission is refused naming the count, and asking for
+/// none passes; the refused event is admitted once by the retry.
+#[test]
+fn replicas_wait_on_the_slots_primary() {
+    use std::time::Duration;
+
+    use oncegate_contract::{block_on, event, key};
+    use oncegate_core::{Admission, DedupStore, StoreError};
+    use oncegate_redis::RedisDurability;
+
+    let prefix = format!("wait{:016x}", fastrand_u64());
+    let store = |min| {
+        RedisStore::connect(RedisConfig {
+            prefix: prefix.clone(),
+            partitions: 4,
+            cluster: true,
+            durability: RedisDurability::Replicas {
+                min,
+                wait: Duration::from_millis(50),
+            },
+            ..RedisConfig::at(&urls())
+        })
+        .expect("connect to the test redis cluster")
+    };
+    let waiting = store(1);
+    let refused = block_on(waiting.admit(event("w1", None), &[key("w1")], Duration::from_secs(60)));
+    match refused {
+        Err(StoreError::Unavailable(why)) => assert!(why.contains("only 0 of 1"), "{why}"),
+        other => panic!("expected a refusal for want of a replica, got {other:?}"),
+    }
+    let none = store(0);
+    let retried = block_on(none.admit(event("w1", None), &[key("w1")], Duration::from_secs(60)))
+        .expect("admitted");
+    assert!(
+        matches!(retried, Admission::Duplicate { .. }),
+        "the refused admission's write landed: the retry is its duplicate, {retried:?}"
+    );
+    let fresh = block_on(none.admit(event("w2", None), &[key("w2")], Duration::from_secs(60)))
+        .expect("admitted");
+    assert!(matches!(fresh, Admission::Admitted { .. }), "{fresh:?}");
+}

@@ -522,6 +522,19 @@ impl OwnSentinel {
         }
     }
 
+    /// Whether this sentinel names `port` as the primary with no failover in progress.
+    pub(crate) fn settled_on(&self, port: u16) -> bool {
+        let master = redis_cli(self.port, &["SENTINEL", "master", "mymaster"]);
+        let fields: Vec<&str> = master.lines().map(str::trim).collect();
+        let field = |name: &str| {
+            fields
+                .iter()
+                .position(|f| *f == name)
+                .and_then(|i| fields.get(i + 1).copied())
+        };
+        self.primary() == Some(port) && field("flags") == Some("master")
+    }
+
     /// The port of the primary this sentinel names now.
     pub(crate) fn primary(&self) -> Option<u16> {
         redis_cli(
