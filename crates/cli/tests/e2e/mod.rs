@@ -410,12 +410,27 @@ impl OwnRedis {
             args: args.iter().map(|a| (*a).to_owned()).collect(),
             child: None,
         };
-        redis.run();
-        redis
+        // A port found free may be taken before the server binds it (or, on a cluster, its
+        // bus port + 10000): another port then.
+        for _ in 0..5 {
+            if redis.started() {
+                return redis;
+            }
+            redis.port = free_port();
+        }
+        panic!("redis-server did not start on five ports");
     }
 
+    /// Starts the server again on its port, with its files.
     pub(crate) fn run(&mut self) {
-        let child = Command::new("redis-server")
+        assert!(
+            self.started(),
+            "redis-server did not start again on its port"
+        );
+    }
+
+    fn started(&mut self) -> bool {
+        let mut child = Command::new("redis-server")
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", ""])
             .arg("--dir")
@@ -424,12 +439,17 @@ impl OwnRedis {
             .stdout(Stdio::null())
             .spawn()
             .expect("redis-server is missing: run the tests with scripts/test, which installs it");
-        self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(Instant::now() < deadline, "redis-server did not start");
+            if Instant::now() > deadline || child.try_wait().ok().flatten().is_some() {
+                let _ = child.kill();
+                let _ = child.wait();
+                return false;
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
+        self.child = Some(child);
+        true
     }
 
     pub(crate) fn kill9(&mut self) {
