@@ -303,3 +303,69 @@ async fn fences_conflicts_namespaces_and_refusals() {
     let without = Serve::start_with(bare.path(), plain);
     assert!(without.api.is_none(), "never open by default");
 }
+
+/// A body that never arrives holds a connection of the API or the admin listener for
+/// `server.body_timeout` at most (408), and an unauthenticated one not at all (401 before the
+/// body is read): partial bodies cannot fill the listeners and lock callers out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partial_bodies_are_cut_off_and_unauthenticated_ones_refused_first() {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::time::Instant;
+
+    let dir = tempfile::tempdir().expect("dir");
+    let config = config("backend = \"memory\"").replace(
+        "admin_listen = \"127.0.0.1:0\"",
+        "admin_listen = \"127.0.0.1:0\"\nbody_timeout = \"700ms\"\nadmin_token = \"admin-secret-token\"",
+    );
+    let gateway = Serve::start_with(dir.path(), &config);
+    let api = gateway.api.clone().expect("api");
+    // Sends `head` (a request that announces 100 bytes of body) and no body; the answer and
+    // how long it took.
+    let partial = |base: &str, head: String| {
+        let addr = base.trim_start_matches("http://").to_owned();
+        let mut stream = TcpStream::connect(&addr).expect("connect");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        stream.write_all(head.as_bytes()).expect("write");
+        let start = Instant::now();
+        let mut answer = [0u8; 12];
+        let _ = stream.read_exact(&mut answer);
+        (
+            String::from_utf8_lossy(&answer).into_owned(),
+            start.elapsed(),
+        )
+    };
+    let head = |path: &str, token: Option<&str>| {
+        let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+        format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"key\":"
+        )
+    };
+    for (base, path, token) in [
+        (&api, "/keys/claim", TOKEN_A),
+        (&api, "/send/main", TOKEN_A),
+        (
+            &gateway.admin,
+            "/admin/dead-letters/purge",
+            "admin-secret-token",
+        ),
+    ] {
+        let (answer, took) = partial(base, head(path, None));
+        assert_eq!(answer, "HTTP/1.1 401", "{path} without a token");
+        assert!(
+            took < Duration::from_millis(500),
+            "{path}: 401 at once, took {took:?}"
+        );
+        let (answer, took) = partial(base, head(path, Some(token)));
+        assert_eq!(answer, "HTTP/1.1 408", "{path}: the body never came");
+        assert!(
+            took >= Duration::from_millis(600) && took < Duration::from_secs(3),
+            "{path}: held {took:?}"
+        );
+    }
+    // And a whole call still works.
+    let (status, body) = call(&api, TOKEN_A, "claim", json!({"key": "order-1"})).await;
+    assert_eq!(status, 200, "{body}");
+}

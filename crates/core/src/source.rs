@@ -82,6 +82,22 @@ pub struct Stamp {
     pub timestamp_secs: u64,
     /// The request's nonce.
     pub nonce: String,
+    /// A digest of the whole request, for platforms whose nonces are not unique per request
+    /// (WeCom, WeChat): the replay memory then knows the request, not the nonce alone, so that
+    /// another event that happens to carry a nonce seen before is admitted, not taken for a
+    /// replay and answered 200 unadmitted. `None` where the nonce is the request's own.
+    pub request: Option<String>,
+}
+
+impl Stamp {
+    /// What the replay memory remembers of the request: its nonce, with the request's digest
+    /// when the platform gives one.
+    pub fn replay_id(&self) -> std::borrow::Cow<'_, str> {
+        match &self.request {
+            Some(digest) => format!("{}.{digest}", self.nonce).into(),
+            None => self.nonce.as_str().into(),
+        }
+    }
 }
 
 /// An answer body with its content type.
@@ -284,7 +300,11 @@ pub trait WebhookSource: Send + Sync + 'static {
     /// the request stamped `request` (WeCom signs its encrypted replies with it).
     fn sync_reply(&self, result: Option<Bytes>, request: Option<&Stamp>) -> Reply {
         let _ = request;
-        Reply::json(result.unwrap_or_else(|| Bytes::from_static(b"{}")))
+        Reply::json(
+            result
+                .filter(|answer| !answer.is_empty())
+                .unwrap_or_else(|| Bytes::from_static(b"{}")),
+        )
     }
 
     /// How long a synchronous call may take before its answer is late: the platform's wait,

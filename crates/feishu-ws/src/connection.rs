@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
-use oncegate_core::seqwindow::{SeqVerdict, SeqWindow};
 use oncegate_core::{Admit, Refusal, RefusalKind};
 use oncegate_feishu::{FeishuApp, Inbound};
 use tokio::sync::{Semaphore, mpsc, watch};
@@ -16,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::fragments::{Fragments, Part};
 use crate::frame::{Frame, METHOD_CONTROL, METHOD_DATA};
+use crate::seen::SeenFrames;
 use crate::{ClientConfig, Inlet, Settings, Status, unix_ms};
 
 /// Acks and pings waiting for the socket.
@@ -112,7 +112,7 @@ where
     let (ping_every, ping_changes) = watch::channel(config.ping_every());
     let ended = CancellationToken::new();
     let writer = tokio::spawn(write(sink, letters, service, ping_changes, ended.clone()));
-    let window = Arc::new(Mutex::new(SeqWindow::<16>::new()));
+    let window = Arc::new(Mutex::new(SeenFrames::default()));
     let lanes: Vec<mpsc::Sender<Work>> = (0..context.settings.lanes.max(1))
         .map(|_| {
             let (lane, work) = mpsc::channel(LANE_DEPTH);
@@ -259,7 +259,7 @@ async fn data_frame<I: Inlet>(
     context: &Arc<Context<I>>,
     frame: Frame,
     fragments: &mut Fragments,
-    window: &Arc<Mutex<SeqWindow<16>>>,
+    window: &Arc<Mutex<SeenFrames>>,
     lanes: &[mpsc::Sender<Work>],
     cards: &Arc<Semaphore>,
     outbox: &mpsc::Sender<Frame>,
@@ -312,7 +312,7 @@ async fn data_frame<I: Inlet>(
             return;
         }
     };
-    if window_says(window, frame.seq_id) == SeqVerdict::Duplicate {
+    if is_resend(window, frame.seq_id, &message_id) {
         metrics::counter!("oncegate_ws_resent_frames_total", "source" => context.settings.source.clone())
             .increment(1);
         metrics::counter!("oncegate_drops_total", "layer" => "sequence_window").increment(1);
@@ -345,7 +345,7 @@ async fn data_frame<I: Inlet>(
                 let answered = context.inlet.call(admit, deadline).await;
                 let ack = match &answered {
                     Ok(answer) => {
-                        mark(&window, frame.seq_id);
+                        mark(&window, &frame);
                         frame.ack(200, answer.as_deref(), elapsed_ms(received))
                     }
                     Err(refusal) => {
@@ -399,7 +399,7 @@ async fn admit_in_order<I: Inlet>(
     context: Arc<Context<I>>,
     mut work: mpsc::Receiver<Work>,
     outbox: mpsc::Sender<Frame>,
-    window: Arc<Mutex<SeqWindow<16>>>,
+    window: Arc<Mutex<SeenFrames>>,
 ) {
     while let Some(Work {
         frame,
@@ -409,7 +409,7 @@ async fn admit_in_order<I: Inlet>(
     {
         let code = match context.inlet.admit(admit).await {
             Ok(_) => {
-                mark(&window, frame.seq_id);
+                mark(&window, &frame);
                 200
             }
             Err(refusal) => {
@@ -427,18 +427,19 @@ async fn admit_in_order<I: Inlet>(
     }
 }
 
-fn window_says(window: &Mutex<SeqWindow<16>>, seq: u64) -> SeqVerdict {
+fn is_resend(window: &Mutex<SeenFrames>, seq: u64, message_id: &str) -> bool {
     window
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .check(seq)
+        .is_resend(seq, message_id)
 }
 
-fn mark(window: &Mutex<SeqWindow<16>>, seq: u64) {
+/// Marks `frame` handled (its SeqID with its message id).
+fn mark(window: &Mutex<SeenFrames>, frame: &Frame) {
     window
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .check_and_mark(seq);
+        .mark(frame.seq_id, frame.header("message_id").unwrap_or(""));
 }
 
 fn elapsed_ms(since: Instant) -> u64 {

@@ -13,6 +13,7 @@ pub mod endpoint;
 pub mod fragments;
 pub mod frame;
 pub mod local;
+mod seen;
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

@@ -206,6 +206,38 @@ async fn a_failed_admission_is_answered_500_and_its_resend_is_admitted() {
     );
 }
 
+/// A frame that reuses a handled frame's SeqID for another message is that message, not a
+/// resend: admitted, not acked from the window and dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frame_reusing_a_seq_id_for_another_message_is_admitted() {
+    let running = start(quick(), Recorder::default(), |_| {}).await;
+    let conn = first_connection(&running).await;
+    let seqs = running
+        .server
+        .push(conn, "m1", &event("e1", "oc_1"), 1, PartOrder::InOrder)
+        .expect("pushed");
+    assert!(running.server.wait_all_acked(Duration::from_secs(5)).await);
+    let other = local::data_frame(seqs[0], "m2", 1, 0, &event("e2", "oc_1"));
+    assert!(running.server.send_raw(conn, other));
+    assert!(until(Duration::from_secs(5), || running.server.acks().len() == 2).await);
+    assert_eq!(running.server.acks()[1].code, 200);
+    let seen = running.inlet.seen.lock().expect("lock").clone();
+    assert!(
+        seen.contains_key("e1") && seen.contains_key("e2"),
+        "both messages admitted: {:?}",
+        seen.keys().collect::<Vec<_>>()
+    );
+    // The first frame again, byte for byte: a resend, acked without a second admission.
+    let calls = running.inlet.calls.load(Ordering::SeqCst);
+    assert!(running.server.repeat(conn, seqs[0], "m1"));
+    assert!(until(Duration::from_secs(5), || running.server.acks().len() == 3).await);
+    assert_eq!(
+        running.inlet.calls.load(Ordering::SeqCst),
+        calls + 1,
+        "not from the window: m2 holds the SeqID now"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fragments_out_of_order_make_one_event() {
     let running = start(quick(), Recorder::default(), |_| {}).await;

@@ -42,9 +42,11 @@ impl WebhookSource for FeishuApp {
         // nothing from it either.
         let inbound = self.open(headers, callback.body)?;
         let stamp = || -> Result<Option<Stamp>, Refusal> {
+            // Feishu's nonce is the request's own (its signature covers the body).
             Ok(headers.stamp()?.map(|(timestamp_secs, nonce)| Stamp {
                 timestamp_secs,
                 nonce: nonce.to_owned(),
+                request: None,
             }))
         };
         let admit = |verified: Verified| Admit::new(verified.event, verified.keys);
@@ -172,7 +174,8 @@ mod tests {
             stamp,
             Some(Stamp {
                 timestamp_secs: 1_700_000_000,
-                nonce: "n1".into()
+                nonce: "n1".into(),
+                request: None,
             })
         );
         let refused = app.decode(&callback(Method::Get)).expect_err("GET");

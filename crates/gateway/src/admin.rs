@@ -36,6 +36,10 @@ pub(crate) fn router<S: Store>(shared: Arc<Shared<S>>) -> Router {
             "/admin/dead-letters/purge",
             post(crate::admin_dlq::purge::<S>),
         )
+        .layer(axum::middleware::from_fn_with_state(
+            shared.clone(),
+            crate::gate::admin::<S>,
+        ))
         .with_state(shared)
 }
 

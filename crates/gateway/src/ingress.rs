@@ -5,7 +5,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::body::Bytes;
 use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -47,7 +46,13 @@ fn status(kind: RefusalKind) -> StatusCode {
 
 /// A refused request: counted by its kind, summarized in the log (never one line per
 /// request), answered with its status and message.
-fn refused<S>(shared: &Shared<S>, peer: Option<SocketAddr>, refusal: Refusal) -> Response {
+/// A refusal as the answer: its status, counted and summarized (the one mapping of refusals
+/// to HTTP).
+pub(crate) fn refused<S>(
+    shared: &Shared<S>,
+    peer: Option<SocketAddr>,
+    refusal: Refusal,
+) -> Response {
     let stats = &shared.stats;
     match refusal.kind {
         RefusalKind::Replayed => {
@@ -188,7 +193,14 @@ async fn callback<S: Store>(
             return refused(shared, peer, refusal);
         }
     };
-    let body = match read_body(shared, &parts.headers, body).await {
+    let body = match crate::gate::read_body(
+        &parts.headers,
+        body,
+        shared.body_limit,
+        shared.limits.body_timeout,
+    )
+    .await
+    {
         Ok(body) => body,
         Err(refusal) => return refused(shared, peer, refusal),
     };
@@ -247,7 +259,12 @@ async fn callback<S: Store>(
             .as_ref()
             .zip(shared.replay)
             .map(|(stamp, limits)| Nonce {
-                key: key_for(&admit.event.source, &admit.event.app, "nonce", &stamp.nonce),
+                key: key_for(
+                    &admit.event.source,
+                    &admit.event.app,
+                    "nonce",
+                    &stamp.replay_id(),
+                ),
                 window_ms: millis(limits.nonce_window()),
                 timestamp_secs: stamp.timestamp_secs,
             });
@@ -258,7 +275,7 @@ async fn callback<S: Store>(
     match answered {
         Ok(answer) => {
             if let (Some(stamp), Some(guard)) = (stamp, &source.replay) {
-                lock(guard).remember(&stamp.nonce, now_secs);
+                lock(guard).remember(&stamp.replay_id(), now_secs);
             }
             reply(answer)
         }
@@ -281,45 +298,6 @@ fn refused_by<S>(
         return reply(source.decoder.accepted(oncegate_core::Accepted::Duplicate));
     }
     refused(shared, peer, refusal)
-}
-
-/// The body, within `server.body_limit` and `server.body_timeout`; a declared length over the
-/// limit is refused before any of the body is read.
-async fn read_body<S>(
-    shared: &Shared<S>,
-    headers: &HeaderMap,
-    body: axum::body::Body,
-) -> Result<Bytes, Refusal> {
-    let too_large = || {
-        Refusal::new(
-            RefusalKind::TooLarge,
-            "too_large",
-            format!(
-                "body larger than {} bytes (server.body_limit)",
-                shared.body_limit
-            ),
-        )
-    };
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok());
-    if declared.is_some_and(|length| length > shared.body_limit as u64) {
-        return Err(too_large());
-    }
-    let read = axum::body::to_bytes(body, shared.body_limit);
-    match tokio::time::timeout(shared.limits.body_timeout, read).await {
-        Ok(Ok(body)) => Ok(body),
-        Ok(Err(_)) => Err(too_large()),
-        Err(_) => Err(Refusal::new(
-            RefusalKind::Timeout,
-            "slow_body",
-            format!(
-                "the body did not arrive within {:?} (server.body_timeout)",
-                shared.limits.body_timeout
-            ),
-        )),
-    }
 }
 
 async fn not_found() -> Response {
@@ -359,7 +337,7 @@ fn check_replay(
     let (Some(guard), Some(stamp)) = (&source.replay, stamp) else {
         return Ok(None);
     };
-    match lock(guard).check(stamp.timestamp_secs, &stamp.nonce, now_secs) {
+    match lock(guard).check(stamp.timestamp_secs, &stamp.replay_id(), now_secs) {
         ReplayVerdict::Fresh => Ok(Some(stamp)),
         ReplayVerdict::Stale { skew_secs } => Err(Refusal::new(
             RefusalKind::Stale,

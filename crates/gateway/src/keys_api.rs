@@ -23,7 +23,7 @@ use crate::Shared;
 use crate::once::{self, Claimed, Claiming};
 
 /// The largest request: a key, a lease and a result.
-const BODY_LIMIT: usize = 256 * 1024;
+pub(crate) const BODY_LIMIT: usize = 256 * 1024;
 /// The largest key, in bytes.
 const KEY_LIMIT: usize = 512;
 /// The largest stored result, in bytes.
@@ -84,6 +84,10 @@ pub(crate) fn router<S: Store>(shared: Arc<Shared<S>>) -> Router {
             )
         })
         .layer(axum::extract::DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(axum::middleware::from_fn_with_state(
+            shared.clone(),
+            crate::gate::api::<S>,
+        ))
         .with_state(shared)
 }
 

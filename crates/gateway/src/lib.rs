@@ -8,6 +8,7 @@ mod admin;
 mod admin_dlq;
 mod admission;
 mod dispatch;
+mod gate;
 mod ingress;
 pub mod keys_api;
 mod longconn;

@@ -75,10 +75,11 @@ pub(crate) async fn call<S: Store>(
     // A repeat that waited for a first run which then gave up has only what is left.
     match tokio::time::timeout(deadline.saturating_sub(started.elapsed()), ran).await {
         Ok(Ok(outcome)) => {
-            let outcome = outcome.unwrap_or_else(|| Bytes::from_static(b"{}"));
-            let _ = once::complete(shared, &lease, Some(outcome.clone())).await;
+            // No answer stays no answer: each platform says what that is (Feishu `{}`, WeCom
+            // the empty 200, WeChat `success`), for the first call and its repeats alike.
+            let _ = once::complete(shared, &lease, outcome.clone()).await;
             stats.bump(&stats.delivered, "oncegate_delivered_total");
-            Ok(Some(outcome))
+            Ok(outcome)
         }
         Ok(Err(error)) => {
             let _ = shared.store.release(&lease).await;

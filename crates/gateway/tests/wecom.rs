@@ -218,6 +218,56 @@ async fn official_accounts_answer_success_and_a_repeated_request_is_a_duplicate(
     assert_eq!((stats.admitted, stats.replays_rejected), (1, 1));
 }
 
+/// WeCom's and WeChat's nonces are not unique per request: another event that carries a nonce
+/// seen before (a new timestamp, its own signature) is admitted, never answered 200 and dropped
+/// as a replay; the byte-for-byte repeat stays a duplicate. Safe mode and plain mode alike.
+#[tokio::test]
+async fn a_reused_nonce_with_another_event_is_admitted_not_taken_for_a_replay() {
+    let sealers: Vec<(&str, Arc<dyn Sealer + Send + Sync>, SharedSource)> = {
+        let corp = Arc::new(corp("ww_nonce"));
+        let oa = Arc::new(WechatApp::new("wx_oa", "oa-token", Some(KEY)).expect("app"));
+        let plain = Arc::new(WechatApp::new("wx_plain", "plain-token", None).expect("app"));
+        vec![
+            ("corp", corp.clone(), corp),
+            ("oa", oa.clone(), oa),
+            ("plain", plain.clone(), plain),
+        ]
+    };
+    let gateway = gateway(
+        sealers
+            .iter()
+            .map(|(name, _, source)| (*name, source.clone()))
+            .collect(),
+    );
+    for (name, sealer, _) in &sealers {
+        let first = sealer.seal(
+            &sealer.message(&message(&format!("{name}-1"), "user-1")),
+            START_MS / 1000,
+            "same-nonce",
+            [5; 16],
+        );
+        let (status, _) = call(&gateway, to_request(name, first.clone())).await;
+        assert_eq!(status, StatusCode::OK, "{name}");
+        let second = sealer.seal(
+            &sealer.message(&message(&format!("{name}-2"), "user-1")),
+            START_MS / 1000 + 1,
+            "same-nonce",
+            [6; 16],
+        );
+        let (status, _) = call(&gateway, to_request(name, second)).await;
+        assert_eq!(status, StatusCode::OK, "{name}");
+        // The platform's retry of the first: the duplicate, admitted once.
+        let (status, _) = call(&gateway, to_request(name, first)).await;
+        assert_eq!(status, StatusCode::OK, "{name}");
+    }
+    let stats = gateway.stats();
+    assert_eq!(
+        (stats.admitted, stats.replays_rejected),
+        (6, 3),
+        "two events per source admitted, each source's repeat refused as a replay"
+    );
+}
+
 /// Collects what the dispatcher hands over.
 #[derive(Clone, Default)]
 struct Collect(Arc<std::sync::Mutex<Vec<oncegate_core::Event>>>);
@@ -422,6 +472,58 @@ async fn a_replying_route_answers_with_the_encrypted_reply_once() {
     assert_eq!(replies[0], replies[1], "the retry gets the stored reply");
     // Replied events are not queued.
     assert_eq!(gateway.stats().admitted, 0);
+}
+
+/// A downstream that has nothing to reply answers 204 or an empty 200: WeCom gets the empty
+/// 200 and an Official Account `success`, as the README says, never an encrypted `{}`; a retry
+/// gets the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_reply_is_the_platforms_empty_answer() {
+    for status in [204u16, 200] {
+        let app = axum::Router::new().route(
+            "/reply",
+            axum::routing::post(move || async move {
+                axum::http::StatusCode::from_u16(status).expect("status")
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let sink = Arc::new(
+            oncegate_gateway::HttpSink::new(
+                &format!("http://{addr}/reply"),
+                None,
+                std::time::Duration::from_secs(3),
+            )
+            .expect("sink"),
+        );
+        let corp = Arc::new(corp("ww_a"));
+        let oa = Arc::new(WechatApp::new("wx_oa", "oa-token", Some(KEY)).expect("app"));
+        let gateway = gateway(vec![("a", corp.clone()), ("oa", oa.clone())])
+            .replying_route(&["message.text"], sink)
+            .expect("route");
+        let expected: [(&str, &dyn Sealer, &[u8]); 2] =
+            [("a", corp.as_ref(), b""), ("oa", oa.as_ref(), b"success")];
+        for (name, sealer, answer) in expected {
+            let request = sealer.seal(
+                &sealer.message(&message(&format!("e-{name}-{status}"), "zhangsan")),
+                START_MS / 1000,
+                "empty-nonce",
+                [7; 16],
+            );
+            for attempt in ["first", "retry"] {
+                let (got, body) = call(&gateway, to_request(name, request.clone())).await;
+                assert_eq!(
+                    (got, body.as_slice()),
+                    (StatusCode::OK, answer),
+                    "{name}, downstream {status}, {attempt}: {}",
+                    String::from_utf8_lossy(&body)
+                );
+            }
+        }
+    }
 }
 
 fn versioned(detail: &str, member: &str, created_secs: u64, last: &str, cur: &str) -> String {

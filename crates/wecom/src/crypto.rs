@@ -73,6 +73,21 @@ impl AesKey {
     }
 }
 
+/// `lowercase_hex(SHA-1(bytes))`: a request's identity for the replay memory.
+pub fn digest(bytes: &[u8]) -> String {
+    hex(&Sha1::digest(bytes))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes
+        .iter()
+        .fold(String::with_capacity(2 * bytes.len()), |mut out, byte| {
+            let _ = write!(out, "{byte:02x}");
+            out
+        })
+}
+
 /// `lowercase_hex(SHA-1(sorted parts, concatenated))`: WeCom's `msg_signature` (token,
 /// timestamp, nonce, Encrypt or echostr) and WeChat's plain `signature` (token, timestamp,
 /// nonce). Sorting is by bytes, as the SDKs do.
@@ -83,14 +98,7 @@ pub fn signature(parts: &[&str]) -> String {
     for part in sorted {
         hasher.update(part.as_bytes());
     }
-    use std::fmt::Write;
-    hasher
-        .finalize()
-        .iter()
-        .fold(String::with_capacity(40), |mut out, byte| {
-            let _ = write!(out, "{byte:02x}");
-            out
-        })
+    hex(&hasher.finalize())
 }
 
 /// Whether `received` is the signature of `parts`, compared in constant time.

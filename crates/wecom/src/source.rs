@@ -68,8 +68,11 @@ impl<'q> Signed<'q> {
         }
     }
 
-    /// The replay stamp: only read once the signature verified.
-    fn stamp(&self) -> Result<Stamp, WecomError> {
+    /// The replay stamp: only read once the signature verified. These platforms' nonces are
+    /// not unique per request, and their retries repeat the request byte for byte: the stamp
+    /// names the request by its body's digest too (the plain-mode signature does not cover the
+    /// body, so the signature alone would not do).
+    fn stamp(&self, body: &[u8]) -> Result<Stamp, WecomError> {
         let timestamp_secs = self
             .timestamp
             .parse()
@@ -77,6 +80,7 @@ impl<'q> Signed<'q> {
         Ok(Stamp {
             timestamp_secs,
             nonce: self.nonce.to_owned(),
+            request: Some(crypto::digest(body)),
         })
     }
 }
@@ -132,7 +136,7 @@ fn open_encrypted(
 ) -> Result<(Dialect, Vec<u8>, Stamp), WecomError> {
     let (encrypt, dialect) = envelope_encrypt(body)?;
     signed.verify(token, Some(&encrypt))?;
-    let stamp = signed.stamp()?;
+    let stamp = signed.stamp(body)?;
     let receiver = match dialect {
         Dialect::Xml => receiver,
         Dialect::Json => json_receiver,
@@ -300,7 +304,7 @@ impl WechatApp {
             (Method::Post, false, None) => {
                 let signed = Signed::from(&query, "signature")?;
                 signed.verify(&self.token, None)?;
-                let stamp = signed.stamp()?;
+                let stamp = signed.stamp(callback.body)?;
                 let dialect = Dialect::Xml;
                 admit(
                     &self.origin(dialect),

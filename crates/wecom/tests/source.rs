@@ -324,6 +324,7 @@ fn passive_replies_are_encrypted_for_the_app_and_signed_with_the_request() {
     let stamp = oncegate_core::Stamp {
         timestamp_secs: 1_411_525_903,
         nonce: "461056294".into(),
+        request: None,
     };
     let reply = Bytes::from_static(b"<xml><Content><![CDATA[ok]]></Content></xml>");
     let key = oncegate_wecom::AesKey::from_encoding_aes_key(V1_KEY).expect("key");
