@@ -209,6 +209,46 @@ async fn a_burst_to_one_chat_stays_within_its_rate_and_loses_nothing() {
     );
 }
 
+/// An `Idempotency-Key` in UTF-8 (an order title, a user's name) is a key like any other: the
+/// send goes out once and its repeat gets the stored answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_utf8_idempotency_key_sends_once() {
+    let platform = LocalFeishuApi::start(APP, SECRET, Duration::from_secs(7200))
+        .await
+        .expect("api");
+    let dir = tempfile::tempdir().expect("dir");
+    let gateway = Serve::start_with(dir.path(), &config(dir.path(), &platform.domain(), "5s"));
+    let api = gateway.api.clone().expect("api");
+    let key = reqwest::header::HeaderValue::from_bytes("退款-订单 42".as_bytes()).expect("value");
+    let mut answers = Vec::new();
+    for _ in 0..2 {
+        let response = client()
+            .post(format!("{api}/send/feishu"))
+            .bearer_auth(TOKEN)
+            .header("idempotency-key", key.clone())
+            .json(&hello("oc_utf8"))
+            .send()
+            .await
+            .expect("send");
+        let status = response.status().as_u16();
+        let replayed = response.headers().contains_key("idempotent-replayed");
+        let body: Value = response.json().await.unwrap_or(Value::Null);
+        assert_eq!(status, 200, "{body}");
+        answers.push((body, replayed));
+    }
+    assert_eq!(
+        answers[0].0, answers[1].0,
+        "the repeat gets the stored answer"
+    );
+    assert!(!answers[0].1 && answers[1].1, "the second is the replay");
+    let sent = platform
+        .sent()
+        .into_iter()
+        .filter(|s| s.receive_id == "oc_utf8")
+        .count();
+    assert_eq!(sent, 1, "one message out");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sends_are_refused_clearly() {
     let platform = LocalFeishuApi::start(APP, SECRET, Duration::from_secs(7200))

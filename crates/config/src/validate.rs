@@ -48,6 +48,61 @@ fn scheme_of(url: &str) -> String {
     }
 }
 
+/// `url` is `http://` to a host other than this machine: what goes to it travels in clear.
+fn plain_http_off_host(url: &str) -> bool {
+    let Some(rest) = url.strip_prefix("http://") else {
+        return false;
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let host = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, host)| host);
+    let host = match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => host.split(':').next().unwrap_or(""),
+    };
+    !(host == "localhost" || host == "::1" || host.starts_with("127."))
+}
+
+/// What a source's settings send or take in clear: a WeChat account in plain mode, a platform
+/// domain over `http://` (the app secret and every token in clear).
+fn plain_transport(
+    platform: &crate::PlatformConfig,
+    at: &dyn Fn(&str) -> String,
+    report: &mut impl FnMut(Severity, &str, String),
+) {
+    use crate::PlatformConfig;
+    let domain = match platform {
+        PlatformConfig::Feishu(feishu) | PlatformConfig::Lark(feishu) => feishu.domain.as_deref(),
+        PlatformConfig::Wecom(wecom) => wecom.domain.as_deref(),
+        PlatformConfig::Wechat(wechat) => {
+            if wechat.encoding_aes_key.is_none() {
+                report(
+                    Severity::Warning,
+                    &at("encoding_aes_key"),
+                    "plain mode: the account's callbacks travel and are stored in clear, and \
+                     their signature covers only the timestamp and nonce, not the message (a \
+                     captured request can carry another body); switch the account to safe \
+                     mode and set its EncodingAESKey"
+                        .into(),
+                );
+            }
+            None
+        }
+    };
+    if let Some(domain) = domain.filter(|domain| plain_http_off_host(domain)) {
+        report(
+            Severity::Warning,
+            &at("domain"),
+            format!(
+                "{}: the app secret and every access token go to it in clear; use https:// \
+                 (http:// is meant for a server on this machine)",
+                scheme_of(domain).replace("a \"http\" URL", "an http:// URL")
+            ),
+        );
+    }
+}
+
 /// A Feishu source needs a secret, or an explicit opt-in to go without.
 fn check_feishu_secrets(
     report: &mut impl FnMut(Severity, &str, String),
@@ -688,6 +743,7 @@ pub fn validate(config: &Config) -> Vec<Problem> {
                 );
             }
         }
+        plain_transport(&source.platform, &at, &mut report);
         if let PlatformConfig::Wecom(wecom) = &source.platform
             && wecom.encoding_aes_key.is_none()
         {
@@ -1257,5 +1313,38 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("oncegate-validate-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("dir");
         dir
+    }
+
+    #[test]
+    fn plain_transports_are_warned_about() {
+        assert!(plain_http_off_host("http://open.feishu.cn"));
+        assert!(plain_http_off_host("http://user:pw@10.0.0.1:8080/x"));
+        for local in [
+            "http://127.0.0.1:9000",
+            "http://localhost",
+            "http://[::1]:80/",
+            "https://open.feishu.cn",
+        ] {
+            assert!(!plain_http_off_host(local), "{local}");
+        }
+        let mut said = Vec::new();
+        let mut report = |severity: Severity, setting: &str, message: String| {
+            said.push((severity, setting.to_owned(), message));
+        };
+        let at = |field: &str| format!("source[0].{field}");
+        let wechat = crate::PlatformConfig::Wechat(crate::WechatSettings::default());
+        plain_transport(&wechat, &at, &mut report);
+        let feishu = crate::PlatformConfig::Feishu(crate::FeishuSettings {
+            domain: Some("http://open.feishu.cn".into()),
+            ..crate::FeishuSettings::default()
+        });
+        plain_transport(&feishu, &at, &mut report);
+        let settings: Vec<&str> = said.iter().map(|(_, s, _)| s.as_str()).collect();
+        assert_eq!(settings, ["source[0].encoding_aes_key", "source[0].domain"]);
+        assert!(
+            said.iter()
+                .all(|(severity, _, _)| *severity == Severity::Warning)
+        );
+        assert!(said[1].2.contains("in clear"), "{}", said[1].2);
     }
 }

@@ -1,6 +1,9 @@
 //! One app's connections: discovery, the handshake, and reconnects on the server's settings
 //! (a random first delay below `ReconnectNonce`, then `ReconnectInterval`, at most
-//! `ReconnectCount` attempts). Fatal answers stop the app's connections and say why.
+//! `ReconnectCount` attempts), never faster than a backoff of our own: a server that says
+//! "again at once" (or a connection that is lost as soon as it opens) gets attempts one, two,
+//! four … up to sixty seconds apart, with jitter. Fatal answers stop the app's connections and
+//! say why; the rest is summarized, not logged per attempt.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,6 +16,27 @@ use tokio_util::sync::CancellationToken;
 use crate::connection::{self, Context, End};
 use crate::endpoint::{self, ConnectError, Endpoint};
 use crate::{ClientConfig, Inlet, MAX_CONNECTIONS, Settings, Status};
+
+/// A connection that ends sooner than this after opening counts as a failed attempt for the
+/// backoff: the server keeps taking it and dropping it.
+const STABLE: Duration = Duration::from_secs(10);
+
+/// The longest wait the backoff adds.
+const BACKOFF_MAX: Duration = Duration::from_secs(60);
+
+/// The wait before attempt number `failures + 1` after `failures` failed attempts in a row: the
+/// server's `asked` wait, but at least one second doubled per failure (capped at a minute),
+/// taken at random in its upper half so that many gateways do not dial in step.
+pub(crate) fn backoff(asked: Duration, failures: u32) -> Duration {
+    if failures == 0 {
+        return asked;
+    }
+    let floor =
+        (Duration::from_secs(1) * 2u32.saturating_pow(failures.min(16) - 1)).min(BACKOFF_MAX);
+    let half = floor.as_millis() as u64 / 2;
+    let jittered = Duration::from_millis(half + fastrand::u64(0..=half));
+    asked.max(jittered)
+}
 
 /// The largest WebSocket message taken: Feishu splits events into fragments well below it.
 const MAX_MESSAGE: usize = 4 << 20;
@@ -122,16 +146,29 @@ impl<I: Inlet> LongConnection<I> {
         let settings = &self.context.settings;
         let mut config = ClientConfig::default();
         let mut failures: i64 = 0;
+        // Attempts in a row that failed or were lost at once: what the backoff counts.
+        let mut unsettled: u32 = 0;
         loop {
+            let started = std::time::Instant::now();
             let delay = match self.session(&mut config, &shutdown).await {
                 Ok(End::Shutdown) => return,
                 Ok(End::Lost { reason, detail }) => {
                     self.context.status.reconnected();
                     metrics::counter!("oncegate_ws_reconnects_total", "source" => settings.source.clone(), "reason" => reason)
                         .increment(1);
-                    tracing::warn!(source = %settings.source, slot, reason, "long connection lost: {detail}; dialling again");
+                    self.context.inlet.note(
+                        "ws_connection_lost",
+                        &format!(
+                            "long connection {} (slot {slot}) lost: {detail}; dialling again",
+                            settings.source
+                        ),
+                    );
                     failures = 0;
-                    config.first_delay()
+                    unsettled = match started.elapsed() < STABLE {
+                        true => unsettled.saturating_add(1),
+                        false => 0,
+                    };
+                    backoff(config.first_delay(), unsettled)
                 }
                 Err(ConnectError::Fatal(reason)) => {
                     metrics::counter!("oncegate_ws_reconnects_total", "source" => settings.source.clone(), "reason" => "fatal")
@@ -153,12 +190,21 @@ impl<I: Inlet> LongConnection<I> {
                         self.context.status.set_fatal(reason);
                         return;
                     }
-                    tracing::warn!(source = %settings.source, slot, failures, "long connection failed: {reason}; retrying");
-                    if failures == 1 {
+                    self.context.inlet.note(
+                        "ws_connect_failed",
+                        &format!(
+                            "long connection {} (slot {slot}) failed {failures} time(s) in a row: \
+                             {reason}; retrying",
+                            settings.source
+                        ),
+                    );
+                    unsettled = unsettled.saturating_add(1);
+                    let asked = if failures == 1 {
                         config.first_delay()
                     } else {
                         config.retry_every()
-                    }
+                    };
+                    backoff(asked, unsettled)
                 }
             };
             tokio::select! {
@@ -242,5 +288,28 @@ async fn dial(endpoint: &Endpoint) -> Result<Socket, ConnectError> {
         Err(error) => Err(ConnectError::Retry(format!(
             "handshake with {shown}: {error}"
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_backoff_doubles_from_a_second_with_jitter_and_keeps_longer_server_waits() {
+        assert_eq!(backoff(Duration::ZERO, 0), Duration::ZERO);
+        for failures in 1..12u32 {
+            let full = (Duration::from_secs(1) * 2u32.pow(failures - 1)).min(BACKOFF_MAX);
+            for _ in 0..50 {
+                let wait = backoff(Duration::ZERO, failures);
+                assert!(wait >= full / 2 && wait <= full, "{failures}: {wait:?}");
+            }
+        }
+        assert_eq!(
+            backoff(Duration::from_secs(300), 2),
+            Duration::from_secs(300),
+            "the server's longer wait stands"
+        );
+        assert!(backoff(Duration::ZERO, u32::MAX) <= BACKOFF_MAX);
     }
 }

@@ -13,6 +13,8 @@ const CODE_OK: i64 = 0;
 const CODE_SYSTEM_BUSY: i64 = 1;
 /// Endpoint code: the server failed; retried.
 const CODE_INTERNAL: i64 = 1_000_040_343;
+/// "request trigger frequency limit" (PROTOCOLS: feishu.md, rate limits).
+const CODE_RATE_LIMITED: i64 = 99_991_400;
 /// Handshake auth error: the app has as many connections as Feishu allows (50).
 pub const AUTH_EXCEED_CONN_LIMIT: i64 = 1_000_040_350;
 
@@ -192,7 +194,9 @@ pub fn parse_endpoint(body: &[u8]) -> Result<Endpoint, ConnectError> {
     let msg: String = answer.msg.chars().take(200).collect();
     match answer.code {
         CODE_OK => {}
-        CODE_SYSTEM_BUSY | CODE_INTERNAL => {
+        // Feishu's frequency limit (its general error code, HTTP 429 elsewhere): wait and try
+        // again, like a busy endpoint.
+        CODE_SYSTEM_BUSY | CODE_INTERNAL | CODE_RATE_LIMITED => {
             return Err(ConnectError::Retry(format!(
                 "endpoint busy (code {}): {msg}",
                 answer.code
@@ -212,12 +216,31 @@ pub fn parse_endpoint(body: &[u8]) -> Result<Endpoint, ConnectError> {
         .url
         .filter(|url| url.starts_with("ws://") || url.starts_with("wss://"))
         .ok_or_else(|| ConnectError::Retry("endpoint answer without a ws(s):// URL".into()))?;
+    warn_if_plain(&url);
     let service = service_id(&url).unwrap_or(0);
     Ok(Endpoint {
         url,
         service,
         config: data.client_config.unwrap_or_default(),
     })
+}
+
+/// Says once per process when the endpoint hands out a plain `ws://` URL to another machine:
+/// the connection's credentials (in its query) and every event then travel in clear.
+fn warn_if_plain(url: &str) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let Some(rest) = url.strip_prefix("ws://") else {
+        return;
+    };
+    let host = rest.split(['/', '?', ':']).next().unwrap_or("");
+    let local = host == "localhost" || host.starts_with("127.") || rest.starts_with("[::1]");
+    if !local && !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::warn!(
+            host,
+            "the long-connection endpoint gave a plain ws:// URL: the connection's credentials \
+             and every event travel in clear; check the source's domain (https://open.feishu.cn)"
+        );
+    }
 }
 
 /// `service_id` of the URL's query.

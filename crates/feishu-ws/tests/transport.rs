@@ -397,6 +397,51 @@ async fn a_wrong_secret_is_fatal_at_the_endpoint() {
     assert!(running.server.handshakes().is_empty());
 }
 
+/// A server whose settings say "again at once" (interval and nonce 0) and that keeps refusing
+/// the handshake gets attempts a backoff apart, not thousands a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_says_retry_at_once_gets_a_backoff() {
+    let eager = ClientConfig {
+        reconnect_count: -1,
+        reconnect_interval: 0,
+        reconnect_nonce: 0,
+        ping_interval: 120,
+    };
+    let server = LocalFeishu::start(APP, SECRET, eager)
+        .await
+        .expect("server");
+    for _ in 0..1000 {
+        server.refuse_handshake(500, None);
+    }
+    let running = start_tuned(server, Recorder::default(), |_| {});
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let tries = running.server.handshakes().len();
+    assert!((2..=5).contains(&tries), "{tries} handshakes in 4 s");
+    assert!(running.status.fatal().is_none(), "a 500 is retried");
+}
+
+/// Feishu's frequency limit at the endpoint (99991400) is waited out, not taken as fatal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limited_endpoint_is_retried() {
+    let server = LocalFeishu::start(APP, SECRET, quick())
+        .await
+        .expect("server");
+    server.endpoint_code(99_991_400);
+    let running = start_tuned(server, Recorder::default(), |_| {});
+    assert!(
+        until(Duration::from_secs(5), || running.server.endpoint_calls()
+            >= 1)
+        .await
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Retried after the default reconnect wait (the server's settings come with a success).
+    assert!(
+        running.status.fatal().is_none(),
+        "{:?}",
+        running.status.fatal()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_half_open_socket_is_replaced_and_the_pong_config_applies() {
     let config = ClientConfig {

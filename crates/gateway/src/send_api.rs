@@ -120,9 +120,11 @@ async fn send_once<S: Store>(
             "no such source that can send: a Feishu or Lark [[source]] with app_secret".into(),
         )
     })?;
+    // UTF-8, not only ASCII: callers name sends by order numbers, user names, titles. The
+    // key is hashed, never echoed into a header or a URL.
     let key = headers
         .get("idempotency-key")
-        .and_then(|v| v.to_str().ok())
+        .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
         .map(str::trim)
         .filter(|k| !k.is_empty() && k.len() <= KEY_LIMIT)
         .ok_or_else(|| {

@@ -112,15 +112,28 @@ impl Dialect {
 /// failure is the signature's, so a forger learns nothing.
 fn envelope_encrypt(body: &[u8]) -> Result<(String, Dialect), WecomError> {
     let json = body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
-    let (dialect, name) = if json {
-        (Dialect::Json, "encrypt")
-    } else {
-        (Dialect::Xml, "Encrypt")
-    };
-    let fields = dialect.fields(body).map_err(|_| WecomError::BadSignature)?;
+    if json {
+        // An AI bot's `{"encrypt": …}`, read as that one borrowed field: whatever else an
+        // unsigned body holds is skipped, never built into a tree.
+        #[derive(serde::Deserialize)]
+        struct Envelope<'a> {
+            #[serde(borrow)]
+            encrypt: std::borrow::Cow<'a, str>,
+        }
+        let envelope: Envelope<'_> =
+            serde_json::from_slice(body).map_err(|_| WecomError::BadSignature)?;
+        let encrypt = envelope.encrypt.trim();
+        if encrypt.is_empty() {
+            return Err(WecomError::BadSignature);
+        }
+        return Ok((encrypt.to_owned(), Dialect::Json));
+    }
+    let fields = Dialect::Xml
+        .fields(body)
+        .map_err(|_| WecomError::BadSignature)?;
     fields
-        .text(name)
-        .map(|encrypt| (encrypt.to_owned(), dialect))
+        .text("Encrypt")
+        .map(|encrypt| (encrypt.to_owned(), Dialect::Xml))
         .ok_or(WecomError::BadSignature)
 }
 
