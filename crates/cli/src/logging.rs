@@ -56,10 +56,17 @@ fn filter() -> tracing_subscriber::EnvFilter {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
 }
 
+/// Colours only on a terminal: files, pipes and journald get plain text.
+fn colours() -> bool {
+    use std::io::IsTerminal;
+    std::io::stderr().is_terminal()
+}
+
 /// The log of a command that is not the gateway: plain lines, no instance.
 pub(crate) fn init_plain() {
     tracing_subscriber::fmt()
         .with_env_filter(filter())
+        .with_ansi(colours())
         .with_writer(std::io::stderr)
         .init();
 }
@@ -82,6 +89,7 @@ pub(crate) fn init(format: LogFormat, instance: &str) {
             let tag: Arc<[u8]> = format!("[{instance}] ").into_bytes().into();
             tracing_subscriber::fmt()
                 .with_env_filter(filter())
+                .with_ansi(colours())
                 .with_writer(Tagged { tag, json: false })
                 .init();
         }

@@ -429,13 +429,16 @@ pub(crate) async fn status(args: StatusArgs) -> anyhow::Result<bool> {
         println!("store        not answering");
     }
     for connection in stats["long_connections"].as_array().into_iter().flatten() {
+        let last = match connection["last_frame_age_ms"].as_u64() {
+            Some(age) => format!("last frame {age} ms ago"),
+            None => "no frame yet".to_owned(),
+        };
         println!(
-            "long conn    {} {}: {} open, {} reconnects, last frame {} ms ago{}",
+            "long conn    {} {}: {} open, {} reconnects, {last}{}",
             connection["source"].as_str().unwrap_or(""),
             connection["role"].as_str().unwrap_or(""),
             connection["open"],
             connection["reconnects"],
-            connection["last_frame_ms"],
             connection["fatal"]
                 .as_str()
                 .map(|f| format!(", stopped: {f}"))

@@ -103,3 +103,52 @@ timeout = "1s"
         assert!(!log.contains(secret), "a secret in the log");
     }
 }
+
+/// The human log written to a pipe (a file, journald) has no colour codes; and the admin
+/// listener's front door leads to the status page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_piped_log_has_no_colour_codes_and_the_admin_root_leads_to_the_status_page() {
+    let dir = tempfile::tempdir().expect("dir");
+    let config = r#"
+[store]
+backend = "memory"
+
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[[source]]
+name = "bot"
+platform = "feishu"
+app_id = "cli_logs"
+encrypt_key = "log-test-encrypt-key"
+"#;
+    let gateway = Serve::start_with(dir.path(), config);
+    wait_until("the start lines", Duration::from_secs(10), || {
+        gateway.stderr().contains("memory store")
+    })
+    .await;
+    let log = gateway.stderr();
+    assert!(
+        !log.contains('\u{1b}'),
+        "colour codes in a piped log: {log:?}"
+    );
+    // The crypto provider, as every client of the tests installs it.
+    let _ = support::client();
+    let response = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client")
+        .get(format!("{}/", gateway.admin))
+        .send()
+        .await
+        .expect("admin root");
+    assert_eq!(response.status().as_u16(), 307);
+    assert_eq!(
+        response
+            .headers()
+            .get("location")
+            .and_then(|v| v.to_str().ok()),
+        Some("/status")
+    );
+}

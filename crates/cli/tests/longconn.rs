@@ -160,6 +160,9 @@ async fn events_over_the_long_connection_are_delivered_once_across_drops_and_res
     );
     assert_eq!(stats["long_connections"][0]["open"], 1, "{stats}");
     assert!(stats["long_connections"][0]["reconnects"].as_u64() >= Some(1));
+    // The last frame as an age (it was printed as "1796421.3M ms ago" from a wall-clock time).
+    let age = stats["long_connections"][0]["last_frame_age_ms"].as_u64();
+    assert!(age.is_some_and(|age| age < 60_000), "{stats}");
     let (ready, _) = gateway.admin_get("/readyz").await;
     assert_eq!(ready, 200);
 }
