@@ -390,6 +390,15 @@ pub(crate) async fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
         pct(0.99),
         pct(1.0)
     );
+    // A demo that reached nothing must not look like a success to a script.
+    if sent_count > 0 && tally.accepted == 0 {
+        anyhow::bail!(
+            "no request was accepted ({} failed to send, {} answered otherwise): is the gateway \
+             running and listening where server.listen says?",
+            tally.failed,
+            tally.other.values().sum::<usize>()
+        );
+    }
     Ok(())
 }
 

@@ -286,3 +286,29 @@ fn a_store_file_of_the_earlier_format_is_refused_then_migrated_whole() {
     assert_ne!(code, 0);
     assert!(err.contains("not a store file"), "{err}");
 }
+
+/// `simulate` against a gateway that is not there fails (it exited 0 when every request
+/// failed), saying what to check.
+#[test]
+fn simulate_fails_when_nothing_is_accepted() {
+    let dir = tempfile::tempdir().expect("dir");
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a port")
+        .port();
+    let config = dir.path().join("oncegate.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[store]\nbackend = \"memory\"\n\n[server]\nlisten = \"127.0.0.1:{closed}\"\n\
+             admin_listen = \"127.0.0.1:{closed}\"\n\n[[source]]\nname = \"bot\"\n\
+             platform = \"feishu\"\napp_id = \"cli_sim\"\nencrypt_key = \"sim-encrypt-key\"\n"
+        ),
+    )
+    .expect("config");
+    let config = config.to_string_lossy().into_owned();
+    let (code, stdout, stderr) =
+        oncegate(&["simulate", "--quiet", "--events", "3", "--config", &config]);
+    assert_ne!(code, 0, "{stdout}{stderr}");
+    assert!(stderr.contains("no request was accepted"), "{stderr}");
+}

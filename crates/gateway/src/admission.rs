@@ -180,6 +180,17 @@ pub(crate) async fn watch_queue<S: Store>(shared: Arc<Shared<S>>, shutdown: Canc
     }
 }
 
+/// An event left the queue (acked or dead-lettered): the depth between two samples counts it
+/// out, as every admit counts one in, so that the bound and the tile do not overcount by a
+/// sample period of traffic.
+pub(crate) fn left_queue<S>(shared: &Shared<S>) {
+    let _ = shared
+        .queued
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |depth| {
+            Some(depth.saturating_sub(1))
+        });
+}
+
 /// Whether the queue holds as many events as `dispatcher.max_queued` allows.
 pub(crate) fn queue_full<S>(shared: &Shared<S>) -> bool {
     shared

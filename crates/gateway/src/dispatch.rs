@@ -254,6 +254,7 @@ async fn handle<S: Store>(
             // Completed before a crash that came before the ack.
             stats.bump(&stats.already_done, "oncegate_already_done_total");
             insist(&shared.summaries, "ack", || store.ack(delivery.id)).await;
+            crate::admission::left_queue(shared);
             return;
         }
         Ok(Claimed::InFlight { until_ms }) => {
@@ -395,6 +396,7 @@ async fn handle<S: Store>(
                 store.dead_letter(delivery.id, &reason)
             })
             .await;
+            crate::admission::left_queue(shared);
         }
     }
 }
@@ -410,6 +412,7 @@ async fn finish<S: Store>(shared: &Shared<S>, delivery: &Delivery, lease: &Lease
             .complete_and_ack(lease, shared.timing.retention, None, delivery.id)
     })
     .await;
+    crate::admission::left_queue(shared);
     if fence == FenceCheck::Rejected {
         stats.bump(&stats.fenced, "oncegate_fenced_total");
         tracing::warn!(key = %delivery.key, platform = %delivery.event.source, app = %delivery.event.app, tenant = delivery.event.tenant.as_deref().unwrap_or("-"), event_id = %delivery.event.event_id, "completion refused: the lease was taken over");
