@@ -369,3 +369,92 @@ async fn partial_bodies_are_cut_off_and_unauthenticated_ones_refused_first() {
     let (status, body) = call(&api, TOKEN_A, "claim", json!({"key": "order-1"})).await;
     assert_eq!(status, 200, "{body}");
 }
+
+/// The README's Python example as it sends its calls: `payload` the order's body (a JSON
+/// object), the claim's `lease` handed back, a result object; the same body with its keys in
+/// another order is the same payload, another body a conflict; a lease handed back as a number
+/// is taken; a `lease_ms` over `api.max_lease` is refused, not cut without a word.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_example_runs_as_written() {
+    let dir = tempfile::tempdir().expect("dir");
+    let gateway = Serve::start_with(dir.path(), &config("backend = \"memory\""));
+    let api = gateway.api.clone().expect("api");
+    let body = json!({"sku": "A-1", "qty": 2});
+    let (status, claim) = call(
+        &api,
+        TOKEN_A,
+        "claim",
+        json!({"key": "create order 42", "lease_ms": 30000, "wait_ms": 5000, "payload": body}),
+    )
+    .await;
+    assert_eq!(
+        (status, claim["state"].as_str()),
+        (200, Some("acquired")),
+        "{claim}"
+    );
+    let lease = claim["lease"].clone();
+    assert!(lease.is_string(), "{claim}");
+    let (status, done) = call(
+        &api,
+        TOKEN_A,
+        "complete",
+        json!({"key": "create order 42", "lease": lease, "result": {"order": 7}}),
+    )
+    .await;
+    assert_eq!(status, 200, "{done}");
+    // The same body, its keys in another order: done, with the stored result.
+    let (status, again) = call(
+        &api,
+        TOKEN_B,
+        "claim",
+        json!({"key": "create order 42", "payload": {"qty": 2, "sku": "A-1"}}),
+    )
+    .await;
+    assert_eq!(
+        (status, again["state"].as_str()),
+        (200, Some("done")),
+        "{again}"
+    );
+    assert_eq!(again["result"], json!({"order": 7}));
+    let (status, other) = call(
+        &api,
+        TOKEN_B,
+        "claim",
+        json!({"key": "create order 42", "payload": {"sku": "A-1", "qty": 3}}),
+    )
+    .await;
+    assert_eq!(
+        (status, other["state"].as_str()),
+        (409, Some("conflict")),
+        "{other}"
+    );
+    // A lease handed back as a number.
+    let (_, claim) = call(&api, TOKEN_A, "claim", json!({"key": "number lease"})).await;
+    let number: u64 = claim["lease"]
+        .as_str()
+        .and_then(|l| l.parse().ok())
+        .expect("lease digits");
+    let (status, released) = call(
+        &api,
+        TOKEN_A,
+        "release",
+        json!({"key": "number lease", "lease": number}),
+    )
+    .await;
+    assert_eq!(status, 200, "{released}");
+    // Longer than api.max_lease (1 h by default): refused, saying the bound.
+    let (status, refused) = call(
+        &api,
+        TOKEN_A,
+        "claim",
+        json!({"key": "too long", "lease_ms": 7_200_000}),
+    )
+    .await;
+    assert_eq!(status, 400, "{refused}");
+    assert!(
+        refused["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("api.max_lease")),
+        "{refused}"
+    );
+}

@@ -169,7 +169,7 @@ pub fn read_body(op: &str, body: &[u8]) -> Result<(), String> {
         "claim" => parse::<ClaimRequest>(&body).and_then(|request| check_key(&request.key)),
         _ => parse::<LeaseRequest>(&body).and_then(|request| {
             check_key(&request.key)?;
-            lease_token(&request.lease)?;
+            lease_token(&request.lease.text())?;
             result_bytes(request.result).map(|_| ())
         }),
     };
@@ -194,6 +194,24 @@ fn unavailable(caller: &Caller, error: &dyn std::fmt::Display) -> Response {
         format!("the store cannot answer: {error}; nothing changed, retry"),
     )
     .into_response()
+}
+
+/// The lease as a caller hands it back: the string the claim answered (JavaScript numbers lose
+/// its bits), or the same digits as a JSON number from a client that converted it.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum LeaseText {
+    Text(String),
+    Number(u64),
+}
+
+impl LeaseText {
+    fn text(&self) -> std::borrow::Cow<'_, str> {
+        match self {
+            Self::Text(text) => text.as_str().into(),
+            Self::Number(number) => number.to_string().into(),
+        }
+    }
 }
 
 /// The lease a caller hands back: its token (a string: JavaScript numbers lose its bits).
@@ -233,9 +251,37 @@ struct ClaimRequest {
     key: String,
     lease_ms: Option<u64>,
     wait_ms: Option<u64>,
-    /// Anything that identifies the request's payload (its body, a digest of it): a later
-    /// claim with another one is a conflict.
-    payload: Option<String>,
+    /// Anything that identifies the request's payload — its body as JSON (any value), or a
+    /// digest of it as a string: a later claim with another one is a conflict.
+    payload: Option<Value>,
+}
+
+/// The fingerprint of a claim's payload: a string's bytes, any other JSON value's canonical
+/// text (object keys sorted: serde_json's map is ordered by key), so that the same body sent
+/// with its keys in another order is the same payload.
+fn fingerprint_of(payload: &Value) -> Fingerprint {
+    match payload {
+        Value::String(text) => Fingerprint::of(text.as_bytes()),
+        other => Fingerprint::of(other.to_string().as_bytes()),
+    }
+}
+
+/// A lease length the caller asked for, within `[100 ms, api.max_lease]`; longer is refused
+/// rather than cut without a word.
+fn lease_within(asked: Option<u64>, max: Duration) -> Result<Duration, Refused> {
+    let lease = asked.map_or(DEFAULT_LEASE, Duration::from_millis);
+    if lease > max {
+        return Err(refused(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "lease_ms {} is longer than api.max_lease ({} ms): ask for less, or renew while \
+                 the work runs",
+                lease.as_millis(),
+                max.as_millis()
+            ),
+        ));
+    }
+    Ok(lease.max(Duration::from_millis(100)))
 }
 
 async fn claim<S: Store>(
@@ -256,10 +302,10 @@ async fn claim<S: Store>(
         Err(bad) => return bad.into_response(),
     };
     let limits = shared.key_limits;
-    let lease = request
-        .lease_ms
-        .map_or(DEFAULT_LEASE, Duration::from_millis)
-        .clamp(Duration::from_millis(100), limits.max_lease);
+    let lease = match lease_within(request.lease_ms, limits.max_lease) {
+        Ok(lease) => lease,
+        Err(bad) => return bad.into_response(),
+    };
     let wait = request
         .wait_ms
         .map_or(Duration::ZERO, Duration::from_millis)
@@ -268,10 +314,7 @@ async fn claim<S: Store>(
         key: &key,
         partition,
         lease,
-        fingerprint: request
-            .payload
-            .as_deref()
-            .map(|p| Fingerprint::of(p.as_bytes())),
+        fingerprint: request.payload.as_ref().map(fingerprint_of),
     };
     match once::claim_or_wait(&shared.store, claiming, wait).await {
         Ok(Claimed::Run(lease)) => {
@@ -317,7 +360,7 @@ async fn claim<S: Store>(
 #[serde(deny_unknown_fields)]
 struct LeaseRequest {
     key: String,
-    lease: String,
+    lease: LeaseText,
     lease_ms: Option<u64>,
     result: Option<Value>,
 }
@@ -348,7 +391,7 @@ fn held<'a, S: Store>(
     let caller = caller(shared, headers)?;
     let request: LeaseRequest = parse(body)?;
     let (key, partition) = key_of(shared, caller, &request.key)?;
-    let lease = lease_of(&request.lease, key, partition)?;
+    let lease = lease_of(&request.lease.text(), key, partition)?;
     Ok((caller, request, lease))
 }
 
@@ -361,10 +404,10 @@ async fn renew<S: Store>(
         Ok(held) => held,
         Err(bad) => return bad.into_response(),
     };
-    let extend = request
-        .lease_ms
-        .map_or(DEFAULT_LEASE, Duration::from_millis)
-        .clamp(Duration::from_millis(100), shared.key_limits.max_lease);
+    let extend = match lease_within(request.lease_ms, shared.key_limits.max_lease) {
+        Ok(extend) => extend,
+        Err(bad) => return bad.into_response(),
+    };
     match shared.store.renew(&lease, extend).await {
         Ok(check) => {
             let until_ms = shared.now_ms() + oncegate_core::store::millis(extend);
