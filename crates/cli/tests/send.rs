@@ -52,7 +52,9 @@ domain = "{domain}"
     )
 }
 
+/// A send with `key` as its Idempotency-Key, taken as UTF-8 bytes (callers send non-ASCII keys).
 async fn send(api: &str, key: &str, body: &Value) -> (u16, Value, bool) {
+    let key = reqwest::header::HeaderValue::from_bytes(key.as_bytes()).expect("a header value");
     let response = client()
         .post(format!("{api}/send/feishu"))
         .bearer_auth(TOKEN)
@@ -219,20 +221,9 @@ async fn a_utf8_idempotency_key_sends_once() {
     let dir = tempfile::tempdir().expect("dir");
     let gateway = Serve::start_with(dir.path(), &config(dir.path(), &platform.domain(), "5s"));
     let api = gateway.api.clone().expect("api");
-    let key = reqwest::header::HeaderValue::from_bytes("退款-订单 42".as_bytes()).expect("value");
     let mut answers = Vec::new();
     for _ in 0..2 {
-        let response = client()
-            .post(format!("{api}/send/feishu"))
-            .bearer_auth(TOKEN)
-            .header("idempotency-key", key.clone())
-            .json(&hello("oc_utf8"))
-            .send()
-            .await
-            .expect("send");
-        let status = response.status().as_u16();
-        let replayed = response.headers().contains_key("idempotent-replayed");
-        let body: Value = response.json().await.unwrap_or(Value::Null);
+        let (status, body, replayed) = send(&api, "退款-订单 42", &hello("oc_utf8")).await;
         assert_eq!(status, 200, "{body}");
         answers.push((body, replayed));
     }

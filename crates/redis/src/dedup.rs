@@ -24,7 +24,8 @@ impl<C: Clock> DedupStore for RedisStore<C> {
         self.inner.promise.admits()?;
         let keys = keys.to_vec();
         self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
-            let written_at = conn.primary();
+            // Only `replicas` needs it: for a Sentinel primary it costs a lock and a copy.
+            let written_at = inner.promise.waits().then(|| conn.primary()).flatten();
             let order_hash = event.order_hash();
             let partition = oncegate_core::event::partition_of(order_hash, inner.partitions);
             let bytes = postcard::to_stdvec(&Stored { event })
@@ -103,11 +104,13 @@ impl<C: Clock> DedupStore for RedisStore<C> {
             .fence("complete", *lease, millis(retention), outcome)
             .await?;
         // A business key's outcome and a send's answer are answered to the caller as kept.
-        let partition = lease.partition;
-        self.run(move |inner: Arc<Inner<C>>, conn: Conn| async move {
-            inner.replicated(partition, conn.primary()).await
-        })
-        .await?;
+        if self.inner.promise.waits() {
+            let partition = lease.partition;
+            self.run(move |inner: Arc<Inner<C>>, conn: Conn| async move {
+                inner.replicated(partition, conn.primary()).await
+            })
+            .await?;
+        }
         Ok(fence)
     }
 

@@ -71,6 +71,11 @@ impl Promise {
         }
     }
 
+    /// Whether acknowledgements wait for replicas (then the primary a write went to matters).
+    pub(super) fn waits(&self) -> bool {
+        matches!(self.mode, RedisDurability::Replicas { .. })
+    }
+
     /// Refuses an acknowledgement `fsync` cannot back: the server was last found not to write
     /// every change to disk.
     pub(super) fn admits(&self) -> Result<(), StoreError> {

@@ -95,22 +95,13 @@ impl SentinelUrl {
     }
 }
 
-/// Percent-decoding of URL credentials; `None` for a broken escape or non-UTF-8.
+/// Percent-decoding of URL credentials; `None` for non-UTF-8 (a `%` not followed by two hex
+/// digits stays as it is, as URL parsers take it).
 fn percent_decode(text: &str) -> Option<String> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
+    percent_encoding::percent_decode_str(text)
+        .decode_utf8()
+        .ok()
+        .map(|decoded| decoded.into_owned())
 }
 
 /// The primary the sentinels name, followed.
@@ -265,7 +256,7 @@ mod tests {
             "redis+sentinel://h:x/m",
             "redis+sentinel://,h:1/m",
             "redis+sentinel://h:1/m/x",
-            "redis+sentinel://:%zz@h:1/m",
+            "redis+sentinel://:%ff@h:1/m",
         ] {
             assert!(SentinelUrl::parse(bad).is_err(), "{bad}");
         }
