@@ -189,7 +189,9 @@ pub trait EventQueue: Send + Sync + 'static {
     /// `pull`, and each handed-out event's key claimed for `lease` (as `claim` would, with no
     /// fingerprint; the lease runs from the hand-out). A claim that failed is that event's
     /// error: the event is handed out all the same and must be retried or acked. Backends that
-    /// can claim in the hand-out's own round trip override it.
+    /// can claim in the hand-out's own round trip override it; one whose hand-outs are fenced
+    /// by partition ownership may grant a lease it wrote nothing for (Redis's lean hand-outs),
+    /// as long as the lease renews, completes and releases as a claim's would.
     fn pull_claimed(
         &self,
         partition: u16,

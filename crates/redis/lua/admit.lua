@@ -1,4 +1,6 @@
--- admit: KEYS = record keys (n), stream, sequence counter, nonce bucket (optional)
+-- admit: KEYS = record keys (n), stream, the partition's former sequence counter (no longer
+-- written: the stream's ids come from `append`; kept in the layout so that benchmarks run the
+-- scripts of earlier builds on the same keys), nonce bucket (optional)
 -- ARGV = now_ms, retention_ms, n, key hex, order hash, event bytes, ttl slack ms,
 --        then with the nonce bucket: nonce window ms, the nonce's hash
 -- A nonce handled before: {2}. If any key is live: {0, index}. Else mark all Pending and
@@ -6,7 +8,8 @@
 -- Nonces live in one set per partition and signed timestamp (second): a replay carries the
 -- same timestamp, so one SADD both checks and remembers, and a second's nonces expire as one
 -- key (a key per nonce cost Redis a new key, its expiry, and 60 % more memory).
-local nonce = KEYS[tonumber(ARGV[3]) + 3]
+local n = tonumber(ARGV[3])
+local nonce = KEYS[n + 3]
 if nonce then
   if redis.call('SADD', nonce, ARGV[9]) == 0 then return {2} end
   redis.call('PEXPIRE', nonce, ARGV[8])
@@ -14,24 +17,36 @@ end
 local function admit()
   local now = tonumber(ARGV[1])
   local retention = tonumber(ARGV[2])
-  local n = tonumber(ARGV[3])
-  local slack = tonumber(ARGV[7])
-  for i = 1, n do
-    local s, e, _, u = load(KEYS[i])
-    if s and (now < e or (s == 'r' and now < u)) then return {0, i - 1} end
-  end
-  -- The event first: a script that fails half-way keeps what it wrote, and marks without the
-  -- event would turn the platform's retry into a duplicate.
-  -- The entry id from the partition's hybrid clock, not a counter: after a failover that lost
-  -- the last appends, a counter would give a new event the id of a lost one that a gateway
-  -- already read, and the gateway would take the new one for the old.
-  local seq = hybrid_next(KEYS[n + 2])
-  redis.call('SET', KEYS[n + 2], string.format('%d', seq))
-  redis.call('XADD', KEYS[n + 1], string.format('0-%d', seq), 'k', ARGV[4], 'o', ARGV[5], 'e', ARGV[6])
   local pending = encode('p', now + retention, '', 0, false, false)
-  local ttl = string.format('%d', retention + slack)
+  local ttl = string.format('%d', retention + tonumber(ARGV[7]))
+  -- Each key marked where it is free and read where it is not, in one call (SET NX GET); a
+  -- record that exists counts only while live, and a live one undoes the marks made. Redis
+  -- 6.2 refuses NX with GET, and a record an earlier version wrote as a hash is no string:
+  -- those take SET NX and a read.
   for i = 1, n do
-    redis.call('SET', KEYS[i], pending, 'PX', ttl)
+    local old = redis.pcall('SET', KEYS[i], pending, 'NX', 'GET', 'PX', ttl)
+    local s, e, u, _
+    if type(old) == 'table' then
+      if not redis.call('SET', KEYS[i], pending, 'NX', 'PX', ttl) then
+        s, e, _, u = load(KEYS[i])
+      end
+    elseif old then
+      s, e, _, u = parse(KEYS[i], old)
+    end
+    if s then
+      if now < e or (s == 'r' and now < u) then
+        if i > 1 then redis.call('DEL', unpack(KEYS, 1, i - 1)) end
+        return {0, i - 1}
+      end
+      redis.call('SET', KEYS[i], pending, 'PX', ttl)
+    end
+  end
+  -- Marks without the event would turn the platform's retry into a duplicate: undone when the
+  -- append fails.
+  local ok, seq = pcall(append, KEYS[n + 1], 'k', ARGV[4], 'o', ARGV[5], 'e', ARGV[6])
+  if not ok then
+    redis.call('DEL', unpack(KEYS, 1, n))
+    return error(seq, 0)
   end
   return {1, seq}
 end

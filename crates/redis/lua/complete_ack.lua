@@ -1,18 +1,18 @@
 -- complete and ack, for one or more handed-out entries of one partition: KEYS = stream,
 -- attempts hash, owner record, then one record per entry; ARGV = now_ms, ttl slack ms, group,
 -- instance, epoch, then per entry: token, retention_ms, seq, outcome ('-' for none, 'o' and its
--- bytes for one).
--- Each record is completed only if its token is the live record's holder. The entries are
--- acked and removed whatever those fences say (they were handed to this caller), but only while
--- the caller owns the partition under `epoch`: otherwise they stay for the owner, which finds
--- their keys done (or not) and acks (or runs) them. One reply per entry, in order: 1 when the
--- record was completed, else 0.
+-- bytes for one), lean ('1' for a hand-out that wrote no claim, else '0').
+-- Each record is completed only if its token is the live record's holder, or, lean, if nobody
+-- else holds or completed it (fence.lua). The entries are acked and removed whatever those
+-- fences say (they were handed to this caller), but only while the caller owns the partition
+-- under `epoch`: otherwise they stay for the owner, which finds their keys done (or not) and
+-- acks (or runs) them. One reply per entry, in order: 1 when the record was completed, else 0.
 local now = tonumber(ARGV[1])
 local slack = tonumber(ARGV[2])
 if owns(KEYS[3], ARGV[4], ARGV[5]) then
   local ids, seqs = {}, {}
   for i = 4, #KEYS do
-    local seq = ARGV[4 * i - 8]
+    local seq = ARGV[5 * i - 12]
     ids[i - 3] = '0-' .. seq
     seqs[i - 3] = seq
   end
@@ -22,10 +22,11 @@ if owns(KEYS[3], ARGV[4], ARGV[5]) then
 end
 local replies = {}
 for i = 4, #KEYS do
-  local at = 4 * i - 10
+  local at = 5 * i - 14
   local applied = 0
   local s, e, t, u, f = load(KEYS[i])
-  if s == 'r' and t == ARGV[at] and (now < e or now < u) then
+  if (s == 'r' and t == ARGV[at] and (now < e or now < u))
+      or (ARGV[at + 4] == '1' and lean_free(s, e, u, now)) then
     local outcome = ARGV[at + 3]
     if string.byte(outcome, 1) == 111 then outcome = string.sub(outcome, 2) else outcome = false end
     mark_completed(KEYS[i], now, tonumber(ARGV[at + 1]), slack, f, outcome)

@@ -4,3 +4,9 @@
 local function mark_completed(key, now, retention, slack, f, outcome)
   store(key, retention + slack, 'c', now + retention, '', 0, f, outcome)
 end
+
+-- Whether a key a lean hand-out holds (see fence.lua) is still nobody else's: no record, a
+-- pending one, or one that no longer counts. A claim by anyone else, or a completion, is not.
+local function lean_free(s, e, u, now)
+  return not s or s == 'p' or not (now < e or (s == 'r' and now < u))
+end

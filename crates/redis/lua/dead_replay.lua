@@ -1,4 +1,4 @@
--- replay a dead letter: KEYS = dead stream, dead index, stream, sequence counter
+-- replay a dead letter: KEYS = dead stream, dead index, stream
 -- ARGV = dead entry id, seq, order hash
 -- The new seq when moved back into the queue, -1 when the dead letter is gone (replayed or
 -- purged by someone else: it is queued once).
@@ -12,9 +12,7 @@ for i = 1, #fields, 2 do
   if fields[i] == 's' then s = fields[i + 1] end
 end
 if s ~= ARGV[2] or not k or not e then return -1 end
-local seq = hybrid_next(KEYS[4])
-redis.call('SET', KEYS[4], string.format('%d', seq))
-redis.call('XADD', KEYS[3], string.format('0-%d', seq), 'k', k, 'o', ARGV[3], 'e', e)
+local seq = append(KEYS[3], 'k', k, 'o', ARGV[3], 'e', e)
 redis.call('XDEL', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[2])
 return seq

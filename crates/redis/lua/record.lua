@@ -5,6 +5,7 @@
 -- hash needed HMGET, HSET, HDEL and PEXPIRE. Records that earlier versions wrote as hashes
 -- are read as well; the next transition writes them as strings (SET replaces a hash).
 
+local parse
 -- state, retention end, token text, lease end, fingerprint or false, outcome or false;
 -- nil when there is no record.
 local function load(key)
@@ -19,6 +20,11 @@ local function load(key)
     return h[1], tonumber(h[2]) or 0, h[3] or '', tonumber(h[4] or '0') or 0, h[6] or false,
       h[5] or false
   end
+  return parse(key, raw)
+end
+
+-- `load` of a record string `raw` read from `key` by the caller.
+parse = function(key, raw)
   local s, e, t, u, at = string.match(raw, '^(%a)(%d+),(%d*),(%d*),()')
   if not s then return error('oncegate: record ' .. key .. ' is neither a record nor a hash of one') end
   local f = false

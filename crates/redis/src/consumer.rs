@@ -307,7 +307,11 @@ impl<C: Clock> Inner<C> {
                 .map_err(from_redis)?
         };
         for ((seq, key, order, stored), attempt) in seqs.into_iter().zip(attempts) {
-            let (attempt, not_before) = attempts_of(attempt.as_deref());
+            let (attempt, mut not_before) = attempts_of(attempt.as_deref());
+            if !fresh {
+                // Taken over from an owner that may still run its lean hand-outs.
+                not_before = not_before.max(queue.hold_until_ms);
+            }
             queue.order.push(seq, order, not_before, stored.len());
             queue.last_seq = seq;
             if fresh {

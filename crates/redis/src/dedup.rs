@@ -22,7 +22,17 @@ impl<C: Clock> DedupStore for RedisStore<C> {
     ) -> Result<Admission, StoreError> {
         oncegate_core::store::require_keys(keys)?;
         self.inner.promise.admits()?;
-        let keys = keys.to_vec();
+        // Each key once (with its index among the caller's): the script marks them one by one,
+        // and a key named twice would find its own mark live.
+        let mut indexes = Vec::with_capacity(keys.len());
+        let mut unique: Vec<KeyHash> = Vec::with_capacity(keys.len());
+        for (index, key) in keys.iter().enumerate() {
+            if !unique.contains(key) {
+                unique.push(*key);
+                indexes.push(index);
+            }
+        }
+        let keys = unique;
         self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
             // Only `replicas` needs it: for a Sentinel primary it costs a lock and a copy.
             let written_at = inner.promise.waits().then(|| conn.primary()).flatten();
@@ -58,7 +68,10 @@ impl<C: Clock> DedupStore for RedisStore<C> {
                     id: QueueId { partition, seq },
                 },
                 (Some(0), Some(index)) => Admission::Duplicate {
-                    key_index: index as usize,
+                    key_index: usize::try_from(index)
+                        .ok()
+                        .and_then(|index| indexes.get(index).copied())
+                        .unwrap_or(0),
                 },
                 (Some(2), None) => return Ok(Admission::Replayed),
                 _ => {
@@ -281,25 +294,58 @@ impl<C: Clock> RedisStore<C> {
         outcome: Option<Bytes>,
     ) -> Result<FenceCheck, StoreError> {
         self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
-            let mut call = inner.scripts.fence.prepare_invoke();
-            call.key(inner.record_key(&lease.key, lease.partition))
-                .arg(op)
-                .arg(lease.token.0)
-                .arg(inner.clock.now_ms())
-                .arg(ms)
-                .arg(TTL_SLACK_MS);
-            if let Some(outcome) = &outcome {
-                call.arg(outcome.as_ref());
-            }
-            let applied: i64 = call.invoke_async(&mut conn).await.map_err(from_redis)?;
-            Ok(if applied == 1 {
-                FenceCheck::Accepted
-            } else {
-                FenceCheck::Rejected
-            })
+            inner
+                .fence_on(&mut conn, op, &lease, ms, outcome.as_deref())
+                .await
         })
         .await
     }
+}
+
+impl<C: Clock> Inner<C> {
+    /// A fenced transition of `lease`'s record (`lua/fence.lua`): renew, complete or release.
+    pub(super) async fn fence_on(
+        &self,
+        conn: &mut Conn,
+        op: &'static str,
+        lease: &Lease,
+        ms: u64,
+        outcome: Option<&[u8]>,
+    ) -> Result<FenceCheck, StoreError> {
+        let mut call = self.scripts.fence.prepare_invoke();
+        call.key(self.record_key(&lease.key, lease.partition))
+            .arg(op)
+            .arg(lease.token.0)
+            .arg(self.clock.now_ms())
+            .arg(ms)
+            .arg(TTL_SLACK_MS)
+            .arg(outcome_arg(outcome));
+        if let Some(epoch) = lean_epoch(lease.token) {
+            call.key(self.owner(lease.partition))
+                .arg(&self.instance)
+                .arg(epoch);
+        }
+        let applied: i64 = call.invoke_async(conn).await.map_err(from_redis)?;
+        Ok(if applied == 1 {
+            FenceCheck::Accepted
+        } else {
+            FenceCheck::Rejected
+        })
+    }
+}
+
+/// An outcome as the scripts take it: "-" for none, "o" and its bytes for one (which may be
+/// empty).
+fn outcome_arg(outcome: Option<&[u8]>) -> Vec<u8> {
+    let mut arg = Vec::with_capacity(outcome.map_or(1, |o| o.len() + 1));
+    match outcome {
+        Some(bytes) => {
+            arg.push(b'o');
+            arg.extend_from_slice(bytes);
+        }
+        None => arg.push(b'-'),
+    }
+    arg
 }
 
 impl<C: Clock> WatermarkStore for RedisStore<C> {
@@ -494,21 +540,17 @@ impl<C: Clock> Batch<C> for CompleteCall {
             .arg(&inner.instance)
             .arg(inner.epoch(partition).await);
         for call in calls {
-            // "-" for no outcome, "o" and its bytes for one (which may be empty).
-            let mut outcome = Vec::with_capacity(call.outcome.as_ref().map_or(1, |o| o.len() + 1));
-            match &call.outcome {
-                Some(bytes) => {
-                    outcome.push(b'o');
-                    outcome.extend_from_slice(bytes);
-                }
-                None => outcome.push(b'-'),
-            }
             script
                 .key(inner.record_key(&call.lease.key, partition))
                 .arg(call.lease.token.0)
                 .arg(call.retention_ms)
                 .arg(call.seq)
-                .arg(outcome);
+                .arg(outcome_arg(call.outcome.as_deref()))
+                .arg(if lean_epoch(call.lease.token).is_some() {
+                    "1"
+                } else {
+                    "0"
+                });
         }
         let reply: Value = script.invoke_async(conn).await.map_err(from_redis)?;
         let applied = one_each(reply, calls.len())?;

@@ -10,6 +10,15 @@
 //! Claims and completions made at once in one partition share a script (`gather`): each
 //! script costs Redis a fixed few microseconds beyond its keys' work.
 //!
+//! Hand-outs are lean: the owner of a partition is the only one that hands its events out
+//! (fenced by its epoch), so a handed-out event's key needs no claim record of its own. The
+//! hand-out reads its keys' records (one `MGET`): a key someone else holds is in flight, a done
+//! one is done, and the others go out under a lease whose token names the epoch. Completion
+//! marks the key done if nobody else holds or completed it meanwhile. A lean lease becomes a
+//! claim of its own when its handler runs long (`ownership / 2`), when it is renewed, and before
+//! its partition is handed over; entries taken over from an owner whose ownership ran out wait
+//! the ownership time before they go out again.
+//!
 //! Every key a script touches carries its partition's hash tag (`{prefix:p}`): an event's
 //! records, its partition's stream, counters and dead letters share one Cluster slot.
 //!
@@ -52,6 +61,7 @@ mod dedup;
 mod durability;
 mod gather;
 mod keys;
+mod lean;
 mod promise;
 mod queue;
 mod reply;
@@ -163,6 +173,30 @@ struct Partition {
     bodies: std::collections::HashMap<u64, Body>,
     /// The bytes `bodies` holds.
     body_bytes: usize,
+    /// Events handed out lean (no claim written) and not yet made claims of their own, by
+    /// entry: one still running `ownership / 2` after its hand-out takes a claim at the next
+    /// balancing round, every one when the partition is handed over (`share`).
+    lean: std::collections::HashMap<u64, LeanOut>,
+    /// Entries taken over from an owner whose ownership ran out wait until then (this store's
+    /// clock, ms): that owner may still be running those it handed out lean.
+    hold_until_ms: u64,
+}
+
+/// A lean hand-out: the lease the dispatcher holds, and when it was handed out.
+struct LeanOut {
+    lease: Lease,
+    lease_ms: u64,
+    at: std::time::Instant,
+}
+
+/// Marks the token of a lean hand-out, whose low bits are the partition's epoch: a token no
+/// claim gives out (claims' tokens are microseconds, far below it), so that every call knows
+/// a lean lease from a claimed one by its token alone.
+const LEAN: u64 = 1 << 62;
+
+/// The epoch a lean lease was handed out under; `None` for a claimed lease.
+fn lean_epoch(token: FencingToken) -> Option<u64> {
+    (token.0 & LEAN != 0).then_some(token.0 & !LEAN)
 }
 
 /// A queue entry's payload kept from the read that brought it.
@@ -472,6 +506,7 @@ impl<C: Clock> RedisStore<C> {
                 admit: Script::new(ADMIT_LUA),
                 claim: Script::new(CLAIM_LUA),
                 fence: Script::new(concat!(
+                    include_str!("../lua/owns.lua"),
                     include_str!("../lua/record.lua"),
                     include_str!("../lua/completed.lua"),
                     include_str!("../lua/fence.lua")

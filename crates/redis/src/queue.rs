@@ -1,7 +1,5 @@
 //! The queue: pull, ack, retry, dead letters.
 
-use super::dedup::ClaimCall;
-use super::gather::Batch;
 use super::*;
 
 impl<C: Clock> EventQueue for RedisStore<C> {
@@ -12,7 +10,7 @@ impl<C: Clock> EventQueue for RedisStore<C> {
     async fn pull(&self, partition: u16, max: usize) -> Result<Vec<Delivery>, StoreError> {
         require_partition(partition, self.inner.partitions)?;
         self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
-            hand_out(&inner, &mut conn, partition, max).await
+            Ok(hand_out(&inner, &mut conn, partition, max).await?.0)
         })
         .await
     }
@@ -25,25 +23,11 @@ impl<C: Clock> EventQueue for RedisStore<C> {
     ) -> Result<Vec<oncegate_core::ClaimedDelivery>, StoreError> {
         require_partition(partition, self.inner.partitions)?;
         self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
-            let pulled = hand_out(&inner, &mut conn, partition, max).await?;
+            let (pulled, epoch) = hand_out(&inner, &mut conn, partition, max).await?;
             if pulled.is_empty() {
                 return Ok(Vec::new());
             }
-            // One claim script for the whole hand-out, in its round trip.
-            let calls: Vec<ClaimCall> = pulled
-                .iter()
-                .map(|delivery| ClaimCall::new(delivery.key, millis(lease)))
-                .collect();
-            Ok(
-                match ClaimCall::run(&inner, &mut conn, partition, &calls).await {
-                    Ok(claims) => pulled.into_iter().zip(claims).collect(),
-                    // Handed out all the same: each event's claim failed.
-                    Err(error) => pulled
-                        .into_iter()
-                        .map(|d| (d, Err(error.clone())))
-                        .collect(),
-                },
-            )
+            Ok(lean::claims(&inner, &mut conn, partition, epoch, pulled, millis(lease)).await)
         })
         .await
     }
@@ -174,7 +158,6 @@ impl<C: Clock> EventQueue for RedisStore<C> {
                 .key(inner.dead(id.partition))
                 .key(inner.dead_index(id.partition))
                 .key(inner.stream(id.partition))
-                .key(inner.sequence(id.partition))
                 .arg(entry)
                 .arg(id.seq)
                 .arg(letter.event.order_hash())
@@ -296,17 +279,18 @@ async fn find_dead<C>(
     }
 }
 
-/// Hands out up to `max` ready events of `partition` (see `EventQueue::pull`).
+/// Hands out up to `max` ready events of `partition` (see `EventQueue::pull`), with the epoch
+/// they were handed out under.
 async fn hand_out<C: Clock>(
     inner: &Inner<C>,
     conn: &mut Conn,
     partition: u16,
     max: usize,
-) -> Result<Vec<Delivery>, StoreError> {
+) -> Result<(Vec<Delivery>, u64), StoreError> {
     inner.balance_if_due(conn).await?;
     let mut queue = inner.queues[usize::from(partition)].lock().await;
     if !queue.serving(Duration::from_millis(inner.ownership_ms)) {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), 0));
     }
     let now = inner.clock.now_ms();
     // Chats whose next event is here already go out without waiting for a read: what
@@ -357,7 +341,7 @@ async fn hand_out<C: Clock>(
                     }
                 }
             }
-            Ok(out)
+            Ok((out, queue.epoch))
         }
         Err(error) => {
             // Not handed out after all: put them back so that they go out later.

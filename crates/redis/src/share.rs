@@ -41,8 +41,9 @@ pub(super) fn fair_share(partitions: u16, members: usize, rank: usize) -> usize 
 enum Own {
     /// Renewed or released: it was ours under the epoch named.
     Done,
-    /// Newly ours, under this epoch.
-    Taken(u64),
+    /// Newly ours, under this epoch; the entries of an owner whose ownership ran out wait
+    /// this many ms (its lean hand-outs may still run).
+    Taken(u64, u64),
     /// Not ours (someone else's, or ours under another epoch).
     Refused,
 }
@@ -70,7 +71,9 @@ impl<C: Clock> Inner<C> {
         let reply = array(reply)?;
         match (reply.first().and_then(int), reply.get(1).and_then(int)) {
             (Some(1), _) => Ok(Own::Done),
-            (Some(2), Some(epoch)) => Ok(Own::Taken(epoch)),
+            (Some(2), Some(epoch)) => {
+                Ok(Own::Taken(epoch, reply.get(2).and_then(int).unwrap_or(0)))
+            }
             (Some(0), _) => Ok(Own::Refused),
             _ => Err(StoreError::Corrupt(format!(
                 "unexpected ownership reply {reply:?}"
@@ -148,13 +151,16 @@ impl<C: Clock> Inner<C> {
             match self.own_call(conn, partition, "renew", queue.epoch).await? {
                 Own::Done => {
                     queue.renewed = Some(sent);
+                    // Its lean leases must outlive a lost ownership once they run long.
+                    self.claim_lean(conn, partition, &mut queue, Some(self.lean_for()))
+                        .await?;
                     if queue.draining.is_some() {
                         draining.push(partition);
                     } else {
                         kept += 1;
                     }
                 }
-                Own::Taken(_) | Own::Refused => {
+                Own::Taken(..) | Own::Refused => {
                     tracing::warn!(
                         partition,
                         "partition lost: its ownership ran out before this gateway renewed it; its events go to the next owner"
@@ -234,10 +240,11 @@ impl<C: Clock> Inner<C> {
                 continue;
             }
             let sent = Instant::now();
-            if let Own::Taken(epoch) = self.own_call(conn, partition, "take", 0).await? {
+            if let Own::Taken(epoch, held) = self.own_call(conn, partition, "take", 0).await? {
                 queue.forget();
                 queue.owned = true;
                 queue.epoch = epoch;
+                queue.hold_until_ms = self.clock.now_ms().saturating_add(held);
                 queue.renewed = Some(sent);
                 // What earlier owners were handed and never acked comes out first.
                 queue.reclaim = true;
@@ -256,6 +263,9 @@ impl<C: Clock> Inner<C> {
         partition: u16,
         queue: &mut Partition,
     ) -> Result<(), StoreError> {
+        // Handlers still running keep their events through claims of their own: the next owner
+        // finds them in flight instead of running them again.
+        self.claim_lean(conn, partition, queue, None).await?;
         // Refused: it was not ours anymore; forgotten all the same.
         let _ = self
             .own_call(conn, partition, "release", queue.epoch)
@@ -321,6 +331,13 @@ impl<C: Clock> Inner<C> {
             });
         }
         Ok(owners)
+    }
+
+    /// How long a lean lease goes without a claim of its own: half the ownership, so that a
+    /// round (every tenth of it at most) makes it one well before a lost ownership could let
+    /// another owner take the partition.
+    pub(super) fn lean_for(&self) -> Duration {
+        Duration::from_millis(self.ownership_ms / 2)
     }
 
     /// The epoch this instance owns `partition` under (0 when it does not).

@@ -73,10 +73,27 @@ fn one_owner_per_partition_and_a_takeover_after_silence() {
             .await
             .expect("complete");
         assert!(a.ack(from_a[0].id).await.expect("ack"));
-        // a goes quiet; after the ownership runs out b takes over and hands out what a had
-        // handed out but not acked.
+        // a goes quiet; after the ownership runs out b takes over, and hands out what a had
+        // handed out but not acked once a's lean hand-outs can no longer be running: the
+        // ownership time after a's ran out.
         tokio::time::sleep(Duration::from_millis(400)).await;
-        let from_b = b.pull(0, 10).await.expect("pull b");
+        assert!(
+            b.pull(0, 10).await.expect("pull b").is_empty(),
+            "a's entries wait while a may still run them"
+        );
+        let waited = std::time::Instant::now();
+        let from_b = loop {
+            let out = b.pull(0, 10).await.expect("pull b");
+            if !out.is_empty() || waited.elapsed() > Duration::from_secs(2) {
+                break out;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert!(
+            waited.elapsed() >= Duration::from_millis(100),
+            "{:?}",
+            waited.elapsed()
+        );
         assert_eq!(
             from_b
                 .iter()

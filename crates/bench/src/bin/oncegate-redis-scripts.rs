@@ -268,7 +268,12 @@ fn main() -> anyhow::Result<()> {
                 .arg(OWNER)
                 .arg(EPOCH);
             for &i in batch {
-                cmd.arg(tokens[i]).arg(RETENTION_MS).arg(seqs[i]).arg("-");
+                // Claimed, not lean: the records carry the claims' tokens.
+                cmd.arg(tokens[i])
+                    .arg(RETENTION_MS)
+                    .arg(seqs[i])
+                    .arg("-")
+                    .arg("0");
             }
             cmd
         })
