@@ -1,5 +1,14 @@
 //! The `oncegate` command.
 
+/// `println!` that returns the write's error instead of panicking: a reader that went away
+/// (`oncegate dlq list | head`) ends the command quietly (see `main`).
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*)
+    }};
+}
+
 mod logging;
 mod queue_cmd;
 mod remote;
@@ -164,6 +173,14 @@ fn main() -> ExitCode {
     match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
+        // Whoever read the output has all it wanted (`| head`): not an error of ours.
+        Err(error)
+            if error
+                .downcast_ref::<std::io::Error>()
+                .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe) =>
+        {
+            ExitCode::SUCCESS
+        }
         Err(error) => {
             eprintln!("error: {error:#}");
             ExitCode::from(2)

@@ -108,13 +108,13 @@ pub(crate) async fn queue(args: QueueArgs) -> anyhow::Result<bool> {
         bail!("/admin/queue: {status} {}", error_of(&answer));
     }
     if args.admin.json {
-        print_json(&answer);
+        print_json(&answer)?;
         return Ok(true);
     }
     if partition.is_none() {
-        println!("{}", queue_line(&answer));
+        out!("{}", queue_line(&answer))?;
         if let Some(owners) = owners_line(&answer) {
-            println!("{owners}");
+            out!("{owners}")?;
         }
         for summary in answer["partitions"].as_array().into_iter().flatten() {
             let owner = &summary["owner"];
@@ -127,28 +127,28 @@ pub(crate) async fn queue(args: QueueArgs) -> anyhow::Result<bool> {
                 None => ", no owner right now".into(),
             };
             if summary["events"].as_u64().unwrap_or(0) > 0 || !owner.is_null() {
-                println!(
+                out!(
                     "partition {:>3}  {} events, {} handed out, {} bytes, oldest {:.1} s old{owned_by}",
                     summary["partition"],
                     summary["events"],
                     summary["handed_out"],
                     summary["bytes"],
                     summary["oldest_age_seconds"].as_f64().unwrap_or(0.0),
-                );
+                )?;
             }
         }
         return Ok(true);
     }
     let summary = &answer["summary"];
-    println!(
+    out!(
         "partition {}: {} events, {} handed out, oldest {:.1} s old",
         summary["partition"],
         summary["events"],
         summary["handed_out"],
         summary["oldest_age_seconds"].as_f64().unwrap_or(0.0),
-    );
+    )?;
     for event in answer["events"].as_array().into_iter().flatten() {
-        println!(
+        out!(
             "{:<10} {} {} {} {} (attempt {}, {} bytes) {}",
             event["id"].as_str().unwrap_or(""),
             event["source"].as_str().unwrap_or(""),
@@ -158,10 +158,10 @@ pub(crate) async fn queue(args: QueueArgs) -> anyhow::Result<bool> {
             event["attempt"],
             event["payload_bytes"],
             state_text(&event["state"]),
-        );
+        )?;
     }
     if let Some(next) = answer["next_after"].as_u64() {
-        println!("more: --after {next}");
+        out!("more: --after {next}")?;
     }
     Ok(true)
 }

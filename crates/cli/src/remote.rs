@@ -212,11 +212,11 @@ pub(crate) fn error_of(answer: &Value) -> String {
         .map_or_else(|| answer.to_string(), str::to_owned)
 }
 
-pub(crate) fn print_json(value: &Value) {
-    println!(
+pub(crate) fn print_json(value: &Value) -> std::io::Result<()> {
+    out!(
         "{}",
         serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string())
-    );
+    )
 }
 
 pub(crate) async fn dlq(args: DlqArgs) -> anyhow::Result<bool> {
@@ -231,32 +231,35 @@ pub(crate) async fn dlq(args: DlqArgs) -> anyhow::Result<bool> {
                 bail!("/admin/dead-letters: {status} {}", error_of(&answer));
             }
             if args.admin.json {
-                print_json(&answer);
+                print_json(&answer)?;
                 return Ok(true);
             }
             let letters = answer["dead_letters"]
                 .as_array()
                 .cloned()
                 .unwrap_or_default();
-            println!(
+            out!(
                 "{:<12} {:<28} {:<24} {:>8}  reason",
-                "id", "event type", "event id", "attempts"
-            );
+                "id",
+                "event type",
+                "event id",
+                "attempts"
+            )?;
             for letter in &letters {
-                println!(
+                out!(
                     "{:<12} {:<28} {:<24} {:>8}  {}",
                     letter["id"].as_str().unwrap_or(""),
                     letter["event_type"].as_str().unwrap_or(""),
                     letter["event_id"].as_str().unwrap_or(""),
                     letter["attempts"],
                     letter["reason"].as_str().unwrap_or(""),
-                );
+                )?;
             }
-            println!(
+            out!(
                 "{} dead letter{}",
                 letters.len(),
                 if letters.len() == 1 { "" } else { "s" }
-            );
+            )?;
             Ok(true)
         }
         Dlq::Replay(selection) => {
@@ -291,16 +294,16 @@ fn body(selection: &Selection) -> Value {
 fn report(answer: &Value, done: &str, json: bool) -> anyhow::Result<bool> {
     let missing = answer["missing"].as_array().cloned().unwrap_or_default();
     if json {
-        print_json(answer);
+        print_json(answer)?;
         return Ok(missing.is_empty());
     }
     let count = answer[done].as_array().map_or(0, Vec::len);
-    println!("{done} {count}");
+    out!("{done} {count}")?;
     for id in &missing {
-        println!(
+        out!(
             "not a dead letter (replayed or purged already?): {}",
             id.as_str().unwrap_or("")
-        );
+        )?;
     }
     Ok(missing.is_empty())
 }
@@ -317,38 +320,39 @@ pub(crate) async fn record(
     match status {
         200 => {}
         404 => {
-            println!("not seen (or forgotten after its retention)");
+            out!("not seen (or forgotten after its retention)")?;
             return Ok(false);
         }
         _ => bail!("/admin/record: {status} {}", error_of(&answer)),
     }
     let record = &answer["record"];
-    println!("key          {}", answer["key"].as_str().unwrap_or(""));
-    println!("partition    {}", answer["partition"]);
+    out!("key          {}", answer["key"].as_str().unwrap_or(""))?;
+    out!("partition    {}", answer["partition"])?;
     let state = record["state"].as_str().unwrap_or("");
     match state {
-        "processing" => println!(
+        "processing" => out!(
             "state        processing (lease token {}, until {} ms)",
-            record["token"], record["lease_until_ms"]
-        ),
-        "completed" => println!(
+            record["token"],
+            record["lease_until_ms"]
+        )?,
+        "completed" => out!(
             "state        completed ({} byte outcome)",
             record["outcome_bytes"].as_u64().unwrap_or(0)
-        ),
-        other => println!("state        {other}"),
+        )?,
+        other => out!("state        {other}")?,
     }
-    println!("kept until   {} ms", answer["expires_at_ms"]);
+    out!("kept until   {} ms", answer["expires_at_ms"])?;
     if let Some(fingerprint) = answer["fingerprint"].as_str() {
-        println!("fingerprint  {fingerprint}");
+        out!("fingerprint  {fingerprint}")?;
     }
     if let Some(letter) = answer["dead_letter"].as_object() {
-        println!(
+        out!(
             "dead letter  {} after {} attempts at {} ms: {}",
             letter["id"].as_str().unwrap_or(""),
             letter["attempts"],
             letter["at_ms"],
             letter["reason"].as_str().unwrap_or("")
-        );
+        )?;
     }
     Ok(true)
 }
@@ -361,7 +365,7 @@ pub(crate) async fn status(args: StatusArgs) -> anyhow::Result<bool> {
         bail!("/admin/stats: {status} {}", error_of(&stats));
     }
     if args.admin.json {
-        print_json(&json!({"ready": ready_status == 200, "readyz": ready, "stats": stats}));
+        print_json(&json!({"ready": ready_status == 200, "readyz": ready, "stats": stats}))?;
         return Ok(ready_status == 200);
     }
     let checks = ready["checks"].as_array().cloned().unwrap_or_default();
@@ -376,19 +380,19 @@ pub(crate) async fn status(args: StatusArgs) -> anyhow::Result<bool> {
             )
         })
         .collect();
-    println!("gateway      {}", client.base);
+    out!("gateway      {}", client.base)?;
     if failed.is_empty() {
-        println!(
+        out!(
             "ready        {} ({} checks pass)",
             ready_status == 200,
             checks.len()
-        );
+        )?;
     } else {
-        println!("ready        false ({})", failed.join("; "));
+        out!("ready        false ({})", failed.join("; "))?;
     }
     let gateway = &stats["gateway"];
     let n = |v: &Value, name: &str| v[name].as_u64().unwrap_or(0);
-    println!(
+    out!(
         "requests     {} (admitted {}, duplicates {}, refused {})",
         n(gateway, "requests"),
         n(gateway, "admitted"),
@@ -396,27 +400,27 @@ pub(crate) async fn status(args: StatusArgs) -> anyhow::Result<bool> {
         n(gateway, "bad_requests")
             + n(gateway, "replays_rejected")
             + n(gateway, "stale_timestamps"),
-    );
-    println!(
+    )?;
+    out!(
         "delivered    {} (retries {}, dead letters {}, stale dropped {})",
         n(gateway, "delivered"),
         n(gateway, "retries"),
         n(gateway, "dead_letters"),
         n(gateway, "stale_dropped"),
-    );
+    )?;
     match client.get("/admin/queue", &[]).await {
         Ok((200, queue)) => {
-            println!("{}", crate::queue_cmd::queue_line(&queue));
+            out!("{}", crate::queue_cmd::queue_line(&queue))?;
             if let Some(owners) = crate::queue_cmd::owners_line(&queue) {
-                println!("{owners}");
+                out!("{owners}")?;
             }
         }
-        Ok((status, answer)) => println!("queue        {status} {}", error_of(&answer)),
-        Err(error) => println!("queue        {error}"),
+        Ok((status, answer)) => out!("queue        {status} {}", error_of(&answer))?,
+        Err(error) => out!("queue        {error}")?,
     }
     let store = &stats["store"];
     if store.is_object() {
-        println!(
+        out!(
             "store        queued {}, in flight {}, dead letters {}; records pending {}, processing {}, completed {}",
             n(store, "queued"),
             n(store, "in_flight"),
@@ -424,16 +428,16 @@ pub(crate) async fn status(args: StatusArgs) -> anyhow::Result<bool> {
             n(store, "pending"),
             n(store, "processing"),
             n(store, "completed"),
-        );
+        )?;
     } else {
-        println!("store        not answering");
+        out!("store        not answering")?;
     }
     for connection in stats["long_connections"].as_array().into_iter().flatten() {
         let last = match connection["last_frame_age_ms"].as_u64() {
             Some(age) => format!("last frame {age} ms ago"),
             None => "no frame yet".to_owned(),
         };
-        println!(
+        out!(
             "long conn    {} {}: {} open, {} reconnects, {last}{}",
             connection["source"].as_str().unwrap_or(""),
             connection["role"].as_str().unwrap_or(""),
@@ -443,7 +447,7 @@ pub(crate) async fn status(args: StatusArgs) -> anyhow::Result<bool> {
                 .as_str()
                 .map(|f| format!(", stopped: {f}"))
                 .unwrap_or_default(),
-        );
+        )?;
     }
     Ok(ready_status == 200)
 }

@@ -390,6 +390,23 @@ async fn transient_failures_retry_and_permanent_ones_are_dead_lettered() {
         listed.contains("bad") && listed.contains("down") && listed.contains("2 dead letters"),
         "{listed}"
     );
+    // A reader that goes away before the list is written (`oncegate dlq list | head`): no
+    // panic, no error, exit 0.
+    let mut piped = std::process::Command::new(env!("CARGO_BIN_EXE_oncegate"))
+        .args(["dlq", "list", "--admin", &gateway.admin])
+        .env_remove("ONCEGATE_CONFIG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("oncegate");
+    drop(piped.stdout.take());
+    let closed = piped.wait_with_output().expect("oncegate");
+    let said = String::from_utf8_lossy(&closed.stderr);
+    assert!(
+        closed.status.success() && said.is_empty(),
+        "{:?} {said}",
+        closed.status
+    );
     // One command tells the whole story of one event: not done, and why it died.
     let (ok, story) = cli(
         &gateway,

@@ -1153,8 +1153,8 @@ mod tests {
 
     #[test]
     fn secrets_come_from_files_and_environment() {
-        let dir = std::env::temp_dir();
-        let file = dir.join(format!("oncegate-secret-{}", std::process::id()));
+        let dir = tempfile::tempdir().expect("dir");
+        let file = dir.path().join("secret");
         std::fs::write(&file, "s3cret\n").expect("write");
         assert_eq!(
             Secret::File { file: file.clone() }.resolve(),

@@ -1201,8 +1201,9 @@ mod tests {
 
     #[test]
     fn an_empty_secret_is_an_error_naming_the_source_and_setting() {
-        let dir = tempfile_dir();
-        let newline = dir.join("newline");
+        // Removed with the test, not left in the temporary folder.
+        let dir = tempfile::tempdir().expect("dir");
+        let newline = dir.path().join("newline");
         std::fs::write(&newline, "\n").expect("write");
         // An empty environment variable is tested through the binary (crates/cli/tests).
         for (key, token) in [
@@ -1307,12 +1308,6 @@ mod tests {
                 .iter()
                 .any(|p| p.setting == "route[0].secret" && p.severity == Severity::Warning)
         );
-    }
-
-    fn tempfile_dir() -> std::path::PathBuf {
-        let dir = std::env::temp_dir().join(format!("oncegate-validate-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("dir");
-        dir
     }
 
     #[test]

@@ -66,6 +66,21 @@ pub fn admit_with_several_keys_is_all_or_nothing<S: Store>(make: impl Fn(ManualC
                 .expect("admit"),
         );
         assert_eq!(store.stats().await.expect("stats").queued, 2);
+        // A key named twice is one key: admitted once, then a duplicate.
+        admitted(
+            store
+                .admit(event("e3", chat), &[key("e3"), key("e3")], DAY)
+                .await
+                .expect("admit"),
+        );
+        assert_eq!(
+            store
+                .admit(event("e3", chat), &[key("e3"), key("e3")], DAY)
+                .await
+                .expect("admit"),
+            Admission::Duplicate { key_index: 0 }
+        );
+        assert_eq!(store.stats().await.expect("stats").queued, 3);
     });
 }
 
