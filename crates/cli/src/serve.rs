@@ -132,15 +132,11 @@ async fn run<S: Store>(
         ),
         false => None,
     };
-    let api_line = match &api {
-        Some(api) => format!(", api on http://{}", api.local_addr()?),
-        None => String::new(),
-    };
-    // The first line on stdout: scripts and tests read the bound addresses from it.
-    println!(
-        "oncegate listening on http://{} (webhooks at /webhook/<source>), admin on http://{}{api_line}",
+    banner(
+        config,
         listener.local_addr()?,
-        admin.local_addr()?
+        admin.local_addr()?,
+        api.as_ref().map(TcpListener::local_addr).transpose()?,
     );
     let shutdown = CancellationToken::new();
     let api = api.map(|api| {
@@ -166,6 +162,46 @@ async fn run<S: Store>(
     dispatched?;
     tracing::info!(stats = ?gateway.stats(), "stopped");
     Ok(())
+}
+
+/// The first line on stdout, which scripts and tests read the bound addresses from: plain text,
+/// or with `log.format = "json"` a JSON object like the log's lines (a collector that reads a
+/// container's output as JSON lines meets nothing else).
+fn banner(
+    config: &Config,
+    listen: std::net::SocketAddr,
+    admin: std::net::SocketAddr,
+    api: Option<std::net::SocketAddr>,
+) {
+    let line = match config.log.format {
+        oncegate_config::LogFormat::Json => {
+            let mut timestamp = String::new();
+            {
+                use tracing_subscriber::fmt::time::FormatTime as _;
+                let mut writer = tracing_subscriber::fmt::format::Writer::new(&mut timestamp);
+                let _ = tracing_subscriber::fmt::time::SystemTime.format_time(&mut writer);
+            }
+            serde_json::json!({
+                "instance": config.log.instance_name(),
+                "timestamp": timestamp,
+                "level": "INFO",
+                "message": "oncegate listening",
+                "listen": format!("http://{listen}"),
+                "webhooks": format!("http://{listen}/webhook/<source>"),
+                "admin": format!("http://{admin}"),
+                "status_page": format!("http://{admin}/status"),
+                "api": api.map(|api| format!("http://{api}")),
+            })
+            .to_string()
+        }
+        _ => {
+            let api = api.map_or_else(String::new, |api| format!(", api on http://{api}"));
+            format!(
+                "oncegate listening on http://{listen} (webhooks at /webhook/<source>), admin on http://{admin} (status page at /status){api}"
+            )
+        }
+    };
+    println!("{line}");
 }
 
 /// Says at start what the store keeps of what the gateway acknowledges: an error when the

@@ -376,7 +376,7 @@ pub(crate) async fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
     if tally.failed > 0 {
         println!("failed to send     {}", tally.failed);
     }
-    print_delivered(before, now, &admin);
+    print_delivered(before, now, &client, &admin, admin_token.as_deref()).await;
     println!(
         "throughput         {:.0} requests/s over {:.2} s, {} in flight",
         sent_count as f64 / elapsed.as_secs_f64(),
@@ -460,8 +460,14 @@ pub(crate) fn print_admitted(before: Option<Counts>, now: Option<Counts>) {
     }
 }
 
-/// What the gateway delivered during the run.
-pub(crate) fn print_delivered(before: Option<Counts>, now: Option<Counts>, admin: &str) {
+/// What the gateway delivered during the run; when its counters could not be read, why.
+pub(crate) async fn print_delivered(
+    before: Option<Counts>,
+    now: Option<Counts>,
+    client: &reqwest::Client,
+    admin: &str,
+    token: Option<&str>,
+) {
     match (before, now) {
         (Some(before), Some(now)) => {
             println!(
@@ -473,7 +479,29 @@ pub(crate) fn print_delivered(before: Option<Counts>, now: Option<Counts>, admin
                 println!("dropped as stale   {stale}");
             }
         }
-        _ => println!("admitted, delivered unknown (admin API at {admin} not reachable)"),
+        _ => println!(
+            "admitted, delivered unknown ({})",
+            counts_problem(client, admin, token).await
+        ),
+    }
+}
+
+/// Why the gateway's counters could not be read, said so that it can be fixed: a gateway that
+/// is not there is not one that refused the token.
+async fn counts_problem(client: &reqwest::Client, admin: &str, token: Option<&str>) -> String {
+    let mut request = client.get(format!("{admin}/admin/stats"));
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    match request.send().await {
+        Err(error) => format!("admin API at {admin} not reachable: {error}"),
+        Ok(answer) if answer.status() == reqwest::StatusCode::UNAUTHORIZED => format!(
+            "admin API at {admin} refused the admin token: set ONCEGATE_ADMIN_TOKEN, or server.admin_token in --config"
+        ),
+        Ok(answer) if !answer.status().is_success() => {
+            format!("admin API at {admin} answered {}", answer.status())
+        }
+        Ok(_) => format!("admin API at {admin} answered without the counters"),
     }
 }
 

@@ -118,7 +118,7 @@ pub(crate) async fn simulate(
         println!("never acked        {}", driven.unacked);
     }
     print_admitted(before, now);
-    print_delivered(before, now, admin);
+    print_delivered(before, now, client, admin, admin_token).await;
     let seconds = driven.elapsed.max(Duration::from_millis(1)).as_secs_f64();
     println!(
         "throughput         {:.0} events/s acked over {:.2} s, {window} unacked at most",

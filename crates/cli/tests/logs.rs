@@ -53,6 +53,17 @@ timeout = "1s"
 "#
     );
     let gateway = Serve::start_with(dir.path(), &config);
+    // The banner too is a JSON line, with the addresses and the status page.
+    let banner: serde_json::Value = serde_json::from_str(&gateway.banner)
+        .unwrap_or_else(|e| panic!("a banner that is not JSON ({e}): {}", gateway.banner));
+    assert_eq!(banner["instance"], "gw-7", "{banner}");
+    assert_eq!(banner["level"], "INFO", "{banner}");
+    assert_eq!(banner["listen"], gateway.base.as_str(), "{banner}");
+    assert_eq!(
+        banner["status_page"],
+        format!("{}/status", gateway.admin).as_str(),
+        "{banner}"
+    );
     let simulated = oncegate()
         .args(["simulate", "--quiet", "--events", "3", "--duplicates", "0"])
         .args(["--replays", "0", "--source", "bot"])
@@ -151,4 +162,118 @@ encrypt_key = "log-test-encrypt-key"
             .and_then(|v| v.to_str().ok()),
         Some("/status")
     );
+}
+
+/// A downstream that fails every attempt: the retries are counted into one summary line per
+/// interval, not a line per attempt (20 events × 4 retries were 80 lines); and `simulate`
+/// without the admin token says it was refused instead of "not reachable".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_attempts_are_summarised_not_logged_one_by_one() {
+    let dir = tempfile::tempdir().expect("dir");
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a port")
+        .port();
+    let config = format!(
+        r#"
+[store]
+backend = "memory"
+
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+admin_token = "{ADMIN}"
+log_interval = "1s"
+
+[dispatcher]
+max_attempts = 5
+backoff_base = "10ms"
+backoff_max = "20ms"
+
+[[source]]
+name = "bot"
+platform = "feishu"
+app_id = "cli_logs"
+encrypt_key = "{ENCRYPT_KEY}"
+verification_token = "{VERIFICATION}"
+
+[[route]]
+events = ["*"]
+sink = "http"
+url = "http://127.0.0.1:{closed}/in"
+timeout = "1s"
+"#
+    );
+    let gateway = Serve::start_logging(dir.path(), &config, "info");
+    let simulated = oncegate()
+        .args(["simulate", "--quiet", "--events", "20", "--duplicates", "0"])
+        .args(["--replays", "0", "--source", "bot"])
+        .arg("--config")
+        .arg(dir.path().join("oncegate.toml"))
+        .args(["--url", &gateway.base, "--admin", &gateway.admin])
+        .env("ONCEGATE_ADMIN_TOKEN", ADMIN)
+        .output()
+        .expect("simulate");
+    assert!(simulated.status.success());
+    wait_until("twenty dead letters", Duration::from_secs(30), || {
+        gateway.stderr().matches("dead-lettered").count() >= 20
+    })
+    .await;
+    // Counted into the summary lines of the intervals they fell in (the last one at most an
+    // interval after the last dead letter).
+    let counted = |log: &str| -> u64 {
+        log.lines()
+            .filter(|line| line.contains("delivery_retried"))
+            .filter_map(|line| {
+                line.split(" × ")
+                    .next()?
+                    .rsplit(' ')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum()
+    };
+    wait_until("the retries' summaries", Duration::from_secs(5), || {
+        counted(&gateway.stderr()) >= 80
+    })
+    .await;
+    let log = gateway.stderr();
+    assert_eq!(log.matches("delivery failed; retrying").count(), 0, "{log}");
+    let summaries: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("delivery_retried"))
+        .collect();
+    assert!(summaries.len() <= 10, "{summaries:#?}");
+    assert_eq!(
+        counted(&log),
+        80,
+        "four retries of each of 20 events: {summaries:#?}"
+    );
+    // simulate without the admin token says that it was refused, not that nothing answers.
+    let tokenless = dir.path().join("tokenless.toml");
+    std::fs::write(
+        &tokenless,
+        config.replace(&format!("admin_token = \"{ADMIN}\"\n"), ""),
+    )
+    .expect("config");
+    let run = oncegate()
+        .args([
+            "simulate",
+            "--events",
+            "1",
+            "--duplicates",
+            "0",
+            "--replays",
+            "0",
+        ])
+        .args(["--source", "bot", "--config"])
+        .arg(&tokenless)
+        .args(["--url", &gateway.base, "--admin", &gateway.admin])
+        .env_remove("ONCEGATE_ADMIN_TOKEN")
+        .output()
+        .expect("simulate");
+    let said = String::from_utf8_lossy(&run.stdout);
+    assert!(said.contains("refused the admin token"), "{said}");
+    assert!(summaries[0].contains("attempt"), "{}", summaries[0]);
 }

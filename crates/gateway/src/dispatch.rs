@@ -375,7 +375,18 @@ async fn handle<S: Store>(
             }
             let reason = error.to_string();
             let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
-            tracing::info!(key = %delivery.key, platform = %event.source, app = %event.app, tenant = event.tenant.as_deref().unwrap_or("-"), event_id = %event.event_id, attempt = delivery.attempt, %reason, ?delay, "delivery failed; retrying");
+            // One summary per interval, not a line per attempt: a downstream that is down fails
+            // every event on every attempt.
+            tracing::debug!(key = %delivery.key, platform = %event.source, app = %event.app, tenant = event.tenant.as_deref().unwrap_or("-"), event_id = %event.event_id, attempt = delivery.attempt, %reason, ?delay, "delivery failed; retrying");
+            summaries.note(
+                "delivery_retried",
+                None,
+                &format!(
+                    "event {} (attempt {}), retried in {delay:?}: {reason}",
+                    event.event_id,
+                    delivery.attempt + 1
+                ),
+            );
             stats.bump(&stats.retries, "oncegate_retries_total");
             insist(&shared.summaries, "retry", || {
                 store.retry(delivery.id, shared.now_ms().saturating_add(delay_ms))

@@ -18,6 +18,8 @@ pub(crate) struct Serve {
     pub(crate) admin: String,
     /// The API's base URL, when callers are configured.
     pub(crate) api: Option<String>,
+    /// The first line the gateway printed on stdout.
+    pub(crate) banner: String,
     stderr: Arc<Mutex<Vec<String>>>,
 }
 
@@ -25,6 +27,15 @@ impl Serve {
     /// Starts the gateway on `dir/oncegate.toml` holding `config`, which must listen on
     /// loopback port 0 (the addresses are read from the first line it prints).
     pub(crate) fn start_with(dir: &Path, config: &str) -> Self {
+        Self::start_logging(
+            dir,
+            config,
+            &std::env::var("E2E_LOG").unwrap_or_else(|_| "warn".into()),
+        )
+    }
+
+    /// `start_with`, logging at `level` (an `ONCEGATE_LOG` filter).
+    pub(crate) fn start_logging(dir: &Path, config: &str, level: &str) -> Self {
         let config_path = dir.join("oncegate.toml");
         std::fs::write(&config_path, config).expect("config");
         let config = config_path;
@@ -32,10 +43,7 @@ impl Serve {
             .args(["serve", "--config"])
             .arg(&config)
             .current_dir(dir)
-            .env(
-                "ONCEGATE_LOG",
-                std::env::var("E2E_LOG").unwrap_or_else(|_| "warn".into()),
-            )
+            .env("ONCEGATE_LOG", level)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -53,11 +61,7 @@ impl Serve {
         let mut reader = BufReader::new(child.stdout.take().expect("stdout"));
         let mut line = String::new();
         reader.read_line(&mut line).expect("first line");
-        let urls: Vec<String> = line
-            .split_whitespace()
-            .filter(|w| w.starts_with("http://"))
-            .map(|w| w.trim_end_matches(',').to_owned())
-            .collect();
+        let urls = banner_urls(&line);
         assert!(
             urls.len() >= 2,
             "first line {line:?}, stderr {:?}",
@@ -69,6 +73,7 @@ impl Serve {
             base: urls[0].clone(),
             admin: urls[1].clone(),
             api: urls.get(2).cloned(),
+            banner: line,
             stderr,
         }
     }
@@ -164,5 +169,20 @@ pub(crate) fn lines(dir: &Path) -> Vec<serde_json::Value> {
         .unwrap_or_default()
         .lines()
         .map(|l| serde_json::from_str(l).expect("json line"))
+        .collect()
+}
+
+/// The bound addresses in the gateway's first line on stdout (listen, admin, then the API's if
+/// it has one): the plain banner, or the JSON one of `log.format = "json"`.
+pub(crate) fn banner_urls(line: &str) -> Vec<String> {
+    if let Ok(banner) = serde_json::from_str::<serde_json::Value>(line) {
+        return ["listen", "admin", "api"]
+            .iter()
+            .filter_map(|field| banner[*field].as_str().map(str::to_owned))
+            .collect();
+    }
+    line.split_whitespace()
+        .filter(|w| w.starts_with("http://"))
+        .map(|w| w.trim_end_matches(',').to_owned())
         .collect()
 }
