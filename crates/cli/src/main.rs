@@ -10,6 +10,7 @@ macro_rules! out {
 }
 
 mod logging;
+mod machine;
 mod queue_cmd;
 mod remote;
 mod serve;
@@ -258,6 +259,7 @@ fn redis_guarantee(settings: &oncegate_config::RedisSettings) -> (Option<Severit
 fn check_config(file: &Path) -> anyhow::Result<bool> {
     let config = load(Some(file))?;
     let mut problems = oncegate_config::validate(&config);
+    problems.extend(machine::problems(&config));
     let mut guarantee = None;
     if let oncegate_config::StoreConfig::Redis(settings) = &config.store
         && !problems.iter().any(|p| p.severity == Severity::Error)

@@ -87,6 +87,55 @@ fn a_bad_configuration_names_each_problem_and_fails() {
     assert!(err.contains("cannot read /no/such/file.toml"), "{err}");
 }
 
+/// check-config tries what serve would meet on this machine: a port another process holds (a
+/// warning: the gateway that runs with the file holds it too) and a store folder that cannot be
+/// written (an error; /sys refuses files even to root, as CI runs).
+#[test]
+fn check_config_tries_the_ports_and_the_store_folder() {
+    let dir = tempfile::tempdir().expect("dir");
+    let held = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+    let port = held.local_addr().expect("addr").port();
+    let file = dir.path().join("machine.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[server]\nlisten = \"127.0.0.1:{port}\"\nadmin_listen = \"127.0.0.1:0\"\n\n\
+             [store]\npath = \"/sys/oncegate-store\"\n"
+        ),
+    )
+    .expect("write");
+    let (code, out, _) = oncegate(&["check-config", file.to_str().expect("utf-8")]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains(&format!(
+            "warning: server.listen: 127.0.0.1:{port} is in use by another process"
+        )),
+        "{out}"
+    );
+    assert!(
+        out.contains("error: store.path: /sys cannot be written by this user"),
+        "{out}"
+    );
+    // Free port, writable folder: nothing to say.
+    drop(held);
+    std::fs::write(
+        &file,
+        format!(
+            "[server]\nlisten = \"127.0.0.1:{port}\"\nadmin_listen = \"127.0.0.1:0\"\n\n\
+             [store]\npath = \"{}\"\n",
+            dir.path().join("store").display()
+        ),
+    )
+    .expect("write");
+    let (code, out, _) = oncegate(&["check-config", file.to_str().expect("utf-8")]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("0 warnings"), "{out}");
+    assert!(
+        std::fs::read_dir(dir.path()).expect("dir").count() == 1,
+        "the probe file was left behind"
+    );
+}
+
 fn event(id: &str) -> Event {
     Event {
         source: Arc::from("feishu"),

@@ -930,17 +930,49 @@ pub fn load_str(
         apply_override(&mut checked, name, value)?;
         apply_override(&mut from_env, name, value)?;
     }
+    let file = table.clone();
     lay_over(&mut table, from_env);
+    let error = match layered(table)? {
+        Ok(config) => return Ok(config),
+        Err(error) => error,
+    };
+    // Blamed on what brought it: the file alone, or else the variable that breaks it.
+    if overrides.is_empty() || layered(file.clone())?.is_err() {
+        return Err(LoadError::Parse {
+            path: origin,
+            message: error,
+        });
+    }
+    for (name, value) in &overrides {
+        let mut alone = toml::Table::new();
+        apply_override(&mut alone, name, value)?;
+        let mut table = file.clone();
+        lay_over(&mut table, alone);
+        if let Err(message) = layered(table)? {
+            return Err(LoadError::Env {
+                name: name.clone(),
+                message: format!(
+                    "{message} (set by the environment variable, not in {})",
+                    origin.display()
+                ),
+            });
+        }
+    }
+    // Only their combination fails.
+    Err(LoadError::Env {
+        name: overrides.keys().cloned().collect::<Vec<_>>().join(", "),
+        message: format!("{error} (set by these environment variables together)"),
+    })
+}
+
+/// `table` laid over [`DEFAULTS`] and read as a configuration: the reading's error as text.
+fn layered(table: toml::Table) -> Result<Result<Config, String>, LoadError> {
     let mut layered: toml::Table = toml::from_str(DEFAULTS).map_err(|error| LoadError::Parse {
         path: PathBuf::from("<built-in defaults>"),
         message: error.to_string(),
     })?;
     lay_over(&mut layered, table);
-    let table = layered;
-    Config::deserialize(toml::Value::Table(table)).map_err(|error| LoadError::Parse {
-        path: origin,
-        message: error.to_string(),
-    })
+    Ok(Config::deserialize(toml::Value::Table(layered)).map_err(|error| error.to_string()))
 }
 
 fn apply_override(table: &mut toml::Table, name: &str, value: &str) -> Result<(), LoadError> {
@@ -1031,6 +1063,36 @@ mod tests {
         )
         .expect_err("bad env");
         assert!(error.to_string().contains("partitions"), "{error}");
+    }
+
+    /// A variable that does not fit the file's store (the systemd unit's store path under a
+    /// Redis configuration) is named, not the file.
+    #[test]
+    fn a_variable_that_breaks_the_file_is_blamed_not_the_file() {
+        let text = "[store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:6379\"\n";
+        let env = vec![
+            (
+                "ONCEGATE_STORE__PATH".to_owned(),
+                "/var/lib/oncegate".to_owned(),
+            ),
+            ("ONCEGATE_DEDUP__RETENTION".to_owned(), "36h".to_owned()),
+        ];
+        let error = load_str(text, Path::new("redis.toml"), env).expect_err("path under redis");
+        let message = error.to_string();
+        assert!(
+            message.starts_with("environment variable ONCEGATE_STORE__PATH: ")
+                && message.contains("unknown field `path`")
+                && message.contains("not in redis.toml"),
+            "{message}"
+        );
+        // The file's own mistake is still the file's.
+        let error = load_str(
+            "[dedup]\nretension = \"24h\"\n",
+            Path::new("own.toml"),
+            vec![("ONCEGATE_DEDUP__RETENTION".to_owned(), "36h".to_owned())],
+        )
+        .expect_err("the file's typo");
+        assert!(error.to_string().starts_with("own.toml: "), "{error}");
     }
 
     #[test]

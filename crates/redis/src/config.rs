@@ -102,7 +102,7 @@ pub(super) async fn check_partitions(
     let key = format!("{prefix}:partitions");
     let connect = |e: redis::RedisError| ConnectError::Connect {
         url: String::new(),
-        message: e.to_string(),
+        message: connect_message(&e),
     };
     let _: Value = redis::cmd("SET")
         .arg(&key)

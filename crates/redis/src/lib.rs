@@ -392,7 +392,7 @@ impl RedisStore<SystemClock> {
             let read = async {
                 let mut conn = Conn::open(&config.url, config.cluster, config.timeout, false)
                     .await
-                    .map_err(|e| e.to_string())?;
+                    .map_err(|e| connect_message(&e))?;
                 promise::read(&mut conn).await.map_err(|e| e.to_string())
             };
             let nodes = tokio::time::timeout(config.timeout * 2, read)
@@ -451,7 +451,7 @@ impl<C: Clock> RedisStore<C> {
                 let open = || Conn::open(&config.url, config.cluster, config.timeout, config.lazy);
                 let connect = |e: redis::RedisError| ConnectError::Connect {
                     url: String::new(),
-                    message: e.to_string(),
+                    message: connect_message(&e),
                 };
                 let mut conn = open().await.map_err(connect)?;
                 let waits = match config.durability {

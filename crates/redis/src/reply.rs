@@ -6,6 +6,17 @@ pub(super) fn unavailable(error: impl std::fmt::Display) -> StoreError {
     StoreError::Unavailable(format!("redis: {error}"))
 }
 
+/// A connection's failure as an operator reads it: an answer that is not the Redis protocol
+/// (an HTTP server, a proxy on the wrong port) says so instead of the parser's complaint.
+pub(super) fn connect_message(error: &redis::RedisError) -> String {
+    match error.kind() {
+        redis::ErrorKind::Parse => format!(
+            "the server answered something that is not the Redis protocol ({error}): is the URL's host and port a Redis server's?"
+        ),
+        _ => error.to_string(),
+    }
+}
+
 /// Marks the errors `lua/record.lua` raises for a key it cannot read as a record.
 const UNREADABLE_RECORD: &str = "oncegate: record ";
 
