@@ -130,9 +130,9 @@ verification_token = {{ file = "{}" }}
     let out = String::from_utf8_lossy(&checked.stdout);
     assert_eq!(checked.status.code(), Some(1), "{out}");
     assert!(
-        out.contains("source[0].encrypt_key")
+        out.contains("source[main].encrypt_key")
             && out.contains("ONCEGATE_TEST_BLANK_KEY is empty")
-            && out.contains("source[0].verification_token"),
+            && out.contains("source[main].verification_token"),
         "{out}"
     );
     let served = oncegate()
@@ -145,7 +145,7 @@ verification_token = {{ file = "{}" }}
     let err = String::from_utf8_lossy(&served.stderr);
     assert!(!served.status.success(), "serve started: {err}");
     assert!(
-        err.contains("source[0].encrypt_key") && err.contains("empty"),
+        err.contains("source[main].encrypt_key") && err.contains("empty"),
         "{err}"
     );
     assert!(served.stdout.is_empty(), "serve must not listen");

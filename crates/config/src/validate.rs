@@ -103,16 +103,31 @@ fn plain_transport(
     }
 }
 
+/// How problems name the source at `i`: `source[<name>]` when its name is usable and its own,
+/// else by its place in the file (`source[0]`), which is all a nameless or doubled one has.
+fn source_label(sources: &[crate::SourceConfig], i: usize) -> String {
+    let name = sources.get(i).map_or("", |source| source.name.as_str());
+    let usable = !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        && sources.iter().filter(|source| source.name == name).count() == 1;
+    match usable {
+        true => format!("source[{name}]"),
+        false => format!("source[{i}]"),
+    }
+}
+
 /// A Feishu source needs a secret, or an explicit opt-in to go without.
 fn check_feishu_secrets(
     report: &mut impl FnMut(Severity, &str, String),
-    i: usize,
+    label: &str,
     name: &str,
     feishu: &crate::FeishuSettings,
 ) {
-    let at = |field: &str| format!("source[{i}].{field}");
+    let at = |field: &str| format!("{label}.{field}");
     if feishu.transport == crate::Transport::Websocket {
-        check_long_connection(report, i, name, feishu);
+        check_long_connection(report, label, name, feishu);
         return;
     }
     // app_secret and domain also serve /send; only the connection's own settings are idle.
@@ -136,7 +151,7 @@ fn check_feishu_secrets(
     if !secured && !feishu.allow_unsigned {
         report(
             Severity::Error,
-            &format!("source[{i}]"),
+            label,
             format!(
                 "source {name:?} has neither encrypt_key nor verification_token: anyone who knows \
                  the URL could send events. Set at least one (both for Feishu), or set \
@@ -165,11 +180,11 @@ fn check_feishu_secrets(
 /// and an http(s) domain; the connection, not a token, authenticates its events.
 fn check_long_connection(
     report: &mut impl FnMut(Severity, &str, String),
-    i: usize,
+    label: &str,
     name: &str,
     feishu: &crate::FeishuSettings,
 ) {
-    let at = |field: &str| format!("source[{i}].{field}");
+    let at = |field: &str| format!("{label}.{field}");
     if feishu.app_secret.is_none() {
         report(
             Severity::Error,
@@ -640,7 +655,8 @@ pub fn validate(config: &Config) -> Vec<Problem> {
     let mut names = HashSet::new();
     let mut apps = HashSet::new();
     for (i, source) in config.sources.iter().enumerate() {
-        let at = |field: &str| format!("source[{i}].{field}");
+        let label = source_label(&config.sources, i);
+        let at = |field: &str| format!("{label}.{field}");
         if source.name.is_empty()
             || !source
                 .name
@@ -712,7 +728,7 @@ pub fn validate(config: &Config) -> Vec<Problem> {
         }
         match &source.platform {
             PlatformConfig::Feishu(feishu) | PlatformConfig::Lark(feishu) => {
-                check_feishu_secrets(&mut report, i, &source.name, feishu);
+                check_feishu_secrets(&mut report, &label, &source.name, feishu);
             }
             PlatformConfig::Wecom(crate::WecomSettings { token, .. })
             | PlatformConfig::Wechat(crate::WechatSettings { token, .. }) => {
@@ -1130,6 +1146,7 @@ mod tests {
         assert!(found.contains(&"source[1].app_id".to_owned()), "{found:?}");
         assert!(found.contains(&"source[2].name".to_owned()), "{found:?}");
         assert!(found.contains(&"source[2].app_id".to_owned()), "{found:?}");
+        // Named twice: by place, not by the name both share.
         assert!(
             found.contains(&"source[0].verification_token".to_owned()),
             "{found:?}"
@@ -1161,12 +1178,12 @@ mod tests {
         let found = errors(&config);
         for field in ["app_secret", "connections", "domain"] {
             assert!(
-                found.contains(&format!("source[0].{field}")),
+                found.contains(&format!("source[main].{field}")),
                 "{field}: {found:?}"
             );
         }
         // No encrypt key or token is asked of it: the connection authenticates.
-        assert!(!found.contains(&"source[0]".to_owned()), "{found:?}");
+        assert!(!found.contains(&"source[main]".to_owned()), "{found:?}");
         let settings = feishu_settings(&mut config);
         settings.app_secret = Some(Secret::Inline("s".into()));
         settings.connections = 50;
@@ -1183,11 +1200,11 @@ mod tests {
             .map(|p| p.setting)
             .collect();
         assert!(
-            warned.contains(&"source[0].connections".to_owned()),
+            warned.contains(&"source[main].connections".to_owned()),
             "{warned:?}"
         );
         assert!(
-            !warned.contains(&"source[0].app_secret".to_owned()),
+            !warned.contains(&"source[main].app_secret".to_owned()),
             "the app secret sends: {warned:?}"
         );
     }
@@ -1231,7 +1248,10 @@ mod tests {
             let settings: Vec<&str> = problems.iter().map(|p| p.setting.as_str()).collect();
             assert_eq!(
                 settings,
-                ["source[0].encrypt_key", "source[0].verification_token"],
+                [
+                    "source[main].encrypt_key",
+                    "source[main].verification_token"
+                ],
                 "{problems:?}"
             );
             assert!(
@@ -1247,16 +1267,17 @@ mod tests {
             sources: vec![feishu(None, None)],
             ..Config::default()
         };
-        assert_eq!(errors(&config), ["source[0]"]);
+        assert_eq!(errors(&config), ["source[main]"]);
         feishu_settings(&mut config).allow_unsigned = true;
         assert_eq!(errors(&config), Vec::<String>::new());
         assert!(
             validate(&config)
                 .iter()
-                .any(|p| p.setting == "source[0].allow_unsigned" && p.severity == Severity::Warning)
+                .any(|p| p.setting == "source[main].allow_unsigned"
+                    && p.severity == Severity::Warning)
         );
         feishu_settings(&mut config).verification_token = Some(Secret::Inline("t".into()));
-        assert_eq!(errors(&config), ["source[0].allow_unsigned"]);
+        assert_eq!(errors(&config), ["source[main].allow_unsigned"]);
     }
 
     #[test]
@@ -1326,7 +1347,7 @@ mod tests {
         let mut report = |severity: Severity, setting: &str, message: String| {
             said.push((severity, setting.to_owned(), message));
         };
-        let at = |field: &str| format!("source[0].{field}");
+        let at = |field: &str| format!("source[main].{field}");
         let wechat = crate::PlatformConfig::Wechat(crate::WechatSettings::default());
         plain_transport(&wechat, &at, &mut report);
         let feishu = crate::PlatformConfig::Feishu(crate::FeishuSettings {
@@ -1335,7 +1356,10 @@ mod tests {
         });
         plain_transport(&feishu, &at, &mut report);
         let settings: Vec<&str> = said.iter().map(|(_, s, _)| s.as_str()).collect();
-        assert_eq!(settings, ["source[0].encoding_aes_key", "source[0].domain"]);
+        assert_eq!(
+            settings,
+            ["source[main].encoding_aes_key", "source[main].domain"]
+        );
         assert!(
             said.iter()
                 .all(|(severity, _, _)| *severity == Severity::Warning)
