@@ -327,6 +327,32 @@ async fn a_fatal_handshake_shows_in_readiness_and_stats() {
         gateway.stderr()
     );
     assert_eq!(server.handshakes().len(), 1);
+    // Beside a webhook source the gateway stays ready (the webhooks still come in), and says
+    // which long connection is down.
+    server.refuse_handshake(514, Some("1000040350"));
+    let dir = tempfile::tempdir().expect("dir");
+    let hooks = "\n[[source]]\nname = \"hooks\"\nplatform = \"feishu\"\napp_id = \"cli_hooks\"\nencrypt_key = \"hooks-key\"\n";
+    let both = Serve::start_with(
+        dir.path(),
+        &config(dir.path(), "backend = \"memory\"", &server.domain(), hooks),
+    );
+    both.admin_until("/admin/stats", |body| body.contains("too many connections"))
+        .await;
+    let (ready, why) = both.admin_get("/readyz").await;
+    assert_eq!(ready, 200, "{why}");
+    let why: serde_json::Value = serde_json::from_str(&why).expect("json");
+    assert_eq!(
+        why["degraded"],
+        serde_json::json!(["long_connection bot"]),
+        "{why}"
+    );
+    assert!(
+        why["checks"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|check| check["check"] == "long_connection bot" && check["ok"] == false)
+    );
 }
 
 /// A card handler that answers with how often it was called.

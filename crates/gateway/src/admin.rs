@@ -111,13 +111,23 @@ async fn readyz<S: Store>(State(shared): State<Arc<Shared<S>>>) -> Response {
             .cloned()
             .unwrap_or_else(|| "dispatcher and background tasks running".into()),
     );
+    // A long connection that is down takes the gateway out of its load balancer only when the
+    // gateway takes no webhooks: those still come in, and the balancer routes nothing else.
+    let webhooks = !shared.sources.is_empty();
+    let mut degraded = Vec::new();
     for source in shared.long_sources.iter() {
         let failed = source.not_ready();
-        ready &= check(
-            format!("long_connection {}", source.name),
+        let name = format!("long_connection {}", source.name);
+        let ok = check(
+            name.clone(),
             failed.is_none(),
             failed.unwrap_or_else(|| format!("{} ({} open)", source.role(), source.status.open())),
         );
+        match (ok, webhooks) {
+            (true, _) => {}
+            (false, true) => degraded.push(name),
+            (false, false) => ready = false,
+        }
     }
     let full = crate::admission::queue_full(&shared);
     ready &= check(
@@ -156,7 +166,7 @@ async fn readyz<S: Store>(State(shared): State<Arc<Shared<S>>>) -> Response {
     };
     (
         status,
-        axum::Json(json!({"ready": ready, "checks": checks})),
+        axum::Json(json!({"ready": ready, "degraded": degraded, "checks": checks})),
     )
         .into_response()
 }
