@@ -458,3 +458,91 @@ async fn the_readme_example_runs_as_written() {
         "{refused}"
     );
 }
+
+/// A caller's results are kept for the retention: beyond its budget (here 2 results, 64
+/// bytes) a result is refused with 429 and when room comes back, a completion without a result
+/// still goes through, and other callers keep their own budgets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn results_beyond_a_callers_budget_are_refused_clearly() {
+    let dir = tempfile::tempdir().expect("dir");
+    let config = config("backend = \"memory\"").replace(
+        "namespace = \"shop\"\n\n[[api.caller]]\nname = \"node\"",
+        "namespace = \"shop\"\nresults_max = 2\nresult_bytes_max = 64\n\n[[api.caller]]\nname = \"node\"",
+    );
+    assert!(config.contains("results_max = 2"), "{config}");
+    let gateway = Serve::start_with(dir.path(), &config);
+    let api = gateway.api.clone().expect("api");
+    let claim = |key: &'static str, token: &'static str| {
+        let api = api.clone();
+        async move {
+            let (status, claimed) = call(&api, token, "claim", json!({"key": key})).await;
+            assert_eq!(status, 200, "{claimed}");
+            claimed["lease"].clone()
+        }
+    };
+    let result = json!({"order": "o-1"});
+    for key in ["r1", "r2"] {
+        let lease = claim(key, TOKEN_A).await;
+        let (status, done) = call(
+            &api,
+            TOKEN_A,
+            "complete",
+            json!({"key": key, "lease": lease, "result": result}),
+        )
+        .await;
+        assert_eq!(status, 200, "{done}");
+    }
+    // The third result is over the count.
+    let lease = claim("r3", TOKEN_A).await;
+    let response = client()
+        .post(format!("{api}/keys/complete"))
+        .bearer_auth(TOKEN_A)
+        .json(&json!({"key": "r3", "lease": lease, "result": result}))
+        .send()
+        .await
+        .expect("complete");
+    assert_eq!(response.status().as_u16(), 429);
+    let retry: u64 = response
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .expect("Retry-After");
+    assert!(
+        retry > 3600,
+        "room only when a result's retention ends: {retry}"
+    );
+    let refused: Value = response.json().await.expect("json");
+    assert_eq!(refused["state"], "result_budget_spent", "{refused}");
+    assert!(
+        refused["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("\"python\" keeps 2 results") && e.contains("results_max")),
+        "{refused}"
+    );
+    // The lease is still held: completing without a result goes through, and the key is done.
+    let (status, done) = call(
+        &api,
+        TOKEN_A,
+        "complete",
+        json!({"key": "r3", "lease": lease}),
+    )
+    .await;
+    assert_eq!(status, 200, "{done}");
+    let (status, again) = call(&api, TOKEN_A, "claim", json!({"key": "r3"})).await;
+    assert_eq!(
+        (status, again["state"].as_str()),
+        (200, Some("done")),
+        "{again}"
+    );
+    // Another caller has its own budget (the default: 70 bytes are nothing to it).
+    let lease = claim("r4", TOKEN_B).await;
+    let (status, done) = call(
+        &api,
+        TOKEN_B,
+        "complete",
+        json!({"key": "r4", "lease": lease, "result": "x".repeat(70)}),
+    )
+    .await;
+    assert_eq!(status, 200, "node has its own budget: {done}");
+}

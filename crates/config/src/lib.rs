@@ -100,6 +100,13 @@ pub struct CallerConfig {
     /// beyond it `/send` answers 429 with Retry-After at once. Unbounded unless set.
     #[serde(default)]
     pub sends_per_second: Option<u32>,
+    /// Results of `/keys/complete` this caller may have kept at once (they live for
+    /// `dedup.retention`); beyond it a result is refused with 429. 100 000 unless set.
+    #[serde(default)]
+    pub results_max: Option<u64>,
+    /// Bytes of such results this caller may have kept at once; 64 MiB unless set.
+    #[serde(default)]
+    pub result_bytes_max: Option<u64>,
 }
 
 fn default_namespace() -> String {

@@ -408,6 +408,17 @@ fn check_api(config: &Config, report: &mut impl FnMut(Severity, &str, String)) {
         if let Err(message) = caller.token.resolve() {
             report(Severity::Error, &at("token"), message);
         }
+        if caller.results_max == Some(0) || caller.result_bytes_max == Some(0) {
+            report(
+                Severity::Error,
+                &at(if caller.results_max == Some(0) {
+                    "results_max"
+                } else {
+                    "result_bytes_max"
+                }),
+                "0 would refuse every result: leave it out for the default".into(),
+            );
+        }
     }
     if config.api.max_lease < Duration::from_secs(1)
         || config.api.max_lease > Duration::from_secs(24 * 3600)

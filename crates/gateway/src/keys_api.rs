@@ -39,6 +39,8 @@ pub(crate) struct Caller {
     digest: [u8; 32],
     /// Sends per second this caller may make, if bounded.
     pub(crate) sends_per_second: Option<u32>,
+    /// How much of its results the store may keep at once.
+    pub(crate) results: crate::result_budget::ResultBudget,
 }
 
 impl Caller {
@@ -49,6 +51,10 @@ impl Caller {
             namespace: namespace.to_owned(),
             digest: Sha256::digest(token.as_bytes()).into(),
             sends_per_second: None,
+            results: crate::result_budget::ResultBudget::new(
+                crate::result_budget::DEFAULT_RESULTS,
+                crate::result_budget::DEFAULT_RESULT_BYTES,
+            ),
         }
     }
 }
@@ -435,10 +441,44 @@ async fn complete<S: Store>(
         Ok(result) => result,
         Err(too_large) => return too_large.into_response(),
     };
+    let size = result.as_ref().map_or(0, |r| r.len() as u64);
+    let now_ms = shared.now_ms();
+    if result.is_some()
+        && let Err(spent) = caller.results.check(now_ms, size)
+    {
+        return result_budget_spent(caller, &spent);
+    }
     match once::complete(&shared, &lease, result.map(bytes::Bytes::from)).await {
-        Ok(check) => fenced(caller, "complete", check, json!({"state": "done"})),
+        Ok(check) => {
+            if check == FenceCheck::Accepted && size > 0 {
+                let until =
+                    now_ms.saturating_add(oncegate_core::store::millis(shared.timing.retention));
+                caller.results.keep(until, size);
+            }
+            fenced(caller, "complete", check, json!({"state": "done"}))
+        }
         Err(error) => unavailable(caller, &error),
     }
+}
+
+/// 429 for a result beyond the caller's budget: what it keeps, its limits, when room comes
+/// back, and that completing without a result goes through.
+fn result_budget_spent(caller: &Caller, spent: &crate::result_budget::Spent) -> Response {
+    count(&caller.name, "complete", "result_budget");
+    let (results, bytes) = caller.results.limits();
+    let retry_secs = spent.room_in_ms.div_ceil(1000).max(1);
+    (
+        StatusCode::TOO_MANY_REQUESTS,
+        [(header::RETRY_AFTER, retry_secs.to_string())],
+        axum::Json(json!({
+            "state": "result_budget_spent",
+            "error": format!(
+                "caller {:?} keeps {} results of {} bytes now, its budget is {results} results and {bytes} bytes (results are kept for dedup.retention): complete without a result, try again in {retry_secs} s, or raise results_max / result_bytes_max of its [[api.caller]]",
+                caller.name, spent.results, spent.bytes
+            ),
+        })),
+    )
+        .into_response()
 }
 
 async fn release<S: Store>(

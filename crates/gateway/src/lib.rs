@@ -17,6 +17,7 @@ mod once;
 mod queue_view;
 mod recorder;
 pub mod registry;
+mod result_budget;
 mod send_api;
 mod send_budget;
 mod send_edits;
@@ -469,6 +470,12 @@ impl<S: Store> Gateway<S> {
                 })?;
                 let mut api_caller = keys_api::Caller::new(&caller.name, &caller.namespace, &token);
                 api_caller.sends_per_second = caller.sends_per_second;
+                api_caller.results = result_budget::ResultBudget::new(
+                    caller.results_max.unwrap_or(result_budget::DEFAULT_RESULTS),
+                    caller
+                        .result_bytes_max
+                        .unwrap_or(result_budget::DEFAULT_RESULT_BYTES),
+                );
                 Ok(api_caller)
             })
             .collect::<Result<Vec<_>, GatewayError>>()?;

@@ -9,7 +9,25 @@ use oncegate_core::{Admit, Fingerprint, Refusal, RefusalKind, Store};
 
 use crate::Shared;
 use crate::once::{self, Claimed};
-use crate::sink::Outgoing;
+use crate::sink::{Outgoing, SinkError};
+
+/// Marks a stored outcome as a permanent failure, not an answer: a leading NUL byte, which no
+/// JSON, XML or text answer of a handler starts with.
+const FAILED: &[u8] = b"\0oncegate: failed: ";
+
+/// The refusal of a call whose handler failed (`earlier`: on a call before this one).
+fn failed(reason: &str, earlier: bool) -> Refusal {
+    let when = if earlier {
+        "failed permanently on an earlier call of this event (not called again)"
+    } else {
+        "failed"
+    };
+    Refusal::new(
+        RefusalKind::Handler,
+        "sync_failed",
+        format!("the synchronous handler {when}: {reason}"),
+    )
+}
 
 /// Claims the call's primary key, asks the route's sink, stores its answer and returns it,
 /// all within `deadline`.
@@ -38,7 +56,14 @@ pub(crate) async fn call<S: Store>(
     };
     let lease = match once::claim_or_wait(&shared.store, claiming, deadline).await {
         Ok(Claimed::Run(lease)) => lease,
-        Ok(Claimed::Done(result)) => return Ok(result),
+        Ok(Claimed::Done(result)) => {
+            // A permanent failure is kept like an answer, so that the platform's retries of it
+            // do not call the handler again.
+            return match result.as_deref().and_then(|r| r.strip_prefix(FAILED)) {
+                Some(reason) => Err(failed(&String::from_utf8_lossy(reason), true)),
+                None => Ok(result),
+            };
+        }
         Ok(Claimed::InFlight { .. }) => {
             return Err(Refusal::new(
                 RefusalKind::InFlight,
@@ -81,13 +106,15 @@ pub(crate) async fn call<S: Store>(
             stats.bump(&stats.delivered, "oncegate_delivered_total");
             Ok(outcome)
         }
+        Ok(Err(SinkError::Permanent(reason))) => {
+            let mut kept = FAILED.to_vec();
+            kept.extend_from_slice(reason.as_bytes());
+            let _ = once::complete(shared, &lease, Some(Bytes::from(kept))).await;
+            Err(failed(&reason, false))
+        }
         Ok(Err(error)) => {
             let _ = shared.store.release(&lease).await;
-            Err(Refusal::new(
-                RefusalKind::Handler,
-                "sync_failed",
-                format!("the synchronous handler failed: {error}"),
-            ))
+            Err(failed(&error.to_string(), false))
         }
         Err(_) => {
             let _ = shared.store.release(&lease).await;

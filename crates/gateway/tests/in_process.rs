@@ -266,6 +266,55 @@ async fn repeats_of_a_card_click_that_come_while_it_is_answered_get_its_answer()
     }
 }
 
+/// A card handler that fails permanently (400) and counts its calls.
+async fn refusing_card_handler(calls: Arc<std::sync::atomic::AtomicUsize>) -> String {
+    use std::sync::atomic::Ordering;
+    let app = axum::Router::new().route(
+        "/cards",
+        axum::routing::post(move || {
+            let calls = calls.clone();
+            async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                (axum::http::StatusCode::BAD_REQUEST, "no such card")
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}/cards")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_card_handler_that_fails_permanently_is_not_called_again_for_the_retries() {
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let url = refusing_card_handler(calls.clone()).await;
+    let sink = oncegate_gateway::HttpSink::new(&url, None, std::time::Duration::from_secs(2))
+        .expect("sink");
+    let gateway = gateway(true)
+        .route(
+            &["card.action.trigger"],
+            Arc::new(sink),
+            oncegate_gateway::StaleEvents::Deliver,
+        )
+        .expect("route");
+    let (first, said) = call(&gateway, card_click("card-refused", "yes")).await;
+    assert!(first.is_server_error(), "{first} {said}");
+    assert!(said.contains("downstream answered 400"), "{said}");
+    // The platform's retries of the click get the same refusal, without a second call.
+    for _ in 0..3 {
+        let (status, body) = call(&gateway, card_click("card-refused", "yes")).await;
+        assert_eq!(status, first, "{body}");
+        assert!(
+            body.contains("earlier call") && body.contains("downstream answered 400"),
+            "{body}"
+        );
+    }
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
 /// A gateway whose admin routes want the token `admin-secret`.
 fn guarded_gateway() -> Gateway<MemoryStore<Arc<ManualClock>>> {
     let clock = Arc::new(ManualClock::new(START_MS));
