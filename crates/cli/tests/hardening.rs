@@ -72,6 +72,15 @@ fn message(event_id: &str, chat: &str, create_time: &str) -> String {
 
 /// Posts `plain` signed and encrypted as Feishu would; the status and body.
 async fn post_signed(client: &reqwest::Client, url: &str, plain: &str) -> (u16, String) {
+    try_post_signed(client, url, plain).await.expect("post")
+}
+
+/// `post_signed`, with a gateway that may be gone.
+async fn try_post_signed(
+    client: &reqwest::Client,
+    url: &str,
+    plain: &str,
+) -> Result<(u16, String), reqwest::Error> {
     let timestamp = now_secs().to_string();
     let nonce = format!("{:016x}", fastrand::u64(..));
     let mut iv = [0u8; 16];
@@ -84,10 +93,9 @@ async fn post_signed(client: &reqwest::Client, url: &str, plain: &str) -> (u16, 
         .header("x-lark-signature", signature.expect("signed"))
         .body(body)
         .send()
-        .await
-        .expect("post");
+        .await?;
     let status = response.status().as_u16();
-    (status, response.text().await.unwrap_or_default())
+    Ok((status, response.text().await.unwrap_or_default()))
 }
 
 async fn post_unsigned(client: &reqwest::Client, url: &str, body: Vec<u8>) -> (u16, String) {
@@ -608,4 +616,133 @@ fn a_redis_password_never_reaches_the_startup_error() {
     assert!(!served.status.success(), "{err}");
     assert!(err.contains("127.0.0.1:1"), "{err}");
     assert!(!err.contains("hunter2"), "{err}");
+}
+
+/// A tmpfs of `size` mounted at `at` for the test's life (root only: `None` where mounting is
+/// not allowed, and the test says it did not run).
+struct SmallDisk {
+    at: std::path::PathBuf,
+}
+
+impl SmallDisk {
+    fn mount(at: &Path, size: &str) -> Option<Self> {
+        std::fs::create_dir_all(at).expect("mount point");
+        let mounted = std::process::Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0700"),
+                "tmpfs",
+            ])
+            .arg(at)
+            .status()
+            .is_ok_and(|status| status.success());
+        mounted.then(|| Self { at: at.to_owned() })
+    }
+
+    fn grow(&self, size: &str) {
+        let status = std::process::Command::new("mount")
+            .args(["-o", &format!("remount,size={size}")])
+            .arg(&self.at)
+            .status()
+            .expect("mount");
+        assert!(status.success(), "remount {}", self.at.display());
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.at)
+            .status();
+    }
+}
+
+/// The embedded store on a disk that fills up: the gateway answers 503 for what it cannot
+/// keep, then stops with an error line and a non-zero exit (a supervisor restarts it) instead of
+/// answering 503 forever; started again once there is room, it delivers every event it had
+/// acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_stops_the_gateway_and_a_restart_delivers_what_was_acknowledged() {
+    let dir = tempfile::tempdir().expect("dir");
+    let Some(disk) = SmallDisk::mount(&dir.path().join("disk"), "2m") else {
+        eprintln!("NOT RUN: mounting a tmpfs needs root (CI runs as root)");
+        return;
+    };
+    let sections = format!(
+        "[store]\npath = \"{}\"\n\n{}",
+        disk.at.join("store").display(),
+        file_route(dir.path(), "")
+    );
+    let mut gateway = Serve::start(dir.path(), "", &sections);
+    let client = client();
+    let padding = "x".repeat(8 * 1024);
+    let mut acknowledged = Vec::new();
+    let mut refused = 0;
+    for i in 0..2000 {
+        let id = format!("disk-{i}");
+        let mut plain: serde_json::Value =
+            serde_json::from_str(&message(&id, &format!("oc_{}", i % 7), "1")).expect("json");
+        plain["event"]["message"]["content"] = serde_json::Value::String(padding.clone());
+        match tokio::time::timeout(
+            Duration::from_secs(5),
+            try_post_signed(&client, &gateway.url(), &plain.to_string()),
+        )
+        .await
+        {
+            Ok(Ok((200, _))) => acknowledged.push(id),
+            Ok(Ok((503, _))) => refused += 1,
+            Ok(Ok((status, body))) => panic!("{status} {body}"),
+            // Gone (it stopped) or not answering.
+            Ok(Err(_)) | Err(_) => break,
+        }
+        if refused > 0 && gateway.child.try_wait().expect("wait").is_some() {
+            break;
+        }
+    }
+    eprintln!(
+        "full disk: {} acknowledged, {refused} refused (503) before the gateway stopped",
+        acknowledged.len()
+    );
+    assert!(refused > 0, "the disk never filled");
+    assert!(!acknowledged.is_empty());
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(status) = gateway.child.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the gateway did not stop");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(!status.success(), "{status:?}");
+    let log = gateway.stderr();
+    assert!(
+        log.contains("ERROR") && log.contains("stopping, for the supervisor"),
+        "{log}"
+    );
+    // Room again: the same store, started again, delivers every acknowledged event (some may
+    // come twice, with the same id: delivered before the disk filled, their completion not
+    // written).
+    disk.grow("256m");
+    let _again = Serve::start(dir.path(), "", &sections);
+    wait_until(
+        "every acknowledged event delivered",
+        Duration::from_secs(30),
+        || {
+            let delivered: std::collections::HashSet<String> = lines(dir.path())
+                .iter()
+                .filter_map(|line| line["event_id"].as_str().map(str::to_owned))
+                .collect();
+            acknowledged.iter().all(|id| delivered.contains(id))
+        },
+    )
+    .await;
+    let delivered = lines(dir.path()).len();
+    eprintln!(
+        "full disk: after the restart all {} delivered ({delivered} lines: {} again, same ids)",
+        acknowledged.len(),
+        delivered.saturating_sub(acknowledged.len())
+    );
 }

@@ -131,6 +131,14 @@ pub trait DedupStore: Send + Sync + 'static {
         async move { self.stats().await.map(|_| ()) }
     }
 
+    /// Why the store cannot go on in this process (the embedded journal failed to write, e.g.
+    /// a full disk: every later answer would be refused); `None` while it can. The gateway
+    /// then stops with the reason, for a supervisor to start it again once the cause is fixed
+    /// (the journal keeps what was acknowledged). Wrappers must forward it.
+    fn broken(&self) -> Option<String> {
+        None
+    }
+
     /// What the store keeps of what it acknowledged, as it last found out (no call to a
     /// server): for the start-up log, `/readyz` and the durability gauge. A store that does
     /// not say is reported as keeping nothing.

@@ -667,10 +667,37 @@ impl<S: Store> Gateway<S> {
                 Ok(())
             })
         };
-        let (a, b) = tokio::join!(
+        let watch = {
+            let (shared, shutdown) = (shared.clone(), shutdown.clone());
+            tokio::spawn(async move { watch_store(&shared, shutdown).await })
+        };
+        let (a, b, c) = tokio::join!(
             supervised("dispatcher", dispatcher),
             supervised("spool drain", drain),
+            supervised("store", watch),
         );
-        a.and(b)
+        a.and(b).and(c)
+    }
+}
+
+/// Ends (with the reason) once the store says it cannot go on in this process, so that the
+/// gateway stops and its supervisor starts it again: a gateway that only answered 503 would
+/// wait for a restart nobody makes, with acknowledged events undelivered.
+async fn watch_store<S: Store>(
+    shared: &Shared<S>,
+    shutdown: CancellationToken,
+) -> Result<(), String> {
+    let mut every = tokio::time::interval(std::time::Duration::from_millis(500));
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return Ok(()),
+            _ = every.tick() => {}
+        }
+        if let Some(why) = shared.store.broken() {
+            return Err(format!(
+                "{why}; stopping, for the supervisor to start oncegate again once that is fixed \
+                 (what was acknowledged is in the store and is delivered then)"
+            ));
+        }
     }
 }

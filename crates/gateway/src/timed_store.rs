@@ -200,6 +200,10 @@ impl<S: Store> DedupStore for Timed<S> {
         self.inner.durability()
     }
 
+    fn broken(&self) -> Option<String> {
+        self.inner.broken()
+    }
+
     async fn complete_and_ack(
         &self,
         lease: &Lease,

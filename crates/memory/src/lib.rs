@@ -466,6 +466,12 @@ impl<C: Clock, J: Journal> DedupStore for MemoryStore<C, J> {
         self.journal.durability()
     }
 
+    fn broken(&self) -> Option<String> {
+        // A journal that failed does not write again (what it held in memory may be ahead of
+        // the file): only a restart, which replays the file, goes on.
+        self.journal.check().err().map(|error| error.to_string())
+    }
+
     async fn queued(&self) -> Result<u64, StoreError> {
         Ok(self
             .partitions
