@@ -418,11 +418,14 @@ fn inspect_remote(args: InspectArgs) -> anyhow::Result<bool> {
     runtime()?.block_on(remote::record(admin, query))
 }
 
+/// A span of `ms` as people read it: `23h59m59s`.
+pub(crate) fn span(ms: u64) -> String {
+    let secs = ms / 1000;
+    format!("{}h{:02}m{:02}s", secs / 3600, secs / 60 % 60, secs % 60)
+}
+
 fn describe(record: &Record, now_ms: u64) -> String {
-    let left = |at: u64| {
-        let secs = at.saturating_sub(now_ms) / 1000;
-        format!("{}h{:02}m{:02}s", secs / 3600, secs / 60 % 60, secs % 60)
-    };
+    let left = |at: u64| span(at.saturating_sub(now_ms));
     let state = match &record.state {
         RecordState::Pending => "pending".to_owned(),
         RecordState::Processing {

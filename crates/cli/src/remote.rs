@@ -326,14 +326,24 @@ pub(crate) async fn record(
         _ => bail!("/admin/record: {status} {}", error_of(&answer)),
     }
     let record = &answer["record"];
+    // Times as spans from now, not the epoch milliseconds the API answers with.
+    let now_ms = oncegate_core::Clock::now_ms(&oncegate_core::SystemClock);
+    let left = |at: &Value| {
+        at.as_u64()
+            .map_or("?".to_owned(), |at| crate::span(at.saturating_sub(now_ms)))
+    };
+    let ago = |at: &Value| {
+        at.as_u64()
+            .map_or("?".to_owned(), |at| crate::span(now_ms.saturating_sub(at)))
+    };
     out!("key          {}", answer["key"].as_str().unwrap_or(""))?;
     out!("partition    {}", answer["partition"])?;
     let state = record["state"].as_str().unwrap_or("");
     match state {
         "processing" => out!(
-            "state        processing (lease token {}, until {} ms)",
+            "state        processing (lease token {}, {} left)",
             record["token"],
-            record["lease_until_ms"]
+            left(&record["lease_until_ms"])
         )?,
         "completed" => out!(
             "state        completed ({} byte outcome)",
@@ -341,16 +351,16 @@ pub(crate) async fn record(
         )?,
         other => out!("state        {other}")?,
     }
-    out!("kept until   {} ms", answer["expires_at_ms"])?;
+    out!("kept         {} more", left(&answer["expires_at_ms"]))?;
     if let Some(fingerprint) = answer["fingerprint"].as_str() {
         out!("fingerprint  {fingerprint}")?;
     }
     if let Some(letter) = answer["dead_letter"].as_object() {
         out!(
-            "dead letter  {} after {} attempts at {} ms: {}",
+            "dead letter  {} after {} attempts, {} ago: {}",
             letter["id"].as_str().unwrap_or(""),
             letter["attempts"],
-            letter["at_ms"],
+            ago(&letter["at_ms"]),
             letter["reason"].as_str().unwrap_or("")
         )?;
     }

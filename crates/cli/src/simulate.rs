@@ -51,7 +51,7 @@ pub(crate) struct SimulateArgs {
     membership: bool,
     /// Requests per second at most, to watch a steady stream (0: as fast as the gateway takes them).
     #[arg(long, default_value_t = 0.0)]
-    rate: f64,
+    pub(crate) rate: f64,
     /// No progress bar.
     #[arg(long)]
     quiet: bool,

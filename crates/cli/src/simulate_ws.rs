@@ -99,7 +99,7 @@ pub(crate) async fn simulate(
     let before = counts(client, admin, admin_token).await;
     let started = Instant::now();
     let window = args.concurrency.max(1) * 16;
-    let driven = server.drive(plan, window, RUN_LIMIT).await;
+    let driven = server.drive_at(plan, window, RUN_LIMIT, args.rate).await;
     let pushed_for = started.elapsed();
     let now = settled(client, admin, admin_token, before).await;
     let until_delivered = started.elapsed();

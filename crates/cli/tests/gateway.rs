@@ -422,6 +422,18 @@ async fn transient_failures_retry_and_permanent_ones_are_dead_lettered() {
             && story.contains("after 1 attempts"),
         "{story}"
     );
+    // Times as spans (kept 23h59m… more, died 0h00m0…s ago), never epoch milliseconds.
+    assert!(
+        story
+            .lines()
+            .any(|l| l.starts_with("kept ") && l.ends_with("s more") && l.contains('h'))
+            && story.contains("s ago"),
+        "{story}"
+    );
+    assert!(
+        !story.contains("kept until") && !story.contains(" ms:"),
+        "an epoch time in {story}"
+    );
     let (ok, replayed) = cli(&gateway, &["dlq", "replay", "--all", "--event-id", "bad"]);
     assert!(ok, "{replayed}");
     assert!(replayed.contains("replayed 1"), "{replayed}");

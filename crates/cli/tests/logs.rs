@@ -245,6 +245,13 @@ timeout = "1s"
         .filter(|line| line.contains("delivery_retried"))
         .collect();
     assert!(summaries.len() <= 10, "{summaries:#?}");
+    // The reason names the cause, not only "error sending request".
+    assert!(
+        summaries
+            .iter()
+            .any(|line| line.contains("Connection refused")),
+        "{summaries:#?}"
+    );
     assert_eq!(
         counted(&log),
         80,

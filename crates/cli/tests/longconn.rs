@@ -502,3 +502,49 @@ async fn simulate_plays_feishu_for_a_long_connection_source() {
         .collect();
     assert_eq!(ids.len(), 300, "each event once");
 }
+
+/// `simulate --rate` paces a long connection's pushes too (it was ignored there: 40 events went
+/// out in milliseconds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simulate_paces_a_long_connection_at_its_rate() {
+    let dir = tempfile::tempdir().expect("dir");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("free port")
+        .port();
+    let config = config(
+        dir.path(),
+        "backend = \"memory\"",
+        &format!("http://127.0.0.1:{port}"),
+        "",
+    );
+    std::fs::write(dir.path().join("oncegate.toml"), &config).expect("config");
+    let simulate = support::oncegate()
+        .args(["simulate", "--quiet", "--events", "40", "--duplicates", "0"])
+        .args(["--rate", "50", "--config"])
+        .arg(dir.path().join("oncegate.toml"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("simulate");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let _gateway = Serve::start_with(dir.path(), &config);
+    let output = tokio::task::spawn_blocking(move || simulate.wait_with_output())
+        .await
+        .expect("join")
+        .expect("simulate ran");
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(output.status.success(), "{text}");
+    // "throughput … events/s acked over S s": the 40th push is due 39 / 50 s after the first.
+    let seconds: f64 = text
+        .lines()
+        .find(|l| l.starts_with("throughput"))
+        .and_then(|l| l.split_once(" over ")?.1.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .expect("throughput line");
+    assert!(
+        seconds >= 0.75,
+        "40 events at 50/s took {seconds} s: {text}"
+    );
+    assert!(text.contains("acked (code 200)   40"), "{text}");
+}

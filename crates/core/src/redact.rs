@@ -27,6 +27,23 @@ fn one_url(url: &str) -> String {
     format!("{scheme}{host}{path}")
 }
 
+/// An error with its causes, `outer: inner: innermost`: an HTTP client's "error sending
+/// request" says nothing until its cause ("Connection refused") is named. Causes that repeat
+/// the text before them are left out.
+pub fn causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let said = cause.to_string();
+        if !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        source = cause.source();
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -47,5 +64,28 @@ mod tests {
         );
         assert_eq!(url("http://plain/x"), "http://plain/x");
         assert_eq!(url("not a url @ all"), " all");
+    }
+
+    #[test]
+    fn causes_are_named_once_each() {
+        let inner =
+            std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "Connection refused");
+        let outer = std::io::Error::other(Wrapped(inner));
+        assert_eq!(causes(&outer), "tcp connect error: Connection refused");
+    }
+
+    #[derive(Debug)]
+    struct Wrapped(std::io::Error);
+
+    impl std::fmt::Display for Wrapped {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("tcp connect error")
+        }
+    }
+
+    impl std::error::Error for Wrapped {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
     }
 }

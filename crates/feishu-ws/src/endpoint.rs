@@ -158,7 +158,10 @@ pub async fn discover(
         .send()
         .await
         .map_err(|error| {
-            ConnectError::Retry(format!("endpoint {shown}: {}", error.without_url()))
+            ConnectError::Retry(format!(
+                "endpoint {shown}: {}",
+                oncegate_core::redact::causes(&error.without_url())
+            ))
         })?;
     let status = sent.status();
     if !status.is_success() {
@@ -177,7 +180,7 @@ async fn read_bounded(mut response: reqwest::Response, limit: usize) -> Result<V
     while let Some(chunk) = response
         .chunk()
         .await
-        .map_err(|error| error.without_url().to_string())?
+        .map_err(|error| oncegate_core::redact::causes(&error.without_url()))?
     {
         if body.len() + chunk.len() > limit {
             return Err(format!("answer larger than {limit} bytes"));

@@ -350,11 +350,29 @@ impl LocalFeishu {
         window: usize,
         within: Duration,
     ) -> Driven {
+        self.drive_at(plan, window, within, 0.0).await
+    }
+
+    /// `drive`, pushing at most `rate` frames a second (0: as fast as the window allows).
+    pub async fn drive_at(
+        &self,
+        plan: Vec<(String, Vec<u8>)>,
+        window: usize,
+        within: Duration,
+        rate: f64,
+    ) -> Driven {
         let started = Instant::now();
         let acks_before = self.shared.lock().acks.len();
         let mut pushed = 0;
         let mut turn = 0usize;
-        for (message_id, payload) in &plan {
+        for (index, (message_id, payload)) in plan.iter().enumerate() {
+            if rate > 0.0 {
+                let due = started + Duration::from_secs_f64(index as f64 / rate);
+                if due > started + within {
+                    break;
+                }
+                tokio::time::sleep_until(due.into()).await;
+            }
             loop {
                 let (open, waiting) = {
                     let inner = self.shared.lock();

@@ -280,7 +280,7 @@ impl Sink for HttpSink {
                     SinkError::Transient(format!(
                         "cannot reach {}: {}",
                         self.shown,
-                        error.without_url()
+                        oncegate_core::redact::causes(&error.without_url())
                     ))
                 }
             })?;

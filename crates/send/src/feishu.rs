@@ -155,7 +155,12 @@ impl FeishuApi {
             .json(&json!({"app_id": self.app_id, "app_secret": self.app_secret}))
             .send()
             .await
-            .map_err(|error| SendError::Transient(format!("token: {}", error.without_url())))?;
+            .map_err(|error| {
+                SendError::Transient(format!(
+                    "token: {}",
+                    oncegate_core::redact::causes(&error.without_url())
+                ))
+            })?;
         let body = read(sent)
             .await
             .map_err(|error| SendError::Transient(format!("token: {error}")))?;
@@ -286,7 +291,7 @@ enum Refused {
 /// request may have been written (a timeout, a reset), the outcome is unknown.
 fn classify_io(error: reqwest::Error) -> SendError {
     let connect = error.is_connect();
-    let text = error.without_url().to_string();
+    let text = oncegate_core::redact::causes(&error.without_url());
     if connect {
         SendError::Transient(text)
     } else {

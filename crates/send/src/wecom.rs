@@ -161,7 +161,12 @@ impl WecomApi {
             .query(&[("corpid", &self.corp_id), ("corpsecret", &self.secret)])
             .send()
             .await
-            .map_err(|error| SendError::Transient(format!("token: {}", error.without_url())))?;
+            .map_err(|error| {
+                SendError::Transient(format!(
+                    "token: {}",
+                    oncegate_core::redact::causes(&error.without_url())
+                ))
+            })?;
         let body = crate::feishu::read(sent)
             .await
             .map_err(SendError::Transient)?;
@@ -201,7 +206,7 @@ impl WecomApi {
                 .await
                 .map_err(|error| {
                     let connect = error.is_connect();
-                    let text = error.without_url().to_string();
+                    let text = oncegate_core::redact::causes(&error.without_url());
                     if connect {
                         SendError::Transient(text)
                     } else {
