@@ -431,7 +431,7 @@ pub(crate) async fn status(args: StatusArgs) -> anyhow::Result<bool> {
     let store = &stats["store"];
     if store.is_object() {
         out!(
-            "store        queued {}, in flight {}, dead letters {}; records pending {}, processing {}, completed {}",
+            "store        queued {}, in flight {}, dead letters {}\nremembered   {} keys waiting (with message-id aliases and dead-lettered events' keys), {} processing, {} done: kept for dedup.retention, not a backlog",
             n(store, "queued"),
             n(store, "in_flight"),
             n(store, "dead_letters"),

@@ -482,6 +482,11 @@ async fn transient_failures_retry_and_permanent_ones_are_dead_lettered() {
     assert!(ok, "{status}");
     assert!(status.contains("ready        true"), "{status}");
     assert!(status.contains("dead letters 0"), "{status}");
+    // Keys remembered for dedup are said to be that, not read as a stuck backlog.
+    assert!(
+        status.contains("remembered") && status.contains("not a backlog"),
+        "{status}"
+    );
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(downstream.count("bad"), 1, "replayed once, delivered once");
     let (ok, story) = cli(

@@ -11,19 +11,16 @@ const ENCRYPT_KEY: &str = "log-test-encrypt-key";
 const VERIFICATION: &str = "log-test-verification-token";
 const ADMIN: &str = "log-test-admin-token";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn json_lines_carry_the_instance_and_each_events_key_platform_and_app() {
-    let dir = tempfile::tempdir().expect("dir");
-    // A sink that is never there: every event is retried once and dead-lettered.
+/// A gateway configuration whose only route goes to a closed port (every attempt fails),
+/// with `log` lines first, `server` lines in [server] and `max_attempts` attempts per event.
+fn failing_config(log: &str, server: &str, max_attempts: u32) -> String {
     let closed = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a port")
         .port();
-    let config = format!(
+    format!(
         r#"
-[log]
-format = "json"
-instance = "gw-7"
+{log}
 
 [store]
 backend = "memory"
@@ -32,9 +29,10 @@ backend = "memory"
 listen = "127.0.0.1:0"
 admin_listen = "127.0.0.1:0"
 admin_token = "{ADMIN}"
+{server}
 
 [dispatcher]
-max_attempts = 2
+max_attempts = {max_attempts}
 backoff_base = "10ms"
 backoff_max = "20ms"
 
@@ -51,7 +49,33 @@ sink = "http"
 url = "http://127.0.0.1:{closed}/in"
 timeout = "1s"
 "#
-    );
+    )
+}
+
+/// `oncegate simulate` sending `events` events as source "bot" of the configuration in `dir`
+/// to `gateway`, with the admin token.
+fn simulate(dir: &std::path::Path, gateway: &Serve, events: usize) -> std::process::Output {
+    oncegate()
+        .args(["simulate", "--quiet", "--duplicates", "0", "--replays", "0"])
+        .args([
+            "--events",
+            &events.to_string(),
+            "--source",
+            "bot",
+            "--config",
+        ])
+        .arg(dir.join("oncegate.toml"))
+        .args(["--url", &gateway.base, "--admin", &gateway.admin])
+        .env("ONCEGATE_ADMIN_TOKEN", ADMIN)
+        .output()
+        .expect("simulate")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_lines_carry_the_instance_and_each_events_key_platform_and_app() {
+    let dir = tempfile::tempdir().expect("dir");
+    // A sink that is never there: every event is retried once and dead-lettered.
+    let config = failing_config("[log]\nformat = \"json\"\ninstance = \"gw-7\"", "", 2);
     let gateway = Serve::start_with(dir.path(), &config);
     // The banner too is a JSON line, with the addresses and the status page.
     let banner: serde_json::Value = serde_json::from_str(&gateway.banner)
@@ -64,15 +88,7 @@ timeout = "1s"
         format!("{}/status", gateway.admin).as_str(),
         "{banner}"
     );
-    let simulated = oncegate()
-        .args(["simulate", "--quiet", "--events", "3", "--duplicates", "0"])
-        .args(["--replays", "0", "--source", "bot"])
-        .arg("--config")
-        .arg(dir.path().join("oncegate.toml"))
-        .args(["--url", &gateway.base, "--admin", &gateway.admin])
-        .env("ONCEGATE_ADMIN_TOKEN", ADMIN)
-        .output()
-        .expect("simulate");
+    let simulated = simulate(dir.path(), &gateway, 3);
     assert!(simulated.status.success());
     wait_until("three dead letters logged", Duration::from_secs(20), || {
         gateway.stderr().matches("dead-lettered").count() >= 3
@@ -170,50 +186,9 @@ encrypt_key = "log-test-encrypt-key"
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_attempts_are_summarised_not_logged_one_by_one() {
     let dir = tempfile::tempdir().expect("dir");
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a port")
-        .port();
-    let config = format!(
-        r#"
-[store]
-backend = "memory"
-
-[server]
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-admin_token = "{ADMIN}"
-log_interval = "1s"
-
-[dispatcher]
-max_attempts = 5
-backoff_base = "10ms"
-backoff_max = "20ms"
-
-[[source]]
-name = "bot"
-platform = "feishu"
-app_id = "cli_logs"
-encrypt_key = "{ENCRYPT_KEY}"
-verification_token = "{VERIFICATION}"
-
-[[route]]
-events = ["*"]
-sink = "http"
-url = "http://127.0.0.1:{closed}/in"
-timeout = "1s"
-"#
-    );
+    let config = failing_config("", "log_interval = \"1s\"", 5);
     let gateway = Serve::start_logging(dir.path(), &config, "info");
-    let simulated = oncegate()
-        .args(["simulate", "--quiet", "--events", "20", "--duplicates", "0"])
-        .args(["--replays", "0", "--source", "bot"])
-        .arg("--config")
-        .arg(dir.path().join("oncegate.toml"))
-        .args(["--url", &gateway.base, "--admin", &gateway.admin])
-        .env("ONCEGATE_ADMIN_TOKEN", ADMIN)
-        .output()
-        .expect("simulate");
+    let simulated = simulate(dir.path(), &gateway, 20);
     assert!(simulated.status.success());
     wait_until("twenty dead letters", Duration::from_secs(30), || {
         gateway.stderr().matches("dead-lettered").count() >= 20

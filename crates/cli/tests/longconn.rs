@@ -441,30 +441,13 @@ async fn simulate_plays_feishu_for_a_long_connection_source() {
         "connections = 2",
     );
     std::fs::write(dir.path().join("oncegate.toml"), &config).expect("config");
-    let simulate = support::oncegate()
-        .args([
-            "simulate",
-            "--quiet",
-            "--events",
-            "300",
-            "--duplicates",
-            "0.3",
-        ])
-        .arg("--config")
-        .arg(dir.path().join("oncegate.toml"))
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("simulate");
+    let simulate = spawn_simulate(dir.path(), &["--events", "300", "--duplicates", "0.3"]);
     // The gateway comes up after simulate listens, as the README says to start them. Its
     // admin port is chosen at start (port 0), so simulate cannot read its counters here: the
     // sink's lines tell what was delivered.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let gateway = Serve::start_with(dir.path(), &config);
-    let output = tokio::task::spawn_blocking(move || simulate.wait_with_output())
-        .await
-        .expect("join")
-        .expect("simulate ran");
+    let output = finished(simulate).await;
     let text = String::from_utf8_lossy(&output.stdout).into_owned();
     assert!(
         output.status.success(),
@@ -519,20 +502,13 @@ async fn simulate_paces_a_long_connection_at_its_rate() {
         "",
     );
     std::fs::write(dir.path().join("oncegate.toml"), &config).expect("config");
-    let simulate = support::oncegate()
-        .args(["simulate", "--quiet", "--events", "40", "--duplicates", "0"])
-        .args(["--rate", "50", "--config"])
-        .arg(dir.path().join("oncegate.toml"))
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("simulate");
+    let simulate = spawn_simulate(
+        dir.path(),
+        &["--events", "40", "--duplicates", "0", "--rate", "50"],
+    );
     tokio::time::sleep(Duration::from_millis(300)).await;
     let _gateway = Serve::start_with(dir.path(), &config);
-    let output = tokio::task::spawn_blocking(move || simulate.wait_with_output())
-        .await
-        .expect("join")
-        .expect("simulate ran");
+    let output = finished(simulate).await;
     let text = String::from_utf8_lossy(&output.stdout).into_owned();
     assert!(output.status.success(), "{text}");
     // "throughput … events/s acked over S s": the 40th push is due 39 / 50 s after the first.
@@ -547,4 +523,25 @@ async fn simulate_paces_a_long_connection_at_its_rate() {
         "40 events at 50/s took {seconds} s: {text}"
     );
     assert!(text.contains("acked (code 200)   40"), "{text}");
+}
+
+/// `oncegate simulate --quiet` on `dir`'s configuration with `args`, its output piped.
+fn spawn_simulate(dir: &Path, args: &[&str]) -> std::process::Child {
+    support::oncegate()
+        .args(["simulate", "--quiet"])
+        .args(args)
+        .arg("--config")
+        .arg(dir.join("oncegate.toml"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("simulate")
+}
+
+/// What `simulate` printed once it ended.
+async fn finished(simulate: std::process::Child) -> std::process::Output {
+    tokio::task::spawn_blocking(move || simulate.wait_with_output())
+        .await
+        .expect("join")
+        .expect("simulate ran")
 }

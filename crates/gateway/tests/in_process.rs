@@ -197,6 +197,16 @@ fn card_click(event_id: &str, value: &str) -> Request<Body> {
     builder.body(Body::from(sealed.body)).expect("request")
 }
 
+/// Serves `app` on a loopback port: its base URL.
+async fn serve_local(app: axum::Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}")
+}
+
 /// A card handler that answers after 150 ms with the number of calls so far.
 async fn slow_card_handler(calls: Arc<std::sync::atomic::AtomicUsize>) -> String {
     use std::sync::atomic::Ordering;
@@ -211,12 +221,7 @@ async fn slow_card_handler(calls: Arc<std::sync::atomic::AtomicUsize>) -> String
             }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    format!("http://{addr}/cards")
+    format!("{}/cards", serve_local(app).await)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -279,12 +284,7 @@ async fn refusing_card_handler(calls: Arc<std::sync::atomic::AtomicUsize>) -> St
             }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    format!("http://{addr}/cards")
+    format!("{}/cards", serve_local(app).await)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
