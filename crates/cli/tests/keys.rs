@@ -546,3 +546,79 @@ async fn results_beyond_a_callers_budget_are_refused_clearly() {
     .await;
     assert_eq!(status, 200, "node has its own budget: {done}");
 }
+
+/// The API's OpenAPI document is served (behind a caller's token, as every API call) and names
+/// exactly the routes the router has; each of them answers, and says 401 without a token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_document_describes_exactly_the_served_routes() {
+    let dir = tempfile::tempdir().expect("dir");
+    let gateway = Serve::start_with(dir.path(), &config("backend = \"memory\""));
+    let api = gateway.api.clone().expect("api");
+    let get = |token: Option<&'static str>| {
+        let request = client().get(format!("{api}/openapi.json"));
+        match token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        }
+        .send()
+    };
+    assert_eq!(get(None).await.expect("get").status().as_u16(), 401);
+    let answer = get(Some(TOKEN_A)).await.expect("get");
+    assert_eq!(answer.status().as_u16(), 200);
+    let doc: Value = answer.json().await.expect("json");
+    assert_eq!(doc["openapi"], "3.1.0");
+    // The routes as the router's source names them.
+    let source = include_str!("../../gateway/src/keys_api.rs");
+    let mut routed = std::collections::BTreeSet::new();
+    for piece in source.split(".route(\"").skip(1) {
+        let (path, rest) = piece.split_once('"').expect("a path");
+        let method = rest
+            .trim_start_matches(',')
+            .trim_start()
+            .split('(')
+            .next()
+            .unwrap_or("");
+        routed.insert((method.to_owned(), path.to_owned()));
+    }
+    let mut documented = std::collections::BTreeSet::new();
+    for (path, methods) in doc["paths"].as_object().expect("paths") {
+        for (method, operation) in methods.as_object().expect("methods") {
+            assert!(operation["summary"].is_string(), "{method} {path}");
+            assert!(
+                operation["responses"]["401"].is_object(),
+                "{method} {path} says 401"
+            );
+            documented.insert((method.clone(), path.clone()));
+            if method != "post" {
+                continue;
+            }
+            let url = format!("{api}{}", path.replace("{source}", "nope"));
+            let unauthenticated = client()
+                .post(&url)
+                .json(&json!({}))
+                .send()
+                .await
+                .expect("post");
+            assert_eq!(unauthenticated.status().as_u16(), 401, "{path}");
+            let answer = client()
+                .post(&url)
+                .bearer_auth(TOKEN_A)
+                .header("idempotency-key", "doc-check")
+                .json(&json!({}))
+                .send()
+                .await
+                .expect("post");
+            let status = answer.status().as_u16();
+            let text = answer.text().await.unwrap_or_default();
+            assert!(
+                status != 405 && !text.contains("describes them"),
+                "{path}: {status} {text}"
+            );
+        }
+    }
+    assert!(routed.len() >= 6, "{routed:?}");
+    assert_eq!(
+        documented, routed,
+        "the document and the router name the same routes"
+    );
+}

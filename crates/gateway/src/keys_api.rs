@@ -12,7 +12,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use oncegate_core::{FenceCheck, FencingToken, Fingerprint, KeyHash, Lease, Store, key_for};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -83,10 +83,11 @@ pub(crate) fn router<S: Store>(shared: Arc<Shared<S>>) -> Router {
         .route("/keys/renew", post(renew::<S>))
         .route("/keys/complete", post(complete::<S>))
         .route("/keys/release", post(release::<S>))
+        .route("/openapi.json", get(openapi))
         .fallback(|| async {
             refused(
                 StatusCode::NOT_FOUND,
-                "POST /keys/claim, /keys/renew, /keys/complete, /keys/release or /send/<source>",
+                "POST /keys/claim, /keys/renew, /keys/complete, /keys/release or /send/<source>; GET /openapi.json describes them",
             )
         })
         .layer(axum::extract::DefaultBodyLimit::max(BODY_LIMIT))
@@ -95,6 +96,13 @@ pub(crate) fn router<S: Store>(shared: Arc<Shared<S>>) -> Router {
             crate::gate::api::<S>,
         ))
         .with_state(shared)
+}
+
+/// The API's OpenAPI document (its routes are checked against this router in a test).
+pub(crate) const OPENAPI: &str = include_str!("api_openapi.json");
+
+async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
 }
 
 fn answer(status: StatusCode, body: Value) -> Response {
