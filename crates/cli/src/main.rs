@@ -65,6 +65,9 @@ enum Command {
     Dlq(remote::DlqArgs),
     /// A running gateway on one screen: readiness, traffic, queue, store, connections.
     Status(remote::StatusArgs),
+    /// Exit 0 when a running gateway is ready (/readyz answers 200), 1 when it is not, 2 when
+    /// it does not answer: a container healthcheck for an image without a shell.
+    Ready(remote::StatusArgs),
     /// A running gateway's queue: every partition's depth and oldest event, or one
     /// partition's events in queue order.
     Queue(queue_cmd::QueueArgs),
@@ -169,6 +172,7 @@ fn main() -> ExitCode {
             .map(|()| true),
         Command::Dlq(args) => runtime().and_then(|rt| rt.block_on(remote::dlq(args))),
         Command::Status(args) => runtime().and_then(|rt| rt.block_on(remote::status(args))),
+        Command::Ready(args) => runtime().and_then(|rt| rt.block_on(remote::ready(args))),
         Command::Queue(args) => runtime().and_then(|rt| rt.block_on(queue_cmd::queue(args))),
     };
     match result {

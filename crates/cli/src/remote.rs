@@ -367,6 +367,37 @@ pub(crate) async fn record(
     Ok(true)
 }
 
+/// The checks of a `/readyz` answer that fail, as "check: detail".
+fn failed_checks(ready: &Value) -> Vec<String> {
+    ready["checks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["ok"] != true)
+        .map(|c| {
+            format!(
+                "{}: {}",
+                c["check"].as_str().unwrap_or(""),
+                c["detail"].as_str().unwrap_or("")
+            )
+        })
+        .collect()
+}
+
+/// Whether a running gateway is ready (`/readyz` answers 200): for a container's healthcheck,
+/// which has no shell or curl in an image made from scratch. `false` when it is not, with the
+/// checks that fail; an error when it does not answer.
+pub(crate) async fn ready(args: StatusArgs) -> anyhow::Result<bool> {
+    let client = Client::new(&args.admin)?;
+    let (status, ready) = client.get("/readyz", &[]).await?;
+    if status == 200 {
+        out!("ready")?;
+        return Ok(true);
+    }
+    out!("not ready ({status}): {}", failed_checks(&ready).join("; "))?;
+    Ok(false)
+}
+
 pub(crate) async fn status(args: StatusArgs) -> anyhow::Result<bool> {
     let client = Client::new(&args.admin)?;
     let (ready_status, ready) = client.get("/readyz", &[]).await?;
@@ -379,17 +410,7 @@ pub(crate) async fn status(args: StatusArgs) -> anyhow::Result<bool> {
         return Ok(ready_status == 200);
     }
     let checks = ready["checks"].as_array().cloned().unwrap_or_default();
-    let failed: Vec<String> = checks
-        .iter()
-        .filter(|c| c["ok"] != true)
-        .map(|c| {
-            format!(
-                "{}: {}",
-                c["check"].as_str().unwrap_or(""),
-                c["detail"].as_str().unwrap_or("")
-            )
-        })
-        .collect();
+    let failed = failed_checks(&ready);
     out!("gateway      {}", client.base)?;
     if failed.is_empty() {
         out!(

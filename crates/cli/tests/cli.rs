@@ -75,7 +75,12 @@ fn a_bad_configuration_names_each_problem_and_fails() {
         "{out}"
     );
     assert!(out.contains("error: lease.renew_every"), "{out}");
-    assert!(out.contains("2 errors, 0 warnings"), "{out}");
+    assert!(out.contains("2 errors, 1 warning"), "{out}");
+    // A file without sources or callers serves nothing, and says so.
+    assert!(
+        out.contains("warning: source: no [[source]] and no [[api.caller]]"),
+        "{out}"
+    );
 
     std::fs::write(&file, "[store]\nbackend = \"mongo\"\n").expect("write");
     let (code, _, err) = oncegate(&["check-config", file.to_str().expect("utf-8")]);
@@ -129,11 +134,25 @@ fn check_config_tries_the_ports_and_the_store_folder() {
     .expect("write");
     let (code, out, _) = oncegate(&["check-config", file.to_str().expect("utf-8")]);
     assert_eq!(code, 0, "{out}");
-    assert!(out.contains("0 warnings"), "{out}");
+    // The one warning: it has no sources.
+    assert!(out.contains("1 warning"), "{out}");
     assert!(
         std::fs::read_dir(dir.path()).expect("dir").count() == 1,
         "the probe file was left behind"
     );
+}
+
+/// `oncegate ready` (the image's healthcheck) fails when no gateway answers: exit 2, saying so.
+#[test]
+fn ready_fails_when_no_gateway_answers() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a port")
+        .port();
+    let admin = format!("http://127.0.0.1:{closed}");
+    let (code, out, err) = oncegate(&["ready", "--admin", &admin]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(err.contains("no answer from the gateway"), "{err}");
 }
 
 fn event(id: &str) -> Event {

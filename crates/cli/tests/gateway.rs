@@ -482,6 +482,9 @@ async fn transient_failures_retry_and_permanent_ones_are_dead_lettered() {
     assert!(ok, "{status}");
     assert!(status.contains("ready        true"), "{status}");
     assert!(status.contains("dead letters 0"), "{status}");
+    // The container healthcheck's command: ready, exit 0.
+    let (ok, ready) = cli(&gateway, &["ready"]);
+    assert!(ok && ready.starts_with("ready"), "{ready}");
     // Keys remembered for dedup are said to be that, not read as a stuck backlog.
     assert!(
         status.contains("remembered") && status.contains("not a backlog"),

@@ -862,6 +862,15 @@ pub fn validate(config: &Config) -> Vec<Problem> {
             ),
         );
     }
+    if config.sources.is_empty() && config.api.callers.is_empty() {
+        report(
+            Severity::Warning,
+            "source",
+            "no [[source]] and no [[api.caller]]: the gateway takes no events and serves no API \
+             (add a source: README \"Platforms\"; in a container, mount a configuration that has one)"
+                .into(),
+        );
+    }
     if !config.sources.is_empty() && config.routes.is_empty() {
         report(
             Severity::Warning,
@@ -1058,7 +1067,12 @@ mod tests {
 
     #[test]
     fn the_defaults_are_valid() {
-        assert_eq!(validate(&Config::default()), Vec::new());
+        // Valid, and said to serve nothing until a source (or an API caller) is added.
+        let said: Vec<String> = validate(&Config::default())
+            .into_iter()
+            .map(|p| format!("{:?} {}", p.severity, p.setting))
+            .collect();
+        assert_eq!(said, ["Warning source"]);
     }
 
     fn redis(url: &str) -> crate::RedisSettings {
@@ -1086,7 +1100,10 @@ mod tests {
     fn retention_shorter_than_the_retry_span_is_refused() {
         let mut config = Config::default();
         config.dedup.retention = Duration::from_secs(6 * 3600);
-        let problems = validate(&config);
+        let problems: Vec<_> = validate(&config)
+            .into_iter()
+            .filter(|p| p.setting != "source")
+            .collect();
         assert_eq!(problems.len(), 1);
         assert_eq!(problems[0].setting, "dedup.retention");
         assert!(problems[0].message.contains("7h 18m"), "{}", problems[0]);
