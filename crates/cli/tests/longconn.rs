@@ -353,6 +353,16 @@ async fn a_fatal_handshake_shows_in_readiness_and_stats() {
             .flatten()
             .any(|check| check["check"] == "long_connection bot" && check["ok"] == false)
     );
+    // The status page's feed says the same: ready, with the long connection degraded.
+    let (_, live) = both.admin_get("/admin/live").await;
+    let live: serde_json::Value = serde_json::from_str(&live).expect("json");
+    assert_eq!(live["ready"], true, "{live}");
+    assert!(
+        live["degraded"][0]
+            .as_str()
+            .is_some_and(|d| d.contains("too many connections")),
+        "{live}"
+    );
 }
 
 /// A card handler that answers with how often it was called.

@@ -1072,6 +1072,27 @@ mod tests {
         assert!(error.to_string().contains("partitions"), "{error}");
     }
 
+    /// The container image sets the admin token's source as a variable (a mounted file need
+    /// not name it): the inline table reads as a secret from the environment.
+    #[test]
+    fn a_variable_can_name_a_secrets_source() {
+        let config = load_str(
+            "[server]\nadmin_listen = \"0.0.0.0:9090\"\n",
+            Path::new("mounted.toml"),
+            vec![(
+                "ONCEGATE_SERVER__ADMIN_TOKEN".to_owned(),
+                "{ env = \"ONCEGATE_ADMIN_TOKEN\" }".to_owned(),
+            )],
+        )
+        .expect("load");
+        assert_eq!(
+            config.server.admin_token,
+            Some(Secret::Env {
+                env: "ONCEGATE_ADMIN_TOKEN".into()
+            })
+        );
+    }
+
     /// A variable that does not fit the file's store (the systemd unit's store path under a
     /// Redis configuration) is named, not the file.
     #[test]

@@ -95,6 +95,13 @@ pub(crate) fn authorized_query<S, Q: serde::de::DeserializeOwned>(
         .map_err(|error| refused(StatusCode::BAD_REQUEST, format!("{error}; {usage}")))
 }
 
+/// Whether a long connection that is down takes the gateway out of its load balancer (for
+/// `/readyz` and the status page alike): only when the gateway takes no webhooks — those still
+/// come in, and the balancer routes nothing else.
+fn long_connections_gate<S>(shared: &Shared<S>) -> bool {
+    shared.sources.is_empty()
+}
+
 /// Every readiness check with its verdict: 200 when all pass, else 503, with what failed.
 async fn readyz<S: Store>(State(shared): State<Arc<Shared<S>>>) -> Response {
     let mut checks = Vec::new();
@@ -111,9 +118,7 @@ async fn readyz<S: Store>(State(shared): State<Arc<Shared<S>>>) -> Response {
             .cloned()
             .unwrap_or_else(|| "dispatcher and background tasks running".into()),
     );
-    // A long connection that is down takes the gateway out of its load balancer only when the
-    // gateway takes no webhooks: those still come in, and the balancer routes nothing else.
-    let webhooks = !shared.sources.is_empty();
+    let webhooks = !long_connections_gate(&shared);
     let mut degraded = Vec::new();
     for source in shared.long_sources.iter() {
         let failed = source.not_ready();
@@ -247,7 +252,12 @@ async fn live<S: Store>(State(shared): State<Arc<Shared<S>>>, headers: HeaderMap
         return denied;
     }
     let mut not_ready: Vec<String> = shared.failure.get().cloned().into_iter().collect();
-    not_ready.extend(shared.long_sources.iter().filter_map(|s| s.not_ready()));
+    let down = shared.long_sources.iter().filter_map(|s| s.not_ready());
+    let mut degraded = Vec::new();
+    match long_connections_gate(&shared) {
+        true => not_ready.extend(down),
+        false => degraded.extend(down),
+    }
     if crate::admission::queue_full(&shared) {
         not_ready.push("the queue is full (dispatcher.max_queued)".into());
     }
@@ -262,6 +272,7 @@ async fn live<S: Store>(State(shared): State<Arc<Shared<S>>>, headers: HeaderMap
         "at_ms": shared.now_ms(),
         "ready": not_ready.is_empty(),
         "not_ready": not_ready,
+        "degraded": degraded,
         "gateway": shared.stats.snapshot(),
         "queued": shared.queued.load(std::sync::atomic::Ordering::Relaxed),
         "queue": crate::queue_view::live_json(&shared),

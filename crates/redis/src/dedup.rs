@@ -23,16 +23,25 @@ impl<C: Clock> DedupStore for RedisStore<C> {
         oncegate_core::store::require_keys(keys)?;
         self.inner.promise.admits()?;
         // Each key once (with its index among the caller's): the script marks them one by one,
-        // and a key named twice would find its own mark live.
-        let mut indexes = Vec::with_capacity(keys.len());
-        let mut unique: Vec<KeyHash> = Vec::with_capacity(keys.len());
-        for (index, key) in keys.iter().enumerate() {
-            if !unique.contains(key) {
-                unique.push(*key);
-                indexes.push(index);
+        // and a key named twice would find its own mark live. Only a list with a repeat is
+        // rebuilt (an event names one or two keys).
+        let repeated = keys
+            .iter()
+            .enumerate()
+            .any(|(i, key)| keys[..i].contains(key));
+        let (keys, indexes) = if repeated {
+            let mut indexes = Vec::with_capacity(keys.len());
+            let mut unique: Vec<KeyHash> = Vec::with_capacity(keys.len());
+            for (index, key) in keys.iter().enumerate() {
+                if !unique.contains(key) {
+                    unique.push(*key);
+                    indexes.push(index);
+                }
             }
-        }
-        let keys = unique;
+            (unique, Some(indexes))
+        } else {
+            (keys.to_vec(), None)
+        };
         self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
             // Only `replicas` needs it: for a Sentinel primary it costs a lock and a copy.
             let written_at = inner.promise.waits().then(|| conn.primary()).flatten();
@@ -70,7 +79,11 @@ impl<C: Clock> DedupStore for RedisStore<C> {
                 (Some(0), Some(index)) => Admission::Duplicate {
                     key_index: usize::try_from(index)
                         .ok()
-                        .and_then(|index| indexes.get(index).copied())
+                        .and_then(|index| {
+                            indexes
+                                .as_ref()
+                                .map_or(Some(index), |indexes| indexes.get(index).copied())
+                        })
                         .unwrap_or(0),
                 },
                 (Some(2), None) => return Ok(Admission::Replayed),
