@@ -307,3 +307,99 @@ async fn the_status_page_shows_a_gateway_under_load_and_its_charts_move() {
     let _ = load.kill();
     let _ = load.wait();
 }
+
+/// After a restart the dead-letters tile shows what the store keeps (the dead letters of the
+/// run before), not the new run's count of 0; the note tells this run's apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restart_the_page_shows_the_dead_letters_the_store_keeps() {
+    const DEAD: u64 = 5;
+    let dir = tempfile::tempdir().expect("dir");
+    // A downstream nobody listens on, one attempt each: every event is dead-lettered.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port");
+    let config = format!(
+        r#"
+[store]
+backend = "embedded"
+path = "{}"
+
+[dispatcher]
+max_attempts = 1
+
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+admin_token = "{TOKEN}"
+
+[[source]]
+name = "bot"
+platform = "feishu"
+app_id = "cli_status"
+encrypt_key = "feishu-key"
+verification_token = "feishu-token"
+
+[[route]]
+events = ["*"]
+sink = "http"
+url = "http://{closed}/in"
+secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+timeout = "1s"
+"#,
+        dir.path().join("data").display()
+    );
+    let stats = |serve: &Serve| {
+        let admin = serve.admin.clone();
+        async move {
+            let answer = client()
+                .get(format!("{admin}/admin/stats"))
+                .bearer_auth(TOKEN)
+                .send()
+                .await
+                .expect("stats");
+            answer.json::<Value>().await.expect("json")
+        }
+    };
+    {
+        let mut serve = Serve::start_with(dir.path(), &config);
+        let status = oncegate()
+            .args(["simulate", "--quiet", "--events", &DEAD.to_string()])
+            .args(["--source", "bot", "--config"])
+            .arg(dir.path().join("oncegate.toml"))
+            .args(["--url", &serve.base, "--admin", &serve.admin])
+            .env("ONCEGATE_ADMIN_TOKEN", TOKEN)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("simulate");
+        assert!(status.success(), "simulate: {status}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while stats(&serve).await["store"]["dead_letters"] != DEAD {
+            assert!(Instant::now() < deadline, "never dead-lettered");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        serve.signal("TERM");
+        serve.wait_exit(Duration::from_secs(20));
+    }
+    let serve = Serve::start_with(dir.path(), &config);
+    assert_eq!(stats(&serve).await["gateway"]["dead_letters"], 0);
+    let browser = Browser::open(&format!("{}/status#token={TOKEN}", serve.admin));
+    let mut page = browser.page().await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (shown, series) = page.tile("dead_letters").await;
+        if shown == DEAD.to_string() {
+            assert_eq!(series.last(), Some(&(DEAD as f64)), "{series:?}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the tile never showed the kept dead letters: {shown:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let note = page
+        .eval("document.getElementById('t-dead_letters').textContent")
+        .await;
+    assert_eq!(note, "0 since this start");
+}

@@ -245,6 +245,11 @@ pub trait EventQueue: Send + Sync + 'static {
         limit: usize,
     ) -> impl Future<Output = Result<Vec<DeadLetter>, StoreError>> + Send;
 
+    /// How many dead letters the store keeps, for the status page and the gauge that sample it
+    /// every few seconds: it must stay cheap however many there are (a count the backend keeps,
+    /// never a scan).
+    fn dead_letter_count(&self) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
     /// Puts dead letter `id` back at the end of its partition's queue with its key and event,
     /// attempts counted from 0 again: its new queue id, or `None` when there is no such dead
     /// letter (replayed or purged already — two replays never queue it twice).

@@ -85,6 +85,11 @@ impl<C: Clock + Clone> EventQueue for EmbeddedStore<C> {
         raw.iter().map(|bytes| decode(bytes)).collect()
     }
 
+    async fn dead_letter_count(&self) -> Result<u64, StoreError> {
+        // redb keeps a table's length in its header: no scan.
+        self.read(|txn| Ok(txn.open_table(DEAD)?.len()?))
+    }
+
     async fn replay_dead_letter(&self, id: QueueId) -> Result<Option<QueueId>, StoreError> {
         self.send(|reply| Command::ReplayDead { id, reply }).await
     }

@@ -172,10 +172,8 @@ pub(crate) struct Shared<S> {
     pub(crate) max_queued: Option<u64>,
     /// Queued events, as last sampled from the store plus admits since.
     pub(crate) queued: AtomicU64,
-    /// Every partition's queue as last sampled (`queue_view::watch`), for the status page.
-    pub(crate) partition_summaries: std::sync::Mutex<Vec<oncegate_core::QueueSummary>>,
-    /// Who owned each partition at the last sample (empty for a store of one gateway).
-    pub(crate) partition_owners: std::sync::Mutex<Vec<oncegate_core::PartitionOwner>>,
+    /// The queue as last sampled from the store (`queue_view::watch`), for the status page.
+    pub(crate) sampled: std::sync::Mutex<queue_view::Sampled>,
     /// The replay guard's limits, if it is on; they also bound how far ahead a creation time
     /// may be.
     pub(crate) replay: Option<ReplayLimits>,
@@ -352,8 +350,7 @@ impl<S: Store> Gateway<S> {
                 summaries: Arc::new(Summaries::new(parts.log_interval)),
                 max_queued: parts.max_queued,
                 queued: AtomicU64::new(0),
-                partition_summaries: std::sync::Mutex::default(),
-                partition_owners: std::sync::Mutex::default(),
+                sampled: std::sync::Mutex::default(),
                 replay: parts.replay,
                 failure: OnceLock::new(),
                 secondary_keys: parts.secondary_keys,

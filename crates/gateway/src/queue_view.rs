@@ -22,6 +22,22 @@ const SAMPLE: Duration = Duration::from_secs(5);
 /// The most events one listing returns.
 const MOST_LISTED: usize = 1000;
 
+/// What the last sampling rounds read from the store: for the status page, which must not
+/// call the store itself.
+#[derive(Debug, Default)]
+pub(crate) struct Sampled {
+    /// Every partition's summary (empty before the first complete round).
+    summaries: Vec<QueueSummary>,
+    /// Who owned each partition (empty for a store of one gateway).
+    owners: Vec<PartitionOwner>,
+    /// The dead letters the store keeps (not only this run's); `None` before the first read.
+    dead_letters: Option<u64>,
+}
+
+fn lock_sampled<S>(shared: &Shared<S>) -> std::sync::MutexGuard<'_, Sampled> {
+    shared.sampled.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// One partition's gauges, registered once.
 struct PartitionGauges {
     events: Gauge,
@@ -56,24 +72,25 @@ fn oldest_age_seconds(summary: &QueueSummary, now_ms: u64) -> f64 {
     })
 }
 
-/// Samples every partition's summary into its gauges and `Shared::partition_summaries`
-/// until `shutdown`.
+/// Samples every partition's summary into its gauges and `Shared::sampled`, with the owners
+/// and the dead letters kept, until `shutdown`.
 pub(crate) async fn watch<S: Store>(shared: Arc<Shared<S>>, shutdown: CancellationToken) {
     let gauges: Vec<PartitionGauges> = (0..shared.store.partitions())
         .map(PartitionGauges::new)
         .collect();
+    let dead_gauge = metrics::gauge!("oncegate_dead_letters_kept");
     let mut tick = tokio::time::interval(SAMPLE);
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             _ = shutdown.cancelled() => return,
         }
-        let mut sampled = Vec::with_capacity(gauges.len());
+        let mut summaries = Vec::with_capacity(gauges.len());
         for (partition, gauges) in (0..).zip(&gauges) {
             match shared.store.queue_summary(partition).await {
                 Ok(summary) => {
                     gauges.set(&summary, shared.now_ms());
-                    sampled.push(summary);
+                    summaries.push(summary);
                 }
                 Err(error) => {
                     shared
@@ -83,22 +100,25 @@ pub(crate) async fn watch<S: Store>(shared: Arc<Shared<S>>, shutdown: Cancellati
                 }
             }
         }
-        if sampled.len() == gauges.len() {
-            *shared
-                .partition_summaries
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()) = sampled;
+        if summaries.len() == gauges.len() {
+            lock_sampled(&shared).summaries = summaries;
         }
         match shared.store.owners().await {
-            Ok(owners) => {
-                *shared
-                    .partition_owners
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner()) = owners;
-            }
+            Ok(owners) => lock_sampled(&shared).owners = owners,
             Err(error) => shared
                 .summaries
                 .note("owners_failed", None, &error.to_string()),
+        }
+        match shared.store.dead_letter_count().await {
+            Ok(count) => {
+                dead_gauge.set(count as f64);
+                lock_sampled(&shared).dead_letters = Some(count);
+            }
+            Err(error) => {
+                shared
+                    .summaries
+                    .note("dead_letter_count_failed", None, &error.to_string())
+            }
         }
     }
 }
@@ -142,10 +162,8 @@ fn owner_json(owner: Option<&PartitionOwner>) -> Value {
 
 /// The last sampled summaries, for the status page: the deepest partition and the oldest event.
 pub(crate) fn live_json<S: Store>(shared: &Shared<S>) -> Value {
-    let summaries = shared
-        .partition_summaries
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
+    let sampled = lock_sampled(shared);
+    let summaries = &sampled.summaries;
     let now_ms = shared.now_ms();
     let oldest = summaries
         .iter()
@@ -159,7 +177,8 @@ pub(crate) fn live_json<S: Store>(shared: &Shared<S>) -> Value {
         "deepest": summaries.iter().map(|s| s.events).max().unwrap_or(0),
         "oldest_age_seconds": oldest,
         "queued_now": shared.queued.load(Ordering::Relaxed),
-        "owners": owners_json(&shared.partition_owners.lock().unwrap_or_else(|p| p.into_inner())),
+        "owners": owners_json(&sampled.owners),
+        "dead_letters": sampled.dead_letters,
     })
 }
 

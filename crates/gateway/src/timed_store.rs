@@ -34,6 +34,7 @@ enum Op {
     Retry,
     DeadLetter,
     DeadLetters,
+    DeadLetterCount,
     Replay,
     Purge,
     QueueSummary,
@@ -42,7 +43,7 @@ enum Op {
     Rate,
 }
 
-const OPS: [&str; 20] = [
+const OPS: [&str; 21] = [
     "admit",
     "claim",
     "renew",
@@ -57,6 +58,7 @@ const OPS: [&str; 20] = [
     "retry",
     "dead_letter",
     "dead_letters",
+    "dead_letter_count",
     "replay",
     "purge",
     "queue_summary",
@@ -270,6 +272,11 @@ impl<S: Store> EventQueue for Timed<S> {
 
     async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
         self.time(Op::DeadLetters, self.inner.dead_letters(limit))
+            .await
+    }
+
+    async fn dead_letter_count(&self) -> Result<u64, StoreError> {
+        self.time(Op::DeadLetterCount, self.inner.dead_letter_count())
             .await
     }
 

@@ -93,6 +93,9 @@ impl EventQueue for Switchable {
     async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
         self.inner.dead_letters(limit).await
     }
+    async fn dead_letter_count(&self) -> Result<u64, StoreError> {
+        self.inner.dead_letter_count().await
+    }
     async fn replay_dead_letter(&self, id: QueueId) -> Result<Option<QueueId>, StoreError> {
         self.inner.replay_dead_letter(id).await
     }

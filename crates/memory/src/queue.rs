@@ -231,6 +231,10 @@ impl<C: Clock, J: Journal> EventQueue for MemoryStore<C, J> {
             .collect())
     }
 
+    async fn dead_letter_count(&self) -> Result<u64, StoreError> {
+        Ok(lock(&self.dead_letters).by_order.len() as u64)
+    }
+
     async fn replay_dead_letter(&self, id: QueueId) -> Result<Option<QueueId>, StoreError> {
         self.journal.check()?;
         let queue = self.partition(id.partition)?;

@@ -147,6 +147,23 @@ impl<C: Clock> EventQueue for RedisStore<C> {
         .await
     }
 
+    async fn dead_letter_count(&self) -> Result<u64, StoreError> {
+        self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
+            // One XLEN per partition: the dead streams live in their partitions' slots.
+            let mut count = 0u64;
+            for partition in 0..inner.partitions {
+                let dead: u64 = redis::cmd("XLEN")
+                    .arg(inner.dead(partition))
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(from_redis)?;
+                count += dead;
+            }
+            Ok(count)
+        })
+        .await
+    }
+
     async fn replay_dead_letter(&self, id: QueueId) -> Result<Option<QueueId>, StoreError> {
         self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
             let Some((entry, letter)) = find_dead(&inner, &mut conn, id).await? else {

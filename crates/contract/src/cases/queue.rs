@@ -123,6 +123,7 @@ pub fn queue_dead_letters_keep_the_reason<S: Store>(make: impl Fn(ManualClock) -
         assert_eq!(&*dead[0].event.event_id, "d1");
         assert_eq!(dead[0].attempts, 2);
         assert_eq!(dead[0].reason, "downstream answered 422: bad payload");
+        assert_eq!(store.dead_letter_count().await.expect("count"), 1);
         // The next event of the chat is free now.
         assert_eq!(store.pull(partition, 10).await.expect("pull")[0].id, ids[1]);
         let stats = store.stats().await.expect("stats");
@@ -203,6 +204,7 @@ pub fn dead_letters_replay_once_and_purge<S: Store>(make: impl Fn(ManualClock) -
         );
         assert!(!store.purge_dead_letter(ids[0]).await.expect("purge"));
         assert!(store.dead_letters(10).await.expect("list").is_empty());
+        assert_eq!(store.dead_letter_count().await.expect("count"), 0);
         // r2 was queued before the replayed r1: the chat's order is the queue's.
         let next = store.pull(partition, 10).await.expect("pull");
         assert_eq!(next.iter().map(|d| d.id).collect::<Vec<_>>(), vec![ids[1]]);
@@ -228,7 +230,9 @@ pub fn dead_letters_replay_once_and_purge<S: Store>(make: impl Fn(ManualClock) -
         let dead = store.dead_letters(10).await.expect("list");
         assert_eq!(dead.len(), 1);
         assert_eq!((dead[0].id, dead[0].attempts), (replayed, 1));
+        assert_eq!(store.dead_letter_count().await.expect("count"), 1);
         assert!(store.purge_dead_letter(replayed).await.expect("purge"));
+        assert_eq!(store.dead_letter_count().await.expect("count"), 0);
         assert!(
             !store
                 .purge_dead_letter(replayed)
