@@ -29,6 +29,13 @@ partitions = 4
 listen = "127.0.0.1:0"
 admin_listen = "127.0.0.1:0"
 
+[api]
+listen = "127.0.0.1:0"
+
+[[api.caller]]
+name = "shop"
+token = "obs-caller-token"
+
 [[source]]
 name = "bot"
 platform = "feishu"
@@ -196,6 +203,23 @@ async fn the_shipped_rules_and_dashboard_name_only_metrics_the_gateway_exports()
     ] {
         assert!(rules.contains(needed), "an alert on {needed}");
     }
+    // The sends and the business keys have their panels, and their series exist before the
+    // first call (the source "ws" can send, "shop" is a caller).
+    for needed in [
+        "oncegate_sends_total",
+        "oncegate_keys_total",
+        "oncegate_dead_letters_kept",
+    ] {
+        assert!(dashboard.contains(needed), "a panel on {needed}");
+    }
+    assert!(
+        metrics.contains(r#"oncegate_keys_total{caller="shop",op="claim",outcome="acquired"} 0"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"oncegate_sends_total{source="ws",outcome="sent"} 0"#),
+        "{metrics}"
+    );
     let dashboard: serde_json::Value = serde_json::from_str(&dashboard).expect("dashboard JSON");
     let panels = dashboard["panels"].as_array().expect("panels");
     assert!(panels.len() >= 10);

@@ -122,6 +122,17 @@ fn refused(status: StatusCode, message: impl Into<String>) -> Refused {
     Refused(status, message.into())
 }
 
+/// Each caller's claims at 0, so that a dashboard and an alert see "no claims yet" rather than
+/// no series.
+pub(crate) fn register<'a>(callers: impl Iterator<Item = &'a str>) {
+    for caller in callers {
+        for outcome in ["acquired", "done", "in_flight", "conflict"] {
+            metrics::counter!("oncegate_keys_total", "caller" => caller.to_owned(), "op" => "claim", "outcome" => outcome)
+                .increment(0);
+        }
+    }
+}
+
 /// `oncegate_keys_total{caller,op,outcome}`: callers are configured, so the labels are bounded.
 fn count(caller: &str, op: &'static str, outcome: &'static str) {
     metrics::counter!("oncegate_keys_total", "caller" => caller.to_owned(), "op" => op, "outcome" => outcome)

@@ -606,6 +606,8 @@ impl<S: Store> Gateway<S> {
         let shared = &self.shared;
         shared.meters.register();
         shared.store.register();
+        send_api::register(shared.senders.keys());
+        keys_api::register(shared.api_callers.iter().map(|c| c.name.as_str()));
         let webhooks = server::serve(
             "webhooks",
             listener,

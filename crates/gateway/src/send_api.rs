@@ -38,6 +38,20 @@ fn count(source: &str, outcome: &'static str) {
         .increment(1);
 }
 
+/// Each sending source's counters at 0, so that a dashboard and an alert see "no sends yet"
+/// rather than no series.
+pub(crate) fn register<'a>(sources: impl Iterator<Item = &'a String>) {
+    for source in sources {
+        for outcome in ["sent", "refused", "transient"] {
+            metrics::counter!("oncegate_sends_total", "source" => source.clone(), "outcome" => outcome)
+                .increment(0);
+        }
+        metrics::counter!("oncegate_send_api_calls_total", "source" => source.clone()).increment(0);
+        metrics::counter!("oncegate_send_rate_waits_total", "source" => source.clone())
+            .increment(0);
+    }
+}
+
 /// A stored answer: the status and body every repeat gets.
 fn stored(status: StatusCode, body: &Value) -> bytes::Bytes {
     bytes::Bytes::from(json!({"status": status.as_u16(), "body": body}).to_string())
