@@ -304,6 +304,58 @@ async fn the_status_page_shows_a_gateway_under_load_and_its_charts_move() {
     std::fs::create_dir_all(path.parent().expect("folder")).expect("folder");
     std::fs::write(&path, &png).expect("screenshot");
     println!("status page screenshot: {}", path.display());
+    // The last hour is the gateway's: once it kept a point of this traffic, a page opened
+    // now draws it at once.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let history: Value = client()
+            .get(format!("{}/admin/history", serve.admin))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .expect("history")
+            .json()
+            .await
+            .expect("json");
+        let points = history["points"].as_array().cloned().unwrap_or_default();
+        if points.iter().any(|p| p["admitted"].as_f64() > Some(0.0)) {
+            assert_eq!(history["step_seconds"], 10);
+            break;
+        }
+        assert!(Instant::now() < deadline, "no point kept: {history}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let later = Browser::open(&format!("{}/status#token={TOKEN}", serve.admin));
+    let mut fresh = later.page().await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let admitted = loop {
+        let series = fresh.eval("window.oncegate.hour['h-admitted']").await;
+        let values: Vec<f64> = series
+            .as_array()
+            .map(|s| s.iter().filter_map(Value::as_f64).collect())
+            .unwrap_or_default();
+        if !values.is_empty() {
+            break values;
+        }
+        assert!(Instant::now() < deadline, "the hour never loaded");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(admitted.iter().any(|v| *v > 0.0), "{admitted:?}");
+    let p99 = fresh
+        .eval("document.getElementById('v-h-ingress').textContent")
+        .await;
+    assert!(
+        p99.as_str()
+            .is_some_and(|t| t.parse::<f64>().is_ok_and(|ms| ms > 0.0)),
+        "a webhook p99 in ms: {p99}"
+    );
+    let drawn = fresh
+        .eval("document.getElementById('c-h-admitted').toDataURL().length")
+        .await;
+    let blank = fresh
+        .eval("(() => { const c = document.createElement('canvas'); const r = document.getElementById('c-h-admitted'); c.width = r.width; c.height = r.height; return c.toDataURL().length; })()")
+        .await;
+    assert!(drawn.as_u64() > blank.as_u64(), "the hour is drawn");
     let _ = load.kill();
     let _ = load.wait();
 }

@@ -23,6 +23,7 @@ pub(crate) fn router<S: Store>(shared: Arc<Shared<S>>) -> Router {
         .route("/metrics", get(metrics::<S>))
         .route("/admin/stats", get(stats::<S>))
         .route("/admin/live", get(live::<S>))
+        .route("/admin/history", get(crate::history::serve::<S>))
         .route("/status", get(status_page))
         // The admin listener's front door is the status page.
         .route(

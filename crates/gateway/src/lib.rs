@@ -9,6 +9,7 @@ mod admin_dlq;
 mod admission;
 mod dispatch;
 mod gate;
+mod history;
 mod ingress;
 pub mod keys_api;
 mod longconn;
@@ -174,6 +175,8 @@ pub(crate) struct Shared<S> {
     pub(crate) queued: AtomicU64,
     /// The queue as last sampled from the store (`queue_view::watch`), for the status page.
     pub(crate) sampled: std::sync::Mutex<queue_view::Sampled>,
+    /// The last hour, a point every 10 s, for the status page's charts.
+    pub(crate) history: history::History,
     /// The replay guard's limits, if it is on; they also bound how far ahead a creation time
     /// may be.
     pub(crate) replay: Option<ReplayLimits>,
@@ -351,6 +354,7 @@ impl<S: Store> Gateway<S> {
                 max_queued: parts.max_queued,
                 queued: AtomicU64::new(0),
                 sampled: std::sync::Mutex::default(),
+                history: history::History::default(),
                 replay: parts.replay,
                 failure: OnceLock::new(),
                 secondary_keys: parts.secondary_keys,
@@ -624,11 +628,12 @@ impl<S: Store> Gateway<S> {
             shared.summaries.clone(),
             shutdown.clone(),
         );
-        let (a, b, (), (), (), ()) = tokio::join!(
+        let (a, b, (), (), (), (), ()) = tokio::join!(
             webhooks,
             admin,
             admission::watch_queue(shared.clone(), shutdown.clone()),
             queue_view::watch(shared.clone(), shutdown.clone()),
+            history::watch(shared.clone(), shutdown.clone()),
             shared.summaries.run(shutdown.clone()),
             longconn::run_all(shared.clone(), shutdown.clone()),
         );

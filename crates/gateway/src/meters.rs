@@ -7,7 +7,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
-use metrics::{Counter, Histogram};
+use metrics::{Counter, Histogram, HistogramFn};
+
+use crate::recorder::Buckets;
 
 /// Where a repeat was caught, from the outside in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,6 +120,10 @@ pub(crate) struct Meters {
     admit: OnceLock<Histogram>,
     handler: OnceLock<Histogram>,
     lag: OnceLock<Histogram>,
+    /// Ingress and handler latencies kept here too, for the status page's last hour (the
+    /// exporter's histograms exist only with a recorder installed).
+    pub(crate) ingress_here: Buckets,
+    pub(crate) handler_here: Buckets,
     /// By platform, then app: looked up by `&str`, nothing cloned on the way.
     apps: Mutex<HashMap<Box<str>, AppsOf>>,
 }
@@ -133,6 +139,8 @@ impl Default for Meters {
             admit: OnceLock::new(),
             handler: OnceLock::new(),
             lag: OnceLock::new(),
+            ingress_here: Buckets::default(),
+            handler_here: Buckets::default(),
             apps: Mutex::default(),
         }
     }
@@ -242,6 +250,7 @@ impl Meters {
 
     /// A callback request answered, from its first byte read.
     pub(crate) fn ingress(&self, took: Duration) {
+        self.ingress_here.record(took.as_secs_f64());
         self.ingress
             .get_or_init(|| metrics::histogram!("oncegate_ingress_seconds"))
             .record(took.as_secs_f64());
@@ -265,6 +274,7 @@ impl Meters {
 
     /// One delivery to a route's sink (its handler), whatever it answered.
     pub(crate) fn handler(&self, took: Duration) {
+        self.handler_here.record(took.as_secs_f64());
         self.handler
             .get_or_init(|| metrics::histogram!("oncegate_handler_seconds"))
             .record(took.as_secs_f64());

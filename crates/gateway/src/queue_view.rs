@@ -160,15 +160,22 @@ fn owner_json(owner: Option<&PartitionOwner>) -> Value {
     })
 }
 
-/// The last sampled summaries, for the status page: the deepest partition and the oldest event.
-pub(crate) fn live_json<S: Store>(shared: &Shared<S>) -> Value {
-    let sampled = lock_sampled(shared);
-    let summaries = &sampled.summaries;
+/// The oldest queued event's age at the last sample, in seconds (0 when nothing waits).
+pub(crate) fn oldest_age_seconds_now<S: Store>(shared: &Shared<S>) -> f64 {
     let now_ms = shared.now_ms();
-    let oldest = summaries
+    lock_sampled(shared)
+        .summaries
         .iter()
         .map(|s| oldest_age_seconds(s, now_ms))
-        .fold(0.0, f64::max);
+        .fold(0.0, f64::max)
+}
+
+/// The last sampled summaries, for the status page: the deepest partition and the oldest event.
+pub(crate) fn live_json<S: Store>(shared: &Shared<S>) -> Value {
+    // Before the lock: it takes the lock itself.
+    let oldest = oldest_age_seconds_now(shared);
+    let sampled = lock_sampled(shared);
+    let summaries = &sampled.summaries;
     json!({
         "sampled": !summaries.is_empty(),
         "events": summaries.iter().map(|s| s.events).sum::<u64>(),

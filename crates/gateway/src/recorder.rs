@@ -25,7 +25,7 @@ const SECONDS: &str = "_seconds";
 /// One histogram, in shards that threads pick by their own index, so that two workers
 /// recording at once do not pull one cache line back and forth.
 #[derive(Debug, Default)]
-struct Buckets {
+pub(crate) struct Buckets {
     shards: [Shard; SHARDS],
 }
 
@@ -69,6 +69,11 @@ impl HistogramFn for Buckets {
 }
 
 impl Buckets {
+    /// The count of each bucket (not cumulative), over every shard.
+    pub(crate) fn counts(&self) -> [u64; SECONDS_BUCKETS.len() + 1] {
+        self.read().0
+    }
+
     /// The count of each bucket (not cumulative) and the sum, over every shard.
     fn read(&self) -> ([u64; SECONDS_BUCKETS.len() + 1], f64) {
         let mut counts = [0u64; SECONDS_BUCKETS.len() + 1];
