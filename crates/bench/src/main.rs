@@ -122,7 +122,7 @@ impl Workload {
 }
 
 struct Strings {
-    source: Arc<str>,
+    platform: Arc<str>,
     app: Arc<str>,
     kind: Arc<str>,
 }
@@ -131,14 +131,14 @@ impl Strings {
     /// Per thread, as a decoder interns them per connection.
     fn new() -> Self {
         Self {
-            source: Arc::from("feishu"),
+            platform: Arc::from("feishu"),
             app: Arc::from("cli_bench"),
             kind: Arc::from("im.message.receive_v1"),
         }
     }
     fn event(&self, id: u64) -> Event {
         Event {
-            source: self.source.clone(),
+            platform: self.platform.clone(),
             app: self.app.clone(),
             tenant: None,
             event_id: format!("ev_{id:016x}").into(),
@@ -228,7 +228,7 @@ fn admit_rate(ops: u64, admit: impl Fn(Event, KeyHash) -> bool + Sync) -> f64 {
         let mine = take(thread);
         let mut admitted = 0;
         for event in mine {
-            let key = key_for(&event.source, &event.app, "event_id", &event.event_id);
+            let key = key_for(&event.platform, &event.app, "event_id", &event.event_id);
             if admit(event, key) {
                 admitted += 1;
             }
@@ -248,7 +248,7 @@ fn admit_floor(ops: u64) -> f64 {
         let mine = take(thread);
         let mut kept = Vec::new();
         for event in mine {
-            let key = key_for(&event.source, &event.app, "event_id", &event.event_id);
+            let key = key_for(&event.platform, &event.app, "event_id", &event.event_id);
             if key.low64() & 1 == 0 {
                 kept.push(event);
             }
@@ -479,7 +479,7 @@ fn durable_events<S: DedupStore + EventQueue>(
                 while Instant::now() < deadline {
                     let event = strings.event(work.id(op));
                     op += 1;
-                    let key = key_for(&strings.source, &strings.app, "event_id", &event.event_id);
+                    let key = key_for(&strings.platform, &strings.app, "event_id", &event.event_id);
                     let partition = event.partition(store.partitions());
                     let Ok(Admission::Admitted { .. }) = store.admit(event, &[key], DAY).await
                     else {
@@ -716,7 +716,7 @@ fn redis_admits(url: &str, callers: usize, seconds: u64) -> anyhow::Result<f64> 
                 while Instant::now() < deadline {
                     let event = strings.event(work.id(op));
                     op += 1;
-                    let key = key_for(&strings.source, &strings.app, "event_id", &event.event_id);
+                    let key = key_for(&strings.platform, &strings.app, "event_id", &event.event_id);
                     let _ = store.admit(event, &[key], DAY).await;
                 }
                 op

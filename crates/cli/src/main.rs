@@ -102,14 +102,14 @@ struct InspectArgs {
 enum InspectWhat {
     /// Counts by state.
     Stats,
-    /// One key's record, by its hex hash or by source, app, kind and id.
+    /// One key's record, by its hex hash or by platform, app, kind and id.
     Record {
         /// The 32-character key hash.
-        #[arg(long, conflicts_with_all = ["source", "app", "id"])]
+        #[arg(long, conflicts_with_all = ["platform", "app", "id"])]
         key: Option<String>,
-        /// The platform, e.g. feishu.
+        /// The platform: feishu, lark, wecom, wechat.
         #[arg(long)]
-        source: Option<String>,
+        platform: Option<String>,
         /// The app id.
         #[arg(long)]
         app: Option<String>,
@@ -336,17 +336,17 @@ fn inspect(args: InspectArgs) -> anyhow::Result<bool> {
         }
         InspectWhat::Record {
             key,
-            source,
+            platform,
             app,
             kind,
             id,
         } => {
-            let key = match (key, source, app, id) {
+            let key = match (key, platform, app, id) {
                 (Some(hex), ..) => KeyHash::from_hex(&hex).with_context(|| {
                     format!("{hex:?} is not a key hash: expected 32 hex characters")
                 })?,
-                (None, Some(source), Some(app), Some(id)) => key_for(&source, &app, &kind, &id),
-                _ => bail!("name the record with --key HEX, or with --source, --app and --id"),
+                (None, Some(platform), Some(app), Some(id)) => key_for(&platform, &app, &kind, &id),
+                _ => bail!("name the record with --key HEX, or with --platform, --app and --id"),
             };
             let found = reader.record(&key)?;
             if found.is_empty() {
@@ -368,7 +368,7 @@ fn inspect(args: InspectArgs) -> anyhow::Result<bool> {
             for (id, event, attempt) in reader.queued(limit)? {
                 println!(
                     "{id}  {}/{}  {}  {}  chat={}  attempt={attempt}",
-                    event.source,
+                    event.platform,
                     event.app,
                     event.event_type,
                     event.event_id,
@@ -396,7 +396,7 @@ fn inspect(args: InspectArgs) -> anyhow::Result<bool> {
 fn inspect_remote(args: InspectArgs) -> anyhow::Result<bool> {
     let InspectWhat::Record {
         key,
-        source,
+        platform,
         app,
         kind,
         id,
@@ -408,7 +408,7 @@ fn inspect_remote(args: InspectArgs) -> anyhow::Result<bool> {
              for an embedded store"
         );
     };
-    let query = match (key, source, app, id) {
+    let query = match (key, platform, app, id) {
         (Some(hex), ..) => vec![("key", hex)],
         (None, Some(platform), Some(app), Some(id)) => vec![
             ("platform", platform),
@@ -416,7 +416,7 @@ fn inspect_remote(args: InspectArgs) -> anyhow::Result<bool> {
             ("kind", kind),
             ("id", id),
         ],
-        _ => bail!("name the record with --key HEX, or with --source, --app and --id"),
+        _ => bail!("name the record with --key HEX, or with --platform, --app and --id"),
     };
     let admin = remote::Admin::new(args.config, args.admin, args.token);
     runtime()?.block_on(remote::record(admin, query))

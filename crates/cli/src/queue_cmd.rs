@@ -151,7 +151,7 @@ pub(crate) async fn queue(args: QueueArgs) -> anyhow::Result<bool> {
         out!(
             "{:<10} {} {} {} {} (attempt {}, {} bytes) {}",
             event["id"].as_str().unwrap_or(""),
-            event["source"].as_str().unwrap_or(""),
+            event["platform"].as_str().unwrap_or(""),
             event["app"].as_str().unwrap_or(""),
             event["event_type"].as_str().unwrap_or(""),
             event["event_id"].as_str().unwrap_or(""),

@@ -51,7 +51,7 @@ impl Admin {
 pub(crate) struct Filters {
     /// The platform: feishu, lark, wecom, wechat.
     #[arg(long)]
-    source: Option<String>,
+    platform: Option<String>,
     /// The app on it.
     #[arg(long)]
     app: Option<String>,
@@ -69,7 +69,7 @@ pub(crate) struct Filters {
 impl Filters {
     fn fields(&self) -> Vec<(&'static str, &String)> {
         [
-            ("source", &self.source),
+            ("platform", &self.platform),
             ("app", &self.app),
             ("event_type", &self.event_type),
             ("reason", &self.reason),

@@ -157,7 +157,7 @@ fn ready_fails_when_no_gateway_answers() {
 
 fn event(id: &str) -> Event {
     Event {
-        source: Arc::from("feishu"),
+        platform: Arc::from("feishu"),
         app: Arc::from("cli_x"),
         tenant: None,
         event_id: Arc::from(id),
@@ -221,7 +221,15 @@ fn inspect_shows_the_filled_store(path: &std::path::Path) {
     assert!(out.contains("dead letters 1"), "{out}");
 
     let (code, out, _) = oncegate(&[
-        "inspect", "--store", path_text, "record", "--source", "feishu", "--app", "cli_x", "--id",
+        "inspect",
+        "--store",
+        path_text,
+        "record",
+        "--platform",
+        "feishu",
+        "--app",
+        "cli_x",
+        "--id",
         "e1",
     ]);
     assert_eq!(code, 0);
@@ -232,7 +240,15 @@ fn inspect_shows_the_filled_store(path: &std::path::Path) {
         "one record, in its chat's partition: {out}"
     );
     let (_, out, _) = oncegate(&[
-        "inspect", "--store", path_text, "record", "--source", "feishu", "--app", "cli_x", "--id",
+        "inspect",
+        "--store",
+        path_text,
+        "record",
+        "--platform",
+        "feishu",
+        "--app",
+        "cli_x",
+        "--id",
         "e9",
     ]);
     assert!(out.contains("not seen"), "{out}");

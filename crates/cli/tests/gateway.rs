@@ -373,6 +373,36 @@ async fn transient_failures_retry_and_permanent_ones_are_dead_lettered() {
     let stats = gateway.stats().await;
     assert_eq!(stats["gateway"]["dead_letters"], 2);
     assert_eq!(downstream.count("bad"), 0);
+    // One word for one thing: the platform is `platform`, in the listing and its filter;
+    // "source" names a configured source, and as a filter it is refused with the right word.
+    for letter in letters {
+        assert_eq!(letter["platform"], "feishu", "{letter}");
+        assert!(letter.get("source").is_none(), "{letter}");
+    }
+    let by_platform: serde_json::Value = reqwest::get(format!(
+        "{}/admin/dead-letters?platform=feishu",
+        gateway.admin
+    ))
+    .await
+    .expect("get")
+    .json()
+    .await
+    .expect("json");
+    assert_eq!(
+        by_platform["dead_letters"].as_array().map(Vec::len),
+        Some(2)
+    );
+    let old_word = reqwest::get(format!(
+        "{}/admin/dead-letters?source=feishu",
+        gateway.admin
+    ))
+    .await
+    .expect("get");
+    assert_eq!(old_word.status(), 400);
+    let refusal = old_word.text().await.expect("text");
+    assert!(refusal.contains("platform"), "{refusal}");
+    let (ok, listed) = cli(&gateway, &["dlq", "list", "--platform", "wecom"]);
+    assert!(ok && listed.contains("0 dead letters"), "{listed}");
 
     // The operator fixes the receiver and replays "bad" from the command line: delivered once.
     downstream
@@ -411,7 +441,14 @@ async fn transient_failures_retry_and_permanent_ones_are_dead_lettered() {
     let (ok, story) = cli(
         &gateway,
         &[
-            "inspect", "record", "--source", "feishu", "--app", APP_ID, "--id", "bad",
+            "inspect",
+            "record",
+            "--platform",
+            "feishu",
+            "--app",
+            APP_ID,
+            "--id",
+            "bad",
         ],
     );
     assert!(ok, "{story}");
@@ -495,7 +532,14 @@ async fn transient_failures_retry_and_permanent_ones_are_dead_lettered() {
     let (ok, story) = cli(
         &gateway,
         &[
-            "inspect", "record", "--source", "feishu", "--app", APP_ID, "--id", "bad",
+            "inspect",
+            "record",
+            "--platform",
+            "feishu",
+            "--app",
+            APP_ID,
+            "--id",
+            "bad",
         ],
     );
     assert!(ok && story.contains("state        completed"), "{story}");

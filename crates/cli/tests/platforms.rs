@@ -130,7 +130,7 @@ fn each_platforms_events_are_delivered_once_through_the_binary() {
         .iter()
         .map(|line| {
             (
-                line["source"].as_str().unwrap_or_default().to_owned(),
+                line["platform"].as_str().unwrap_or_default().to_owned(),
                 line["event_id"].as_str().unwrap_or_default().to_owned(),
             )
         })
@@ -144,7 +144,7 @@ fn each_platforms_events_are_delivered_once_through_the_binary() {
         assert_eq!(
             delivered
                 .iter()
-                .filter(|line| line["source"] == source && line["app"] == app)
+                .filter(|line| line["platform"] == source && line["app"] == app)
                 .count(),
             300,
             "{source}"

@@ -39,7 +39,7 @@ pub fn clock() -> ManualClock {
 /// A test event with id `id` in chat `chat`.
 pub fn event(id: &str, chat: Option<&str>) -> Event {
     Event {
-        source: Arc::from("feishu"),
+        platform: Arc::from("feishu"),
         app: Arc::from("cli_contract"),
         tenant: Some(Arc::from("tenant")),
         event_id: Arc::from(id),

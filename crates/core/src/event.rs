@@ -15,9 +15,10 @@ use crate::key::{KeyHash, key_for};
 /// `Arc<str>` makes a `Box<str>` first and copies it).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Event {
-    /// The platform: `feishu`, `lark`, `wecom`, `wechat`.
-    #[serde(deserialize_with = "text::one")]
-    pub source: Arc<str>,
+    /// The platform: `feishu`, `lark`, `wecom`, `wechat`. (Its JSON of earlier versions
+    /// called it `source`, the word for a configured source since.)
+    #[serde(alias = "source", deserialize_with = "text::one")]
+    pub platform: Arc<str>,
     /// The app on that platform (Feishu app id, WeCom corp id + agent id, WeChat app id).
     #[serde(deserialize_with = "text::one")]
     pub app: Arc<str>,
@@ -95,14 +96,14 @@ mod text {
 impl Event {
     /// The event id, namespaced by source and app: orders an event that has no order key.
     fn primary_key(&self) -> KeyHash {
-        key_for(&self.source, &self.app, "event_id", &self.event_id)
+        key_for(&self.platform, &self.app, "event_id", &self.event_id)
     }
 
     /// The hash that decides the partition and the per-key order: the order key's, else the
     /// event's own (an event without an order key is ordered with nothing else).
     pub fn order_hash(&self) -> u64 {
         match &self.order_key {
-            Some(order) => key_for(&self.source, &self.app, "order", order).low64(),
+            Some(order) => key_for(&self.platform, &self.app, "order", order).low64(),
             None => self.primary_key().low64(),
         }
     }
@@ -121,7 +122,7 @@ mod tests {
 
     fn event(tenant: Option<&str>, order: Option<&str>) -> Event {
         Event {
-            source: Arc::from("feishu"),
+            platform: Arc::from("feishu"),
             app: Arc::from("cli_a"),
             tenant: tenant.map(Arc::from),
             event_id: Arc::from("ev_\"1\"\u{4e2d}"),

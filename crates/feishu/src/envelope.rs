@@ -214,17 +214,22 @@ fn decode(
             .or_else(|| event.context.as_ref().and_then(|c| c.open_chat_id.text()))
             .or_else(|| event.chat_id.text())
             .or_else(|| event.open_chat_id.text());
-        let mut keys = Keys::new(key_for(&app.source, &app.app_id, "event_id", event_id));
+        let mut keys = Keys::new(key_for(&app.platform, &app.app_id, "event_id", event_id));
         if let Some(message_id) = message
             .message_id
             .text()
             .filter(|_| event_type == "im.message.receive_v1")
         {
-            keys = keys.with(key_for(&app.source, &app.app_id, "message_id", message_id));
+            keys = keys.with(key_for(
+                &app.platform,
+                &app.app_id,
+                "message_id",
+                message_id,
+            ));
         }
         let verified = Verified {
             event: Event {
-                source: app.source.clone(),
+                platform: app.platform.clone(),
                 app: app.app_id.clone(),
                 tenant: header.tenant_key.text().map(Arc::from),
                 event_id: Arc::from(event_id),
@@ -258,7 +263,7 @@ fn decode(
         let order_key = event.open_chat_id.text().or_else(|| event.chat_id.text());
         return Ok(Inbound::Event(Verified {
             event: Event {
-                source: app.source.clone(),
+                platform: app.platform.clone(),
                 app: app.app_id.clone(),
                 tenant: event.tenant_key.text().map(Arc::from),
                 event_id: Arc::from(uuid),
@@ -267,7 +272,7 @@ fn decode(
                 order_key: order_key.map(Arc::from),
                 payload: payload(json, &[&doc.token])?,
             },
-            keys: Keys::new(key_for(&app.source, &app.app_id, "event_id", uuid)),
+            keys: Keys::new(key_for(&app.platform, &app.app_id, "event_id", uuid)),
         }));
     }
     Err(FeishuError::UnknownEnvelope(

@@ -141,7 +141,7 @@ pub enum Cloud {
 
 impl Cloud {
     /// The source name events carry: `feishu` or `lark`.
-    fn source_name(self) -> &'static str {
+    fn platform_name(self) -> &'static str {
         match self {
             Cloud::Feishu => "feishu",
             Cloud::Lark => "lark",
@@ -152,7 +152,7 @@ impl Cloud {
 /// One configured Feishu or Lark app. Its `Debug` names the app, never its secrets.
 #[derive(Clone)]
 pub struct FeishuApp {
-    source: Arc<str>,
+    platform: Arc<str>,
     app_id: Arc<str>,
     key: Option<EncryptKey>,
     verification_token: Option<String>,
@@ -168,7 +168,7 @@ pub(crate) struct EncryptKey {
 impl std::fmt::Debug for FeishuApp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FeishuApp")
-            .field("source", &self.source)
+            .field("platform", &self.platform)
             .field("app_id", &self.app_id)
             .field("encrypted", &self.key.is_some())
             .field("token", &self.verification_token.is_some())
@@ -192,7 +192,7 @@ impl FeishuApp {
             return Err(FeishuError::EmptySecret("verification token"));
         }
         Ok(Self {
-            source: Arc::from(cloud.source_name()),
+            platform: Arc::from(cloud.platform_name()),
             app_id: Arc::from(app_id),
             key: encrypt_key.map(|text| EncryptKey {
                 aes: crypto::aes_key(&text),
@@ -202,9 +202,9 @@ impl FeishuApp {
         })
     }
 
-    /// The source name, `feishu` or `lark`.
-    pub fn source(&self) -> &Arc<str> {
-        &self.source
+    /// The platform, `feishu` or `lark`.
+    pub fn platform(&self) -> &Arc<str> {
+        &self.platform
     }
 
     /// The app id.

@@ -22,7 +22,7 @@ impl From<FeishuError> for Refusal {
 
 impl WebhookSource for FeishuApp {
     fn platform(&self) -> &str {
-        self.source()
+        self.platform()
     }
 
     fn decode(&self, callback: &Callback<'_>) -> Result<Decoded, Refusal> {

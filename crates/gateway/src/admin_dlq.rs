@@ -32,7 +32,7 @@ pub(crate) struct Ask {
     #[serde(default)]
     all: bool,
     /// The platform (`feishu`, `wecom`, …).
-    source: Option<String>,
+    platform: Option<String>,
     /// The app on it.
     app: Option<String>,
     /// The event type, exactly.
@@ -46,7 +46,9 @@ pub(crate) struct Ask {
 impl Ask {
     fn matches(&self, letter: &DeadLetter) -> bool {
         let event = &letter.event;
-        self.source.as_deref().is_none_or(|s| *event.source == *s)
+        self.platform
+            .as_deref()
+            .is_none_or(|p| *event.platform == *p)
             && self.app.as_deref().is_none_or(|a| *event.app == *a)
             && self
                 .event_type
@@ -80,7 +82,7 @@ pub(crate) fn letter_json(letter: &DeadLetter) -> Value {
     json!({
         "id": id_text(letter.id),
         "key": letter.key.to_string(),
-        "source": &*letter.event.source,
+        "platform": &*letter.event.platform,
         "app": &*letter.event.app,
         "event_id": letter.event.event_id,
         "event_type": &*letter.event.event_type,
@@ -103,7 +105,7 @@ pub(crate) async fn list<S: Store>(
     headers: HeaderMap,
     uri: axum::http::Uri,
 ) -> Response {
-    let usage = "filters: source, app, event_type, reason, event_id; limit";
+    let usage = "filters: platform, app, event_type, reason, event_id; limit";
     let query: Ask = match authorized_query(&shared, &headers, &uri, usage) {
         Ok(query) => query,
         Err(refusal) => return refusal,

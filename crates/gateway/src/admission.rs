@@ -66,7 +66,7 @@ pub(crate) async fn to_store<S: Store>(
 ) -> Result<Admission, StoreError> {
     let partition = admit.event.partition(shared.store.partitions());
     let Admit { event, keys, nonce } = admit;
-    let (platform, app) = (event.source.clone(), event.app.clone());
+    let (platform, app) = (event.platform.clone(), event.app.clone());
     let started = std::time::Instant::now();
     let admission = shared
         .store

@@ -211,13 +211,13 @@ async fn superseded<S: Store>(
     order: &str,
 ) -> Result<bool, StoreError> {
     let Some(versions) = shared
-        .platform_source(&event.source)
+        .platform_source(&event.platform)
         .and_then(|source| source.versions(event))
     else {
         return Ok(false);
     };
     let mark =
-        |version: &str| KeyHash::of(&[&event.source, &event.app, "superseded", order, version]);
+        |version: &str| KeyHash::of(&[&event.platform, &event.app, "superseded", order, version]);
     let retention = shared.timing.retention;
     let store = &shared.store;
     if let WatermarkOutcome::Stale { .. } = store
@@ -298,13 +298,13 @@ async fn handle<S: Store>(
     if route.stale == crate::StaleEvents::Drop
         && let Some(order) = &event.order_key
     {
-        let scope: KeyHash = key_for(&event.source, &event.app, "watermark", order);
+        let scope: KeyHash = key_for(&event.platform, &event.app, "watermark", order);
         match store
             .advance_watermark(&scope, event.created_at_ms, timing.retention)
             .await
         {
             Ok(WatermarkOutcome::Stale { current }) => {
-                tracing::info!(key = %delivery.key, platform = %event.source, app = %event.app, tenant = event.tenant.as_deref().unwrap_or("-"), event_id = %event.event_id, current, created = event.created_at_ms, "stale event dropped");
+                tracing::info!(key = %delivery.key, platform = %event.platform, app = %event.app, tenant = event.tenant.as_deref().unwrap_or("-"), event_id = %event.event_id, current, created = event.created_at_ms, "stale event dropped");
                 stats.bump(&stats.stale_dropped, "oncegate_stale_dropped_total");
                 shared.meters.dropped(crate::meters::Layer::StaleWatermark);
                 finish(shared, &delivery, &lease).await;
@@ -319,7 +319,7 @@ async fn handle<S: Store>(
         match superseded(shared, event, order).await {
             Ok(false) => {}
             Ok(true) => {
-                tracing::info!(key = %delivery.key, platform = %event.source, app = %event.app, tenant = event.tenant.as_deref().unwrap_or("-"), event_id = %event.event_id, "superseded event dropped");
+                tracing::info!(key = %delivery.key, platform = %event.platform, app = %event.app, tenant = event.tenant.as_deref().unwrap_or("-"), event_id = %event.event_id, "superseded event dropped");
                 stats.bump(&stats.stale_dropped, "oncegate_stale_dropped_total");
                 shared.meters.dropped(crate::meters::Layer::StaleWatermark);
                 finish(shared, &delivery, &lease).await;
@@ -377,7 +377,7 @@ async fn handle<S: Store>(
             let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
             // One summary per interval, not a line per attempt: a downstream that is down fails
             // every event on every attempt.
-            tracing::debug!(key = %delivery.key, platform = %event.source, app = %event.app, tenant = event.tenant.as_deref().unwrap_or("-"), event_id = %event.event_id, attempt = delivery.attempt, %reason, ?delay, "delivery failed; retrying");
+            tracing::debug!(key = %delivery.key, platform = %event.platform, app = %event.app, tenant = event.tenant.as_deref().unwrap_or("-"), event_id = %event.event_id, attempt = delivery.attempt, %reason, ?delay, "delivery failed; retrying");
             summaries.note(
                 "delivery_retried",
                 None,
@@ -401,7 +401,7 @@ async fn handle<S: Store>(
                 }
                 SinkError::Permanent(reason) => reason,
             };
-            tracing::warn!(key = %delivery.key, platform = %event.source, app = %event.app, tenant = event.tenant.as_deref().unwrap_or("-"), event_id = %event.event_id, %reason, "dead-lettered");
+            tracing::warn!(key = %delivery.key, platform = %event.platform, app = %event.app, tenant = event.tenant.as_deref().unwrap_or("-"), event_id = %event.event_id, %reason, "dead-lettered");
             stats.bump(&stats.dead_letters, "oncegate_dead_letters_total");
             insist(&shared.summaries, "dead letter", || {
                 store.dead_letter(delivery.id, &reason)
@@ -426,7 +426,7 @@ async fn finish<S: Store>(shared: &Shared<S>, delivery: &Delivery, lease: &Lease
     crate::admission::left_queue(shared);
     if fence == FenceCheck::Rejected {
         stats.bump(&stats.fenced, "oncegate_fenced_total");
-        tracing::warn!(key = %delivery.key, platform = %delivery.event.source, app = %delivery.event.app, tenant = delivery.event.tenant.as_deref().unwrap_or("-"), event_id = %delivery.event.event_id, "completion refused: the lease was taken over");
+        tracing::warn!(key = %delivery.key, platform = %delivery.event.platform, app = %delivery.event.app, tenant = delivery.event.tenant.as_deref().unwrap_or("-"), event_id = %delivery.event.event_id, "completion refused: the lease was taken over");
     }
 }
 

@@ -260,7 +260,7 @@ async fn callback<S: Store>(
             .zip(shared.replay)
             .map(|(stamp, limits)| Nonce {
                 key: key_for(
-                    &admit.event.source,
+                    &admit.event.platform,
                     &admit.event.app,
                     "nonce",
                     &stamp.replay_id(),

@@ -191,5 +191,5 @@ async fn lead<S: Store>(shared: &Arc<Shared<S>>, source: &LongSource, shutdown: 
 
 /// The platform name a source's events carry (`feishu`, `lark`).
 fn shared_platform(source: &LongSource) -> &str {
-    source.app.source()
+    source.app.platform()
 }

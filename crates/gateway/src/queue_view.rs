@@ -229,7 +229,7 @@ fn queued_json(queued: &QueuedEvent) -> Value {
         "id": id_text(queued.id),
         "seq": queued.id.seq,
         "key": queued.key.to_string(),
-        "source": &*event.source,
+        "platform": &*event.platform,
         "app": &*event.app,
         "event_id": event.event_id,
         "event_type": &*event.event_type,

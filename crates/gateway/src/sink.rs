@@ -85,7 +85,8 @@ impl<H: Handler> Sink for HandlerSink<H> {
 #[derive(serde::Serialize)]
 struct Envelope<'a> {
     id: &'a str,
-    source: &'a str,
+    /// Called `source` before 0.1.1: "source" names a configured source everywhere else.
+    platform: &'a str,
     app: &'a str,
     tenant: Option<&'a str>,
     event_id: &'a str,
@@ -114,7 +115,7 @@ pub fn envelope(outgoing: &Outgoing<'_>) -> Vec<u8> {
     };
     let doc = Envelope {
         id: outgoing.id,
-        source: &event.source,
+        platform: &event.platform,
         app: &event.app,
         tenant: event.tenant.as_deref(),
         event_id: &event.event_id,
@@ -433,7 +434,7 @@ mod tests {
     #[test]
     fn the_envelope_embeds_json_payloads_as_they_are_and_other_bytes_as_text() {
         let mut event = oncegate_core::Event {
-            source: "feishu".into(),
+            platform: "feishu".into(),
             app: "cli_x".into(),
             tenant: None,
             event_id: "e1".into(),

@@ -348,7 +348,7 @@ mod tests {
 
     fn event() -> Event {
         Event {
-            source: "feishu".into(),
+            platform: "feishu".into(),
             app: "app".into(),
             tenant: None,
             event_id: "e".into(),

@@ -491,7 +491,7 @@ async fn a_partitions_queue_is_listed_in_order_page_by_page() {
     for event in events {
         assert_eq!(event["state"]["state"], "waiting", "{body}");
         assert_eq!(
-            (event["attempt"].as_u64(), event["source"].as_str()),
+            (event["attempt"].as_u64(), event["platform"].as_str()),
             (Some(0), Some("feishu"))
         );
         assert!(event["payload_bytes"].as_u64().expect("bytes") > 0);

@@ -315,7 +315,7 @@ async fn a_dying_dispatcher_fails_readiness_and_stops_the_gateway_and_a_panickin
     } = run(&gateway).await;
     let ready = format!("{admin}/readyz");
     let event = Event {
-        source: "feishu".into(),
+        platform: "feishu".into(),
         app: "cli_x".into(),
         tenant: None,
         event_id: "e1".into(),

@@ -53,7 +53,7 @@ async fn downstream(hits: Arc<AtomicUsize>) -> String {
 
 fn event() -> Event {
     Event {
-        source: "feishu".into(),
+        platform: "feishu".into(),
         app: "cli_x".into(),
         tenant: None,
         event_id: "e1".into(),

@@ -136,7 +136,7 @@ fn config(path: &std::path::Path) -> JournalConfig {
 /// Where the child's event `id` lives (its chat's partition).
 fn partition(id: u64, partitions: u16) -> u16 {
     Event {
-        source: Arc::from("feishu"),
+        platform: Arc::from("feishu"),
         app: Arc::from("cli_crash"),
         tenant: None,
         event_id: format!("e{id}").into(),

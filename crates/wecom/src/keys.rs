@@ -20,7 +20,7 @@ use crate::xml::Fields;
 /// What a source knows about the app a callback was for.
 pub(crate) struct Origin<'a> {
     /// `wecom` or `wechat`.
-    pub(crate) source: &'a str,
+    pub(crate) platform: &'a str,
     /// The corp id or the Official Account's app id.
     pub(crate) app: &'a str,
     /// How the document names its fields.
@@ -92,7 +92,7 @@ pub(crate) fn fields_key(origin: &Origin<'_>, fields: &Fields) -> KeyHash {
     let mut pairs: Vec<&(String, String)> = fields.pairs().iter().collect();
     pairs.sort_unstable();
     let mut parts: Vec<&str> = Vec::with_capacity(3 + 2 * pairs.len());
-    parts.extend([origin.source, origin.app, "fields"]);
+    parts.extend([origin.platform, origin.app, "fields"]);
     for (path, text) in pairs {
         parts.push(path);
         parts.push(text.trim());
@@ -136,7 +136,7 @@ pub(crate) fn normalize(origin: &Origin<'_>, fields: &Fields, document: Bytes) -
     if let Some(id) = id {
         let from = fields.text(names.from).unwrap_or_default();
         keys = keys.with(KeyHash::of(&[
-            origin.source,
+            origin.platform,
             origin.app,
             "msg_id",
             id,
@@ -148,7 +148,7 @@ pub(crate) fn normalize(origin: &Origin<'_>, fields: &Fields, document: Bytes) -
         .and_then(|secs| secs.parse::<u64>().ok())
         .unwrap_or(0);
     let event = Event {
-        source: origin.source.into(),
+        platform: origin.platform.into(),
         app: origin.app.into(),
         tenant: names.tenant(fields).map(Into::into),
         event_id: id.map_or_else(|| primary.to_string().into(), std::sync::Arc::from),
@@ -165,7 +165,7 @@ mod tests {
     use super::*;
 
     const ORIGIN: Origin<'static> = Origin {
-        source: "wecom",
+        platform: "wecom",
         app: "ww_corp",
         names: &XML,
     };
@@ -266,7 +266,7 @@ mod tests {
         let ours = normalize(&ORIGIN, &fields, Bytes::new()).1;
         let theirs = normalize(
             &Origin {
-                source: "wecom",
+                platform: "wecom",
                 app: "ww_other",
                 names: &XML,
             },

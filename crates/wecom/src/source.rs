@@ -193,7 +193,7 @@ fn admit(
 impl WecomApp {
     fn origin(&self, dialect: Dialect) -> Origin<'_> {
         Origin {
-            source: "wecom",
+            platform: "wecom",
             app: &self.corp_id,
             names: dialect.names(),
         }
@@ -283,7 +283,7 @@ impl WebhookSource for WecomApp {
 impl WechatApp {
     fn origin(&self, dialect: Dialect) -> Origin<'_> {
         Origin {
-            source: "wechat",
+            platform: "wechat",
             app: &self.app_id,
             names: dialect.names(),
         }

@@ -70,7 +70,7 @@ fn the_official_message_is_admitted_with_its_stamp_and_keys() {
         (1_409_659_813, "1372623149")
     );
     let event = &admit.event;
-    assert_eq!((&*event.source, &*event.app), ("wecom", V1_CORP));
+    assert_eq!((&*event.platform, &*event.app), ("wecom", V1_CORP));
     assert_eq!(&*event.event_id, "4561255354251345929");
     assert_eq!(&*event.event_type, "message.text");
     assert_eq!(event.tenant.as_deref(), Some("218"));
@@ -237,7 +237,7 @@ fn official_accounts_in_plain_mode() {
         panic!("an admission")
     };
     assert_eq!(
-        (&*admit.event.source, &*admit.event.event_id),
+        (&*admit.event.platform, &*admit.event.event_id),
         ("wechat", "77")
     );
     assert_eq!(

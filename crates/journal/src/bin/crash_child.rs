@@ -25,7 +25,7 @@ fn say(line: String) {
 
 fn event(id: u64) -> Event {
     Event {
-        source: Arc::from("feishu"),
+        platform: Arc::from("feishu"),
         app: Arc::from("cli_crash"),
         tenant: None,
         event_id: format!("e{id}").into(),
