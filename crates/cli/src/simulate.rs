@@ -55,6 +55,11 @@ pub(crate) struct SimulateArgs {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+    /// Play the platform's open API instead (Feishu, Lark or WeCom, at the source's `domain`):
+    /// the gateway's `/send/<source>` sends to it, and every message it really sent is printed,
+    /// until Ctrl-C.
+    #[arg(long)]
+    platform_api: bool,
 }
 
 enum Send {
@@ -160,6 +165,12 @@ pub(crate) async fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
     };
     if sources.is_empty() {
         bail!("no source in {}", args.config.display());
+    }
+    if args.platform_api {
+        let [source] = sources.as_slice() else {
+            bail!("--platform-api plays one source's API: name it with --source");
+        };
+        return crate::simulate_api::serve(source).await;
     }
     let secret = |s: &Option<oncegate_config::Secret>| -> anyhow::Result<Option<String>> {
         s.as_ref()

@@ -585,3 +585,112 @@ async fn a_caller_over_its_own_budget_gets_429_at_once() {
         statuses.iter().filter(|(s, _)| *s == 200).count()
     );
 }
+
+/// `oncegate simulate --platform-api` as a new user runs it: the platform's API at the
+/// source's domain, for Feishu and for WeCom; a send and its repeat reach it once, printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simulate_plays_the_platform_api_for_send() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let free = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+    };
+    let feishu = free();
+    let wecom = free();
+    let dir = tempfile::tempdir().expect("dir");
+    let config = format!(
+        r#"
+[store]
+backend = "memory"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+[api]
+listen = "127.0.0.1:0"
+[[api.caller]]
+name = "bot"
+token = "{TOKEN}"
+[[source]]
+name = "feishu"
+platform = "feishu"
+app_id = "{APP}"
+verification_token = "t"
+app_secret = "{SECRET}"
+domain = "http://{feishu}"
+[[source]]
+name = "corp"
+platform = "wecom"
+corp_id = "ww_sim"
+agent_id = "1000002"
+token = "t"
+encoding_aes_key = "jWmYm7qr5nMoAUwZRjGtBxmz3KA1tkAj3ykkR6q2B2C"
+secret = "wecom-secret"
+domain = "http://{wecom}"
+"#
+    );
+    let gateway = Serve::start_with(dir.path(), &config);
+    let api = gateway.api.clone().expect("api");
+    // The README's example body, as written.
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
+        .expect("README");
+    let example = readme
+        .split("**Try it without an account.**")
+        .nth(1)
+        .and_then(|rest| rest.split("-d '").nth(1))
+        .and_then(|rest| rest.split('\'').next())
+        .expect("the README's simulate example");
+    let example: Value = serde_json::from_str(example).expect("the example's body is JSON");
+    for (source, body, printed, text) in [
+        ("feishu", example, "sent to oc_demo", "hi"),
+        (
+            "corp",
+            json!({"touser": "zhangsan", "msgtype": "text", "text": {"content": "hello"}}),
+            "sent: {",
+            "hello",
+        ),
+    ] {
+        let mut simulate = support::oncegate()
+            .args(["simulate", "--platform-api", "--source", source, "--config"])
+            .arg(dir.path().join("oncegate.toml"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("simulate");
+        let mut lines = BufReader::new(simulate.stdout.take().expect("stdout")).lines();
+        let first = lines.next().and_then(Result::ok).unwrap_or_default();
+        assert!(first.starts_with("local "), "{first}");
+        for attempt in 0..2 {
+            let response = client()
+                .post(format!("{api}/send/{source}"))
+                .bearer_auth(TOKEN)
+                .header("idempotency-key", format!("{source}-once"))
+                .json(&body)
+                .send()
+                .await
+                .expect("send");
+            let status = response.status().as_u16();
+            let replayed = response.headers().contains_key("idempotent-replayed");
+            assert_eq!((status, replayed), (200, attempt == 1), "{source}");
+        }
+        // Give simulate a print round, then stop it as Ctrl-C would.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let pid = simulate.id().to_string();
+        let killed = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill");
+        assert!(killed.success());
+        let rest: Vec<String> = lines.map_while(Result::ok).collect();
+        let status = simulate.wait().expect("wait");
+        assert!(status.success(), "{status} {rest:?}");
+        let sent: Vec<_> = rest.iter().filter(|l| l.starts_with(printed)).collect();
+        assert_eq!(sent.len(), 1, "sent once: {rest:?}");
+        assert!(sent[0].contains(text), "{sent:?}");
+        assert!(
+            rest.last().is_some_and(|l| l.starts_with("1 message sent")),
+            "{rest:?}"
+        );
+    }
+}

@@ -88,7 +88,18 @@ impl LocalFeishuApi {
         app_secret: &str,
         token_lifetime: Duration,
     ) -> std::io::Result<Self> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        Self::start_at("127.0.0.1:0", app_id, app_secret, token_lifetime).await
+    }
+
+    /// `start`, listening on `address` (`oncegate simulate --platform-api` serves a source's
+    /// configured domain).
+    pub async fn start_at(
+        address: &str,
+        app_id: &str,
+        app_secret: &str,
+        token_lifetime: Duration,
+    ) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(address).await?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             app_id: app_id.to_owned(),

@@ -19,6 +19,8 @@ struct Inner {
     token: Option<String>,
     tokens_issued: u64,
     delivered: Vec<(String, Instant)>,
+    /// Each accepted call's body, in order.
+    bodies: Vec<String>,
     dropped: u64,
     busy: u64,
 }
@@ -53,7 +55,18 @@ impl Drop for LocalWecomApi {
 impl LocalWecomApi {
     /// Serves corp `corp_id`'s app with `secret`, allowing `max_in_flight` calls at once.
     pub async fn start(corp_id: &str, secret: &str, max_in_flight: usize) -> std::io::Result<Self> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        Self::start_at("127.0.0.1:0", corp_id, secret, max_in_flight).await
+    }
+
+    /// `start`, listening on `address` (`oncegate simulate --platform-api` serves a source's
+    /// configured domain).
+    pub async fn start_at(
+        address: &str,
+        corp_id: &str,
+        secret: &str,
+        max_in_flight: usize,
+    ) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(address).await?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             corp_id: corp_id.to_owned(),
@@ -95,6 +108,17 @@ impl LocalWecomApi {
             .iter()
             .filter(|(to, _)| to == member)
             .count()
+    }
+
+    /// The bodies of the calls answered with success, in order, from the `from`th on.
+    pub fn bodies_from(&self, from: usize) -> Vec<String> {
+        self.shared
+            .lock()
+            .bodies
+            .iter()
+            .skip(from)
+            .cloned()
+            .collect()
     }
 
     /// Messages WeCom answered with success and did not deliver (over 30 per minute to one
@@ -155,6 +179,7 @@ async fn answer(
         return json!({"errcode": 40014, "errmsg": "invalid access_token"});
     }
     let now = Instant::now();
+    inner.bodies.push(body.to_string());
     for member in body["touser"]
         .as_str()
         .unwrap_or("")
