@@ -1,5 +1,5 @@
 //! The live status page in a real browser: Debian's headless chromium opens it on a gateway
-//! under `oncegate simulate` load, the counters show the traffic and the charts move; a
+//! under webhook load (`oncegate simulate`) and long-connection frames, the counters show the traffic and the charts move; a
 //! screenshot is kept in `target/test-output/status-page.png`.
 
 use std::path::{Path, PathBuf};
@@ -12,11 +12,15 @@ use tokio_tungstenite::tungstenite::Message;
 
 mod support;
 
+use oncegate_feishu_ws::local::{self, LocalFeishu};
 use support::{Serve, client, file_route, oncegate};
 
 const TOKEN: &str = "status-page-admin-token";
 
-fn config(dir: &Path) -> String {
+const WS_APP: &str = "cli_status_ws";
+const WS_SECRET: &str = "status-ws-secret";
+
+fn config(dir: &Path, domain: &str) -> String {
     format!(
         r#"
 [store]
@@ -33,6 +37,14 @@ platform = "feishu"
 app_id = "cli_status"
 encrypt_key = "feishu-key"
 verification_token = "feishu-token"
+
+[[source]]
+name = "ws"
+platform = "feishu"
+app_id = "{WS_APP}"
+transport = "websocket"
+app_secret = "{WS_SECRET}"
+domain = "{domain}"
 
 {}
 "#,
@@ -194,7 +206,26 @@ fn screenshot_path() -> PathBuf {
 async fn the_status_page_shows_a_gateway_under_load_and_its_charts_move() {
     use base64::Engine;
     let dir = tempfile::tempdir().expect("dir");
-    let serve = Serve::start_with(dir.path(), &config(dir.path()));
+    // Long-connection traffic beside the webhooks: a local Feishu the gateway dials.
+    let quick = oncegate_feishu_ws::ClientConfig {
+        reconnect_count: -1,
+        reconnect_interval: 1,
+        reconnect_nonce: 1,
+        ping_interval: 2,
+    };
+    let feishu = std::sync::Arc::new(
+        LocalFeishu::start(WS_APP, WS_SECRET, quick)
+            .await
+            .expect("local feishu"),
+    );
+    let serve = Serve::start_with(dir.path(), &config(dir.path(), &feishu.domain()));
+    assert!(
+        feishu
+            .wait_for_connections(1, Duration::from_secs(15))
+            .await,
+        "{}",
+        serve.stderr()
+    );
     // The page without its token asks for it; the data stays closed.
     let (status, _) = serve.admin_get("/admin/live").await;
     assert_eq!(status, 401);
@@ -227,6 +258,26 @@ async fn the_status_page_shows_a_gateway_under_load_and_its_charts_move() {
         .stderr(Stdio::null())
         .spawn()
         .expect("simulate");
+    const WS_EVENTS: usize = 600;
+    let plan: Vec<(String, Vec<u8>)> = (0..WS_EVENTS)
+        .map(|i| {
+            let event = local::message_event(
+                WS_APP,
+                &format!("ws-page-{i}"),
+                &format!("oc_ws_{}", i % 10),
+                1_700_000_000_000 + i as u64,
+            );
+            (format!("wsm{i}"), event)
+        })
+        .collect();
+    let pushing = {
+        let feishu = feishu.clone();
+        tokio::spawn(async move {
+            feishu
+                .drive_at(plan, 16, Duration::from_secs(60), 60.0)
+                .await
+        })
+    };
     // Let the page gather a few seconds of samples while the traffic flows.
     let deadline = Instant::now() + Duration::from_secs(30);
     let first = loop {
@@ -290,6 +341,23 @@ async fn the_status_page_shows_a_gateway_under_load_and_its_charts_move() {
     assert_eq!(partitions_note, "one gateway: it owns them all");
     let (partitions_shown, _) = page.tile("partitions").await;
     assert_eq!(partitions_shown, "all");
+    // The long connection is on the page while its frames flow: open, a recent frame.
+    let cells = page
+        .eval("Array.from(document.querySelectorAll('#connections td')).map(td => td.textContent)")
+        .await;
+    let cells: Vec<&str> = cells
+        .as_array()
+        .map(|c| c.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    assert_eq!(cells.first(), Some(&"ws"), "{cells:?}");
+    assert!(
+        cells.get(2).and_then(|open| open.parse::<u32>().ok()) >= Some(1),
+        "open connections: {cells:?}"
+    );
+    assert!(
+        cells.get(4).is_some_and(|age| age.ends_with(" ms ago")),
+        "last frame: {cells:?}"
+    );
     let (_, ages) = page.tile("queue_age").await;
     assert!(ages.iter().all(|a| a.is_finite() && *a >= 0.0), "{ages:?}");
     // What a person would see on a phone.
@@ -358,6 +426,8 @@ async fn the_status_page_shows_a_gateway_under_load_and_its_charts_move() {
     assert!(drawn.as_u64() > blank.as_u64(), "the hour is drawn");
     let _ = load.kill();
     let _ = load.wait();
+    let driven = pushing.await.expect("pushes");
+    assert!(driven.acked >= WS_EVENTS, "{driven:?}");
 }
 
 /// After a restart the dead-letters tile shows what the store keeps (the dead letters of the
