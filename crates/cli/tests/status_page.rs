@@ -1,6 +1,6 @@
 //! The live status page in a real browser: Debian's headless chromium opens it on a gateway
-//! under webhook load (`oncegate simulate`) and long-connection frames, the counters show the traffic and the charts move; a
-//! screenshot is kept in `target/test-output/status-page.png`.
+//! under webhook load (`oncegate simulate`) and long-connection frames, the counters show the
+//! traffic and the charts move; a screenshot is kept in `target/test-output/status-page.png`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
