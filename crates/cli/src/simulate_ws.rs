@@ -64,7 +64,7 @@ pub(crate) async fn simulate(
     .with_context(|| format!("serve the endpoint at {domain}"))?;
     println!(
         "local Feishu at {domain}: waiting for the gateway's long connection (start `oncegate \
-         serve` now; a gateway that is already retrying dials in on its reconnect schedule)"
+         serve` now; a gateway that is already retrying dials in within 10 s)"
     );
     if !server.wait_for_connections(1, CONNECT_WAIT).await {
         bail!(

@@ -416,6 +416,12 @@ timeout = "1s"
     }
 }
 
+/// The default skew the creation times are bounded by (the replay guard's).
+const SKEW_MS: u64 = 300_000;
+
+/// A far-future creation time lifts its chat's watermark to the skew's edge at most: an event
+/// created after that edge is applied (it lifted the mark to 1e308 once, every later event
+/// stale for ever).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_far_future_creation_time_does_not_poison_the_watermark() {
     let dir = tempfile::tempdir().expect("dir");
@@ -424,7 +430,7 @@ async fn a_far_future_creation_time_does_not_poison_the_watermark() {
     let now_ms = now_secs() * 1000;
     for (id, created) in [
         ("far", "1e308".to_owned()),
-        ("next", (now_ms + 1000).to_string()),
+        ("next", (now_ms + SKEW_MS + 2_000).to_string()),
     ] {
         let (status, body) =
             post_signed(&client, &gateway.url(), &message(id, "oc_w", &created)).await;
@@ -436,7 +442,38 @@ async fn a_far_future_creation_time_does_not_poison_the_watermark() {
     })
     .await;
     let written = lines(dir.path());
-    assert!(written[0]["created_at_ms"].as_u64().expect("ms") <= now_ms + 60_000);
+    let far = written[0]["created_at_ms"].as_u64().expect("ms");
+    assert!(far <= now_ms + SKEW_MS + 60_000, "{far}");
+}
+
+/// An event from a clock ahead by more than the skew, after one that came within it: taken at
+/// the skew's edge it is not behind the first, so it is applied (taken as now, it was dropped
+/// as stale).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_creation_time_beyond_the_skew_is_not_dropped_behind_one_within_it() {
+    let dir = tempfile::tempdir().expect("dir");
+    let gateway = Serve::start(dir.path(), "", &file_route(dir.path(), "watermark = true"));
+    let client = client();
+    let now_ms = now_secs() * 1000;
+    for (id, created) in [
+        ("within", now_ms + SKEW_MS - 5_000),
+        ("beyond", now_ms + SKEW_MS + 60_000),
+    ] {
+        let (status, body) = post_signed(
+            &client,
+            &gateway.url(),
+            &message(id, "oc_edge", &created.to_string()),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    wait_until("both events", Duration::from_secs(10), || {
+        lines(dir.path()).len() == 2
+    })
+    .await;
+    let (_, stats) = gateway.admin_get("/admin/stats").await;
+    assert!(stats.contains("\"stale_dropped\":0"), "{stats}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -555,3 +555,57 @@ async fn finished(simulate: std::process::Child) -> std::process::Output {
         .expect("join")
         .expect("simulate ran")
 }
+
+/// A gateway started before its endpoint answers (the demo's other order: `serve`, then
+/// `simulate`) dials again within seconds once the endpoint is up, however often it failed:
+/// it waited Feishu's default two minutes after the second failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_started_before_its_endpoint_connects_within_seconds() {
+    let dir = tempfile::tempdir().expect("dir");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("free port")
+        .port();
+    let config = config(
+        dir.path(),
+        "backend = \"memory\"",
+        &format!("http://127.0.0.1:{port}"),
+        "",
+    );
+    let gateway = Serve::start_with(dir.path(), &config);
+    // Nothing listens yet: let it fail twice (the second failure is where the default interval
+    // of 120 s took over).
+    let failures = |metrics: &str| -> u64 {
+        metrics
+            .lines()
+            .find(|l| {
+                l.starts_with("oncegate_ws_reconnects_total{")
+                    && l.contains("reason=\"connect_failed\"")
+            })
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|n| n.parse::<f64>().ok())
+            .map_or(0, |n| n as u64)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, metrics) = gateway.admin_get("/metrics").await;
+        if failures(&metrics) >= 2 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never failed twice: {metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let server = LocalFeishu::start_at(&format!("127.0.0.1:{port}"), APP, SECRET, quick())
+        .await
+        .expect("local feishu");
+    assert!(
+        server
+            .wait_for_connections(1, Duration::from_secs(15))
+            .await,
+        "the gateway did not dial in within 15 s of its endpoint: {}",
+        gateway.stderr()
+    );
+}

@@ -23,6 +23,9 @@ const STABLE: Duration = Duration::from_secs(10);
 
 /// The longest wait the backoff adds.
 const BACKOFF_MAX: Duration = Duration::from_secs(60);
+/// The longest wait between dials of an endpoint that did not answer at all (one HTTP request
+/// each): a gateway started before its endpoint connects within seconds of it.
+const UNANSWERED_MAX: Duration = Duration::from_secs(10);
 
 /// The wait before attempt number `failures + 1` after `failures` failed attempts in a row: the
 /// server's `asked` wait, but at least one second doubled per failure (capped at a minute),
@@ -177,7 +180,9 @@ impl<I: Inlet> LongConnection<I> {
                     self.context.status.set_fatal(reason);
                     return;
                 }
-                Err(ConnectError::Retry(reason)) => {
+                Err(error @ (ConnectError::Retry(_) | ConnectError::Unreachable(_))) => {
+                    let unanswered = matches!(error, ConnectError::Unreachable(_));
+                    let reason = error.to_string();
                     failures += 1;
                     metrics::counter!("oncegate_ws_reconnects_total", "source" => settings.source.clone(), "reason" => "connect_failed")
                         .increment(1);
@@ -199,12 +204,16 @@ impl<I: Inlet> LongConnection<I> {
                         ),
                     );
                     unsettled = unsettled.saturating_add(1);
-                    let asked = if failures == 1 {
-                        config.first_delay()
+                    if unanswered {
+                        backoff(Duration::ZERO, unsettled).min(UNANSWERED_MAX)
                     } else {
-                        config.retry_every()
-                    };
-                    backoff(asked, unsettled)
+                        let asked = if failures == 1 {
+                            config.first_delay()
+                        } else {
+                            config.retry_every()
+                        };
+                        backoff(asked, unsettled)
+                    }
                 }
             };
             tokio::select! {

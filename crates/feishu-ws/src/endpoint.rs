@@ -117,6 +117,12 @@ pub enum ConnectError {
     /// The server or the network failed; retried on the reconnect settings.
     #[error("{0}")]
     Retry(String),
+    /// The endpoint did not answer at all (nothing listens, a reset, a timeout): no server
+    /// asked for an interval, so the client's own short backoff applies — a gateway started
+    /// before its endpoint (a local Feishu, a proxy coming up) connects within seconds, not
+    /// after the default two minutes.
+    #[error("{0}")]
+    Unreachable(String),
 }
 
 impl ConnectError {
@@ -158,7 +164,7 @@ pub async fn discover(
         .send()
         .await
         .map_err(|error| {
-            ConnectError::Retry(format!(
+            ConnectError::Unreachable(format!(
                 "endpoint {shown}: {}",
                 oncegate_core::redact::causes(&error.without_url())
             ))

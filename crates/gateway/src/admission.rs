@@ -132,25 +132,29 @@ async fn to_spool<S: Store>(
 }
 
 /// A creation time further ahead than the allowed skew is a forgery or a broken clock: taken
-/// as is it would lift the chat's watermark so far that every later event looks stale.
+/// as is it would lift the chat's watermark so far that every later event looks stale. It is
+/// taken as the skew's edge — the latest time still believed: not as now, which would put it
+/// behind an earlier event that came within the skew (and drop it as stale); a chat's mark is
+/// thus lifted at most `max_skew` ahead of the clock.
 fn clamp_creation_time<S: Store>(shared: &Shared<S>, event: &mut oncegate_core::Event) {
     // With the replay guard off, the default skew still bounds it.
     let ahead = shared
         .replay
         .map_or(Duration::from_secs(300), |limits| limits.max_skew);
     let now_ms = shared.now_ms();
-    if event.created_at_ms > now_ms.saturating_add(millis(ahead)) {
+    let edge = now_ms.saturating_add(millis(ahead));
+    if event.created_at_ms > edge {
         metrics::counter!("oncegate_future_creation_times_total").increment(1);
         shared.summaries.note(
             "future_creation_time",
             None,
             &format!(
-                "event {:?} was created {} ms in the future; taken as now",
+                "event {:?} was created {} ms in the future; taken as the skew's edge",
                 event.event_id,
                 event.created_at_ms.saturating_sub(now_ms)
             ),
         );
-        event.created_at_ms = now_ms;
+        event.created_at_ms = edge;
     }
 }
 
