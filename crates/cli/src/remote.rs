@@ -433,7 +433,7 @@ pub(crate) async fn status(args: StatusArgs) -> anyhow::Result<bool> {
             + n(gateway, "stale_timestamps"),
     )?;
     out!(
-        "delivered    {} (retries {}, dead letters {}, stale dropped {})",
+        "delivered    {} (retries {}, dead-lettered {} since this start, stale dropped {})",
         n(gateway, "delivered"),
         n(gateway, "retries"),
         n(gateway, "dead_letters"),
@@ -452,7 +452,7 @@ pub(crate) async fn status(args: StatusArgs) -> anyhow::Result<bool> {
     let store = &stats["store"];
     if store.is_object() {
         out!(
-            "store        queued {}, in flight {}, dead letters {}\nremembered   {} keys waiting (with message-id aliases and dead-lettered events' keys), {} processing, {} done: kept for dedup.retention, not a backlog",
+            "store        queued {}, in flight {}, dead letters kept {} (earlier runs' included)\nremembered   {} keys waiting (with message-id aliases and dead-lettered events' keys), {} processing, {} done: kept for dedup.retention, not a backlog",
             n(store, "queued"),
             n(store, "in_flight"),
             n(store, "dead_letters"),
