@@ -520,7 +520,10 @@ async fn transient_failures_retry_and_permanent_ones_are_dead_lettered() {
     assert!(status.contains("ready        true"), "{status}");
     // What the store keeps (both were replayed or purged) beside what this run dead-lettered.
     assert!(status.contains("dead letters kept 0"), "{status}");
-    assert!(status.contains("dead-lettered 2 since this start"), "{status}");
+    assert!(
+        status.contains("dead-lettered 2 since this start"),
+        "{status}"
+    );
     // The container healthcheck's command: ready, exit 0.
     let (ok, ready) = cli(&gateway, &["ready"]);
     assert!(ok && ready.starts_with("ready"), "{ready}");

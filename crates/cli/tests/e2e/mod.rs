@@ -2,6 +2,8 @@
 //! requests. Each test file compiles its own copy and uses a part of it.
 #![allow(dead_code, unreachable_pub)]
 
+pub(crate) mod proxy;
+
 use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -50,6 +52,9 @@ pub(crate) struct Behavior {
     pub(crate) retry_after: HashMap<String, u64>,
     /// event id → when each of its delivery attempts arrived.
     pub(crate) attempts: HashMap<String, Vec<Instant>>,
+    /// Applies each delivery at once and answers this much later (a downstream that hangs
+    /// after its effect: past the sink's timeout the gateway sends it again).
+    pub(crate) answer_late: Duration,
 }
 
 #[derive(Clone, Default)]
@@ -176,6 +181,10 @@ pub(crate) async fn receive(
         attempt: doc["attempt"].as_u64().unwrap_or(0),
         signed: verify(&headers, &body),
     });
+    let late = state.behavior.lock().expect("behavior").answer_late;
+    if !late.is_zero() {
+        tokio::time::sleep(late).await;
+    }
     StatusCode::NO_CONTENT.into_response()
 }
 
