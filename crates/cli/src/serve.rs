@@ -1,6 +1,7 @@
 //! `oncegate serve`: the gateway.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use oncegate_config::{Config, Severity, StoreConfig};
@@ -43,7 +44,7 @@ pub(crate) async fn serve(config_path: Option<&Path>) -> anyhow::Result<()> {
         StoreConfig::Embedded(settings) => {
             let store = crate::store_files::open_embedded(settings)?;
             tracing::info!(path = %settings.path.display(), "embedded store open");
-            run(&config, store, None, render).await
+            run(&config, store, None, None, render).await
         }
         StoreConfig::Memory(settings) => {
             let store = MemoryStore::with_clock(
@@ -55,7 +56,7 @@ pub(crate) async fn serve(config_path: Option<&Path>) -> anyhow::Result<()> {
                 oncegate_core::SystemClock,
             );
             tracing::warn!("memory store: everything is forgotten when the gateway stops");
-            run(&config, store, None, render).await
+            run(&config, store, None, None, render).await
         }
         StoreConfig::Redis(settings) => {
             let defaults = oncegate_redis::RedisConfig::at(&settings.url);
@@ -71,13 +72,35 @@ pub(crate) async fn serve(config_path: Option<&Path>) -> anyhow::Result<()> {
                 lazy: settings.spool.is_some(),
                 ..defaults
             };
+            // Every gateway on this Redis judges time by the server's clock (leases, ownership,
+            // retries, replay windows): a machine whose clock is off or steps cannot take over
+            // a lease another gateway still holds.
+            let clock = oncegate_core::SteadyClock::from_system();
             let store = tokio::task::block_in_place(|| {
                 oncegate_redis::RedisStore::connect_on(
                     redis_config,
-                    oncegate_core::SystemClock,
+                    clock.clone(),
                     tokio::runtime::Handle::current(),
                 )
             })?;
+            match store.sync_clock(&clock).await {
+                Ok(()) => {
+                    let off = oncegate_core::Clock::now_ms(&clock) as i64
+                        - oncegate_core::Clock::now_ms(&oncegate_core::SystemClock) as i64;
+                    if off.abs() > 1_000 {
+                        tracing::warn!(
+                            off_ms = off,
+                            "this machine's clock is {off} ms off the Redis server's; the gateway \
+                             judges time by the server's"
+                        );
+                    }
+                }
+                Err(error) => tracing::warn!(
+                    "the Redis server's clock could not be read yet ({error}); the machine's \
+                     clock stands in until it can"
+                ),
+            }
+            store.follow_clock(clock.clone());
             let shown = oncegate_core::redact::url(&settings.url);
             if settings.spool.is_some() {
                 tracing::info!(url = %shown, cluster = settings.cluster, "redis store: connecting on first use (a spool is configured)");
@@ -88,7 +111,7 @@ pub(crate) async fn serve(config_path: Option<&Path>) -> anyhow::Result<()> {
                 .spool
                 .as_deref()
                 .map(|path| (path, settings.spool_max));
-            run(&config, store, spool, render).await
+            run(&config, store, spool, Some(Arc::new(clock)), render).await
         }
     }
 }
@@ -97,10 +120,14 @@ async fn run<S: Store>(
     config: &Config,
     store: S,
     spool: Option<(&Path, u64)>,
+    clock: Option<Arc<dyn oncegate_core::Clock>>,
     render: impl Fn() -> String + Send + Sync + 'static,
 ) -> anyhow::Result<()> {
     say_durability(&store);
     let mut gateway = Gateway::from_config(config, store).await?.metrics(render)?;
+    if let Some(clock) = clock {
+        gateway = gateway.with_clock(clock)?;
+    }
     if let Some((path, spool_max)) = spool {
         let spool = oncegate_gateway::Spool::open(path, spool_max)
             .with_context(|| format!("open the spool (store.spool = {})", path.display()))?;

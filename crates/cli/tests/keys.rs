@@ -622,3 +622,53 @@ async fn the_api_document_describes_exactly_the_served_routes() {
         "the document and the router name the same routes"
     );
 }
+
+/// Two gateways on one Redis, one on a machine whose clock is an hour ahead (`faketime`): a key
+/// one caller holds through the first is not taken over through the second — every gateway
+/// judges leases by the server's clock. (Judged by its own clock, the second found the lease an
+/// hour expired and handed the key to a second worker while the first still worked.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_whose_clock_is_an_hour_ahead_does_not_take_over_a_held_lease() {
+    let Ok(url) = std::env::var("ONCEGATE_TEST_REDIS_URL") else {
+        panic!("ONCEGATE_TEST_REDIS_URL is not set: run scripts/test, which starts redis-server")
+    };
+    let store = format!(
+        "backend = \"redis\"\nurl = \"{url}\"\nprefix = \"clock{}\"\npartitions = 4",
+        fastrand::u32(..)
+    );
+    let (a, b) = (
+        tempfile::tempdir().expect("dir"),
+        tempfile::tempdir().expect("dir"),
+    );
+    let right = Serve::start_with(a.path(), &config(&store));
+    let mut ahead = std::process::Command::new("faketime");
+    ahead
+        .args(["-f", "+1h"])
+        .arg(env!("CARGO_BIN_EXE_oncegate"))
+        // The timers keep the machine's monotonic clock; only the wall clock is off.
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+    let ahead = Serve::start_command(b.path(), &config(&store), "warn", ahead);
+    assert!(
+        ahead.stderr().contains("off the Redis server's") || {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            ahead.stderr().contains("off the Redis server's")
+        },
+        "faketime did not move the second gateway's clock: {}",
+        ahead.stderr()
+    );
+    let claim = json!({"key": "charge 9", "lease_ms": 60000, "payload": "p"});
+    let (_, held) = call(
+        &right.api.clone().expect("api"),
+        TOKEN_A,
+        "claim",
+        claim.clone(),
+    )
+    .await;
+    assert_eq!(held["state"], "acquired", "{held}");
+    let (status, other) = call(&ahead.api.clone().expect("api"), TOKEN_B, "claim", claim).await;
+    assert_eq!(
+        (status, other["state"].as_str()),
+        (409, Some("in_flight")),
+        "taken over through the gateway an hour ahead: {other}"
+    );
+}

@@ -18,7 +18,7 @@ pub mod source;
 pub mod store;
 pub mod transition;
 
-pub use clock::{Clock, ManualClock, SystemClock};
+pub use clock::{Clock, ManualClock, SteadyClock, SystemClock};
 pub use durability::Durability;
 pub use event::Event;
 pub use key::{DeliveryId, KeyHash, hex_into, key_for};

@@ -431,6 +431,13 @@ impl<S: Store> Gateway<S> {
         Ok(self)
     }
 
+    /// Judges time by `clock` (replay windows, creation times, retries, `/keys` leases): the
+    /// store's clock, so that the gateway and its store agree — on Redis, the server's.
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Result<Self, GatewayError> {
+        self.shared_mut()?.clock = clock;
+        Ok(self)
+    }
+
     /// Builds the gateway a configuration describes, on `store`.
     pub async fn from_config(config: &Config, store: S) -> Result<Self, GatewayError> {
         let resolve = |secret: &Option<oncegate_config::Secret>,

@@ -66,8 +66,11 @@ mod promise;
 mod queue;
 mod reply;
 mod sentinel;
+mod server_clock;
 mod share;
 mod view;
+
+pub use server_clock::CLOCK_SYNC_EVERY;
 
 use breaker::Breaker;
 use config::check_partitions;

@@ -36,10 +36,20 @@ impl Serve {
 
     /// `start_with`, logging at `level` (an `ONCEGATE_LOG` filter).
     pub(crate) fn start_logging(dir: &Path, config: &str, level: &str) -> Self {
+        Self::start_command(dir, config, level, oncegate())
+    }
+
+    /// `start_with`, as `command` runs it (`oncegate` under a wrapper such as `faketime`).
+    pub(crate) fn start_command(
+        dir: &Path,
+        config: &str,
+        level: &str,
+        mut command: Command,
+    ) -> Self {
         let config_path = dir.join("oncegate.toml");
         std::fs::write(&config_path, config).expect("config");
         let config = config_path;
-        let mut child = oncegate()
+        let mut child = command
             .args(["serve", "--config"])
             .arg(&config)
             .current_dir(dir)
