@@ -121,12 +121,13 @@ fn check_config_tries_the_ports_and_the_store_folder() {
         out.contains("error: store.path: /sys cannot be written by this user"),
         "{out}"
     );
-    // Free port, writable folder: nothing to say.
+    // A port nobody holds (port 0: a port given back may be taken at once by a parallel
+    // test), a writable folder: nothing to say.
     drop(held);
     std::fs::write(
         &file,
         format!(
-            "[server]\nlisten = \"127.0.0.1:{port}\"\nadmin_listen = \"127.0.0.1:0\"\n\n\
+            "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n\n\
              [store]\npath = \"{}\"\n",
             dir.path().join("store").display()
         ),

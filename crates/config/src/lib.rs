@@ -760,6 +760,11 @@ pub struct WecomSettings {
 pub struct WechatSettings {
     /// The app id (`wx…`).
     pub app_id: String,
+    /// The account's original id (原始ID, `gh_…`): what its messages carry as `ToUserName`.
+    /// Optional: when set, a message addressed to another account is refused; without it
+    /// `ToUserName` is not checked (in safe mode the receive id inside the ciphertext binds a
+    /// message to the app id).
+    pub original_id: Option<String>,
     /// The token, signing every callback.
     pub token: Option<Secret>,
     /// The EncodingAESKey of safe mode; plain mode without it.

@@ -87,6 +87,19 @@ fn plain_transport(
                         .into(),
                 );
             }
+            if let Some(original_id) = wechat.original_id.as_deref()
+                && !original_id.starts_with("gh_")
+            {
+                report(
+                    Severity::Error,
+                    &at("original_id"),
+                    format!(
+                        "{original_id:?} is not an original id: an Official Account's starts \
+                         with gh_ (原始ID, in the account's settings); its messages carry it as \
+                         ToUserName. Leave it out to check none"
+                    ),
+                );
+            }
             None
         }
     };
@@ -1357,6 +1370,30 @@ mod tests {
                 .iter()
                 .any(|p| p.setting == "route[0].secret" && p.severity == Severity::Warning)
         );
+    }
+
+    #[test]
+    fn an_original_id_must_be_one() {
+        let at = |field: &str| format!("source[oa].{field}");
+        for (original_id, refused) in [("wx0123456789abcdef", true), ("gh_0123456789ab", false)] {
+            let mut said = Vec::new();
+            let mut report = |severity: Severity, setting: &str, message: String| {
+                said.push((severity, setting.to_owned(), message));
+            };
+            let wechat = crate::PlatformConfig::Wechat(crate::WechatSettings {
+                encoding_aes_key: Some(crate::Secret::Inline("k".into())),
+                original_id: Some(original_id.into()),
+                ..crate::WechatSettings::default()
+            });
+            plain_transport(&wechat, &at, &mut report);
+            let errors = said
+                .iter()
+                .filter(|(severity, setting, _)| {
+                    *severity == Severity::Error && setting == "source[oa].original_id"
+                })
+                .count();
+            assert_eq!(errors > 0, refused, "{original_id}: {said:?}");
+        }
     }
 
     #[test]

@@ -60,6 +60,10 @@ fn app(source: &SourceConfig) -> Result<App, GatewayError> {
             let token = required(&settings.token, "token")?;
             let key = resolve(source, &settings.encoding_aes_key, "encoding_aes_key")?;
             WechatApp::new(&settings.app_id, &token, key.as_deref())
+                .map(|app| match settings.original_id.as_deref() {
+                    Some(original_id) => app.with_original_id(original_id),
+                    None => app,
+                })
                 .map(App::Wechat)
                 .map_err(|error| platform_error(source, error))
         }

@@ -118,6 +118,8 @@ impl WecomApp {
 #[derive(Clone)]
 pub struct WechatApp {
     app_id: String,
+    /// The account's original id (`gh_…`): its messages' `ToUserName`, checked when known.
+    original_id: Option<String>,
     token: String,
     key: Option<AesKey>,
 }
@@ -143,6 +145,7 @@ impl WechatApp {
         }
         Ok(Self {
             app_id: app_id.to_owned(),
+            original_id: None,
             token: token.to_owned(),
             key: encoding_aes_key
                 .map(AesKey::from_encoding_aes_key)
@@ -150,3 +153,21 @@ impl WechatApp {
         })
     }
 }
+
+impl WechatApp {
+    /// Checks that every message is addressed to the account's original id (`gh_…`, its
+    /// `ToUserName`). Without it `ToUserName` is not checked: the receive id inside a safe-mode
+    /// message's ciphertext is what binds it to the account.
+    pub fn with_original_id(mut self, original_id: &str) -> Self {
+        self.original_id = Some(original_id.to_owned());
+        self
+    }
+
+    /// What a message to this account is addressed to, for the sealer.
+    pub(crate) fn addressee(&self) -> &str {
+        self.original_id.as_deref().unwrap_or(SIMULATED_ORIGINAL_ID)
+    }
+}
+
+/// The original id simulated messages carry when the source names none.
+pub const SIMULATED_ORIGINAL_ID: &str = "gh_0c0ffee0c0de";

@@ -157,10 +157,12 @@ fn open_encrypted(
     Ok((dialect, crypto::decrypt(key, &encrypt, receiver)?, stamp))
 }
 
-/// An event for `origin` (and `agent`, when the source names one) from its decrypted document.
+/// An event for `origin` (and `agent`, when the source names one; addressed to `to`, when the
+/// source knows what its messages' `ToUserName` is) from its decrypted document.
 fn admit(
     origin: &Origin<'_>,
     agent: Option<&str>,
+    to: Option<&str>,
     dialect: Dialect,
     document: Vec<u8>,
     stamp: Stamp,
@@ -175,12 +177,12 @@ fn admit(
             got: got.to_owned(),
         });
     }
-    if let Some(to) = fields.text("ToUserName")
-        && to != origin.app
+    if let (Some(expected), Some(got)) = (to, fields.text("ToUserName"))
+        && got != expected
     {
         return Err(WecomError::WrongApp {
-            expected: origin.app.to_owned(),
-            got: to.to_owned(),
+            expected: expected.to_owned(),
+            got: got.to_owned(),
         });
     }
     let (event, keys) = normalize(origin, &fields, Bytes::from(document));
@@ -223,6 +225,7 @@ impl WecomApp {
                 admit(
                     &self.origin(dialect),
                     self.agent_id.as_deref(),
+                    Some(&self.corp_id),
                     dialect,
                     document,
                     stamp,
@@ -310,7 +313,16 @@ impl WechatApp {
                     &self.app_id,
                     &self.app_id,
                 )?;
-                admit(&self.origin(dialect), None, dialect, document, stamp)
+                // An Official Account's messages are addressed to its original id (gh_…), not
+                // its app id; the receive id inside the ciphertext binds them to the account.
+                admit(
+                    &self.origin(dialect),
+                    None,
+                    self.original_id.as_deref(),
+                    dialect,
+                    document,
+                    stamp,
+                )
             }
             // Plain mode signs only the token, timestamp and nonce, not the body: with a key
             // configured, only the signed-and-encrypted form is taken.
@@ -322,6 +334,7 @@ impl WechatApp {
                 admit(
                     &self.origin(dialect),
                     None,
+                    self.original_id.as_deref(),
                     dialect,
                     callback.body.to_vec(),
                     stamp,
@@ -448,9 +461,11 @@ fn encoded(nonce: &str) -> percent_encoding::PercentEncode<'_> {
     percent_encoding::utf8_percent_encode(nonce, percent_encoding::NON_ALPHANUMERIC)
 }
 
-/// An encrypted envelope and its signed query (after `extra_query`), as both platforms send it.
+/// An encrypted envelope addressed to `to` and its signed query (after `extra_query`), as both
+/// platforms send it.
 fn sealed_encrypted(
     sealing: Sealing<'_>,
+    to: &str,
     plaintext: &[u8],
     timestamp_secs: u64,
     nonce: &str,
@@ -466,7 +481,7 @@ fn sealed_encrypted(
     let timestamp = timestamp_secs.to_string();
     let signature = crypto::signature(&[token, &timestamp, nonce, &encrypt]);
     let body = format!(
-        "<xml><ToUserName><![CDATA[{receive_id}]]></ToUserName><Encrypt><![CDATA[{encrypt}]]></Encrypt></xml>"
+        "<xml><ToUserName><![CDATA[{to}]]></ToUserName><Encrypt><![CDATA[{encrypt}]]></Encrypt></xml>"
     );
     SealedRequest {
         method: Method::Post,
@@ -521,13 +536,23 @@ impl Sealer for WecomApp {
             key: &self.key,
             receive_id: &self.corp_id,
         };
-        sealed_encrypted(sealing, plaintext, timestamp_secs, nonce, iv, "")
+        sealed_encrypted(
+            sealing,
+            &self.corp_id,
+            plaintext,
+            timestamp_secs,
+            nonce,
+            iv,
+            "",
+        )
     }
 }
 
 impl Sealer for WechatApp {
+    /// Addressed as the platform addresses it: to the original id (`gh_…`), a stand-in one when
+    /// the source names none.
     fn message(&self, message: &SyntheticMessage) -> Vec<u8> {
-        text_message(&self.app_id, message, None)
+        text_message(self.addressee(), message, None)
     }
 
     fn seal(
@@ -546,6 +571,7 @@ impl Sealer for WechatApp {
                     key,
                     receive_id: &self.app_id,
                 },
+                self.addressee(),
                 plaintext,
                 timestamp_secs,
                 nonce,

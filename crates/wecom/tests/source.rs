@@ -370,3 +370,57 @@ fn passive_replies_are_encrypted_for_the_app_and_signed_with_the_request() {
         corp.sync_reply(Some(reply), Some(&stamp)).body
     );
 }
+
+/// A safe-mode Official Account message as the platform sends it: addressed (`ToUserName`, in
+/// the envelope and the message) to the account's original id `gh_…`, never to its app id —
+/// the MP documentation's text message, encrypted for the app id (the receive id). It was
+/// refused as "for another app"; now it is admitted, and an `original_id` set in the source is
+/// checked instead.
+#[test]
+fn official_account_messages_are_addressed_to_the_original_id() {
+    const APP_ID: &str = "wx5823bf96d3bd56c7";
+    let document = "<xml><ToUserName><![CDATA[gh_7f083739789a]]></ToUserName>\
+<FromUserName><![CDATA[oia2TjuEGTNoeX76QEjQNrcURxG8]]></FromUserName>\
+<CreateTime>1700000000</CreateTime><MsgType><![CDATA[text]]></MsgType>\
+<Content><![CDATA[你好]]></Content><MsgId>6000000000000000001</MsgId></xml>";
+    let app = WechatApp::new(APP_ID, "test", Some(V1_KEY)).expect("app");
+    let sealed = app.seal(document.as_bytes(), 1_700_000_000, "n1", [7; 16]);
+    assert!(
+        String::from_utf8_lossy(&sealed.body).contains("<ToUserName><![CDATA[gh_"),
+        "the envelope is addressed like the message"
+    );
+    let Ok(Decoded::Admit { admit, .. }) = replay(&app, &sealed) else {
+        panic!("a message to the original id is admitted")
+    };
+    assert_eq!(
+        (
+            &*admit.event.platform,
+            &*admit.event.app,
+            &*admit.event.event_id
+        ),
+        ("wechat", APP_ID, "6000000000000000001")
+    );
+    // The platform's retry is the same message: the same keys (admitted once by the store).
+    let Ok(Decoded::Admit { admit: again, .. }) = replay(
+        &app,
+        &app.seal(document.as_bytes(), 1_700_000_005, "n2", [9; 16]),
+    ) else {
+        panic!("the retry decodes")
+    };
+    assert_eq!(again.keys, admit.keys);
+    // With the original id configured, it is checked.
+    let checked = WechatApp::new(APP_ID, "test", Some(V1_KEY))
+        .expect("app")
+        .with_original_id("gh_7f083739789a");
+    assert!(matches!(
+        replay(&checked, &sealed),
+        Ok(Decoded::Admit { .. })
+    ));
+    let other = WechatApp::new(APP_ID, "test", Some(V1_KEY))
+        .expect("app")
+        .with_original_id("gh_000000000000");
+    assert_eq!(
+        replay(&other, &sealed).expect_err("refused").label,
+        "wrong_app"
+    );
+}
