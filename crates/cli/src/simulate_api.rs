@@ -14,15 +14,23 @@ use oncegate_send::local_wecom::LocalWecomApi;
 const TOKEN_LIFETIME: Duration = Duration::from_secs(7200);
 /// WeCom's calls in flight at once before 45033.
 const WECOM_IN_FLIGHT: usize = 20;
+/// What simulate serves here, for messages.
+const API: &str = "the platform's API (and the gateway to send to it)";
 /// How often new messages are printed.
 const PRINT_EVERY: Duration = Duration::from_millis(100);
 
-/// The loopback address in `domain`, which simulate serves.
-fn address<'a>(source: &SourceConfig, domain: Option<&'a str>) -> anyhow::Result<&'a str> {
+/// The loopback address in the source's `domain`, where simulate serves `what` (and the
+/// gateway finds it); `example` is a port to suggest.
+pub(crate) fn address<'a>(
+    source: &SourceConfig,
+    domain: Option<&'a str>,
+    what: &str,
+    example: u16,
+) -> anyhow::Result<&'a str> {
     let domain = domain.with_context(|| {
         format!(
-            "source {:?}: set domain = \"http://127.0.0.1:8282\" for simulate to serve the \
-             platform's API there (and the gateway to send to it)",
+            "source {:?}: set domain = \"http://127.0.0.1:{example}\" for simulate to serve \
+             {what} there",
             source.name
         )
     })?;
@@ -30,7 +38,7 @@ fn address<'a>(source: &SourceConfig, domain: Option<&'a str>) -> anyhow::Result
         Some(address) => Ok(address.trim_end_matches('/')),
         None => bail!(
             "source {:?}: domain {domain:?} is not a local http:// address; simulate serves \
-             plain HTTP on loopback (e.g. http://127.0.0.1:8282)",
+             plain HTTP on loopback (e.g. http://127.0.0.1:{example})",
             source.name
         ),
     }
@@ -49,7 +57,7 @@ pub(crate) async fn serve(source: &SourceConfig) -> anyhow::Result<()> {
     let mut printed = 0usize;
     match &source.platform {
         PlatformConfig::Feishu(settings) | PlatformConfig::Lark(settings) => {
-            let address = address(source, settings.domain.as_deref())?;
+            let address = address(source, settings.domain.as_deref(), API, 8282)?;
             let secret = secret(source, &settings.app_secret, "app_secret")?;
             let api = LocalFeishuApi::start_at(address, &settings.app_id, &secret, TOKEN_LIFETIME)
                 .await
@@ -85,7 +93,7 @@ pub(crate) async fn serve(source: &SourceConfig) -> anyhow::Result<()> {
             );
         }
         PlatformConfig::Wecom(settings) => {
-            let address = address(source, settings.domain.as_deref())?;
+            let address = address(source, settings.domain.as_deref(), API, 8282)?;
             let secret = secret(source, &settings.secret, "secret")?;
             let api = LocalWecomApi::start_at(address, &settings.corp_id, &secret, WECOM_IN_FLIGHT)
                 .await

@@ -28,20 +28,13 @@ pub(crate) async fn simulate(
     else {
         bail!("source {:?} is not a Feishu or Lark app", source.name);
     };
-    let domain = settings.domain.as_deref().with_context(|| {
-        format!(
-            "source {:?}: set domain = \"http://127.0.0.1:8181\" for simulate to serve the \
-             long connection's endpoint there",
-            source.name
-        )
-    })?;
-    let Some(address) = domain.strip_prefix("http://") else {
-        bail!(
-            "source {:?}: domain {domain:?} is not a local http:// address; simulate serves \
-             plain HTTP on loopback (e.g. http://127.0.0.1:8181)",
-            source.name
-        );
-    };
+    let address = crate::simulate_api::address(
+        source,
+        settings.domain.as_deref(),
+        "the long connection's endpoint",
+        8181,
+    )?;
+    let domain = format!("http://{address}");
     let secret = settings
         .app_secret
         .as_ref()
@@ -54,14 +47,9 @@ pub(crate) async fn simulate(
         reconnect_nonce: 1,
         ping_interval: 30,
     };
-    let server = LocalFeishu::start_at(
-        address.trim_end_matches('/'),
-        &settings.app_id,
-        &secret,
-        config,
-    )
-    .await
-    .with_context(|| format!("serve the endpoint at {domain}"))?;
+    let server = LocalFeishu::start_at(address, &settings.app_id, &secret, config)
+        .await
+        .with_context(|| format!("serve the endpoint at {domain}"))?;
     println!(
         "local Feishu at {domain}: waiting for the gateway's long connection (start `oncegate \
          serve` now; a gateway that is already retrying dials in within 10 s)"
