@@ -302,27 +302,8 @@ fn deliveries_of(got: &[Got]) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_follow_a_sentinel_failover_and_lose_nothing() {
     const EVENTS: usize = 400;
-    let mut primary = OwnRedis::start_with(&[]);
-    let replica = OwnRedis::start_with(&["--replicaof", "127.0.0.1", &primary.port.to_string()]);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !replica
-        .cli(&["INFO", "replication"])
-        .contains("master_link_status:up")
-    {
-        assert!(Instant::now() < deadline, "the replica did not sync");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let sentinels: Vec<OwnSentinel> = (0..3)
-        .map(|_| OwnSentinel::start(primary.port, 2))
-        .collect();
-    let url = format!(
-        "redis+sentinel://{}/mymaster",
-        sentinels
-            .iter()
-            .map(|s| format!("127.0.0.1:{}", s.port))
-            .collect::<Vec<_>>()
-            .join(",")
-    );
+    let mut redis = Replicated::start();
+    let url = redis.url();
     // Fencing tokens before the failover, from a store of the test's own on the same URL.
     let tokens = tokio::task::block_in_place(|| {
         oncegate_redis::RedisStore::connect(oncegate_redis::RedisConfig {
@@ -351,21 +332,9 @@ async fn replicas_follow_a_sentinel_failover_and_lose_nothing() {
 
     let burst = Burst::start(&gateway.url, "fo", EVENTS);
     burst.wait_acked(EVENTS / 3).await;
-    primary.kill9();
-    // The sentinels promote the replica; then the old primary comes back and is made its
-    // replica, so that min_replicas = 1 can hold again. Only once every sentinel has settled
-    // on the new primary: an old primary without persistence that comes back empty while the
-    // failover is still in progress is taken back as the primary, and its empty data set
-    // replaces the replica's (Redis's "replication safety when the master has persistence
-    // turned off": the README says not to restart such a primary automatically).
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !(sentinels.iter().all(|s| s.settled_on(replica.port))
-        && replica.cli(&["ROLE"]).starts_with("master"))
-    {
-        assert!(Instant::now() < deadline, "no failover");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    primary.run();
+    // The sentinels promote the replica; the old primary comes back as its replica, so that
+    // min_replicas = 1 can hold again.
+    redis.fail_over().await;
     let refused = burst.finish().await;
     let twice = each_acknowledged_event_once(&downstream, &gateway, EVENTS).await;
     let after = claim_token(&tokens, "after").await;

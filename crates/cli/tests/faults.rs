@@ -1,6 +1,7 @@
 //! The fault suite: real gateways, a real Redis, a receiver that applies each Idempotency-Key
 //! once, a platform that retries what was not answered 200 — and faults injected while the
-//! events flow: kill -9 and SIGSTOP of the gateway and of Redis, a blackhole and cut
+//! events flow: kill -9 and SIGSTOP of the gateway and of Redis, a primary's failover to its
+//! replica under Sentinel, a blackhole and cut
 //! connections on the way to Redis and to the downstream, flaky, `Retry-After`-answering and
 //! hung downstreams. The checker reads the history: every event the platform saw acknowledged
 //! delivered (lost), applied under one key (twice), each chat's events applied in the order the
@@ -37,9 +38,11 @@ fn scale() -> usize {
 }
 
 /// One scenario's figures.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Row {
     scenario: &'static str,
+    /// Whether the figures show the fault was felt where it must be.
+    felt: fn(&Row) -> bool,
     acknowledged: usize,
     lost: usize,
     twice: usize,
@@ -191,6 +194,7 @@ fn on_redis(url: &str) -> String {
 /// history.
 async fn check(
     scenario: &'static str,
+    felt: fn(&Row) -> bool,
     downstream: &Downstream,
     acked: &[String],
     retries: usize,
@@ -248,6 +252,7 @@ async fn check(
         .sum();
     Row {
         scenario,
+        felt,
         acknowledged: acked.len(),
         lost,
         twice,
@@ -283,6 +288,7 @@ async fn gateway_kill_9() -> Row {
     let (acked, retries) = platform.finish().await;
     check(
         "gateway kill -9, restart",
+        row_retried,
         &downstream,
         &acked,
         retries,
@@ -303,7 +309,15 @@ async fn gateway_sigstop() -> Row {
     gateway.signal("CONT");
     let over = Instant::now();
     let (acked, retries) = platform.finish().await;
-    check("gateway SIGSTOP 2 s", &downstream, &acked, retries, over).await
+    check(
+        "gateway SIGSTOP 2 s",
+        row_retried,
+        &downstream,
+        &acked,
+        retries,
+        over,
+    )
+    .await
 }
 
 async fn redis_kill_9() -> Row {
@@ -321,6 +335,33 @@ async fn redis_kill_9() -> Row {
     let (acked, retries) = platform.finish().await;
     check(
         "Redis kill -9, restart (fsync)",
+        row_retried,
+        &downstream,
+        &acked,
+        retries,
+        over,
+    )
+    .await
+}
+
+async fn sentinel_failover() -> Row {
+    let mut redis = Replicated::start();
+    let dir = tempfile::tempdir().expect("dir");
+    let (downstream, addr) = Downstream::start().await;
+    downstream.behavior.lock().expect("behavior").delay = Duration::from_millis(2);
+    let store = format!(
+        "{}\ndurability = \"replicas\"\nmin_replicas = 1\nreplica_wait = \"500ms\"",
+        on_redis(&redis.url())
+    );
+    let gateway = Gateway::run(&config(dir.path(), &store, addr));
+    let platform = Platform::start(&gateway.url, "fail", per_chat());
+    third(&platform).await;
+    redis.fail_over().await;
+    let over = Instant::now();
+    let (acked, retries) = platform.finish().await;
+    check(
+        "Redis primary kill -9, Sentinel failover (replicas)",
+        row_retried,
         &downstream,
         &acked,
         retries,
@@ -342,7 +383,15 @@ async fn redis_sigstop() -> Row {
     redis.pause(false);
     let over = Instant::now();
     let (acked, retries) = platform.finish().await;
-    check("Redis SIGSTOP 2 s", &downstream, &acked, retries, over).await
+    check(
+        "Redis SIGSTOP 2 s",
+        row_retried,
+        &downstream,
+        &acked,
+        retries,
+        over,
+    )
+    .await
 }
 
 async fn redis_blackhole() -> Row {
@@ -364,6 +413,7 @@ async fn redis_blackhole() -> Row {
     let (acked, retries) = platform.finish().await;
     check(
         "gateway↔Redis blackhole 2 s, then cut",
+        row_retried,
         &downstream,
         &acked,
         retries,
@@ -392,6 +442,7 @@ async fn downstream_cuts() -> Row {
     let (acked, retries) = platform.finish().await;
     check(
         "gateway↔downstream latency + cuts 2 s",
+        row_redelivered,
         &downstream,
         &acked,
         retries,
@@ -428,6 +479,7 @@ async fn downstream_flaky() -> Row {
     let over = Instant::now();
     check(
         "downstream 503s and 429 Retry-After: 1",
+        row_retried_downstream,
         &downstream,
         &acked,
         retries,
@@ -452,6 +504,7 @@ async fn downstream_hung() -> Row {
     let (acked, retries) = platform.finish().await;
     check(
         "downstream hung 2 s (applies, answers after the timeout)",
+        row_redelivered,
         &downstream,
         &acked,
         retries,
@@ -502,6 +555,7 @@ async fn every_acknowledged_event_is_applied_once_in_order_under_faults() {
         gateway_kill_9().await,
         gateway_sigstop().await,
         redis_kill_9().await,
+        sentinel_failover().await,
         redis_sigstop().await,
         redis_blackhole().await,
         downstream_cuts().await,
@@ -518,18 +572,9 @@ async fn every_acknowledged_event_is_applied_once_in_order_under_faults() {
     std::fs::write(&path, &table).expect("table");
     // Each fault was felt where it should be: the platform had to retry (the gateway or its
     // store could not answer), or the receiver got deliveries again (answers lost).
-    for (row, felt) in rows.iter().zip([
-        row_retried,
-        row_retried,
-        row_retried,
-        row_retried,
-        row_retried,
-        row_redelivered,
-        row_retried_downstream,
-        row_redelivered,
-    ]) {
+    for row in &rows {
         assert!(
-            felt(row),
+            (row.felt)(row),
             "{}: the fault was not felt\n{table}",
             row.scenario
         );

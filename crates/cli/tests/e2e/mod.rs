@@ -727,3 +727,67 @@ impl Burst {
         self.refused.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
+
+/// A primary, its replica and three sentinels (quorum 2) watching them as `mymaster`.
+pub(crate) struct Replicated {
+    pub(crate) primary: OwnRedis,
+    pub(crate) replica: OwnRedis,
+    pub(crate) sentinels: Vec<OwnSentinel>,
+}
+
+impl Replicated {
+    pub(crate) fn start() -> Self {
+        let primary = OwnRedis::start_with(&[]);
+        let replica =
+            OwnRedis::start_with(&["--replicaof", "127.0.0.1", &primary.port.to_string()]);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !replica
+            .cli(&["INFO", "replication"])
+            .contains("master_link_status:up")
+        {
+            assert!(Instant::now() < deadline, "the replica did not sync");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let sentinels = (0..3)
+            .map(|_| OwnSentinel::start(primary.port, 2))
+            .collect();
+        Self {
+            primary,
+            replica,
+            sentinels,
+        }
+    }
+
+    /// The gateways' URL: through the sentinels.
+    pub(crate) fn url(&self) -> String {
+        format!(
+            "redis+sentinel://{}/mymaster",
+            self.sentinels
+                .iter()
+                .map(|s| format!("127.0.0.1:{}", s.port))
+                .collect::<Vec<_>>()
+                .join(",")
+        )
+    }
+
+    /// Kills the primary (-9), waits until every sentinel settled on the replica as the new
+    /// primary, and starts the old one again (it becomes the replica). Only once every sentinel
+    /// has settled: an old primary without persistence that comes back empty while the failover
+    /// is still in progress is taken back as the primary, and its empty data set replaces the
+    /// replica's (Redis's "replication safety when the master has persistence turned off": the
+    /// README says not to restart such a primary automatically).
+    pub(crate) async fn fail_over(&mut self) {
+        self.primary.kill9();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !(self
+            .sentinels
+            .iter()
+            .all(|s| s.settled_on(self.replica.port))
+            && self.replica.cli(&["ROLE"]).starts_with("master"))
+        {
+            assert!(Instant::now() < deadline, "no failover");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        self.primary.run();
+    }
+}
