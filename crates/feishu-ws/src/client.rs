@@ -15,31 +15,17 @@ use tokio_util::sync::CancellationToken;
 
 use crate::connection::{self, Context, End};
 use crate::endpoint::{self, ConnectError, Endpoint};
+use oncegate_longconn::backoff;
+
 use crate::{ClientConfig, Inlet, MAX_CONNECTIONS, Settings, Status};
 
 /// A connection that ends sooner than this after opening counts as a failed attempt for the
 /// backoff: the server keeps taking it and dropping it.
 const STABLE: Duration = Duration::from_secs(10);
 
-/// The longest wait the backoff adds.
-const BACKOFF_MAX: Duration = Duration::from_secs(60);
 /// The longest wait between dials of an endpoint that did not answer at all (one HTTP request
 /// each): a gateway started before its endpoint connects within seconds of it.
 const UNANSWERED_MAX: Duration = Duration::from_secs(10);
-
-/// The wait before attempt number `failures + 1` after `failures` failed attempts in a row: the
-/// server's `asked` wait, but at least one second doubled per failure (capped at a minute),
-/// taken at random in its upper half so that many gateways do not dial in step.
-pub(crate) fn backoff(asked: Duration, failures: u32) -> Duration {
-    if failures == 0 {
-        return asked;
-    }
-    let floor =
-        (Duration::from_secs(1) * 2u32.saturating_pow(failures.min(16) - 1)).min(BACKOFF_MAX);
-    let half = floor.as_millis() as u64 / 2;
-    let jittered = Duration::from_millis(half + fastrand::u64(0..=half));
-    asked.max(jittered)
-}
 
 /// The largest WebSocket message taken: Feishu splits events into fragments well below it.
 const MAX_MESSAGE: usize = 4 << 20;
@@ -297,28 +283,5 @@ async fn dial(endpoint: &Endpoint) -> Result<Socket, ConnectError> {
         Err(error) => Err(ConnectError::Retry(format!(
             "handshake with {shown}: {error}"
         ))),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_backoff_doubles_from_a_second_with_jitter_and_keeps_longer_server_waits() {
-        assert_eq!(backoff(Duration::ZERO, 0), Duration::ZERO);
-        for failures in 1..12u32 {
-            let full = (Duration::from_secs(1) * 2u32.pow(failures - 1)).min(BACKOFF_MAX);
-            for _ in 0..50 {
-                let wait = backoff(Duration::ZERO, failures);
-                assert!(wait >= full / 2 && wait <= full, "{failures}: {wait:?}");
-            }
-        }
-        assert_eq!(
-            backoff(Duration::from_secs(300), 2),
-            Duration::from_secs(300),
-            "the server's longer wait stands"
-        );
-        assert!(backoff(Duration::ZERO, u32::MAX) <= BACKOFF_MAX);
     }
 }

@@ -15,11 +15,11 @@ pub mod frame;
 pub mod local;
 mod seen;
 
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 pub use oncegate_core::Inlet;
+pub use oncegate_longconn::Status;
+pub(crate) use oncegate_longconn::unix_ms;
 
 pub use client::{LongConnection, SetupError};
 pub use endpoint::{ClientConfig, ConnectError, Endpoint};
@@ -88,68 +88,4 @@ impl Settings {
             .unwrap_or_else(|| (ping / 2).clamp(Duration::from_secs(5), Duration::from_secs(60)));
         ping + grace
     }
-}
-
-/// What a running long connection is doing, for readiness and the status page.
-#[derive(Debug, Default)]
-pub struct Status {
-    open: AtomicUsize,
-    last_frame_ms: AtomicU64,
-    reconnects: AtomicU64,
-    fatal: Mutex<Option<String>>,
-}
-
-impl Status {
-    /// Connections open now.
-    pub fn open(&self) -> usize {
-        self.open.load(Ordering::Relaxed)
-    }
-
-    /// When the last frame arrived (unix ms), 0 before any.
-    pub fn last_frame_ms(&self) -> u64 {
-        self.last_frame_ms.load(Ordering::Relaxed)
-    }
-
-    /// Connections lost and dialled again so far.
-    pub fn reconnects(&self) -> u64 {
-        self.reconnects.load(Ordering::Relaxed)
-    }
-
-    /// Why the connections stopped for good (a fatal handshake or endpoint answer), if they did.
-    pub fn fatal(&self) -> Option<String> {
-        self.fatal
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone()
-    }
-
-    pub(crate) fn set_fatal(&self, reason: String) {
-        *self
-            .fatal
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(reason);
-    }
-
-    pub(crate) fn opened(&self) {
-        self.open.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub(crate) fn closed(&self) {
-        self.open.fetch_sub(1, Ordering::Relaxed);
-    }
-
-    pub(crate) fn frame_at(&self, now_ms: u64) {
-        self.last_frame_ms.store(now_ms, Ordering::Relaxed);
-    }
-
-    pub(crate) fn reconnected(&self) {
-        self.reconnects.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-/// Unix time in ms.
-pub(crate) fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }

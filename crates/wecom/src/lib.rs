@@ -7,12 +7,14 @@
 //! source, so a gateway serves many of them, each at its own path, and their keys, order keys
 //! and leases never meet (every key names the corp or app id).
 
+mod aibot;
 pub mod crypto;
 mod keys;
 mod query;
 mod source;
 pub mod xml;
 
+pub use aibot::AiBot;
 pub use crypto::AesKey;
 
 /// Why a callback or a configuration was refused.

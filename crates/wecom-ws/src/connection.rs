@@ -1,0 +1,370 @@
+//! One open socket: the subscribe, then callbacks in and commands out. Pings go out on the
+//! writer's own task, so that a slow store never delays them; pings left unanswered end the
+//! connection. One chat's callbacks are admitted in the order they came, other chats' alongside.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use oncegate_core::{Admit, RefusalKind};
+use oncegate_wecom::AiBot;
+use tokio::sync::mpsc;
+use tokio_tungstenite::tungstenite::{self, Message};
+use tokio_util::sync::CancellationToken;
+
+use crate::frame::{self, Incoming};
+use crate::{Inlet, Settings, Status};
+
+/// Commands waiting for the socket.
+const OUTBOX: usize = 1024;
+/// Callbacks waiting in one lane.
+const LANE_DEPTH: usize = 256;
+/// A write that takes longer is a dead connection.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Attempts at admitting a callback while the store is unavailable: WeCom is not known to send
+/// a callback again, so one that is not admitted is lost.
+const ADMIT_ATTEMPTS: u32 = 8;
+
+/// How a connection ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum End {
+    /// Shutdown was asked for.
+    Shutdown,
+    /// WeCom said another subscribe took the bot over (`disconnected_event`).
+    Kicked,
+    /// WeCom refused the subscribe.
+    Refused(String),
+    /// The server closed it, or the socket failed; `reason` is a metric label.
+    Lost {
+        reason: &'static str,
+        detail: String,
+    },
+}
+
+/// What one bot's connections share with their lanes.
+pub(crate) struct Context<I> {
+    pub(crate) bot: AiBot,
+    pub(crate) settings: Settings,
+    pub(crate) inlet: Arc<I>,
+    pub(crate) status: Arc<Status>,
+}
+
+impl<I: Inlet> Context<I> {
+    fn count(&self, kind: &'static str) {
+        metrics::counter!("oncegate_ws_frames_total", "source" => self.settings.source.clone(), "type" => kind)
+            .increment(1);
+    }
+
+    /// A frame that cannot be used: counted, and summarized in the log.
+    fn garbage(&self, label: &'static str, detail: &str) {
+        metrics::counter!("oncegate_ws_bad_frames_total", "source" => self.settings.source.clone(), "reason" => label)
+            .increment(1);
+        self.inlet.note(
+            label,
+            &format!("long connection {}: {detail}", self.settings.source),
+        );
+    }
+}
+
+/// Subscribes on `socket` and runs it until it ends. Callbacks already taken from it are still
+/// admitted after it ended.
+pub(crate) async fn run<I: Inlet, S>(
+    context: Arc<Context<I>>,
+    socket: S,
+    shutdown: &CancellationToken,
+) -> End
+where
+    S: futures_util::Stream<Item = Result<Message, tungstenite::Error>>
+        + futures_util::Sink<Message, Error = tungstenite::Error>
+        + Send
+        + Unpin
+        + 'static,
+{
+    let (mut sink, mut stream) = socket.split();
+    if let Err(end) = subscribe(&context, &mut sink, &mut stream).await {
+        let _ = tokio::time::timeout(Duration::from_secs(1), sink.close()).await;
+        return end;
+    }
+    context.status.opened();
+    let (outbox, letters) = mpsc::channel::<String>(OUTBOX);
+    let missed = Arc::new(AtomicU32::new(0));
+    let ended = CancellationToken::new();
+    let writer = tokio::spawn(write(
+        sink,
+        letters,
+        context.settings.clone(),
+        missed.clone(),
+        ended.clone(),
+    ));
+    let lanes: Vec<mpsc::Sender<Admit>> = (0..context.settings.lanes.max(1))
+        .map(|_| {
+            let (lane, work) = mpsc::channel(LANE_DEPTH);
+            tokio::spawn(admit_in_order(context.clone(), work));
+            lane
+        })
+        .collect();
+    let end = loop {
+        let message = tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => break End::Shutdown,
+            message = stream.next() => message,
+            _ = ended.cancelled() => break End::Lost {
+                reason: "write_failed",
+                detail: "a write failed or timed out".into(),
+            },
+        };
+        let text = match message {
+            None => break lost("closed", "the server ended the stream".into()),
+            Some(Err(error)) => break lost("socket_error", error.to_string()),
+            Some(Ok(Message::Text(text))) => text,
+            Some(Ok(Message::Close(close))) => {
+                break lost(
+                    "closed",
+                    format!(
+                        "the server closed the connection: {}",
+                        close.map_or_else(String::new, |c| format!("{} {}", c.code, c.reason))
+                    ),
+                );
+            }
+            // Answered by tungstenite itself.
+            Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
+            Some(Ok(Message::Binary(_) | Message::Frame(_))) => {
+                context.garbage("binary_message", "a binary message; WeCom sends JSON text");
+                continue;
+            }
+        };
+        context.status.frame_at(oncegate_longconn::unix_ms());
+        let frame = match Incoming::parse(&text) {
+            Ok(frame) => frame,
+            Err(error) => {
+                context.garbage(error.label(), &error.to_string());
+                continue;
+            }
+        };
+        if frame.is_takeover() {
+            context.count("disconnected_event");
+            break End::Kicked;
+        }
+        if frame.is_callback() {
+            callback(&context, &frame, &text, &lanes).await;
+            continue;
+        }
+        if frame.cmd.is_none() {
+            if let Some(end) = answered(&context, &frame, &missed) {
+                break end;
+            }
+            continue;
+        }
+        context.garbage(
+            "unknown_command",
+            &format!("a frame with cmd {:?}", frame.cmd.as_deref().unwrap_or("")),
+        );
+    };
+    ended.cancel();
+    drop(outbox);
+    let end = match writer.await {
+        Ok(Some(why)) if matches!(end, End::Lost { .. }) => why,
+        _ => end,
+    };
+    context.status.closed();
+    end
+}
+
+fn lost(reason: &'static str, detail: String) -> End {
+    End::Lost { reason, detail }
+}
+
+/// Sends the subscribe and waits for its answer.
+async fn subscribe<I: Inlet, W, R>(
+    context: &Context<I>,
+    sink: &mut W,
+    stream: &mut R,
+) -> Result<(), End>
+where
+    W: futures_util::Sink<Message, Error = tungstenite::Error> + Unpin,
+    R: futures_util::Stream<Item = Result<Message, tungstenite::Error>> + Unpin,
+{
+    let req_id = frame::req_id(frame::SUBSCRIBE);
+    let body =
+        serde_json::json!({"bot_id": context.bot.bot_id(), "secret": context.settings.secret});
+    let text = frame::command(frame::SUBSCRIBE, &req_id, Some(body));
+    let deadline = context.settings.connect_timeout;
+    match tokio::time::timeout(WRITE_TIMEOUT, sink.send(Message::text(text))).await {
+        Ok(Ok(())) => {}
+        _ => {
+            return Err(lost(
+                "write_failed",
+                "the subscribe could not be sent".into(),
+            ));
+        }
+    }
+    let answer = async {
+        while let Some(message) = stream.next().await {
+            let text = match message {
+                Ok(Message::Text(text)) => text,
+                Ok(Message::Close(_)) | Err(_) => break,
+                Ok(_) => continue,
+            };
+            match Incoming::parse(&text) {
+                Ok(frame) if frame.cmd.is_none() && frame.headers.req_id == req_id => {
+                    return Ok(frame);
+                }
+                Ok(_) => context.garbage(
+                    "before_subscribe",
+                    "a frame before the subscribe was answered",
+                ),
+                Err(error) => context.garbage(error.label(), &error.to_string()),
+            }
+        }
+        Err(lost(
+            "closed",
+            "the server closed the connection before answering the subscribe".into(),
+        ))
+    };
+    let frame = tokio::time::timeout(deadline, answer).await.map_err(|_| {
+        lost(
+            "subscribe_timeout",
+            format!("the subscribe was not answered within {deadline:?}"),
+        )
+    })??;
+    match frame.errcode {
+        Some(0) => Ok(()),
+        code => Err(End::Refused(format!(
+            "the subscribe was refused: errcode {}, {:?}; check bot_id and secret (智能机器人 → API 模式 → 长连接)",
+            code.map_or_else(|| "missing".to_owned(), |c| c.to_string()),
+            frame.errmsg.unwrap_or_default()
+        ))),
+    }
+}
+
+/// An answer to a command of ours: a ping's clears the watchdog; "not subscribed" ends the
+/// connection, so that it is dialled and subscribed anew.
+fn answered<I: Inlet>(context: &Context<I>, frame: &Incoming, missed: &AtomicU32) -> Option<End> {
+    if frame.errcode == Some(frame::NOT_SUBSCRIBED) {
+        return Some(lost(
+            "not_subscribed",
+            format!(
+                "WeCom answered {} (not subscribed) while the socket was open: subscribing anew",
+                frame::NOT_SUBSCRIBED
+            ),
+        ));
+    }
+    if frame.headers.req_id.starts_with(frame::PING) {
+        context.count("pong");
+        if frame.errcode == Some(0) {
+            missed.store(0, Ordering::Relaxed);
+        }
+        return None;
+    }
+    context.count("answer");
+    None
+}
+
+async fn callback<I: Inlet>(
+    context: &Context<I>,
+    frame: &Incoming,
+    text: &str,
+    lanes: &[mpsc::Sender<Admit>],
+) {
+    context.count(if frame.cmd.as_deref() == Some(frame::MESSAGE) {
+        "message"
+    } else {
+        "event"
+    });
+    let body = match frame.body() {
+        Ok(body) => body,
+        Err(error) => return context.garbage(error.label(), &error.to_string()),
+    };
+    match context
+        .bot
+        .admit(body.as_bytes(), Bytes::copy_from_slice(text.as_bytes()))
+    {
+        Ok(admit) => {
+            let lane = (admit.event.order_hash() % lanes.len() as u64) as usize;
+            // A full lane holds the reader back: backpressure, not loss.
+            let _ = lanes[lane].send(admit).await;
+        }
+        Err(error) => context.garbage("bad_callback", &error.to_string()),
+    }
+}
+
+/// Admits one lane's callbacks one after another. The store's outage is waited out for a while
+/// (the gateway spools what it cannot admit); a callback still refused is counted and said.
+async fn admit_in_order<I: Inlet>(context: Arc<Context<I>>, mut work: mpsc::Receiver<Admit>) {
+    let source = context.settings.source.clone();
+    let admitted =
+        metrics::counter!("oncegate_ws_acks_total", "source" => source.clone(), "code" => "200");
+    while let Some(admit) = work.recv().await {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match context.inlet.admit(admit.clone()).await {
+                Ok(_) => {
+                    admitted.increment(1);
+                    break;
+                }
+                Err(refusal)
+                    if refusal.kind == RefusalKind::Unavailable && attempt < ADMIT_ATTEMPTS =>
+                {
+                    tokio::time::sleep(oncegate_longconn::backoff(Duration::ZERO, attempt)).await;
+                }
+                Err(refusal) => {
+                    metrics::counter!("oncegate_ws_refused_total", "source" => source.clone(), "reason" => refusal.label)
+                        .increment(1);
+                    context.inlet.note(
+                        "ws_admit_failed",
+                        &format!(
+                            "long connection {source}: callback {} not admitted ({}): {}; WeCom \
+                             is not known to send it again",
+                            admit.event.event_id, refusal.label, refusal.message
+                        ),
+                    );
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Writes commands as they come and a ping every interval; stops on a failed write, on pings
+/// left unanswered, or at the end of the connection, saying why when it was not asked to.
+async fn write<W>(
+    mut sink: W,
+    mut letters: mpsc::Receiver<String>,
+    settings: Settings,
+    missed: Arc<AtomicU32>,
+    ended: CancellationToken,
+) -> Option<End>
+where
+    W: futures_util::Sink<Message, Error = tungstenite::Error> + Unpin,
+{
+    let mut next_ping = tokio::time::Instant::now() + settings.ping_every;
+    let why = loop {
+        let text = tokio::select! {
+            _ = ended.cancelled() => break None,
+            letter = letters.recv() => match letter {
+                Some(text) => text,
+                None => break None,
+            },
+            _ = tokio::time::sleep_until(next_ping) => {
+                next_ping = tokio::time::Instant::now() + settings.ping_every;
+                let unanswered = missed.fetch_add(1, Ordering::Relaxed);
+                if unanswered >= settings.missed_pings {
+                    break Some(lost("silent", format!(
+                        "{unanswered} pings in a row unanswered: taken for half-open"
+                    )));
+                }
+                frame::command(frame::PING, &frame::req_id(frame::PING), None)
+            }
+        };
+        match tokio::time::timeout(WRITE_TIMEOUT, sink.send(Message::text(text))).await {
+            Ok(Ok(())) => {}
+            _ => break Some(lost("write_failed", "a write failed or timed out".into())),
+        }
+    };
+    ended.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(1), sink.close()).await;
+    why
+}

@@ -1,0 +1,231 @@
+//! The AI bot's long connection against the local AI-bot server, over real sockets.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use oncegate_core::{Accepted, Admit, Inlet, Refusal, RefusalKind};
+use oncegate_wecom::AiBot;
+use oncegate_wecom_ws::local::{self, LocalAiBot};
+use oncegate_wecom_ws::{AiBotConnection, Ended, Settings, frame};
+use tokio_util::sync::CancellationToken;
+
+const BOT: &str = "aibAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA";
+const SECRET: &str = "the-bot-secret";
+
+/// Records what it is asked to admit, refusing the first `fail_first` attempts as unavailable.
+#[derive(Default)]
+struct Recorder {
+    admitted: Mutex<Vec<Admit>>,
+    fail_first: Mutex<usize>,
+}
+
+impl Inlet for Recorder {
+    async fn admit(&self, admit: Admit) -> Result<Accepted, Refusal> {
+        {
+            let mut fail = self.fail_first.lock().unwrap_or_else(|p| p.into_inner());
+            if *fail > 0 {
+                *fail -= 1;
+                return Err(Refusal::new(RefusalKind::Unavailable, "store_down", "down"));
+            }
+        }
+        self.admitted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(admit);
+        Ok(Accepted::Admitted)
+    }
+
+    async fn call(&self, _: Admit, _: Duration) -> Result<Option<Bytes>, Refusal> {
+        Ok(None)
+    }
+
+    fn note(&self, _: &'static str, _: &str) {}
+}
+
+impl Recorder {
+    fn ids(&self) -> Vec<(String, String)> {
+        self.admitted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|a| {
+                (
+                    a.event.order_key.as_deref().unwrap_or("").to_owned(),
+                    a.event.event_id.to_string(),
+                )
+            })
+            .collect()
+    }
+
+    async fn wait_for(&self, n: usize, within: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + within;
+        while self.ids().len() < n {
+            if tokio::time::Instant::now() > deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        true
+    }
+}
+
+fn settings(server: &LocalAiBot, secret: &str) -> Settings {
+    let mut settings = Settings::new("bot", server.url(), secret);
+    settings.ping_every = Duration::from_millis(200);
+    settings.connect_timeout = Duration::from_secs(2);
+    settings
+}
+
+fn start(
+    server: &LocalAiBot,
+    secret: &str,
+    inlet: Arc<Recorder>,
+) -> (CancellationToken, tokio::task::JoinHandle<Ended>) {
+    let bot = AiBot::new(BOT).expect("bot");
+    let connection = AiBotConnection::new(bot, settings(server, secret), inlet).expect("settings");
+    let stop = CancellationToken::new();
+    let run = tokio::spawn({
+        let stop = stop.clone();
+        async move { connection.run(stop).await }
+    });
+    (stop, run)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_with_repeats_and_a_dropped_connection_are_all_admitted_in_chat_order() {
+    let server = LocalAiBot::start(BOT, SECRET).await.expect("server");
+    let inlet = Arc::new(Recorder::default());
+    let (stop, run) = start(&server, SECRET, inlet.clone());
+    assert!(server.wait_for_subscribes(1, Duration::from_secs(5)).await);
+    let chats = ["wrA", "wrB", "wrC", "wrD"];
+    let mut pushed = 0;
+    for n in 0..200 {
+        let chat = chats[n % chats.len()];
+        let body = local::text_message(BOT, &format!("M{n:04}"), Some(chat), "zhangsan", "hi");
+        server.push(frame::MESSAGE, &body);
+        pushed += 1;
+        if n % 7 == 0 {
+            // A repeat under another req_id, as seen while a reply was pending.
+            server.push(frame::MESSAGE, &body);
+            pushed += 1;
+        }
+        if n == 100 {
+            server.drop_connection();
+        }
+    }
+    assert!(
+        server.wait_for_subscribes(2, Duration::from_secs(10)).await,
+        "dialled again"
+    );
+    assert!(
+        inlet.wait_for(pushed, Duration::from_secs(10)).await,
+        "every callback reached the inlet"
+    );
+    let ids = inlet.ids();
+    let mut by_chat: HashMap<String, Vec<String>> = HashMap::new();
+    for (chat, id) in ids {
+        by_chat.entry(chat).or_default().push(id);
+    }
+    for (chat, mut ids) in by_chat {
+        ids.dedup();
+        let mut sorted = ids.clone();
+        sorted.sort();
+        assert_eq!(ids, sorted, "chat {chat}: in the order they came");
+        assert_eq!(ids.len(), 50, "chat {chat}: every message");
+    }
+    stop.cancel();
+    assert_eq!(run.await.expect("run"), Ended::Shutdown);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_ends_the_run_and_is_told_even_when_the_socket_stays_open() {
+    let server = LocalAiBot::start(BOT, SECRET).await.expect("server");
+    let inlet = Arc::new(Recorder::default());
+    let (_stop, run) = start(&server, SECRET, inlet.clone());
+    assert!(server.wait_for_subscribes(1, Duration::from_secs(5)).await);
+    server.take_over_from_elsewhere();
+    let ended = tokio::time::timeout(Duration::from_secs(5), run)
+        .await
+        .expect("the run ended though the socket stayed open")
+        .expect("run");
+    assert_eq!(ended, Ended::Kicked);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(server.subscribes().len(), 1, "no dialling back on its own");
+    assert!(inlet.ids().is_empty(), "the takeover is no event");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unanswered_pings_end_a_half_open_connection_and_it_is_dialled_again() {
+    let server = LocalAiBot::start(BOT, SECRET).await.expect("server");
+    let inlet = Arc::new(Recorder::default());
+    let (stop, _run) = start(&server, SECRET, inlet.clone());
+    assert!(server.wait_for_subscribes(1, Duration::from_secs(5)).await);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(server.pings() >= 1, "pings go out");
+    server.silence(true);
+    // Two pings unanswered (200 ms apart), then a new connection within the backoff.
+    assert!(
+        server.wait_for_subscribes(2, Duration::from_secs(5)).await,
+        "a silent connection was taken for dead"
+    );
+    server.silence(false);
+    server.push(
+        frame::MESSAGE,
+        &local::text_message(BOT, "after", None, "lisi", "x"),
+    );
+    assert!(inlet.wait_for(1, Duration::from_secs(5)).await);
+    stop.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_secret_stops_for_good_after_a_few_refusals_and_says_why() {
+    let server = LocalAiBot::start(BOT, SECRET).await.expect("server");
+    let inlet = Arc::new(Recorder::default());
+    let bot = AiBot::new(BOT).expect("bot");
+    let connection =
+        AiBotConnection::new(bot, settings(&server, "wrong"), inlet).expect("settings");
+    let status = connection.status();
+    let ended = tokio::time::timeout(
+        Duration::from_secs(20),
+        connection.run(CancellationToken::new()),
+    )
+    .await
+    .expect("stopped");
+    assert!(
+        matches!(&ended, Ended::Fatal(why) if why.contains("600017")),
+        "{ended:?}"
+    );
+    assert_eq!(server.refused(), 3);
+    assert!(status.fatal().is_some_and(|why| why.contains("secret")));
+    assert!(server.subscribes().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_outage_is_waited_out_and_a_callback_for_another_bot_is_refused() {
+    let server = LocalAiBot::start(BOT, SECRET).await.expect("server");
+    let inlet = Arc::new(Recorder::default());
+    *inlet.fail_first.lock().expect("lock") = 3;
+    let (stop, _run) = start(&server, SECRET, inlet.clone());
+    server.push(
+        frame::MESSAGE,
+        &local::text_message("another-bot", "X", None, "u", "x"),
+    );
+    server.push(frame::EVENT, &local::enter_chat(BOT, "E1", "u"));
+    assert!(
+        inlet.wait_for(1, Duration::from_secs(10)).await,
+        "admitted after the outage"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let ids = inlet.ids();
+    assert_eq!(
+        ids,
+        vec![("u".to_owned(), "E1".to_owned())],
+        "only this bot's"
+    );
+    assert!(
+        AiBotConnection::new(AiBot::new(BOT).expect("bot"), settings(&server, " "), inlet).is_err()
+    );
+    stop.cancel();
+}

@@ -1,0 +1,109 @@
+//! A WeCom AI bot's callbacks as they come over its long connection: plain JSON bodies (the
+//! socket is the authentication), read with the same names and keys as the AI-bot JSON of the
+//! HTTP callback mode, so that a message is one event whichever way it came.
+
+use bytes::Bytes;
+use oncegate_core::Admit;
+
+use crate::WecomError;
+use crate::keys::{JSON, Origin, normalize};
+use crate::xml::Fields;
+
+/// One AI bot (智能机器人), by its bot id.
+#[derive(Debug, Clone)]
+pub struct AiBot {
+    bot_id: String,
+}
+
+impl AiBot {
+    /// The bot `bot_id` (its `aibotid`); it may not be empty.
+    pub fn new(bot_id: &str) -> Result<Self, WecomError> {
+        if bot_id.trim().is_empty() {
+            return Err(WecomError::EmptySecret("bot id"));
+        }
+        Ok(Self {
+            bot_id: bot_id.to_owned(),
+        })
+    }
+
+    /// The bot id.
+    pub fn bot_id(&self) -> &str {
+        &self.bot_id
+    }
+
+    /// The event of a callback's `body` (a message or an event), to be admitted with `payload`
+    /// as what handlers receive (the whole frame, whose `req_id` a reply needs). Its keys are
+    /// the body's fields and its `msgid` with the sender: a repeat of the callback under another
+    /// `req_id` is the same event. A body naming another bot is refused.
+    pub fn admit(&self, body: &[u8], payload: Bytes) -> Result<Admit, WecomError> {
+        let fields = Fields::from_json(body)?;
+        if let Some(got) = JSON.tenant(&fields)
+            && got != self.bot_id
+        {
+            return Err(WecomError::WrongAgent {
+                expected: self.bot_id.clone(),
+                got: got.to_owned(),
+            });
+        }
+        let origin = Origin {
+            platform: "wecom",
+            app: &self.bot_id,
+            names: &JSON,
+        };
+        let (mut event, keys) = normalize(&origin, &fields, payload);
+        event.tenant = Some(self.bot_id.as_str().into());
+        Ok(Admit::new(event, keys))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A group text message as doc 101463 shows it.
+    const BODY: &[u8] = br#"{"msgid":"CAIQ16HMjQYY\/NGagIOAgAMgq4KM0AI=","aibotid":"AIBOTID","chatid":"CHATID","chattype":"group","from":{"userid":"USERID"},"msgtype":"text","text":{"content":"@RobotA hello robot"}}"#;
+
+    #[test]
+    fn a_repeat_under_another_req_id_is_the_same_event_and_chats_keep_their_order() {
+        let bot = AiBot::new("AIBOTID").expect("bot");
+        let first = bot
+            .admit(
+                BODY,
+                Bytes::from_static(b"{\"headers\":{\"req_id\":\"a\"}}"),
+            )
+            .expect("admitted");
+        let again = bot
+            .admit(
+                BODY,
+                Bytes::from_static(b"{\"headers\":{\"req_id\":\"b\"}}"),
+            )
+            .expect("admitted");
+        assert_eq!(first.keys, again.keys);
+        assert_eq!(&*first.event.event_id, "CAIQ16HMjQYY/NGagIOAgAMgq4KM0AI=");
+        assert_eq!(&*first.event.event_type, "message.text");
+        assert_eq!(first.event.order_key.as_deref(), Some("CHATID"));
+        assert_eq!(&*first.event.app, "AIBOTID");
+        let other = String::from_utf8_lossy(BODY).replace("CAIQ16", "CAIQ17");
+        let other = bot.admit(other.as_bytes(), Bytes::new()).expect("admitted");
+        assert!(
+            other
+                .keys
+                .as_slice()
+                .iter()
+                .all(|k| !first.keys.as_slice().contains(k)),
+            "another msgid is another event"
+        );
+    }
+
+    #[test]
+    fn another_bots_callback_and_garbage_are_refused() {
+        let bot = AiBot::new("OTHER").expect("bot");
+        assert!(matches!(
+            bot.admit(BODY, Bytes::new()),
+            Err(WecomError::WrongAgent { .. })
+        ));
+        assert!(bot.admit(b"{not json", Bytes::new()).is_err());
+        assert!(bot.admit(b"[1,2]", Bytes::new()).is_err());
+        assert!(AiBot::new(" ").is_err());
+    }
+}
