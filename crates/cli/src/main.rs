@@ -15,6 +15,7 @@ mod queue_cmd;
 mod remote;
 mod serve;
 mod simulate;
+mod simulate_aibot;
 mod simulate_api;
 mod simulate_ws;
 mod store_files;

@@ -191,7 +191,7 @@ pub(crate) async fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
         .timeout(Duration::from_secs(30))
         .build()?;
     if let [source] = sources.as_slice()
-        && is_long_connection(source)
+        && oncegate_gateway::registry::is_long_connection(source)
     {
         return crate::simulate_ws::simulate(
             &args,
@@ -202,7 +202,10 @@ pub(crate) async fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
         )
         .await;
     }
-    if let Some(source) = sources.iter().find(|source| is_long_connection(source)) {
+    if let Some(source) = sources
+        .iter()
+        .find(|source| oncegate_gateway::registry::is_long_connection(source))
+    {
         bail!(
             "source {:?} is on the long connection: simulate it on its own (--source {})",
             source.name,
@@ -413,16 +416,6 @@ pub(crate) async fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Whether `source` takes its events over Feishu's long connection.
-fn is_long_connection(source: &oncegate_config::SourceConfig) -> bool {
-    matches!(
-        &source.platform,
-        oncegate_config::PlatformConfig::Feishu(settings)
-            | oncegate_config::PlatformConfig::Lark(settings)
-            if settings.transport == oncegate_config::Transport::Websocket
-    )
-}
-
 /// The counters once deliveries caught up with admissions, or stopped moving for 10 s.
 pub(crate) async fn settled(
     client: &reqwest::Client,
@@ -472,6 +465,18 @@ pub(crate) fn print_admitted(before: Option<Counts>, now: Option<Counts>) {
 }
 
 /// What the gateway delivered during the run; when its counters could not be read, why.
+/// The delivery rate from the first push to the last delivery, `elapsed` after the first.
+pub(crate) fn print_end_to_end(before: Option<Counts>, now: Option<Counts>, elapsed: Duration) {
+    if let (Some(before), Some(now)) = (before, now) {
+        let delivered = now.delivered.saturating_sub(before.delivered);
+        println!(
+            "end to end         {:.0} events/s delivered (first push to last delivery, {:.2} s)",
+            delivered as f64 / elapsed.as_secs_f64().max(0.001),
+            elapsed.as_secs_f64()
+        );
+    }
+}
+
 pub(crate) async fn print_delivered(
     before: Option<Counts>,
     now: Option<Counts>,

@@ -20,25 +20,29 @@ const API: &str = "the platform's API (and the gateway to send to it)";
 const PRINT_EVERY: Duration = Duration::from_millis(100);
 
 /// The loopback address in the source's `domain`, where simulate serves `what` (and the
-/// gateway finds it); `example` is a port to suggest.
+/// gateway finds it); `example` is a port to suggest, `scheme` the one served (`http`, `ws`).
 pub(crate) fn address<'a>(
     source: &SourceConfig,
     domain: Option<&'a str>,
     what: &str,
     example: u16,
+    scheme: &str,
 ) -> anyhow::Result<&'a str> {
     let domain = domain.with_context(|| {
         format!(
-            "source {:?}: set domain = \"http://127.0.0.1:{example}\" for simulate to serve \
+            "source {:?}: set domain = \"{scheme}://127.0.0.1:{example}\" for simulate to serve \
              {what} there",
             source.name
         )
     })?;
-    match domain.strip_prefix("http://") {
+    match domain
+        .strip_prefix(scheme)
+        .and_then(|rest| rest.strip_prefix("://"))
+    {
         Some(address) => Ok(address.trim_end_matches('/')),
         None => bail!(
-            "source {:?}: domain {domain:?} is not a local http:// address; simulate serves \
-             plain HTTP on loopback (e.g. http://127.0.0.1:{example})",
+            "source {:?}: domain {domain:?} is not a local {scheme}:// address; simulate serves \
+             plain {scheme} on loopback (e.g. {scheme}://127.0.0.1:{example})",
             source.name
         ),
     }
@@ -57,7 +61,7 @@ pub(crate) async fn serve(source: &SourceConfig) -> anyhow::Result<()> {
     let mut printed = 0usize;
     match &source.platform {
         PlatformConfig::Feishu(settings) | PlatformConfig::Lark(settings) => {
-            let address = address(source, settings.domain.as_deref(), API, 8282)?;
+            let address = address(source, settings.domain.as_deref(), API, 8282, "http")?;
             let secret = secret(source, &settings.app_secret, "app_secret")?;
             let api = LocalFeishuApi::start_at(address, &settings.app_id, &secret, TOKEN_LIFETIME)
                 .await
@@ -93,7 +97,7 @@ pub(crate) async fn serve(source: &SourceConfig) -> anyhow::Result<()> {
             );
         }
         PlatformConfig::Wecom(settings) => {
-            let address = address(source, settings.domain.as_deref(), API, 8282)?;
+            let address = address(source, settings.domain.as_deref(), API, 8282, "http")?;
             let secret = secret(source, &settings.secret, "secret")?;
             let api = LocalWecomApi::start_at(address, &settings.corp_id, &secret, WECOM_IN_FLIGHT)
                 .await
@@ -121,9 +125,8 @@ pub(crate) async fn serve(source: &SourceConfig) -> anyhow::Result<()> {
                 api.busy()
             );
         }
-        PlatformConfig::Wechat(_) => bail!(
-            "source {:?} is a WeChat Official Account: /send sends as Feishu, Lark and WeCom \
-             apps only",
+        PlatformConfig::Wechat(_) | PlatformConfig::WecomAibot(_) => bail!(
+            "source {:?}: /send sends as Feishu, Lark and WeCom apps only",
             source.name
         ),
     }

@@ -9,7 +9,9 @@ use oncegate_config::{PlatformConfig, SourceConfig};
 use oncegate_feishu_ws::ClientConfig;
 use oncegate_feishu_ws::local::{self, LocalFeishu};
 
-use crate::simulate::{SimulateArgs, counts, print_admitted, print_delivered, settled};
+use crate::simulate::{
+    SimulateArgs, counts, print_admitted, print_delivered, print_end_to_end, settled,
+};
 
 /// How long simulate waits for the gateway to connect.
 const CONNECT_WAIT: Duration = Duration::from_secs(180);
@@ -26,13 +28,14 @@ pub(crate) async fn simulate(
 ) -> anyhow::Result<()> {
     let (PlatformConfig::Feishu(settings) | PlatformConfig::Lark(settings)) = &source.platform
     else {
-        bail!("source {:?} is not a Feishu or Lark app", source.name);
+        return crate::simulate_aibot::simulate(args, source, client, admin, admin_token).await;
     };
     let address = crate::simulate_api::address(
         source,
         settings.domain.as_deref(),
         "the long connection's endpoint",
         8181,
+        "http",
     )?;
     let domain = format!("http://{address}");
     let secret = settings
@@ -113,14 +116,7 @@ pub(crate) async fn simulate(
         driven.acked as f64 / seconds,
         pushed_for.as_secs_f64()
     );
-    if let (Some(before), Some(now)) = (before, now) {
-        let delivered = now.delivered.saturating_sub(before.delivered);
-        println!(
-            "end to end         {:.0} events/s delivered (first push to last delivery, {:.2} s)",
-            delivered as f64 / until_delivered.as_secs_f64().max(0.001),
-            until_delivered.as_secs_f64()
-        );
-    }
+    print_end_to_end(before, now, until_delivered);
     let pct = |p: f64| {
         let latencies = &driven.latencies;
         latencies

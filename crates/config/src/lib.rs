@@ -580,6 +580,9 @@ pub enum Platform {
     Wecom,
     /// WeChat official accounts.
     Wechat,
+    /// A WeCom AI bot (智能机器人) on its long connection.
+    #[serde(rename = "wecom-aibot")]
+    WecomAibot,
 }
 
 /// A secret: inline, from an environment variable, or from a file. Its `Debug` never shows
@@ -661,6 +664,9 @@ pub enum PlatformConfig {
     Wecom(WecomSettings),
     /// WeChat Official Accounts.
     Wechat(WechatSettings),
+    /// A WeCom AI bot (智能机器人) on its long connection: oncegate dials WeCom.
+    #[serde(rename = "wecom-aibot")]
+    WecomAibot(AibotSettings),
 }
 
 /// A Feishu or Lark app.
@@ -771,6 +777,19 @@ pub struct WechatSettings {
     pub encoding_aes_key: Option<Secret>,
 }
 
+/// A WeCom AI bot on its long connection (API mode, 长连接): no public callback URL.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AibotSettings {
+    /// The bot's id (`aibotid`, the Bot ID of its API settings).
+    pub bot_id: String,
+    /// The bot's secret (its API settings' Secret), sent when subscribing.
+    pub secret: Option<Secret>,
+    /// The long connection's address: `wss://openws.work.weixin.qq.com` unless set (a local
+    /// server, a proxy).
+    pub domain: Option<String>,
+}
+
 impl SourceConfig {
     /// The platform.
     pub fn platform(&self) -> Platform {
@@ -779,6 +798,7 @@ impl SourceConfig {
             PlatformConfig::Lark(_) => Platform::Lark,
             PlatformConfig::Wecom(_) => Platform::Wecom,
             PlatformConfig::Wechat(_) => Platform::Wechat,
+            PlatformConfig::WecomAibot(_) => Platform::WecomAibot,
         }
     }
 
@@ -797,6 +817,7 @@ impl SourceConfig {
             PlatformConfig::Feishu(s) | PlatformConfig::Lark(s) => &s.app_id,
             PlatformConfig::Wecom(s) => &s.corp_id,
             PlatformConfig::Wechat(s) => &s.app_id,
+            PlatformConfig::WecomAibot(s) => &s.bot_id,
         }
     }
 }
@@ -819,7 +840,8 @@ impl<'de> Deserialize<'de> for SourceConfig {
             Some(toml::Value::String(platform)) => platform,
             _ => {
                 return Err(D::Error::custom(format!(
-                    "source {name:?}: set platform = \"feishu\", \"lark\", \"wecom\" or \"wechat\""
+                    "source {name:?}: set platform = \"feishu\", \"lark\", \"wecom\", \"wecom-aibot\" \
+                     or \"wechat\""
                 )));
             }
         };
@@ -830,10 +852,11 @@ impl<'de> Deserialize<'de> for SourceConfig {
             "lark" => variant(settings, &context).map(PlatformConfig::Lark),
             "wecom" => variant(settings, &context).map(PlatformConfig::Wecom),
             "wechat" => variant(settings, &context).map(PlatformConfig::Wechat),
+            "wecom-aibot" => variant(settings, &context).map(PlatformConfig::WecomAibot),
             other => {
                 return Err(D::Error::custom(format!(
                     "source {name:?}: platform = {other:?}: expected \"feishu\", \"lark\", \
-                     \"wecom\" or \"wechat\""
+                     \"wecom\", \"wecom-aibot\" or \"wechat\""
                 )));
             }
         }?;

@@ -50,7 +50,10 @@ fn scheme_of(url: &str) -> String {
 
 /// `url` is `http://` to a host other than this machine: what goes to it travels in clear.
 fn plain_http_off_host(url: &str) -> bool {
-    let Some(rest) = url.strip_prefix("http://") else {
+    let Some(rest) = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("ws://"))
+    else {
         return false;
     };
     let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
@@ -75,6 +78,7 @@ fn plain_transport(
     let domain = match platform {
         PlatformConfig::Feishu(feishu) | PlatformConfig::Lark(feishu) => feishu.domain.as_deref(),
         PlatformConfig::Wecom(wecom) => wecom.domain.as_deref(),
+        PlatformConfig::WecomAibot(aibot) => aibot.domain.as_deref(),
         PlatformConfig::Wechat(wechat) => {
             if wechat.encoding_aes_key.is_none() {
                 report(
@@ -110,7 +114,9 @@ fn plain_transport(
             format!(
                 "{}: the app secret and every access token go to it in clear; use https:// \
                  (http:// is meant for a server on this machine)",
-                scheme_of(domain).replace("a \"http\" URL", "an http:// URL")
+                scheme_of(domain)
+                    .replace("a \"http\" URL", "an http:// URL")
+                    .replace("a \"ws\" URL", "a ws:// URL")
             ),
         );
     }
@@ -128,6 +134,36 @@ fn source_label(sources: &[crate::SourceConfig], i: usize) -> String {
     match usable {
         true => format!("source[{name}]"),
         false => format!("source[{i}]"),
+    }
+}
+
+/// An AI bot subscribes with its secret, at a WebSocket address.
+fn check_aibot(
+    report: &mut impl FnMut(Severity, &str, String),
+    label: &str,
+    aibot: &crate::AibotSettings,
+) {
+    if aibot.secret.is_none() {
+        report(
+            Severity::Error,
+            &format!("{label}.secret"),
+            "the long connection subscribes with the bot's secret (its API settings, 长连接); \
+             set it"
+                .into(),
+        );
+    }
+    if let Some(domain) = aibot.domain.as_deref()
+        && !(domain.starts_with("wss://") || domain.starts_with("ws://"))
+    {
+        report(
+            Severity::Error,
+            &format!("{label}.domain"),
+            format!(
+                "{}: the long connection is a WebSocket; use wss://openws.work.weixin.qq.com \
+                 (or ws:// to a server on this machine)",
+                scheme_of(domain)
+            ),
+        );
     }
 }
 
@@ -708,6 +744,7 @@ pub fn validate(config: &Config) -> Vec<Problem> {
         }
         let id_field = match source.platform {
             PlatformConfig::Wecom(_) => "corp_id",
+            PlatformConfig::WecomAibot(_) => "bot_id",
             _ => "app_id",
         };
         if source.app_id().trim().is_empty() {
@@ -744,6 +781,7 @@ pub fn validate(config: &Config) -> Vec<Problem> {
                 encoding_aes_key,
                 ..
             }) => vec![("token", token), ("encoding_aes_key", encoding_aes_key)],
+            PlatformConfig::WecomAibot(aibot) => vec![("secret", &aibot.secret)],
         };
         for (field, secret) in &secrets {
             if let Some(Err(message)) = secret.as_ref().map(crate::Secret::resolve) {
@@ -754,6 +792,7 @@ pub fn validate(config: &Config) -> Vec<Problem> {
             PlatformConfig::Feishu(feishu) | PlatformConfig::Lark(feishu) => {
                 check_feishu_secrets(&mut report, &label, &source.name, feishu);
             }
+            PlatformConfig::WecomAibot(aibot) => check_aibot(&mut report, &label, aibot),
             PlatformConfig::Wecom(crate::WecomSettings { token, .. })
             | PlatformConfig::Wechat(crate::WechatSettings { token, .. }) => {
                 if token.is_none() {
@@ -1370,6 +1409,53 @@ mod tests {
                 .iter()
                 .any(|p| p.setting == "route[0].secret" && p.severity == Severity::Warning)
         );
+    }
+
+    #[test]
+    fn an_ai_bot_needs_its_secret_and_a_websocket_address() {
+        let config_of = |extra: &str| {
+            crate::load_str(
+                &format!(
+                    "[[source]]\nname = \"bot\"\nplatform = \"wecom-aibot\"\nbot_id = \"aib1\"\n{extra}"
+                ),
+                std::path::Path::new("t.toml"),
+                Vec::new(),
+            )
+            .expect("parses")
+        };
+        let problems = |extra: &str| -> Vec<(Severity, String)> {
+            validate(&config_of(extra))
+                .into_iter()
+                .filter(|p| p.setting.starts_with("source[bot]"))
+                .map(|p| (p.severity, p.setting))
+                .collect()
+        };
+        assert_eq!(problems("secret = \"s\""), Vec::new());
+        assert_eq!(
+            problems(""),
+            vec![(Severity::Error, "source[bot].secret".to_owned())]
+        );
+        assert_eq!(
+            problems("secret = \"s\"\ndomain = \"https://openws.work.weixin.qq.com\""),
+            vec![(Severity::Error, "source[bot].domain".to_owned())]
+        );
+        assert_eq!(
+            problems("secret = \"s\"\ndomain = \"ws://openws.example\""),
+            vec![(Severity::Warning, "source[bot].domain".to_owned())]
+        );
+        assert_eq!(
+            problems("secret = \"s\"\ndomain = \"ws://127.0.0.1:9\""),
+            Vec::new()
+        );
+        let config = config_of("secret = \"s\"");
+        assert_eq!(config.sources[0].platform(), crate::Platform::WecomAibot);
+        assert_eq!(config.sources[0].app_id(), "aib1");
+        let unknown = crate::load_str(
+            "[[source]]\nname = \"bot\"\nplatform = \"wecom-aibot\"\nbot_id = \"b\"\ncorp_id = \"x\"\n",
+            std::path::Path::new("t.toml"),
+            Vec::new(),
+        );
+        assert!(unknown.is_err(), "corp_id is not an AI bot's setting");
     }
 
     #[test]

@@ -5,11 +5,13 @@
 //! A target fails by panicking: on a crash of the code under test, or on a broken invariant it
 //! asserts.
 
+mod aibot;
 mod feishu_ws;
 mod keys;
 mod send;
 mod wecom;
 
+pub use aibot::aibot_frames;
 pub use feishu_ws::feishu_ws_frames;
 pub use keys::keys_body;
 pub use send::send_body;
@@ -35,6 +37,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("keys_body", keys_body),
     ("journal_file", journal_file),
     ("spool_entry", spool_entry),
+    ("aibot_frames", aibot_frames),
 ];
 
 /// An entry of the outage spool as it lies on disk (either layout, damaged or foreign): it

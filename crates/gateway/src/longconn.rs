@@ -1,6 +1,7 @@
-//! Feishu's long connection in the gateway: its events take the one admission path and its
-//! card actions the claim protocol, like webhooks' do. With `instances = "leader"` one gateway
-//! of several holds the connections, through a lease in the store.
+//! The long connections in the gateway (Feishu's and a WeCom AI bot's): their events take the
+//! one admission path and Feishu's card actions the claim protocol, like webhooks' do. With
+//! `instances = "leader"` (always, for an AI bot: WeCom keeps one connection per bot) one
+//! gateway of several holds the connections, through a lease in the store.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -10,7 +11,10 @@ use bytes::Bytes;
 use oncegate_config::Instances;
 use oncegate_core::{Accepted, Admit, Claim, FenceCheck, Inlet, Refusal, Store, key_for};
 use oncegate_feishu::FeishuApp;
-use oncegate_feishu_ws::{LongConnection, Settings, Status};
+use oncegate_feishu_ws::LongConnection;
+use oncegate_longconn::Status;
+use oncegate_wecom::AiBot;
+use oncegate_wecom_ws::{AiBotConnection, Ended};
 use tokio_util::sync::CancellationToken;
 
 use crate::{Shared, admission, sync_call};
@@ -19,12 +23,28 @@ use crate::{Shared, admission, sync_call};
 const LEADER_LEASE: Duration = Duration::from_secs(15);
 /// A gateway that is not the leader asks for the lease this often.
 const STANDBY_POLL: Duration = Duration::from_secs(2);
+/// A bot taken over twice within this, while this gateway held its lease, is held by a client
+/// outside the gateways sharing the store: dialling on would kick it and be kicked for ever.
+const KICK_WINDOW: Duration = Duration::from_secs(60);
+
+/// What a long-connection source dials.
+pub(crate) enum Link {
+    /// A Feishu or Lark app.
+    Feishu {
+        app: FeishuApp,
+        settings: oncegate_feishu_ws::Settings,
+    },
+    /// A WeCom AI bot.
+    AiBot {
+        bot: AiBot,
+        settings: oncegate_wecom_ws::Settings,
+    },
+}
 
 /// One configured long-connection source.
 pub(crate) struct LongSource {
     pub(crate) name: String,
-    pub(crate) app: FeishuApp,
-    pub(crate) settings: Settings,
+    pub(crate) link: Link,
     pub(crate) instances: Instances,
     pub(crate) status: Arc<Status>,
     role: AtomicU8,
@@ -35,15 +55,23 @@ const ROLE_LEADING: u8 = 1;
 const ROLE_STANDBY: u8 = 2;
 
 impl LongSource {
-    pub(crate) fn new(app: FeishuApp, settings: Settings, instances: Instances) -> Self {
+    pub(crate) fn new(name: &str, link: Link, instances: Instances) -> Self {
         Self {
-            name: settings.source.clone(),
-            app,
-            settings,
+            name: name.to_owned(),
+            link,
             instances,
             status: Arc::new(Status::default()),
             role: AtomicU8::new(ROLE_CONNECTING),
         }
+    }
+
+    /// The lease one gateway of several holds the connections under.
+    fn leader_key(&self) -> oncegate_core::KeyHash {
+        let (platform, app) = match &self.link {
+            Link::Feishu { app, .. } => (&**app.platform(), &**app.app_id()),
+            Link::AiBot { bot, .. } => ("wecom", bot.bot_id()),
+        };
+        key_for(platform, app, "leader", "long_connection")
     }
 
     /// Why this source keeps the gateway from being ready, if it does.
@@ -94,7 +122,9 @@ pub(crate) async fn run_all<S: Store>(shared: Arc<Shared<S>>, shutdown: Cancella
         running.spawn(async move {
             let source = &shared.long_sources[index];
             match source.instances {
-                Instances::All => connect(&shared, source, shutdown).await,
+                Instances::All => {
+                    connect(&shared, source, shutdown).await;
+                }
                 Instances::Leader => lead(&shared, source, shutdown).await,
             }
         });
@@ -102,15 +132,46 @@ pub(crate) async fn run_all<S: Store>(shared: Arc<Shared<S>>, shutdown: Cancella
     while running.join_next().await.is_some() {}
 }
 
+/// How a source's connections stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Held {
+    /// Shutdown, or a fatal answer (in the status).
+    Stopped,
+    /// Another subscribe took the AI bot over.
+    Kicked,
+}
+
 /// Holds `source`'s connections until `stop`.
-async fn connect<S: Store>(shared: &Arc<Shared<S>>, source: &LongSource, stop: CancellationToken) {
+async fn connect<S: Store>(
+    shared: &Arc<Shared<S>>,
+    source: &LongSource,
+    stop: CancellationToken,
+) -> Held {
     let inlet = Arc::new(GatewayInlet(shared.clone()));
-    match LongConnection::new(source.app.clone(), source.settings.clone(), inlet) {
-        Ok(client) => {
-            let client = Arc::new(client.with_status(source.status.clone()));
-            client.run(stop).await;
+    let failed = |error: &dyn std::fmt::Display| {
+        shared.fail(format!("long connection {}: {error}", source.name));
+        Held::Stopped
+    };
+    match &source.link {
+        Link::Feishu { app, settings } => {
+            match LongConnection::new(app.clone(), settings.clone(), inlet) {
+                Ok(client) => {
+                    let client = Arc::new(client.with_status(source.status.clone()));
+                    client.run(stop).await;
+                    Held::Stopped
+                }
+                Err(error) => failed(&error),
+            }
         }
-        Err(error) => shared.fail(format!("long connection {}: {error}", source.name)),
+        Link::AiBot { bot, settings } => {
+            match AiBotConnection::new(bot.clone(), settings.clone(), inlet) {
+                Ok(client) => match client.with_status(source.status.clone()).run(stop).await {
+                    Ended::Kicked => Held::Kicked,
+                    Ended::Shutdown | Ended::Fatal(_) => Held::Stopped,
+                },
+                Err(error) => failed(&error),
+            }
+        }
     }
 }
 
@@ -118,12 +179,7 @@ async fn connect<S: Store>(shared: &Arc<Shared<S>>, source: &LongSource, stop: C
 /// as a standby otherwise. The lease is released at shutdown, so that another gateway takes
 /// over at once instead of when it runs out.
 async fn lead<S: Store>(shared: &Arc<Shared<S>>, source: &LongSource, shutdown: CancellationToken) {
-    let key = key_for(
-        shared_platform(source),
-        source.app.app_id(),
-        "leader",
-        "long_connection",
-    );
+    let key = source.leader_key();
     // A leader that dies is replaced when its lease runs out: not the minutes a handler's
     // lease may take.
     let lease_for = shared.timing.lease.min(LEADER_LEASE);
@@ -157,7 +213,7 @@ async fn lead<S: Store>(shared: &Arc<Shared<S>>, source: &LongSource, shutdown: 
         tracing::info!(source = %source.name, "leading: this gateway holds the long connections");
         source.role.store(ROLE_LEADING, Ordering::Relaxed);
         let stop = shutdown.child_token();
-        let connections = connect(shared, source, stop.clone());
+        let connections = hold(shared, source, &lease, lease_for, stop.clone());
         let keep = async {
             loop {
                 tokio::time::sleep(renew_every).await;
@@ -189,7 +245,54 @@ async fn lead<S: Store>(shared: &Arc<Shared<S>>, source: &LongSource, shutdown: 
     }
 }
 
-/// The platform name a source's events carry (`feishu`, `lark`).
-fn shared_platform(source: &LongSource) -> &str {
-    source.app.platform()
+/// Holds `source`'s connections under `lease` until they stop. An AI bot taken over is dialled
+/// again (after a pause) only while the lease is still this gateway's: when another gateway
+/// holds it, the takeover was its doing, and this one stands by. Taken over twice within
+/// [`KICK_WINDOW`] while holding the lease, the bot is held by a client outside the gateways:
+/// the connection stops and says so rather than kick it back for ever.
+async fn hold<S: Store>(
+    shared: &Arc<Shared<S>>,
+    source: &LongSource,
+    lease: &oncegate_core::Lease,
+    lease_for: Duration,
+    stop: CancellationToken,
+) {
+    let mut kicked_at: Option<std::time::Instant> = None;
+    loop {
+        if connect(shared, source, stop.clone()).await == Held::Stopped {
+            return;
+        }
+        match shared.store.renew(lease, lease_for).await {
+            Ok(FenceCheck::Accepted) => {}
+            _ => {
+                tracing::info!(source = %source.name, "taken over by the gateway that holds the lease now: standing by");
+                return;
+            }
+        }
+        if kicked_at.is_some_and(|at| at.elapsed() < KICK_WINDOW) {
+            let why = format!(
+                "taken over twice within {}s while this gateway held the bot's lease: a client \
+                 outside the gateways sharing this store subscribes as the same bot (WeCom keeps \
+                 one connection per bot); stop it, then restart this gateway",
+                KICK_WINDOW.as_secs()
+            );
+            tracing::error!(source = %source.name, "long connection stopped: {why}");
+            source.status.set_fatal(why);
+            return;
+        }
+        kicked_at = Some(std::time::Instant::now());
+        shared.summaries.note(
+            "ws_taken_over",
+            None,
+            &format!(
+                "long connection {}: taken over by a subscribe elsewhere while this gateway holds \
+                 the bot's lease; dialling again once",
+                source.name
+            ),
+        );
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(oncegate_longconn::backoff(Duration::ZERO, 1)) => {}
+        }
+    }
 }

@@ -8,7 +8,7 @@ use oncegate_core::Sealer;
 use oncegate_feishu::{Cloud, FeishuApp};
 use oncegate_wecom::{WechatApp, WecomApp};
 
-use crate::longconn::LongSource;
+use crate::longconn::{Link, LongSource};
 use crate::{GatewayError, SharedSource};
 
 /// Resolves a secret of `source` (never empty: resolution refuses that).
@@ -67,6 +67,10 @@ fn app(source: &SourceConfig) -> Result<App, GatewayError> {
                 .map(App::Wechat)
                 .map_err(|error| platform_error(source, error))
         }
+        PlatformConfig::WecomAibot(_) => Err(platform_error(
+            source,
+            "a WeCom AI bot comes over its long connection and takes no webhook",
+        )),
     }
 }
 
@@ -90,13 +94,16 @@ fn feishu(source: &SourceConfig) -> Result<FeishuApp, GatewayError> {
         .map_err(|error| platform_error(source, error))
 }
 
-/// Whether `config` is a Feishu or Lark app on the long connection.
-pub(crate) fn is_long_connection(config: &SourceConfig) -> bool {
-    matches!(
-        &config.platform,
-        PlatformConfig::Feishu(settings) | PlatformConfig::Lark(settings)
-            if settings.transport == Transport::Websocket
-    )
+/// Whether `config` is held on a long connection (a Feishu or Lark app with `transport =
+/// "websocket"`, a WeCom AI bot).
+pub fn is_long_connection(config: &SourceConfig) -> bool {
+    match &config.platform {
+        PlatformConfig::Feishu(settings) | PlatformConfig::Lark(settings) => {
+            settings.transport == Transport::Websocket
+        }
+        PlatformConfig::WecomAibot(_) => true,
+        PlatformConfig::Wecom(_) | PlatformConfig::Wechat(_) => false,
+    }
 }
 
 /// A configured long-connection source: its app (an encrypt key, if set, decrypts pushes;
@@ -105,10 +112,11 @@ pub(crate) fn long_connection(config: &SourceConfig) -> Result<LongSource, Gatew
     let (cloud, settings) = match &config.platform {
         PlatformConfig::Feishu(settings) => (Cloud::Feishu, settings),
         PlatformConfig::Lark(settings) => (Cloud::Lark, settings),
+        PlatformConfig::WecomAibot(settings) => return ai_bot(config, settings),
         _ => {
             return Err(platform_error(
                 config,
-                "only Feishu and Lark have a long connection",
+                "only Feishu, Lark and WeCom AI bots have a long connection",
             ));
         }
     };
@@ -125,7 +133,43 @@ pub(crate) fn long_connection(config: &SourceConfig) -> Result<LongSource, Gatew
         oncegate_feishu_ws::Settings::new(&config.name, &domain(cloud, settings), &secret);
     connection.connections = settings.connections;
     connection.pong_grace = settings.pong_grace;
-    Ok(LongSource::new(app, connection, settings.instances))
+    Ok(LongSource::new(
+        &config.name,
+        Link::Feishu {
+            app,
+            settings: connection,
+        },
+        settings.instances,
+    ))
+}
+
+/// A configured WeCom AI bot: always one gateway of several holds its connection, since WeCom
+/// keeps one per bot.
+fn ai_bot(
+    config: &SourceConfig,
+    settings: &oncegate_config::AibotSettings,
+) -> Result<LongSource, GatewayError> {
+    let secret = resolve(config, &settings.secret, "secret")?.ok_or_else(|| {
+        GatewayError::Config(format!(
+            "source {:?} needs secret, the bot's secret that subscribes",
+            config.name
+        ))
+    })?;
+    let bot = oncegate_wecom::AiBot::new(&settings.bot_id)
+        .map_err(|error| platform_error(config, error))?;
+    let url = settings
+        .domain
+        .clone()
+        .unwrap_or_else(|| oncegate_wecom_ws::DEFAULT_URL.to_owned());
+    let connection = oncegate_wecom_ws::Settings::new(&config.name, &url, &secret);
+    Ok(LongSource::new(
+        &config.name,
+        Link::AiBot {
+            bot,
+            settings: connection,
+        },
+        oncegate_config::Instances::Leader,
+    ))
 }
 
 /// The sending side of a configured app with its API secret: what `/send/<source>` sends as
@@ -179,7 +223,7 @@ pub(crate) fn sender(
                 format!("{}/{agent}", settings.corp_id),
             )
         }
-        PlatformConfig::Wechat(_) => return Ok(None),
+        PlatformConfig::Wechat(_) | PlatformConfig::WecomAibot(_) => return Ok(None),
     };
     Ok(Some(crate::send_api::Sender { api, scope }))
 }

@@ -1,0 +1,330 @@
+//! A WeCom AI bot's long connection through the binary: a local AI-bot server pushes messages to
+//! `oncegate serve`, which admits them into its store and delivers each once in chat order —
+//! across repeats and a dropped connection; on Redis only the leader of two gateways ever
+//! subscribes, a killed leader is replaced within its lease, and a frozen one that wakes up
+//! taken over stands by instead of taking the bot back.
+
+mod support;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+use oncegate_wecom_ws::frame;
+use oncegate_wecom_ws::local::{self, LocalAiBot};
+use support::{Serve, file_route, lines, wait_until};
+
+const BOT: &str = "aibE2EBOTID0000000000000000000000";
+const SECRET: &str = "e2e-bot-secret";
+
+fn config(dir: &Path, store: &str, url: &str) -> String {
+    format!(
+        r#"
+[store]
+{store}
+
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[lease]
+duration = "3s"
+renew_every = "1s"
+
+[[source]]
+name = "bot"
+platform = "wecom-aibot"
+bot_id = "{BOT}"
+secret = "{SECRET}"
+domain = "{url}"
+
+{route}
+"#,
+        route = file_route(dir, "")
+    )
+}
+
+/// Delivered envelopes of the sinks in `dirs`: (chat, msgid) in delivery order.
+fn delivered(dirs: &[&Path]) -> Vec<(String, String)> {
+    dirs.iter()
+        .flat_map(|dir| lines(dir))
+        .map(|line| {
+            (
+                line["order_key"].as_str().unwrap_or_default().to_owned(),
+                line["event_id"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect()
+}
+
+fn message(i: usize) -> serde_json::Value {
+    let chat = format!("wrchat{}", i % 4);
+    local::text_message(BOT, &format!("M{i:04}"), Some(&chat), "zhangsan", "hi")
+}
+
+fn redis_store(prefix: &str) -> String {
+    let Ok(url) = std::env::var("ONCEGATE_TEST_REDIS_URL") else {
+        panic!("ONCEGATE_TEST_REDIS_URL is not set: run scripts/test, which starts redis-server")
+    };
+    format!(
+        "backend = \"redis\"\nurl = \"{url}\"\nprefix = \"{prefix}{}\"\npartitions = 4",
+        fastrand::u32(..)
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_with_repeats_and_a_dropped_connection_are_delivered_once_in_chat_order() {
+    let server = LocalAiBot::start(BOT, SECRET).await.expect("server");
+    let dir = tempfile::tempdir().expect("dir");
+    let store = format!(
+        "backend = \"embedded\"\npath = \"{}\"",
+        dir.path().join("store").display()
+    );
+    let gateway = Serve::start_with(dir.path(), &config(dir.path(), &store, server.url()));
+    assert!(
+        server.wait_for_subscribes(1, Duration::from_secs(15)).await,
+        "{}",
+        gateway.stderr()
+    );
+    let mut repeats = 0;
+    for i in 0..200 {
+        server.push(frame::MESSAGE, &message(i));
+        if i % 7 == 3 {
+            // The same message again under a new req_id, as WeCom was seen to send while a
+            // reply was pending; some right away, some long after.
+            server.push(frame::MESSAGE, &message(i / 2));
+            repeats += 1;
+        }
+        if i == 120 {
+            server.drop_connection();
+        }
+    }
+    wait_until("every message delivered", Duration::from_secs(30), || {
+        delivered(&[dir.path()]).len() >= 200
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let seen = delivered(&[dir.path()]);
+    assert_eq!(seen.len(), 200, "each once: {}", gateway.stderr());
+    let mut by_chat: HashMap<String, Vec<String>> = HashMap::new();
+    for (chat, id) in seen {
+        by_chat.entry(chat).or_default().push(id);
+    }
+    for (chat, ids) in &by_chat {
+        let mut sorted = ids.clone();
+        sorted.sort();
+        assert_eq!(ids, &sorted, "chat {chat} in order");
+        assert_eq!(ids.len(), 50, "chat {chat}");
+    }
+    assert_eq!(server.subscribes().len(), 2, "dialled again after the drop");
+    let (_, stats) = gateway.admin_get("/admin/stats").await;
+    let stats: serde_json::Value = serde_json::from_str(&stats).expect("stats");
+    assert_eq!(
+        stats["gateway"]["duplicates"].as_u64(),
+        Some(repeats),
+        "{stats}"
+    );
+    assert_eq!(stats["long_connections"][0]["open"], 1, "{stats}");
+    // What a handler gets carries the callback's req_id, which a reply names.
+    let first = &lines(dir.path())[0];
+    let payload = first["payload"].to_string();
+    assert!(payload.contains("req_id"), "{first}");
+    let (ready, _) = gateway.admin_get("/readyz").await;
+    assert_eq!(ready, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_leader_subscribes_and_a_killed_one_is_replaced_within_its_lease() {
+    let server = LocalAiBot::start(BOT, SECRET).await.expect("server");
+    let store = redis_store("aibot");
+    let (a, b) = (
+        tempfile::tempdir().expect("dir"),
+        tempfile::tempdir().expect("dir"),
+    );
+    let mut first = Serve::start_with(a.path(), &config(a.path(), &store, server.url()));
+    assert!(server.wait_for_subscribes(1, Duration::from_secs(15)).await);
+    let second = Serve::start_with(b.path(), &config(b.path(), &store, server.url()));
+    second
+        .admin_until("/admin/stats", |body| body.contains("\"standby\""))
+        .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(server.subscribes().len(), 1, "only the leader subscribes");
+    assert_eq!(server.takeovers(), 0);
+    let (ready, _) = second.admin_get("/readyz").await;
+    assert_eq!(ready, 200, "a standby is ready");
+    for i in 0..20 {
+        server.push(frame::MESSAGE, &message(i));
+    }
+    // Admitted by the leader; delivered by whichever gateway owns each chat's partition.
+    wait_until("delivered", Duration::from_secs(15), || {
+        delivered(&[a.path(), b.path()]).len() == 20
+    })
+    .await;
+    first.child.kill().expect("kill -9");
+    let killed = std::time::Instant::now();
+    let _ = first.child.wait();
+    assert!(
+        server.wait_for_subscribes(2, Duration::from_secs(10)).await,
+        "replaced: {}",
+        second.stderr()
+    );
+    // The lease is 3 s; the standby asks every 2 s.
+    assert!(
+        killed.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        killed.elapsed()
+    );
+    for i in 20..40 {
+        server.push(frame::MESSAGE, &message(i));
+    }
+    wait_until(
+        "delivered after the takeover",
+        Duration::from_secs(15),
+        || delivered(&[a.path(), b.path()]).len() == 40,
+    )
+    .await;
+    assert_eq!(server.takeovers(), 0, "nobody was kicked");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_leader_that_wakes_up_taken_over_stands_by_without_ping_pong() {
+    let server = LocalAiBot::start(BOT, SECRET).await.expect("server");
+    let store = redis_store("aibotf");
+    let (a, b) = (
+        tempfile::tempdir().expect("dir"),
+        tempfile::tempdir().expect("dir"),
+    );
+    let first = Serve::start_with(a.path(), &config(a.path(), &store, server.url()));
+    assert!(server.wait_for_subscribes(1, Duration::from_secs(15)).await);
+    let second = Serve::start_with(b.path(), &config(b.path(), &store, server.url()));
+    second
+        .admin_until("/admin/stats", |body| body.contains("\"standby\""))
+        .await;
+    first.signal("STOP");
+    // The frozen leader's lease runs out; the standby subscribes and WeCom tells the frozen
+    // connection it was taken over.
+    assert!(server.wait_for_subscribes(2, Duration::from_secs(15)).await);
+    assert_eq!(server.takeovers(), 1);
+    first.signal("CONT");
+    first
+        .admin_until("/admin/stats", |body| body.contains("\"standby\""))
+        .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        (server.subscribes().len(), server.takeovers()),
+        (2, 1),
+        "the woken leader took nothing back: {}",
+        first.stderr()
+    );
+    for i in 0..10 {
+        server.push(frame::MESSAGE, &message(i));
+    }
+    wait_until("delivered", Duration::from_secs(15), || {
+        delivered(&[a.path(), b.path()]).len() == 10
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut seen: Vec<String> = delivered(&[a.path(), b.path()])
+        .into_iter()
+        .map(|(_, id)| id)
+        .collect();
+    seen.sort();
+    seen.dedup();
+    assert_eq!(seen.len(), 10, "each once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bot_taken_over_twice_from_elsewhere_stops_and_says_why() {
+    let server = LocalAiBot::start(BOT, SECRET).await.expect("server");
+    let dir = tempfile::tempdir().expect("dir");
+    let gateway = Serve::start_with(
+        dir.path(),
+        &config(dir.path(), "backend = \"memory\"", server.url()),
+    );
+    assert!(server.wait_for_subscribes(1, Duration::from_secs(15)).await);
+    // A client outside the gateway subscribes as the bot: the gateway holds the lease, so it
+    // dials again once; the second time it stops instead of kicking back for ever.
+    server.take_over_from_elsewhere();
+    assert!(server.wait_for_subscribes(2, Duration::from_secs(10)).await);
+    server.take_over_from_elsewhere();
+    let stats = gateway
+        .admin_until("/admin/stats", |body| body.contains("taken over twice"))
+        .await;
+    assert!(!stats.contains(SECRET), "{stats}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(server.subscribes().len(), 2, "no third subscribe");
+    let (ready, why) = gateway.admin_get("/readyz").await;
+    assert_eq!(ready, 503);
+    assert!(why.contains("outside"), "{why}");
+}
+
+/// The README's AI-bot source, with `oncegate simulate` playing WeCom as the README says: every
+/// message delivered once, through a takeover from elsewhere halfway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_example_under_simulate_delivers_each_message_once() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
+        .expect("README");
+    let block = readme
+        .split_once("### WeCom AI bots' long connection")
+        .and_then(|(_, rest)| rest.split_once("```toml\n"))
+        .and_then(|(_, rest)| rest.split_once("```"))
+        .expect("the README's AI-bot example")
+        .0;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("free port")
+        .port();
+    let source = block
+        .replace("{ env = \"ASSISTANT_BOT_SECRET\" }", "\"readme-secret\"")
+        .replace(
+            "# domain = \"wss://openws.work.weixin.qq.com\"",
+            &format!("domain = \"ws://127.0.0.1:{port}\""),
+        );
+    assert!(source.contains("domain = \"ws://127.0.0.1:"), "{source}");
+    let dir = tempfile::tempdir().expect("dir");
+    let config = format!(
+        "[store]\nbackend = \"memory\"\n\n[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n\n{source}\n{}",
+        file_route(dir.path(), "")
+    );
+    std::fs::write(dir.path().join("oncegate.toml"), &config).expect("config");
+    let simulate = support::oncegate()
+        .args([
+            "simulate",
+            "--quiet",
+            "--events",
+            "60",
+            "--duplicates",
+            "0.3",
+        ])
+        .arg("--config")
+        .arg(dir.path().join("oncegate.toml"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("simulate");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let gateway = Serve::start_with(dir.path(), &config);
+    let output = tokio::task::spawn_blocking(move || simulate.wait_with_output())
+        .await
+        .expect("join")
+        .expect("simulate ran");
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "{text} {} {}",
+        String::from_utf8_lossy(&output.stderr),
+        gateway.stderr()
+    );
+    assert!(text.contains("60 new"), "{text}");
+    assert!(text.contains("subscribes         2"), "{text}");
+    wait_until("every message delivered", Duration::from_secs(20), || {
+        delivered(&[dir.path()]).len() >= 60
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let seen = delivered(&[dir.path()]);
+    let mut ids: Vec<&String> = seen.iter().map(|(_, id)| id).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!((seen.len(), ids.len()), (60, 60), "each once");
+}
