@@ -8,6 +8,8 @@ mod support;
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use oncegate_wecom_ws::frame;
@@ -125,10 +127,10 @@ async fn messages_with_repeats_and_a_dropped_connection_are_delivered_once_in_ch
         "{stats}"
     );
     assert_eq!(stats["long_connections"][0]["open"], 1, "{stats}");
-    // What a handler gets carries the callback's req_id, which a reply names.
+    // A handler gets the message as the HTTP callback mode's JSON: the body, not the frame.
     let first = &lines(dir.path())[0];
-    let payload = first["payload"].to_string();
-    assert!(payload.contains("req_id"), "{first}");
+    assert_eq!(first["payload"]["aibotid"], BOT, "{first}");
+    assert_eq!(first["payload"]["text"]["content"], "hi", "{first}");
     let (ready, _) = gateway.admin_get("/readyz").await;
     assert_eq!(ready, 200);
 }
@@ -327,4 +329,150 @@ async fn the_readme_example_under_simulate_delivers_each_message_once() {
     ids.sort();
     ids.dedup();
     assert_eq!((seen.len(), ids.len()), (60, 60), "each once");
+}
+
+/// A handler that answers a message with 20 server-sent events, 40 ms apart, and a user
+/// entering the chat with a welcome message; it counts the calls it got.
+async fn streaming_handler(calls: Arc<AtomicUsize>) -> String {
+    use axum::body::Body;
+    use axum::response::Response;
+    let app = axum::Router::new().route(
+        "/bot",
+        axum::routing::post(move |body: axum::body::Bytes| {
+            let calls = calls.clone();
+            async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                let envelope: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+                if envelope["event_type"] == "event.enter_chat" {
+                    let welcome = r#"{"msgtype":"text","text":{"content":"welcome"}}"#;
+                    return Response::new(Body::from(welcome));
+                }
+                let pieces = futures_util::stream::unfold(0, |i| async move {
+                    if i == 20 {
+                        return None;
+                    }
+                    tokio::time::sleep(Duration::from_millis(40)).await;
+                    let piece = format!("data: p{i:02} \n\n");
+                    Some((Ok::<_, std::convert::Infallible>(piece), i + 1))
+                });
+                let mut response = Response::new(Body::from_stream(pieces));
+                response.headers_mut().insert(
+                    "content-type",
+                    axum::http::HeaderValue::from_static("text/event-stream"),
+                );
+                response
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}/bot", listener.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    url
+}
+
+/// The frames the bot sent for `req_id`, by command.
+fn sent(server: &LocalAiBot, req_id: &str) -> Vec<serde_json::Value> {
+    server
+        .received()
+        .into_iter()
+        .filter(|frame| frame["headers"]["req_id"] == req_id)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_reply_arrives_in_order_under_one_id_and_a_repeat_starts_nothing() {
+    let server = LocalAiBot::start(BOT, SECRET).await.expect("server");
+    let calls = Arc::new(AtomicUsize::new(0));
+    let handler = streaming_handler(calls.clone()).await;
+    let dir = tempfile::tempdir().expect("dir");
+    let store = format!(
+        "backend = \"embedded\"\npath = \"{}\"",
+        dir.path().join("store").display()
+    );
+    // The README's replying route, pointed at the handler.
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
+        .expect("README");
+    let reply_route = readme
+        .split_once("**Replies, once, over the socket.**")
+        .and_then(|(_, rest)| rest.split_once("```toml\n"))
+        .and_then(|(_, rest)| rest.split_once("```"))
+        .expect("the README's replying route")
+        .0
+        .replace("http://127.0.0.1:9000/bot", &handler);
+    assert!(reply_route.contains(&handler), "{reply_route}");
+    let config = config(dir.path(), &store, server.url())
+        .replace("[[route]]", &format!("{reply_route}\n[[route]]"));
+    let gateway = Serve::start_with(dir.path(), &config);
+    assert!(
+        server.wait_for_subscribes(1, Duration::from_secs(15)).await,
+        "{}",
+        gateway.stderr()
+    );
+    let body = message(1);
+    let req_id = server.push(frame::MESSAGE, &body);
+    // The same message again while its reply streams, under another req_id: nothing starts.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let repeat = server.push(frame::MESSAGE, &body);
+    wait_until("the stream finished", Duration::from_secs(20), || {
+        sent(&server, &req_id)
+            .last()
+            .is_some_and(|f| f["body"]["stream"]["finish"] == true)
+    })
+    .await;
+    let frames = sent(&server, &req_id);
+    let whole: String = (0..20).map(|i| format!("p{i:02} ")).collect();
+    let ids: std::collections::HashSet<String> = frames
+        .iter()
+        .map(|f| f["body"]["stream"]["id"].as_str().unwrap_or("").to_owned())
+        .collect();
+    assert_eq!(ids.len(), 1, "one stream.id: {frames:?}");
+    assert!(frames.iter().all(|f| f["cmd"] == "aibot_respond_msg"));
+    let contents: Vec<&str> = frames
+        .iter()
+        .map(|f| f["body"]["stream"]["content"].as_str().unwrap_or(""))
+        .collect();
+    assert!(
+        contents.windows(2).all(|w| w[1].starts_with(w[0])),
+        "each frame carries all before it, in order: {contents:?}"
+    );
+    assert_eq!(
+        contents.last(),
+        Some(&whole.as_str()),
+        "finished with all 20"
+    );
+    assert!(
+        frames.len() >= 11,
+        "streamed as it came, not at the end: {}",
+        frames.len()
+    );
+    assert_eq!(
+        frames
+            .iter()
+            .filter(|f| f["body"]["stream"]["finish"] == true)
+            .count(),
+        1
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the handler ran once");
+    assert!(
+        sent(&server, &repeat).is_empty(),
+        "the repeat answered nothing"
+    );
+    // A user entering the chat gets the handler's welcome message as it wrote it.
+    let enter = server.push(frame::EVENT, &local::enter_chat(BOT, "E-enter", "lisi"));
+    wait_until("the welcome", Duration::from_secs(10), || {
+        !sent(&server, &enter).is_empty()
+    })
+    .await;
+    let welcome = &sent(&server, &enter)[0];
+    assert_eq!(welcome["cmd"], "aibot_respond_welcome_msg");
+    assert_eq!(welcome["body"]["text"]["content"], "welcome");
+    let (_, metrics) = gateway.admin_get("/metrics").await;
+    assert!(
+        metrics.lines().any(|l| l.starts_with("oncegate_ws_replies_total{")
+            && l.contains("result=\"repeat\"")),
+        "{metrics}"
+    );
 }

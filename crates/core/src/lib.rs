@@ -29,8 +29,9 @@ pub use record::{
     StoreStats, WatermarkOutcome,
 };
 pub use source::{
-    Accepted, Admit, Callback, Decoded, Headers, Inlet, Keys, Method, Refusal, RefusalKind, Reply,
-    SealedRequest, Sealer, Stamp, SyntheticMembership, SyntheticMessage, Versions, WebhookSource,
+    Accepted, Admit, Callback, Decoded, Headers, Inlet, Keys, Method, Refusal, RefusalKind,
+    Replied, Reply, SealedRequest, Sealer, Stamp, SyntheticMembership, SyntheticMessage, Updates,
+    Versions, WebhookSource,
 };
 pub use store::{
     ClaimedDelivery, DedupStore, EventQueue, RateStore, Store, StoreError, WatermarkStore,

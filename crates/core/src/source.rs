@@ -399,6 +399,47 @@ pub trait Inlet: Send + Sync + 'static {
         deadline: std::time::Duration,
     ) -> impl Future<Output = Result<Option<Bytes>, Refusal>> + Send;
 
+    /// Whether events of `event_type` are answered by their handler over the connection (a
+    /// route with `reply = true`): they go through [`Inlet::reply`] instead of
+    /// [`Inlet::admit`].
+    fn replies(&self, event_type: &str) -> bool {
+        let _ = event_type;
+        false
+    }
+
+    /// Runs the handler of a replying event once, through the claim protocol, within
+    /// `deadline`, handing a streamed answer's pieces to `updates` as they come. A repeat of an
+    /// event run before, or running now, starts nothing: [`Replied::Repeat`]. `conversation`
+    /// names the budget the reply is counted in (the platform's per-conversation limit).
+    fn reply(
+        &self,
+        admit: Admit,
+        deadline: std::time::Duration,
+        conversation: Option<(KeyHash, &'static [crate::Rate])>,
+        updates: Updates,
+    ) -> impl Future<Output = Result<Replied, Refusal>> + Send {
+        let _ = (admit, deadline, conversation, updates);
+        async {
+            Err(Refusal::new(
+                RefusalKind::Unavailable,
+                "no_replies",
+                "this inlet does not answer events",
+            ))
+        }
+    }
+
     /// Notes a failure or refusal for the rate-limited log (never one line per frame).
     fn note(&self, label: &'static str, message: &str);
+}
+
+/// Where the pieces of a streamed answer go as they come (each a piece of content to append).
+pub type Updates = std::sync::Arc<dyn Fn(Bytes) + Send + Sync>;
+
+/// How a replying event's handler run ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Replied {
+    /// This call ran the handler: its whole answer (none: nothing to send).
+    Answer(Option<Bytes>),
+    /// The event was answered before or is being answered now: nothing to send.
+    Repeat,
 }

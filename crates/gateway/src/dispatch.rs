@@ -339,6 +339,7 @@ async fn handle<S: Store>(
         event,
         attempt: delivery.attempt,
         wants_answer: false,
+        updates: None,
     };
     let started = std::time::Instant::now();
     let result = once::run(

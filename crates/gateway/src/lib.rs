@@ -26,6 +26,7 @@ mod send_pace;
 mod server;
 pub mod sink;
 mod sink_file;
+mod sink_stream;
 mod spooling;
 pub mod stats;
 mod summary;

@@ -109,6 +109,41 @@ impl<S: Store> Inlet for GatewayInlet<S> {
         Ok(Some(answer.unwrap_or_else(|| Bytes::from_static(b"{}"))))
     }
 
+    fn replies(&self, event_type: &str) -> bool {
+        self.0.replying
+            && self
+                .0
+                .route_for(event_type)
+                .is_some_and(|route| route.reply)
+    }
+
+    /// One budget bucket per rate of the conversation's.
+    async fn reply(
+        &self,
+        admit: Admit,
+        deadline: Duration,
+        conversation: Option<(oncegate_core::KeyHash, &'static [oncegate_core::Rate])>,
+        updates: oncegate_core::Updates,
+    ) -> Result<oncegate_core::Replied, Refusal> {
+        let budgets: Vec<(oncegate_core::KeyHash, oncegate_core::Rate)> = conversation
+            .map(|(key, rates)| {
+                let key = key.to_string();
+                rates
+                    .iter()
+                    .enumerate()
+                    .map(|(i, rate)| {
+                        let window = rate.per.as_secs().to_string();
+                        (
+                            oncegate_core::KeyHash::of(&[&key, "budget", &window, &i.to_string()]),
+                            *rate,
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        sync_call::reply(&self.0, admit, deadline, &budgets, &updates).await
+    }
+
     fn note(&self, label: &'static str, message: &str) {
         self.0.summaries.note(label, None, message);
     }

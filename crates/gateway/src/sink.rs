@@ -37,7 +37,7 @@ pub enum SinkError {
 }
 
 /// One delivery as a sink sees it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub struct Outgoing<'a> {
     /// Stable across attempts and restarts: the `Idempotency-Key` and `webhook-id`.
     pub id: &'a str,
@@ -48,6 +48,21 @@ pub struct Outgoing<'a> {
     /// Whether the answer is used (card replies); otherwise it is read only to reuse the
     /// connection and thrown away.
     pub wants_answer: bool,
+    /// Where the pieces of a streamed answer go as they come (an AI bot's streamed reply);
+    /// `None`: a stream is read whole like any answer.
+    pub updates: Option<&'a oncegate_core::Updates>,
+}
+
+impl std::fmt::Debug for Outgoing<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Outgoing")
+            .field("id", &self.id)
+            .field("event", &self.event)
+            .field("attempt", &self.attempt)
+            .field("wants_answer", &self.wants_answer)
+            .field("streamed", &self.updates.is_some())
+            .finish()
+    }
 }
 
 /// The boxed future a sink returns.
@@ -300,6 +315,19 @@ impl Sink for HttpSink {
                 discard(response).await;
                 return Ok(None);
             }
+            if let Some(updates) = outgoing.updates
+                && crate::sink_stream::is_event_stream(response.headers())
+            {
+                return match crate::sink_stream::read(response, updates, MAX_ANSWER).await {
+                    Ok(answer) => Ok((!answer.is_empty()).then_some(answer)),
+                    Err(crate::sink_stream::StreamError::TooLarge) => Err(SinkError::Permanent(
+                        format!("the streamed answer is larger than {MAX_ANSWER} bytes"),
+                    )),
+                    Err(crate::sink_stream::StreamError::Read(reason)) => Err(
+                        SinkError::Transient(format!("reading the streamed answer: {reason}")),
+                    ),
+                };
+            }
             match read_capped(response).await {
                 Ok(answer) => Ok((!answer.is_empty()).then_some(answer)),
                 Err(AnswerError::TooLarge) => Err(SinkError::Permanent(format!(
@@ -449,6 +477,7 @@ mod tests {
                 event,
                 attempt: 2,
                 wants_answer: false,
+                updates: None,
             };
             serde_json::from_slice(&envelope(&outgoing)).expect("json")
         };

@@ -5,7 +5,9 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use oncegate_core::{Admit, Fingerprint, Refusal, RefusalKind, Store};
+use oncegate_core::{
+    Admit, Fingerprint, KeyHash, Rate, Refusal, RefusalKind, Replied, Store, Updates,
+};
 
 use crate::Shared;
 use crate::once::{self, Claimed};
@@ -29,18 +31,97 @@ fn failed(reason: &str, earlier: bool) -> Refusal {
     )
 }
 
+/// The refusal of a reply the conversation's budget did not let through in time.
+fn over_budget(no: crate::send_budget::NoBudget) -> Refusal {
+    use crate::send_budget::NoBudget;
+    match no {
+        NoBudget::Store(error) => Refusal::new(
+            RefusalKind::Unavailable,
+            "budget_unavailable",
+            format!("the conversation's budget could not be read: {error}"),
+        ),
+        NoBudget::Later(after) => Refusal::new(
+            RefusalKind::Unavailable,
+            "over_budget",
+            format!(
+                "the conversation is over the platform's reply limit; the next reply fits in \
+                 {} ms: the handler was not run",
+                after.as_millis()
+            ),
+        ),
+        NoBudget::Crowded(max) => Refusal::new(
+            RefusalKind::Unavailable,
+            "over_budget",
+            format!("{max} replies wait for budgets already: the handler was not run"),
+        ),
+    }
+}
+
 /// Claims the call's primary key, asks the route's sink, stores its answer and returns it,
-/// all within `deadline`.
+/// all within `deadline`. A repeat waits for the first run's answer and gets it.
 pub(crate) async fn call<S: Store>(
     shared: &Shared<S>,
     admit: Admit,
     deadline: Duration,
 ) -> Result<Option<Bytes>, Refusal> {
+    let how = How {
+        repeats: Repeats::Wait,
+        updates: None,
+        budgets: &[],
+    };
+    match run_call(shared, admit, deadline, how).await? {
+        Replied::Answer(answer) => Ok(answer),
+        Replied::Repeat => Ok(None),
+    }
+}
+
+/// Runs a replying event's handler once over a long connection (an AI bot's reply): a repeat
+/// starts nothing, since the answer went out over the socket once; the reply is counted in the
+/// conversation's `budgets` before the handler runs; a streamed answer's pieces go to
+/// `updates` as they come.
+pub(crate) async fn reply<S: Store>(
+    shared: &Shared<S>,
+    admit: Admit,
+    deadline: Duration,
+    budgets: &[(KeyHash, Rate)],
+    updates: &Updates,
+) -> Result<Replied, Refusal> {
+    let how = How {
+        repeats: Repeats::Skip,
+        updates: Some(updates),
+        budgets,
+    };
+    run_call(shared, admit, deadline, how).await
+}
+
+/// What a repeat of a call gets.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Repeats {
+    /// The first run's answer, waited for: it goes in the repeat's own response (cards,
+    /// passive replies).
+    Wait,
+    /// Nothing: the answer went out once, over a connection (an AI bot's reply).
+    Skip,
+}
+
+/// How a call runs.
+struct How<'a> {
+    repeats: Repeats,
+    updates: Option<&'a Updates>,
+    budgets: &'a [(KeyHash, Rate)],
+}
+
+async fn run_call<S: Store>(
+    shared: &Shared<S>,
+    admit: Admit,
+    deadline: Duration,
+    how: How<'_>,
+) -> Result<Replied, Refusal> {
     let stats = &shared.stats;
     stats.bump(&stats.cards, "oncegate_cards_total");
     let Some(route) = shared.route_for(&admit.event.event_type) else {
         stats.bump(&stats.unrouted, "oncegate_unrouted_total");
-        return Ok(None);
+        return Ok(Replied::Answer(None));
     };
     let key = admit.keys.primary();
     let partition = admit.event.partition(shared.store.partitions());
@@ -54,14 +135,22 @@ pub(crate) async fn call<S: Store>(
         lease: deadline * 2,
         fingerprint: Some(Fingerprint::of(&admit.event.payload)),
     };
-    let lease = match once::claim_or_wait(&shared.store, claiming, deadline).await {
+    let claimed = match how.repeats {
+        Repeats::Wait => once::claim_or_wait(&shared.store, claiming, deadline).await,
+        Repeats::Skip => once::claim(&shared.store, claiming).await,
+    };
+    let lease = match claimed {
         Ok(Claimed::Run(lease)) => lease,
+        Ok(Claimed::Done(_) | Claimed::InFlight { .. }) if how.repeats == Repeats::Skip => {
+            stats.bump(&stats.duplicates, "oncegate_duplicates_total");
+            return Ok(Replied::Repeat);
+        }
         Ok(Claimed::Done(result)) => {
             // A permanent failure is kept like an answer, so that the platform's retries of it
             // do not call the handler again.
             return match result.as_deref().and_then(|r| r.strip_prefix(FAILED)) {
                 Some(reason) => Err(failed(&String::from_utf8_lossy(reason), true)),
-                None => Ok(result),
+                None => Ok(Replied::Answer(result)),
             };
         }
         Ok(Claimed::InFlight { .. }) => {
@@ -83,12 +172,28 @@ pub(crate) async fn call<S: Store>(
         }
         Err(error) => return Err(unavailable(&error)),
     };
+    if !how.budgets.is_empty() {
+        let until = started + deadline;
+        let taken = crate::send_budget::take(
+            shared,
+            &admit.event.app,
+            how.budgets,
+            crate::send_budget::Lane::High,
+            until,
+        )
+        .await;
+        if let Err(no) = taken {
+            let _ = shared.store.release(&lease).await;
+            return Err(over_budget(no));
+        }
+    }
     let id = key.delivery_id();
     let outgoing = Outgoing {
         id: id.as_str(),
         event: &admit.event,
         attempt: 0,
         wants_answer: true,
+        updates: how.updates,
     };
     let ran = once::run(
         shared,
@@ -104,7 +209,7 @@ pub(crate) async fn call<S: Store>(
             // the empty 200, WeChat `success`), for the first call and its repeats alike.
             let _ = once::complete(shared, &lease, outcome.clone()).await;
             stats.bump(&stats.delivered, "oncegate_delivered_total");
-            Ok(outcome)
+            Ok(Replied::Answer(outcome))
         }
         Ok(Err(SinkError::Permanent(reason))) => {
             let mut kept = FAILED.to_vec();

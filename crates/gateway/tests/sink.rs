@@ -72,6 +72,7 @@ async fn deliver(url: &str, wants_answer: bool) -> Result<Option<Bytes>, SinkErr
         event: &event,
         attempt: 0,
         wants_answer,
+        updates: None,
     })
     .await
 }

@@ -15,6 +15,7 @@ use tokio_tungstenite::tungstenite::{self, Message};
 use tokio_util::sync::CancellationToken;
 
 use crate::frame::{self, Incoming};
+use crate::reply::{self, Pending};
 use crate::{Inlet, Settings, Status};
 
 /// Commands waiting for the socket.
@@ -23,6 +24,8 @@ const OUTBOX: usize = 1024;
 const LANE_DEPTH: usize = 256;
 /// A write that takes longer is a dead connection.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Replies being answered at once per connection.
+const REPLIES_AT_ONCE: usize = 64;
 /// Attempts at admitting a callback while the store is unavailable: WeCom is not known to send
 /// a callback again, so one that is not admitted is lost.
 const ADMIT_ATTEMPTS: u32 = 8;
@@ -98,6 +101,11 @@ where
         missed.clone(),
         ended.clone(),
     ));
+    let replying = Replying {
+        outbox: outbox.clone(),
+        pending: Arc::new(Pending::default()),
+        permits: Arc::new(tokio::sync::Semaphore::new(REPLIES_AT_ONCE)),
+    };
     let lanes: Vec<mpsc::Sender<Admit>> = (0..context.settings.lanes.max(1))
         .map(|_| {
             let (lane, work) = mpsc::channel(LANE_DEPTH);
@@ -148,11 +156,11 @@ where
             break End::Kicked;
         }
         if frame.is_callback() {
-            callback(&context, &frame, &text, &lanes).await;
+            callback(&context, &frame, &lanes, &replying).await;
             continue;
         }
         if frame.cmd.is_none() {
-            if let Some(end) = answered(&context, &frame, &missed) {
+            if let Some(end) = answered(&context, frame, &missed, &replying.pending) {
                 break end;
             }
             continue;
@@ -239,9 +247,34 @@ where
     }
 }
 
-/// An answer to a command of ours: a ping's clears the watchdog; "not subscribed" ends the
-/// connection, so that it is dialled and subscribed anew.
-fn answered<I: Inlet>(context: &Context<I>, frame: &Incoming, missed: &AtomicU32) -> Option<End> {
+/// What a connection answers replying events with.
+struct Replying {
+    outbox: mpsc::Sender<String>,
+    pending: Arc<Pending>,
+    permits: Arc<tokio::sync::Semaphore>,
+}
+
+/// An answer to a command of ours: a ping's clears the watchdog, a reply's goes to the reply
+/// waiting for it; "not subscribed" ends the connection, so that it is dialled and subscribed
+/// anew.
+fn answered<I: Inlet>(
+    context: &Context<I>,
+    frame: Incoming,
+    missed: &AtomicU32,
+    pending: &Pending,
+) -> Option<End> {
+    let waiting = pending
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .remove(&frame.headers.req_id);
+    if let Some(waiting) = waiting {
+        context.count("reply_answer");
+        let _ = waiting.send((
+            frame.errcode.unwrap_or(-1),
+            frame.errmsg.unwrap_or_default(),
+        ));
+        return None;
+    }
     if frame.errcode == Some(frame::NOT_SUBSCRIBED) {
         return Some(lost(
             "not_subscribed",
@@ -263,10 +296,10 @@ fn answered<I: Inlet>(context: &Context<I>, frame: &Incoming, missed: &AtomicU32
 }
 
 async fn callback<I: Inlet>(
-    context: &Context<I>,
+    context: &Arc<Context<I>>,
     frame: &Incoming,
-    text: &str,
     lanes: &[mpsc::Sender<Admit>],
+    replying: &Replying,
 ) {
     context.count(if frame.cmd.as_deref() == Some(frame::MESSAGE) {
         "message"
@@ -277,10 +310,23 @@ async fn callback<I: Inlet>(
         Ok(body) => body,
         Err(error) => return context.garbage(error.label(), &error.to_string()),
     };
-    match context
-        .bot
-        .admit(body.as_bytes(), Bytes::copy_from_slice(text.as_bytes()))
-    {
+    match context.bot.admit(Bytes::copy_from_slice(body.as_bytes())) {
+        Ok(admit) if context.inlet.replies(&admit.event.event_type) => {
+            // Answered by its handler, which may take minutes: beside the lanes, bounded.
+            let Ok(permit) = replying.permits.clone().acquire_owned().await else {
+                return;
+            };
+            let (context, outbox, pending) = (
+                context.clone(),
+                replying.outbox.clone(),
+                replying.pending.clone(),
+            );
+            let req_id = frame.headers.req_id.clone();
+            tokio::spawn(async move {
+                reply::answer(context, admit, req_id, outbox, pending).await;
+                drop(permit);
+            });
+        }
         Ok(admit) => {
             let lane = (admit.event.order_hash() % lanes.len() as u64) as usize;
             // A full lane holds the reader back: backpressure, not loss.

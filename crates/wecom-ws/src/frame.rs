@@ -14,6 +14,10 @@ pub const MESSAGE: &str = "aibot_msg_callback";
 pub const EVENT: &str = "aibot_event_callback";
 /// A reply to a callback, naming its `req_id`.
 pub const RESPOND: &str = "aibot_respond_msg";
+/// The welcome message, answering `enter_chat` within 5 s.
+pub const RESPOND_WELCOME: &str = "aibot_respond_welcome_msg";
+/// A template card's update, answering `template_card_event` within 5 s.
+pub const RESPOND_UPDATE: &str = "aibot_respond_update_msg";
 /// The event type WeCom sends to a connection another subscribe has taken over.
 pub const DISCONNECTED: &str = "disconnected_event";
 /// "aibot websocket not subscribed": the socket lives, the subscription does not.

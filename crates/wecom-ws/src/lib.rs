@@ -12,6 +12,7 @@ mod client;
 mod connection;
 pub mod frame;
 pub mod local;
+mod reply;
 
 use std::time::Duration;
 
@@ -19,6 +20,7 @@ pub use oncegate_core::Inlet;
 pub use oncegate_longconn::Status;
 
 pub use client::{AiBotConnection, Ended, SetupError};
+pub use reply::{CONVERSATION_BUDGETS, MAX_CONTENT, STREAM_LIMIT};
 
 /// WeCom's long-connection address.
 pub const DEFAULT_URL: &str = "wss://openws.work.weixin.qq.com";
@@ -40,6 +42,9 @@ pub struct Settings {
     pub lanes: usize,
     /// Deadline of the handshake and of the subscribe's answer.
     pub connect_timeout: Duration,
+    /// How long a replying message's handler may run: WeCom ends a stream 6 minutes after its
+    /// first frame, and the last frames need their time.
+    pub stream_limit: Duration,
 }
 
 impl std::fmt::Debug for Settings {
@@ -62,6 +67,7 @@ impl Settings {
             missed_pings: 2,
             lanes: 64,
             connect_timeout: Duration::from_secs(15),
+            stream_limit: STREAM_LIMIT,
         }
     }
 }

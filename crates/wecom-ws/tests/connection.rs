@@ -229,3 +229,99 @@ async fn a_store_outage_is_waited_out_and_a_callback_for_another_bot_is_refused(
     );
     stop.cancel();
 }
+
+/// Replies to every message: streams `pieces` then fails as a handler that ran out of time.
+struct Streamer {
+    pieces: usize,
+    deadlines: Mutex<Vec<Duration>>,
+}
+
+impl Inlet for Streamer {
+    async fn admit(&self, _: Admit) -> Result<Accepted, Refusal> {
+        Ok(Accepted::Admitted)
+    }
+
+    async fn call(&self, _: Admit, _: Duration) -> Result<Option<Bytes>, Refusal> {
+        Ok(None)
+    }
+
+    fn replies(&self, event_type: &str) -> bool {
+        event_type.starts_with("message.")
+    }
+
+    async fn reply(
+        &self,
+        _: Admit,
+        deadline: Duration,
+        conversation: Option<(oncegate_core::KeyHash, &'static [oncegate_core::Rate])>,
+        updates: oncegate_core::Updates,
+    ) -> Result<oncegate_core::Replied, Refusal> {
+        assert!(conversation.is_some_and(|(_, rates)| rates.len() == 2));
+        self.deadlines.lock().expect("lock").push(deadline);
+        for i in 0..self.pieces {
+            updates(Bytes::from(format!("p{i} ")));
+            tokio::time::sleep(Duration::from_millis(30)).await;
+        }
+        Err(Refusal::new(
+            RefusalKind::HandlerTimeout,
+            "sync_timeout",
+            "too slow",
+        ))
+    }
+
+    fn note(&self, _: &'static str, _: &str) {}
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_out_of_time_leaves_its_stream_finished_with_what_came() {
+    let server = LocalAiBot::start(BOT, SECRET).await.expect("server");
+    let inlet = Arc::new(Streamer {
+        pieces: 5,
+        deadlines: Mutex::new(Vec::new()),
+    });
+    let mut settings = settings(&server, SECRET);
+    settings.stream_limit = Duration::from_secs(7);
+    let connection = AiBotConnection::new(AiBot::new(BOT).expect("bot"), settings, inlet.clone())
+        .expect("settings");
+    let stop = CancellationToken::new();
+    tokio::spawn({
+        let stop = stop.clone();
+        async move { connection.run(stop).await }
+    });
+    assert!(server.wait_for_subscribes(1, Duration::from_secs(5)).await);
+    let req_id = server.push(
+        frame::MESSAGE,
+        &local::text_message(BOT, "M1", None, "u", "x"),
+    );
+    let finished = |server: &LocalAiBot| {
+        server
+            .received()
+            .into_iter()
+            .filter(|f| f["headers"]["req_id"] == req_id.as_str())
+            .collect::<Vec<_>>()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !finished(&server)
+        .last()
+        .is_some_and(|f| f["body"]["stream"]["finish"] == true)
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{:?}",
+            server.received()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let frames = finished(&server);
+    assert_eq!(
+        frames
+            .last()
+            .map(|f| f["body"]["stream"]["content"].clone()),
+        Some(serde_json::json!("p0 p1 p2 p3 p4 "))
+    );
+    assert_eq!(
+        *inlet.deadlines.lock().expect("lock"),
+        vec![Duration::from_secs(7)]
+    );
+    stop.cancel();
+}

@@ -31,12 +31,12 @@ impl AiBot {
         &self.bot_id
     }
 
-    /// The event of a callback's `body` (a message or an event), to be admitted with `payload`
-    /// as what handlers receive (the whole frame, whose `req_id` a reply needs). Its keys are
-    /// the body's fields and its `msgid` with the sender: a repeat of the callback under another
+    /// The event of a callback's `body` (a message or an event), which is also what handlers
+    /// receive: the same document as the HTTP callback mode's decrypted JSON. Its keys are the
+    /// body's fields and its `msgid` with the sender: a repeat of the callback under another
     /// `req_id` is the same event. A body naming another bot is refused.
-    pub fn admit(&self, body: &[u8], payload: Bytes) -> Result<Admit, WecomError> {
-        let fields = Fields::from_json(body)?;
+    pub fn admit(&self, body: Bytes) -> Result<Admit, WecomError> {
+        let fields = Fields::from_json(&body)?;
         if let Some(got) = JSON.tenant(&fields)
             && got != self.bot_id
         {
@@ -50,7 +50,7 @@ impl AiBot {
             app: &self.bot_id,
             names: &JSON,
         };
-        let (mut event, keys) = normalize(&origin, &fields, payload);
+        let (mut event, keys) = normalize(&origin, &fields, body);
         event.tenant = Some(self.bot_id.as_str().into());
         Ok(Admit::new(event, keys))
     }
@@ -64,27 +64,19 @@ mod tests {
     const BODY: &[u8] = br#"{"msgid":"CAIQ16HMjQYY\/NGagIOAgAMgq4KM0AI=","aibotid":"AIBOTID","chatid":"CHATID","chattype":"group","from":{"userid":"USERID"},"msgtype":"text","text":{"content":"@RobotA hello robot"}}"#;
 
     #[test]
-    fn a_repeat_under_another_req_id_is_the_same_event_and_chats_keep_their_order() {
+    fn a_repeat_is_the_same_event_and_another_msgid_another() {
         let bot = AiBot::new("AIBOTID").expect("bot");
-        let first = bot
-            .admit(
-                BODY,
-                Bytes::from_static(b"{\"headers\":{\"req_id\":\"a\"}}"),
-            )
-            .expect("admitted");
-        let again = bot
-            .admit(
-                BODY,
-                Bytes::from_static(b"{\"headers\":{\"req_id\":\"b\"}}"),
-            )
-            .expect("admitted");
+        let first = bot.admit(Bytes::from_static(BODY)).expect("admitted");
+        // The same body again, as a repeat under another req_id carries it.
+        let again = bot.admit(Bytes::copy_from_slice(BODY)).expect("admitted");
+        assert_eq!(first.event.payload.as_ref(), BODY, "handlers get the body");
         assert_eq!(first.keys, again.keys);
         assert_eq!(&*first.event.event_id, "CAIQ16HMjQYY/NGagIOAgAMgq4KM0AI=");
         assert_eq!(&*first.event.event_type, "message.text");
         assert_eq!(first.event.order_key.as_deref(), Some("CHATID"));
         assert_eq!(&*first.event.app, "AIBOTID");
         let other = String::from_utf8_lossy(BODY).replace("CAIQ16", "CAIQ17");
-        let other = bot.admit(other.as_bytes(), Bytes::new()).expect("admitted");
+        let other = bot.admit(Bytes::from(other)).expect("admitted");
         assert!(
             other
                 .keys
@@ -99,11 +91,11 @@ mod tests {
     fn another_bots_callback_and_garbage_are_refused() {
         let bot = AiBot::new("OTHER").expect("bot");
         assert!(matches!(
-            bot.admit(BODY, Bytes::new()),
+            bot.admit(Bytes::from_static(BODY)),
             Err(WecomError::WrongAgent { .. })
         ));
-        assert!(bot.admit(b"{not json", Bytes::new()).is_err());
-        assert!(bot.admit(b"[1,2]", Bytes::new()).is_err());
+        assert!(bot.admit(Bytes::from_static(b"{not json")).is_err());
+        assert!(bot.admit(Bytes::from_static(b"[1,2]")).is_err());
         assert!(AiBot::new(" ").is_err());
     }
 }

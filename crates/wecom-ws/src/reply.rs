@@ -1,0 +1,234 @@
+//! Replies over the socket: a replying event's handler runs once (the gateway's claim protocol)
+//! and its answer goes back naming the callback's `req_id` — a welcome message, a card update,
+//! a body of the handler's own, or a stream. A streamed answer (the handler's server-sent
+//! events) is pushed as `aibot_respond_msg` frames under one `stream.id`, one at a time with
+//! WeCom's answer awaited, each frame carrying all the content so far (WeCom replaces it), and
+//! finished before WeCom's 6 minutes.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use oncegate_core::{Admit, KeyHash, Rate, Replied, Updates, key_for};
+use serde_json::json;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::Inlet;
+use crate::connection::Context;
+use crate::frame;
+
+/// WeCom's answers awaited, by `req_id`.
+pub(crate) type Pending = Mutex<HashMap<String, oneshot::Sender<(i64, String)>>>;
+
+/// How long WeCom's answer to one reply frame is awaited (the official SDK's).
+const ANSWER_WAIT: Duration = Duration::from_secs(5);
+/// Welcome messages and card updates must be sent within 5 s of their event.
+const QUICK: Duration = Duration::from_millis(4_500);
+/// A stream must be finished within 6 minutes of its first frame; the handler gets this long,
+/// which leaves the last frames their time.
+pub const STREAM_LIMIT: Duration = Duration::from_secs(330);
+/// The most content one stream frame carries.
+pub const MAX_CONTENT: usize = 20_480;
+/// Replies and proactive sends per conversation, WeCom's 30 per minute and 1 000 per hour kept
+/// a little inside: a bucket of `n` per period with a burst of `b` lets `n + b - 1` through in
+/// some period, so 24 per minute with a burst of 5 (28 at most in any minute) and 900 per hour
+/// with a burst of 50 (949 at most in any hour).
+pub const CONVERSATION_BUDGETS: [Rate; 2] = [
+    Rate::per_minute(24, 5),
+    Rate {
+        count: 900,
+        per: Duration::from_secs(3600),
+        burst: 50,
+    },
+];
+
+/// Sends `text`, a command naming `req_id`, and waits for WeCom's answer.
+pub(crate) async fn send_awaited(
+    outbox: &mpsc::Sender<String>,
+    pending: &Pending,
+    req_id: &str,
+    text: String,
+) -> Result<(), String> {
+    let (tell, told) = oneshot::channel();
+    lock(pending).insert(req_id.to_owned(), tell);
+    if outbox.send(text).await.is_err() {
+        lock(pending).remove(req_id);
+        return Err("the connection ended before the reply went out".into());
+    }
+    match tokio::time::timeout(ANSWER_WAIT, told).await {
+        Ok(Ok((0, _))) => Ok(()),
+        Ok(Ok((code, message))) => Err(format!("WeCom answered errcode {code}: {message:?}")),
+        Ok(Err(_)) => Err("the connection ended before WeCom answered the reply".into()),
+        Err(_) => {
+            lock(pending).remove(req_id);
+            Err(format!(
+                "WeCom did not answer the reply within {ANSWER_WAIT:?}"
+            ))
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The command a reply to an event of `event_type` goes out as, and how long its handler has
+/// (a message's: `stream_limit`).
+fn kind_of(event_type: &str, stream_limit: Duration) -> (&'static str, Duration) {
+    match event_type {
+        "event.enter_chat" => (frame::RESPOND_WELCOME, QUICK),
+        "event.template_card_event" => (frame::RESPOND_UPDATE, QUICK),
+        _ => (frame::RESPOND, stream_limit.min(STREAM_LIMIT)),
+    }
+}
+
+/// One stream's frames, pushed one at a time.
+struct Stream<'a> {
+    outbox: &'a mpsc::Sender<String>,
+    pending: &'a Pending,
+    req_id: &'a str,
+    id: String,
+    content: String,
+    frames: u64,
+    failed: Option<String>,
+}
+
+impl Stream<'_> {
+    /// Sends the content so far (`finish`: as the last frame). After a failed frame no other
+    /// is sent.
+    async fn push(&mut self, finish: bool) {
+        if self.failed.is_some() {
+            return;
+        }
+        let body = json!({
+            "msgtype": "stream",
+            "stream": {"id": self.id, "finish": finish, "content": self.content},
+        });
+        let text = frame::command(frame::RESPOND, self.req_id, Some(body));
+        self.frames += 1;
+        if let Err(why) = send_awaited(self.outbox, self.pending, self.req_id, text).await {
+            self.failed = Some(why);
+        }
+    }
+
+    fn append(&mut self, piece: &[u8]) {
+        let piece = String::from_utf8_lossy(piece);
+        let room = MAX_CONTENT.saturating_sub(self.content.len());
+        let mut cut = piece.len().min(room);
+        while !piece.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        self.content.push_str(&piece[..cut]);
+    }
+}
+
+/// Answers one replying event: runs its handler through the inlet and sends what it answered.
+pub(crate) async fn answer<I: Inlet>(
+    context: Arc<Context<I>>,
+    admit: Admit,
+    req_id: String,
+    outbox: mpsc::Sender<String>,
+    pending: Arc<Pending>,
+) {
+    let source = context.settings.source.clone();
+    let (cmd, deadline) = kind_of(&admit.event.event_type, context.settings.stream_limit);
+    let conversation = admit.event.order_key.as_deref().map(|chat| {
+        let key = key_for("wecom", context.bot.bot_id(), "aibot_conversation", chat);
+        (key, &CONVERSATION_BUDGETS[..])
+    });
+    let stream_id = stream_id(&admit.keys.primary());
+    let (pieces, mut taken) = mpsc::unbounded_channel::<Bytes>();
+    let updates: Updates = Arc::new(move |piece| {
+        let _ = pieces.send(piece);
+    });
+    let event_id = admit.event.event_id.clone();
+    let run = context.inlet.reply(admit, deadline, conversation, updates);
+    let mut stream = Stream {
+        outbox: &outbox,
+        pending: &pending,
+        req_id: &req_id,
+        id: stream_id,
+        content: String::new(),
+        frames: 0,
+        failed: None,
+    };
+    // The pieces are pushed while the handler runs; those that come while a frame waits for
+    // WeCom's answer go out together in the next.
+    let push = async {
+        while let Some(piece) = taken.recv().await {
+            stream.append(&piece);
+            while let Ok(more) = taken.try_recv() {
+                stream.append(&more);
+            }
+            stream.push(false).await;
+        }
+    };
+    let (replied, ()) = tokio::join!(run, push);
+    let streamed = stream.frames > 0;
+    let outcome = match replied {
+        Ok(Replied::Repeat) => "repeat",
+        Ok(Replied::Answer(answer)) => {
+            if streamed {
+                stream.push(true).await;
+            } else if let Some(answer) = answer {
+                match whole_answer(cmd, &req_id, &answer) {
+                    Some(text) => {
+                        if let Err(why) = send_awaited(&outbox, &pending, &req_id, text).await {
+                            stream.failed = Some(why);
+                        }
+                    }
+                    None => {
+                        stream.append(&answer);
+                        stream.push(true).await;
+                    }
+                }
+            }
+            if stream.failed.is_some() {
+                "send_failed"
+            } else {
+                "sent"
+            }
+        }
+        Err(refusal) => {
+            // What came is kept on the user's screen, finished rather than left spinning.
+            if streamed {
+                stream.push(true).await;
+            }
+            context.inlet.note(
+                "ws_reply_failed",
+                &format!(
+                    "long connection {source}: no reply to {event_id} ({}): {}",
+                    refusal.label, refusal.message
+                ),
+            );
+            refusal.label
+        }
+    };
+    if let Some(why) = &stream.failed {
+        context.inlet.note(
+            "ws_reply_not_sent",
+            &format!("long connection {source}: the reply to {event_id} was not sent whole: {why}"),
+        );
+    }
+    metrics::counter!("oncegate_ws_replies_total", "source" => source.clone(), "result" => outcome)
+        .increment(1);
+    metrics::counter!("oncegate_ws_reply_frames_total", "source" => source)
+        .increment(stream.frames);
+}
+
+/// A stream's id: the event's key, so that a reply made again after a failover continues the
+/// same message rather than starting a second.
+fn stream_id(key: &KeyHash) -> String {
+    format!("og{key}")
+}
+
+/// The frame of a whole (not streamed) answer: a JSON object is the reply's body as the
+/// handler wrote it; anything else is `None` (sent as a finished stream of its text).
+fn whole_answer(cmd: &str, req_id: &str, answer: &[u8]) -> Option<String> {
+    let body: serde_json::Value = serde_json::from_slice(answer).ok()?;
+    body.is_object()
+        .then(|| frame::command(cmd, req_id, Some(body)))
+}
