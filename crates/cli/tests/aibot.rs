@@ -476,3 +476,90 @@ async fn a_streamed_reply_arrives_in_order_under_one_id_and_a_repeat_starts_noth
         "{metrics}"
     );
 }
+
+const CALLER_TOKEN: &str = "e2e-caller-token";
+
+/// `POST /send/bot` with `key`: the status, the answer and whether it was a stored one.
+async fn send(
+    gateway: &Serve,
+    key: &str,
+    body: &serde_json::Value,
+) -> (u16, serde_json::Value, bool) {
+    let response = support::client()
+        .post(format!("{}/send/bot", gateway.api.clone().expect("api")))
+        .bearer_auth(CALLER_TOKEN)
+        .header("idempotency-key", key)
+        .json(body)
+        .send()
+        .await
+        .expect("send");
+    let status = response.status().as_u16();
+    let replayed = response.headers().contains_key("idempotent-replayed");
+    (status, response.json().await.unwrap_or_default(), replayed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proactive_send_goes_out_once_over_the_leaders_connection() {
+    let server = LocalAiBot::start(BOT, SECRET).await.expect("server");
+    let store = redis_store("aibots");
+    let (a, b) = (
+        tempfile::tempdir().expect("dir"),
+        tempfile::tempdir().expect("dir"),
+    );
+    let caller = format!(
+        "[api]\nlisten = \"127.0.0.1:0\"\n\n[[api.caller]]\nname = \"ops\"\ntoken = \"{CALLER_TOKEN}\"\n"
+    );
+    let with_caller = |dir: &Path| format!("{caller}{}", config(dir, &store, server.url()));
+    let leader = Serve::start_with(a.path(), &with_caller(a.path()));
+    assert!(server.wait_for_subscribes(1, Duration::from_secs(15)).await);
+    let standby = Serve::start_with(b.path(), &with_caller(b.path()));
+    standby
+        .admin_until("/admin/stats", |body| body.contains("\"standby\""))
+        .await;
+    let body = serde_json::json!({
+        "chatid": "wrchat1",
+        "chat_type": 2,
+        "msgtype": "markdown",
+        "markdown": {"content": "build **green**"},
+    });
+    let (status, answer, replayed) = send(&leader, "deploy-42", &body).await;
+    assert_eq!(
+        (status, replayed),
+        (200, false),
+        "{answer} {}",
+        leader.stderr()
+    );
+    // The caller retries, through the other gateway too: a stored answer, nothing sent again.
+    let (status, _, replayed) = send(&leader, "deploy-42", &body).await;
+    assert_eq!((status, replayed), (200, true));
+    let (status, _, replayed) = send(&standby, "deploy-42", &body).await;
+    assert_eq!((status, replayed), (200, true));
+    let sends: Vec<serde_json::Value> = server
+        .received()
+        .into_iter()
+        .filter(|frame| frame["cmd"] == "aibot_send_msg")
+        .collect();
+    assert_eq!(sends.len(), 1, "{sends:?}");
+    assert_eq!(sends[0]["body"], body);
+    // A new send reaching the standby is refused at once, nothing sent; the key stays free.
+    let (status, answer, _) = send(&standby, "deploy-43", &body).await;
+    assert_eq!(status, 502, "{answer}");
+    assert!(
+        answer["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("holds no subscribed connection")),
+        "{answer}"
+    );
+    let (status, _, replayed) = send(&leader, "deploy-43", &body).await;
+    assert_eq!((status, replayed), (200, false));
+    // Bad bodies get a precise 400.
+    let (status, answer, _) =
+        send(&leader, "bad", &serde_json::json!({"msgtype": "markdown"})).await;
+    assert_eq!(status, 400);
+    assert!(
+        answer["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("chatid")),
+        "{answer}"
+    );
+}

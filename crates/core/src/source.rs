@@ -409,16 +409,17 @@ pub trait Inlet: Send + Sync + 'static {
 
     /// Runs the handler of a replying event once, through the claim protocol, within
     /// `deadline`, handing a streamed answer's pieces to `updates` as they come. A repeat of an
-    /// event run before, or running now, starts nothing: [`Replied::Repeat`]. `conversation`
-    /// names the budget the reply is counted in (the platform's per-conversation limit).
+    /// event run before, or running now, starts nothing: [`Replied::Repeat`]. The reply is
+    /// counted in `budgets` (bucket names within the app, as `/send` names its own, and their
+    /// rates: the platform's per-conversation limit, which sends share) before the handler runs.
     fn reply(
         &self,
         admit: Admit,
         deadline: std::time::Duration,
-        conversation: Option<(KeyHash, &'static [crate::Rate])>,
+        budgets: Vec<(String, crate::Rate)>,
         updates: Updates,
     ) -> impl Future<Output = Result<Replied, Refusal>> + Send {
-        let _ = (admit, deadline, conversation, updates);
+        let _ = (admit, deadline, budgets, updates);
         async {
             Err(Refusal::new(
                 RefusalKind::Unavailable,

@@ -503,6 +503,16 @@ impl<S: Store> Gateway<S> {
                 shared.senders.insert(source.name.clone(), sender);
             }
         }
+        // An AI bot sends over its connection, through the gateway that holds it.
+        for source in &shared.long_sources {
+            if let longconn::Link::AiBot { bot, outbound, .. } = &source.link {
+                let api = oncegate_send::Api::AiBot(oncegate_send::AiBotApi::new(outbound.clone()));
+                let scope = bot.bot_id().to_owned();
+                shared
+                    .senders
+                    .insert(source.name.clone(), send_api::Sender { api, scope });
+            }
+        }
         for route in &config.routes {
             let sink: SharedSink =
                 match route.sink {

@@ -38,6 +38,8 @@ pub(crate) enum Link {
     AiBot {
         bot: AiBot,
         settings: oncegate_wecom_ws::Settings,
+        /// Where `/send` hands the bot's own messages while this gateway holds it.
+        outbound: Arc<oncegate_wecom_ws::Outbound>,
     },
 }
 
@@ -117,30 +119,19 @@ impl<S: Store> Inlet for GatewayInlet<S> {
                 .is_some_and(|route| route.reply)
     }
 
-    /// One budget bucket per rate of the conversation's.
+    /// The budgets are named within the app, as `/send` names its own: a reply and a send to
+    /// one conversation spend one budget.
     async fn reply(
         &self,
         admit: Admit,
         deadline: Duration,
-        conversation: Option<(oncegate_core::KeyHash, &'static [oncegate_core::Rate])>,
+        budgets: Vec<(String, oncegate_core::Rate)>,
         updates: oncegate_core::Updates,
     ) -> Result<oncegate_core::Replied, Refusal> {
-        let budgets: Vec<(oncegate_core::KeyHash, oncegate_core::Rate)> = conversation
-            .map(|(key, rates)| {
-                let key = key.to_string();
-                rates
-                    .iter()
-                    .enumerate()
-                    .map(|(i, rate)| {
-                        let window = rate.per.as_secs().to_string();
-                        (
-                            oncegate_core::KeyHash::of(&[&key, "budget", &window, &i.to_string()]),
-                            *rate,
-                        )
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
+        let budgets: Vec<(oncegate_core::KeyHash, oncegate_core::Rate)> = budgets
+            .iter()
+            .map(|(name, rate)| (key_for("send", &admit.event.app, name, ""), *rate))
+            .collect();
         sync_call::reply(&self.0, admit, deadline, &budgets, &updates).await
     }
 
@@ -198,15 +189,22 @@ async fn connect<S: Store>(
                 Err(error) => failed(&error),
             }
         }
-        Link::AiBot { bot, settings } => {
-            match AiBotConnection::new(bot.clone(), settings.clone(), inlet) {
-                Ok(client) => match client.with_status(source.status.clone()).run(stop).await {
-                    Ended::Kicked => Held::Kicked,
-                    Ended::Shutdown | Ended::Fatal(_) => Held::Stopped,
-                },
-                Err(error) => failed(&error),
-            }
-        }
+        Link::AiBot {
+            bot,
+            settings,
+            outbound,
+        } => match AiBotConnection::new(bot.clone(), settings.clone(), inlet) {
+            Ok(client) => match client
+                .with_status(source.status.clone())
+                .with_outbound(outbound.clone())
+                .run(stop)
+                .await
+            {
+                Ended::Kicked => Held::Kicked,
+                Ended::Shutdown | Ended::Fatal(_) => Held::Stopped,
+            },
+            Err(error) => failed(&error),
+        },
     }
 }
 

@@ -167,6 +167,7 @@ fn ai_bot(
         Link::AiBot {
             bot,
             settings: connection,
+            outbound: Arc::new(oncegate_wecom_ws::Outbound::default()),
         },
         oncegate_config::Instances::Leader,
     ))

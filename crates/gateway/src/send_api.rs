@@ -131,7 +131,7 @@ async fn send_once<S: Store>(
     let sender = shared.senders.get(source).ok_or_else(|| {
         Refused(
             StatusCode::NOT_FOUND,
-            "no such source that can send: a Feishu or Lark [[source]] with app_secret".into(),
+            "no such source that can send: a Feishu or Lark [[source]] with app_secret, a WeCom one with secret and agent_id, or a WeCom AI bot".into(),
         )
     })?;
     // UTF-8, not only ASCII: callers name sends by order numbers, user names, titles. The

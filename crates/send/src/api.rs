@@ -5,6 +5,7 @@
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use crate::aibot::{AiBotApi, AiBotMessage};
 use crate::feishu::{FeishuApi, Message};
 use crate::limits::{FEISHU_APP, FEISHU_PACE, FEISHU_RECEIVER, WECOM_APP, WECOM_MEMBER};
 use crate::wecom::{WecomApi, WecomMessage};
@@ -17,6 +18,8 @@ pub enum Api {
     Feishu(FeishuApi),
     /// A WeCom app (one agent of a corp).
     Wecom(WecomApi),
+    /// A WeCom AI bot, over its long connection.
+    AiBot(AiBotApi),
 }
 
 /// A caller's send, ready to go.
@@ -40,6 +43,7 @@ pub struct Prepared {
 enum Outgoing {
     Feishu(Message),
     Wecom(WecomMessage),
+    AiBot(AiBotMessage),
 }
 
 #[derive(Deserialize)]
@@ -130,6 +134,16 @@ impl Api {
                     outgoing: Outgoing::Wecom(message),
                 })
             }
+            Api::AiBot(api) => {
+                let message = api.prepare(body)?;
+                Ok(Prepared {
+                    payload: message.body.clone(),
+                    budgets: AiBotApi::budgets(&message),
+                    edit_of: None,
+                    pace: None,
+                    outgoing: Outgoing::AiBot(message),
+                })
+            }
         }
     }
 
@@ -138,6 +152,7 @@ impl Api {
         match (self, &prepared.outgoing) {
             (Api::Feishu(api), Outgoing::Feishu(message)) => api.send(message).await,
             (Api::Wecom(api), Outgoing::Wecom(message)) => api.send(message).await,
+            (Api::AiBot(api), Outgoing::AiBot(message)) => api.send(message).await,
             _ => Err(SendError::Permanent {
                 code: 0,
                 message: "prepared for another platform".into(),

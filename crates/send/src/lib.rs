@@ -6,6 +6,7 @@
 //! [`local`] is a Feishu-like API server for tests: it enforces tokens, rate limits and uuid
 //! dedup, and counts what it really sent.
 
+mod aibot;
 mod api;
 pub mod feishu;
 /// A Feishu-like API server for tests.
@@ -16,6 +17,7 @@ pub mod wecom;
 
 use std::time::Duration;
 
+pub use aibot::{AiBotApi, AiBotMessage};
 pub use api::{Api, Prepared};
 pub use feishu::{FeishuApi, Message, RECEIVE_ID_TYPES};
 pub use oncegate_core::Rate as Budget;

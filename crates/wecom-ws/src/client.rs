@@ -68,6 +68,7 @@ impl<I: Inlet> AiBotConnection<I> {
                 settings,
                 inlet,
                 status: Arc::new(Status::default()),
+                outbound: Arc::new(crate::Outbound::default()),
             }),
         })
     }
@@ -76,6 +77,14 @@ impl<I: Inlet> AiBotConnection<I> {
     pub fn with_status(mut self, status: Arc<Status>) -> Self {
         if let Some(context) = Arc::get_mut(&mut self.context) {
             context.status = status;
+        }
+        self
+    }
+
+    /// Takes the bot's own commands (proactive sends) from `outbound` while subscribed.
+    pub fn with_outbound(mut self, outbound: Arc<crate::Outbound>) -> Self {
+        if let Some(context) = Arc::get_mut(&mut self.context) {
+            context.outbound = outbound;
         }
         self
     }

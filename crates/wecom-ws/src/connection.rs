@@ -52,6 +52,7 @@ pub(crate) struct Context<I> {
     pub(crate) settings: Settings,
     pub(crate) inlet: Arc<I>,
     pub(crate) status: Arc<Status>,
+    pub(crate) outbound: Arc<crate::Outbound>,
 }
 
 impl<I: Inlet> Context<I> {
@@ -106,6 +107,9 @@ where
         pending: Arc::new(Pending::default()),
         permits: Arc::new(tokio::sync::Semaphore::new(REPLIES_AT_ONCE)),
     };
+    let held = context
+        .outbound
+        .hold(outbox.clone(), replying.pending.clone());
     let lanes: Vec<mpsc::Sender<Admit>> = (0..context.settings.lanes.max(1))
         .map(|_| {
             let (lane, work) = mpsc::channel(LANE_DEPTH);
@@ -170,6 +174,7 @@ where
             &format!("a frame with cmd {:?}", frame.cmd.as_deref().unwrap_or("")),
         );
     };
+    context.outbound.release(held);
     ended.cancel();
     drop(outbox);
     let end = match writer.await {

@@ -12,6 +12,7 @@ mod client;
 mod connection;
 pub mod frame;
 pub mod local;
+mod outbound;
 mod reply;
 
 use std::time::Duration;
@@ -20,10 +21,14 @@ pub use oncegate_core::Inlet;
 pub use oncegate_longconn::Status;
 
 pub use client::{AiBotConnection, Ended, SetupError};
-pub use reply::{CONVERSATION_BUDGETS, MAX_CONTENT, STREAM_LIMIT};
+pub use outbound::{Outbound, OutboundError};
+pub use reply::{CONVERSATION_BUDGETS, MAX_CONTENT, STREAM_LIMIT, conversation_budgets};
 
 /// WeCom's long-connection address.
 pub const DEFAULT_URL: &str = "wss://openws.work.weixin.qq.com";
+
+/// The command of a bot's proactive message (to a conversation whose user wrote to it).
+pub const SEND: &str = "aibot_send_msg";
 
 /// The settings of one bot's long connection.
 #[derive(Clone)]

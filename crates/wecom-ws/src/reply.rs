@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use oncegate_core::{Admit, KeyHash, Rate, Replied, Updates, key_for};
+use oncegate_core::{Admit, KeyHash, Rate, Replied, Updates};
 use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 
@@ -43,28 +43,64 @@ pub const CONVERSATION_BUDGETS: [Rate; 2] = [
     },
 ];
 
+/// Why a command got no success answer.
+#[derive(Debug, Clone)]
+pub(crate) enum NotAnswered {
+    /// It never went out: the connection had ended.
+    NotSent(String),
+    /// WeCom answered with an error.
+    Refused { code: i64, message: String },
+    /// It went out and no answer came (in time, or before the connection ended).
+    Unknown(String),
+}
+
+impl std::fmt::Display for NotAnswered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotAnswered::NotSent(why) | NotAnswered::Unknown(why) => f.write_str(why),
+            NotAnswered::Refused { code, message } => {
+                write!(f, "WeCom answered errcode {code}: {message:?}")
+            }
+        }
+    }
+}
+
+/// The budgets of conversation `chat` (a group's `chatid`, or the user), by bucket name: the
+/// names replies and proactive sends both count under.
+pub fn conversation_budgets(chat: &str) -> Vec<(String, Rate)> {
+    CONVERSATION_BUDGETS
+        .iter()
+        .enumerate()
+        .map(|(i, budget)| (format!("conversation:{chat}:{i}"), *budget))
+        .collect()
+}
+
 /// Sends `text`, a command naming `req_id`, and waits for WeCom's answer.
 pub(crate) async fn send_awaited(
     outbox: &mpsc::Sender<String>,
     pending: &Pending,
     req_id: &str,
     text: String,
-) -> Result<(), String> {
+) -> Result<(), NotAnswered> {
     let (tell, told) = oneshot::channel();
     lock(pending).insert(req_id.to_owned(), tell);
     if outbox.send(text).await.is_err() {
         lock(pending).remove(req_id);
-        return Err("the connection ended before the reply went out".into());
+        return Err(NotAnswered::NotSent(
+            "the connection ended before it went out".into(),
+        ));
     }
     match tokio::time::timeout(ANSWER_WAIT, told).await {
         Ok(Ok((0, _))) => Ok(()),
-        Ok(Ok((code, message))) => Err(format!("WeCom answered errcode {code}: {message:?}")),
-        Ok(Err(_)) => Err("the connection ended before WeCom answered the reply".into()),
+        Ok(Ok((code, message))) => Err(NotAnswered::Refused { code, message }),
+        Ok(Err(_)) => Err(NotAnswered::Unknown(
+            "the connection ended before WeCom answered".into(),
+        )),
         Err(_) => {
             lock(pending).remove(req_id);
-            Err(format!(
-                "WeCom did not answer the reply within {ANSWER_WAIT:?}"
-            ))
+            Err(NotAnswered::Unknown(format!(
+                "WeCom did not answer within {ANSWER_WAIT:?}"
+            )))
         }
     }
 }
@@ -93,7 +129,7 @@ struct Stream<'a> {
     id: String,
     content: String,
     frames: u64,
-    failed: Option<String>,
+    failed: Option<NotAnswered>,
 }
 
 impl Stream<'_> {
@@ -135,17 +171,19 @@ pub(crate) async fn answer<I: Inlet>(
 ) {
     let source = context.settings.source.clone();
     let (cmd, deadline) = kind_of(&admit.event.event_type, context.settings.stream_limit);
-    let conversation = admit.event.order_key.as_deref().map(|chat| {
-        let key = key_for("wecom", context.bot.bot_id(), "aibot_conversation", chat);
-        (key, &CONVERSATION_BUDGETS[..])
-    });
+    let budgets = admit
+        .event
+        .order_key
+        .as_deref()
+        .map(conversation_budgets)
+        .unwrap_or_default();
     let stream_id = stream_id(&admit.keys.primary());
     let (pieces, mut taken) = mpsc::unbounded_channel::<Bytes>();
     let updates: Updates = Arc::new(move |piece| {
         let _ = pieces.send(piece);
     });
     let event_id = admit.event.event_id.clone();
-    let run = context.inlet.reply(admit, deadline, conversation, updates);
+    let run = context.inlet.reply(admit, deadline, budgets, updates);
     let mut stream = Stream {
         outbox: &outbox,
         pending: &pending,

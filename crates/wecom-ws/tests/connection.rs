@@ -253,10 +253,12 @@ impl Inlet for Streamer {
         &self,
         _: Admit,
         deadline: Duration,
-        conversation: Option<(oncegate_core::KeyHash, &'static [oncegate_core::Rate])>,
+        budgets: Vec<(String, oncegate_core::Rate)>,
         updates: oncegate_core::Updates,
     ) -> Result<oncegate_core::Replied, Refusal> {
-        assert!(conversation.is_some_and(|(_, rates)| rates.len() == 2));
+        // The user's own conversation (a single chat), by the names /send counts under too.
+        let names: Vec<&str> = budgets.iter().map(|(name, _)| name.as_str()).collect();
+        assert_eq!(names, ["conversation:u:0", "conversation:u:1"]);
         self.deadlines.lock().expect("lock").push(deadline);
         for i in 0..self.pieces {
             updates(Bytes::from(format!("p{i} ")));
