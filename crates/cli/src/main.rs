@@ -115,9 +115,14 @@ enum InspectWhat {
         /// The app id.
         #[arg(long)]
         app: Option<String>,
-        /// The kind of id: event_id, message_id, or a business-key kind.
-        #[arg(long, default_value = "event_id")]
-        kind: String,
+        /// The sender of a WeCom or WeChat message (its MsgId repeats across senders) or an AI
+        /// bot's (msgid): the kind is then msg_id unless named.
+        #[arg(long)]
+        from: Option<String>,
+        /// The kind of id: event_id (the default), message_id, or a business-key kind (msg_id
+        /// with --from).
+        #[arg(long)]
+        kind: Option<String>,
         /// The id.
         #[arg(long)]
         id: Option<String>,
@@ -340,6 +345,7 @@ fn inspect(args: InspectArgs) -> anyhow::Result<bool> {
             key,
             platform,
             app,
+            from,
             kind,
             id,
         } => {
@@ -347,7 +353,16 @@ fn inspect(args: InspectArgs) -> anyhow::Result<bool> {
                 (Some(hex), ..) => KeyHash::from_hex(&hex).with_context(|| {
                     format!("{hex:?} is not a key hash: expected 32 hex characters")
                 })?,
-                (None, Some(platform), Some(app), Some(id)) => key_for(&platform, &app, &kind, &id),
+                (None, Some(platform), Some(app), Some(id)) => match from {
+                    Some(from) => oncegate_core::sender_key(
+                        &platform,
+                        &app,
+                        kind.as_deref().unwrap_or("msg_id"),
+                        &id,
+                        &from,
+                    ),
+                    None => key_for(&platform, &app, kind.as_deref().unwrap_or("event_id"), &id),
+                },
                 _ => bail!("name the record with --key HEX, or with --platform, --app and --id"),
             };
             let found = reader.record(&key)?;
@@ -400,6 +415,7 @@ fn inspect_remote(args: InspectArgs) -> anyhow::Result<bool> {
         key,
         platform,
         app,
+        from,
         kind,
         id,
     } = args.what
@@ -412,12 +428,12 @@ fn inspect_remote(args: InspectArgs) -> anyhow::Result<bool> {
     };
     let query = match (key, platform, app, id) {
         (Some(hex), ..) => vec![("key", hex)],
-        (None, Some(platform), Some(app), Some(id)) => vec![
-            ("platform", platform),
-            ("app", app),
-            ("kind", kind),
-            ("id", id),
-        ],
+        (None, Some(platform), Some(app), Some(id)) => {
+            let mut query = vec![("platform", platform), ("app", app), ("id", id)];
+            query.extend(kind.map(|kind| ("kind", kind)));
+            query.extend(from.map(|from| ("from", from)));
+            query
+        }
         _ => bail!("name the record with --key HEX, or with --platform, --app and --id"),
     };
     let admin = remote::Admin::new(args.config, args.admin, args.token);

@@ -351,6 +351,9 @@ pub(crate) async fn record(
         )?,
         other => out!("state        {other}")?,
     }
+    if let Some(note) = answer["note"].as_str() {
+        out!("note         {note}")?;
+    }
     out!("kept         {} more", left(&answer["expires_at_ms"]))?;
     if let Some(fingerprint) = answer["fingerprint"].as_str() {
         out!("fingerprint  {fingerprint}")?;

@@ -133,6 +133,21 @@ async fn messages_with_repeats_and_a_dropped_connection_are_delivered_once_in_ch
     assert_eq!(first["payload"]["text"]["content"], "hi", "{first}");
     let (ready, _) = gateway.admin_get("/readyz").await;
     assert_eq!(ready, 200);
+    // An operator finds a message by the id and sender they have, as inspect does.
+    let (status, found) = gateway
+        .admin_get(&format!(
+            "/admin/record?platform=wecom&app={BOT}&id=M0005&from=zhangsan"
+        ))
+        .await;
+    assert_eq!(status, 200, "{found}");
+    let found: serde_json::Value = serde_json::from_str(&found).expect("json");
+    assert_eq!(found["record"]["state"], "completed", "{found}");
+    let (status, _) = gateway
+        .admin_get(&format!(
+            "/admin/record?platform=wecom&app={BOT}&id=M0005&from=lisi"
+        ))
+        .await;
+    assert_eq!(status, 404, "another sender's M0005 was never sent");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

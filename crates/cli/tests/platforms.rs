@@ -178,6 +178,42 @@ fn each_platforms_events_are_delivered_once_through_the_binary() {
             .expect("a count");
         assert!(count >= 300.0, "{line}");
     }
+    // An operator finds a WeCom message by the MsgId and sender they have, with `inspect`.
+    let wecom = delivered
+        .iter()
+        .find(|line| line["platform"] == "wecom" && line["event_type"] == "message.text")
+        .expect("a WeCom text message");
+    let xml = wecom["payload"].as_str().unwrap_or_default();
+    let field = |name: &str| {
+        let (_, rest) = xml.split_once(&format!("<{name}>")).expect(name);
+        let (value, _) = rest.split_once(&format!("</{name}>")).expect(name);
+        value
+            .trim_start_matches("<![CDATA[")
+            .trim_end_matches("]]>")
+            .to_owned()
+    };
+    let (msg_id, from) = (field("MsgId"), field("FromUserName"));
+    let inspect = |from: &str| {
+        let output = oncegate()
+            .args([
+                "inspect",
+                "--admin",
+                &serve.admin,
+                "record",
+                "--platform",
+                "wecom",
+            ])
+            .args(["--app", "ww_e2e", "--id", &msg_id, "--from", from])
+            .output()
+            .expect("inspect");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let found = inspect(&from);
+    assert!(
+        found.contains("state        pending") && found.contains("admitted"),
+        "{found}"
+    );
+    assert!(inspect("someone-else").contains("not seen"));
 }
 
 #[test]

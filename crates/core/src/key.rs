@@ -150,6 +150,13 @@ pub fn key_for(source: &str, app: &str, kind: &str, id: &str) -> KeyHash {
     KeyHash::of(&[source, app, kind, id])
 }
 
+/// The key of a message by its platform id *and its sender*, for platforms whose message ids
+/// repeat across senders (WeCom's and WeChat's `MsgId`, an AI bot's `msgid`): what admission
+/// records and what an operator looks a message up by.
+pub fn sender_key(source: &str, app: &str, kind: &str, id: &str, from: &str) -> KeyHash {
+    KeyHash::of(&[source, app, kind, id, from])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

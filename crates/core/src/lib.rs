@@ -21,7 +21,7 @@ pub mod transition;
 pub use clock::{Clock, ManualClock, SteadyClock, SystemClock};
 pub use durability::Durability;
 pub use event::Event;
-pub use key::{DeliveryId, KeyHash, hex_into, key_for};
+pub use key::{DeliveryId, KeyHash, hex_into, key_for, sender_key};
 pub use rates::{Rate, RateVerdict};
 pub use record::{
     Admission, Claim, DeadLetter, Delivery, FenceCheck, FencingToken, Fingerprint, Lease, Nonce,

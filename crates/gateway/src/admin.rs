@@ -290,9 +290,12 @@ struct RecordQuery {
     /// The platform: feishu, lark, wecom, wechat.
     platform: Option<String>,
     app: Option<String>,
-    /// `event_id` (the default), `message_id`, or a business key's kind.
+    /// `event_id` (the default), `message_id`, or a business key's kind; `msg_id` with `from`.
     kind: Option<String>,
     id: Option<String>,
+    /// The sender, for ids that repeat across senders (WeCom's and WeChat's `MsgId`, an AI
+    /// bot's `msgid`): `kind` is then `msg_id` unless named.
+    from: Option<String>,
     /// Where to look; every partition when absent.
     partition: Option<u16>,
 }
@@ -301,18 +304,27 @@ impl RecordQuery {
     fn key(&self) -> Option<KeyHash> {
         match (&self.key, &self.platform, &self.app, &self.id) {
             (Some(hex), None, None, None) => KeyHash::from_hex(hex),
-            (None, Some(platform), Some(app), Some(id)) => Some(oncegate_core::key_for(
-                platform,
-                app,
-                self.kind.as_deref().unwrap_or("event_id"),
-                id,
-            )),
+            (None, Some(platform), Some(app), Some(id)) => Some(match &self.from {
+                Some(from) => oncegate_core::sender_key(
+                    platform,
+                    app,
+                    self.kind.as_deref().unwrap_or("msg_id"),
+                    id,
+                    from,
+                ),
+                None => oncegate_core::key_for(
+                    platform,
+                    app,
+                    self.kind.as_deref().unwrap_or("event_id"),
+                    id,
+                ),
+            }),
             _ => None,
         }
     }
 }
 
-const RECORD_USAGE: &str = "use ?key=<32 hex characters> or ?platform=feishu&app=<app id>&id=<event id>[&kind=event_id], and optionally &partition=N";
+const RECORD_USAGE: &str = "use ?key=<32 hex characters>, ?platform=feishu&app=<app id>&id=<event id>[&kind=event_id], or for WeCom and WeChat messages ?platform=wecom&app=<corp id, app id or bot id>&id=<MsgId or msgid>&from=<sender>, and optionally &partition=N";
 
 async fn record<S: Store>(
     State(shared): State<Arc<Shared<S>>>,
@@ -356,6 +368,7 @@ async fn record<S: Store>(
     }
     match found {
         Ok(Some((partition, record))) => {
+            let pending = matches!(record.state, RecordState::Pending);
             let state = match record.state {
                 RecordState::Pending => json!({"state": "pending"}),
                 RecordState::Processing {
@@ -376,11 +389,19 @@ async fn record<S: Store>(
                     .map(crate::admin_dlq::letter_json),
                 Err(_) => None,
             };
-            axum::Json(
-                json!({"key": key.to_string(), "partition": partition, "record": state, "expires_at_ms": record.expires_at_ms,
-                       "fingerprint": record.fingerprint.map(|f| f.to_string()), "dead_letter": dead_letter}),
-            )
-            .into_response()
+            let mut found = json!({"key": key.to_string(), "partition": partition, "record": state, "expires_at_ms": record.expires_at_ms,
+                       "fingerprint": record.fingerprint.map(|f| f.to_string()), "dead_letter": dead_letter});
+            // A WeCom or WeChat XML message's MsgId key is its second key: it tells that the
+            // message was admitted, not how far it got. Said, rather than shown as "pending".
+            if query.from.is_some() && pending {
+                found["note"] = json!(
+                    "found by the message's id and sender: this record says it was admitted. \
+                     For a WeCom or WeChat callback that is its second key, which keeps no \
+                     delivery state: the delivery's Idempotency-Key (msg_<key>) names the \
+                     primary record. An AI bot's msgid is its primary key: pending is its state."
+                );
+            }
+            axum::Json(found).into_response()
         }
         Ok(None) => (
             StatusCode::NOT_FOUND,

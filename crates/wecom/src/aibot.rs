@@ -3,7 +3,7 @@
 //! HTTP callback mode, so that a message is one event whichever way it came.
 
 use bytes::Bytes;
-use oncegate_core::Admit;
+use oncegate_core::{Admit, Keys};
 
 use crate::WecomError;
 use crate::keys::{JSON, Origin, normalize};
@@ -32,8 +32,9 @@ impl AiBot {
     }
 
     /// The event of a callback's `body` (a message or an event), which is also what handlers
-    /// receive: the same document as the HTTP callback mode's decrypted JSON. Its keys are the
-    /// body's fields and its `msgid` with the sender: a repeat of the callback under another
+    /// receive: the same document as the HTTP callback mode's decrypted JSON. Its primary key
+    /// is its `msgid` with the sender (WeCom's documented dedup key, and what an operator looks
+    /// a message up by), the body's fields the second: a repeat of the callback under another
     /// `req_id` is the same event. A body naming another bot is refused.
     pub fn admit(&self, body: Bytes) -> Result<Admit, WecomError> {
         let fields = Fields::from_json(&body)?;
@@ -51,6 +52,10 @@ impl AiBot {
             names: &JSON,
         };
         let (mut event, keys) = normalize(&origin, &fields, body);
+        let keys = match keys.as_slice() {
+            [fields_key, msgid_key] => Keys::new(*msgid_key).with(*fields_key),
+            _ => keys,
+        };
         event.tenant = Some(self.bot_id.as_str().into());
         Ok(Admit::new(event, keys))
     }
@@ -71,6 +76,17 @@ mod tests {
         let again = bot.admit(Bytes::copy_from_slice(BODY)).expect("admitted");
         assert_eq!(first.event.payload.as_ref(), BODY, "handlers get the body");
         assert_eq!(first.keys, again.keys);
+        assert_eq!(
+            first.keys.primary(),
+            oncegate_core::sender_key(
+                "wecom",
+                "AIBOTID",
+                "msg_id",
+                "CAIQ16HMjQYY/NGagIOAgAMgq4KM0AI=",
+                "USERID"
+            ),
+            "the msgid with its sender, as an operator looks it up"
+        );
         assert_eq!(&*first.event.event_id, "CAIQ16HMjQYY/NGagIOAgAMgq4KM0AI=");
         assert_eq!(&*first.event.event_type, "message.text");
         assert_eq!(first.event.order_key.as_deref(), Some("CHATID"));

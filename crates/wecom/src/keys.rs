@@ -135,13 +135,13 @@ pub(crate) fn normalize(origin: &Origin<'_>, fields: &Fields, document: Bytes) -
     let id = names.first(fields, names.message_id);
     if let Some(id) = id {
         let from = fields.text(names.from).unwrap_or_default();
-        keys = keys.with(KeyHash::of(&[
+        keys = keys.with(oncegate_core::sender_key(
             origin.platform,
             origin.app,
             "msg_id",
             id,
             from,
-        ]));
+        ));
     }
     let created_secs = names
         .first(fields, names.created)
