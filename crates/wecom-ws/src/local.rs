@@ -37,6 +37,9 @@ struct State {
     takeovers: u64,
     waiting: VecDeque<String>,
     received: Vec<Value>,
+    /// Connections whose subscription WeCom lost while their sockets live: every command of
+    /// theirs is answered 846609.
+    forgotten: std::collections::HashSet<u64>,
 }
 
 struct Inner {
@@ -191,6 +194,16 @@ impl LocalAiBot {
         }
     }
 
+    /// Loses the subscribed connection's subscription without a word, its socket left open:
+    /// every command of it, pings too, is answered 846609 (*not subscribed*), as WeCom was seen
+    /// to answer sends.
+    pub fn forget_subscription(&self) {
+        let mut state = self.inner.state();
+        if let Some((id, _)) = state.current.take() {
+            state.forgotten.insert(id);
+        }
+    }
+
     /// Waits until `n` subscribes succeeded in all, or `within` passed.
     pub async fn wait_for_subscribes(&self, n: usize, within: Duration) -> bool {
         let deadline = tokio::time::Instant::now() + within;
@@ -311,6 +324,13 @@ fn command(
 ) -> Option<String> {
     let req_id = frame.headers.req_id.as_str();
     let mut state = inner.state();
+    if state.forgotten.contains(&id) && frame.cmd.as_deref() != Some(frame::SUBSCRIBE) {
+        return Some(frame::answer(
+            req_id,
+            frame::NOT_SUBSCRIBED,
+            "aibot websocket not subscribed",
+        ));
+    }
     match frame.cmd.as_deref() {
         Some(frame::SUBSCRIBE) => {
             let body: Value = frame

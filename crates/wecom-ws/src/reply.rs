@@ -270,3 +270,53 @@ fn whole_answer(cmd: &str, req_id: &str, answer: &[u8]) -> Option<String> {
     body.is_object()
         .then(|| frame::command(cmd, req_id, Some(body)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_event_is_answered_with_its_command_within_its_time() {
+        let limit = Duration::from_secs(60);
+        assert_eq!(
+            kind_of("event.enter_chat", limit),
+            (frame::RESPOND_WELCOME, QUICK)
+        );
+        assert_eq!(
+            kind_of("event.template_card_event", limit),
+            (frame::RESPOND_UPDATE, QUICK)
+        );
+        assert_eq!(kind_of("message.text", limit), (frame::RESPOND, limit));
+        assert_eq!(
+            kind_of("message.mixed", Duration::from_secs(3600)),
+            (frame::RESPOND, STREAM_LIMIT),
+            "never past WeCom's stream limit"
+        );
+        let card = br#"{"msgtype":"template_card","template_card":{"card_type":"text_notice"}}"#;
+        let text = whole_answer(frame::RESPOND, "R1", card).expect("a body");
+        let sent: serde_json::Value = serde_json::from_str(&text).expect("json");
+        assert_eq!(sent["headers"]["req_id"], "R1");
+        assert_eq!(sent["body"]["msgtype"], "template_card");
+        assert!(whole_answer(frame::RESPOND, "R1", b"plain words").is_none());
+        assert!(whole_answer(frame::RESPOND, "R1", b"[1]").is_none());
+    }
+
+    #[test]
+    fn content_is_cut_at_the_limit_on_a_character_boundary() {
+        let (outbox, _letters) = mpsc::channel(1);
+        let pending = Pending::default();
+        let mut stream = Stream {
+            outbox: &outbox,
+            pending: &pending,
+            req_id: "R",
+            id: "s".into(),
+            content: String::new(),
+            frames: 0,
+            failed: None,
+        };
+        stream.append("好".repeat(MAX_CONTENT).as_bytes());
+        assert!(stream.content.len() <= MAX_CONTENT);
+        assert!(stream.content.len() > MAX_CONTENT - 3);
+        assert!(stream.content.chars().all(|c| c == '好'));
+    }
+}

@@ -327,3 +327,32 @@ async fn a_handler_out_of_time_leaves_its_stream_finished_with_what_came() {
     );
     stop.cancel();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_subscription_on_a_live_socket_is_subscribed_anew() {
+    let server = LocalAiBot::start(BOT, SECRET).await.expect("server");
+    let inlet = Arc::new(Recorder::default());
+    // Pings left unanswered would take minutes here: only the 846609 answer can end it.
+    let mut settings = settings(&server, SECRET);
+    settings.missed_pings = 1_000;
+    let connection = AiBotConnection::new(AiBot::new(BOT).expect("bot"), settings, inlet.clone())
+        .expect("settings");
+    let stop = CancellationToken::new();
+    let _run = tokio::spawn({
+        let stop = stop.clone();
+        async move { connection.run(stop).await }
+    });
+    assert!(server.wait_for_subscribes(1, Duration::from_secs(5)).await);
+    server.forget_subscription();
+    // The next ping (200 ms) is answered 846609: a new connection subscribes.
+    assert!(
+        server.wait_for_subscribes(2, Duration::from_secs(5)).await,
+        "not subscribed anew"
+    );
+    server.push(
+        frame::MESSAGE,
+        &local::text_message(BOT, "after", None, "u", "x"),
+    );
+    assert!(inlet.wait_for(1, Duration::from_secs(5)).await);
+    stop.cancel();
+}
