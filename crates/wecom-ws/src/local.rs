@@ -21,6 +21,7 @@ use crate::frame::{self, Incoming};
 /// What the server does to one connection.
 enum Out {
     Text(String),
+    Binary(Vec<u8>),
     /// Cut without a close frame.
     Drop,
 }
@@ -129,6 +130,23 @@ impl LocalAiBot {
             state.waiting.push_back(text);
         }
         req_id
+    }
+
+    /// Sends `text` as it is (a text message) to the subscribed connection; whether one was.
+    pub fn send_raw(&self, text: &str) -> bool {
+        self.send_out(Out::Text(text.to_owned()))
+    }
+
+    /// Sends `bytes` as a binary message to the subscribed connection; whether one was.
+    pub fn send_binary(&self, bytes: &[u8]) -> bool {
+        self.send_out(Out::Binary(bytes.to_vec()))
+    }
+
+    fn send_out(&self, out: Out) -> bool {
+        match &self.inner.state().current {
+            Some((_, connection)) => connection.send(out).is_ok(),
+            None => false,
+        }
     }
 
     /// Subscribes answered with success so far, and when.
@@ -297,6 +315,11 @@ async fn serve(inner: Arc<Inner>, socket: ServerSocket) {
             next = outgoing.recv() => match next {
                 Some(Out::Text(text)) => {
                     if sink.send(Message::text(text)).await.is_err() {
+                        break;
+                    }
+                }
+                Some(Out::Binary(bytes)) => {
+                    if sink.send(Message::binary(bytes)).await.is_err() {
                         break;
                     }
                 }

@@ -356,3 +356,36 @@ async fn a_lost_subscription_on_a_live_socket_is_subscribed_anew() {
     assert!(inlet.wait_for(1, Duration::from_secs(5)).await);
     stop.cancel();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_frames_are_refused_and_the_connection_goes_on() {
+    let server = LocalAiBot::start(BOT, SECRET).await.expect("server");
+    let inlet = Arc::new(Recorder::default());
+    let (stop, _run) = start(&server, SECRET, inlet.clone());
+    assert!(server.wait_for_subscribes(1, Duration::from_secs(5)).await);
+    for garbage in [
+        "not json",
+        "[1, 2",
+        r#"{"cmd":"aibot_msg_callback","headers":{"req_id":"R"}}"#,
+        r#"{"cmd":"aibot_msg_callback","headers":{"req_id":"R"},"body":"a string"}"#,
+        r#"{"cmd":"aibot_msg_callback","headers":{"req_id":"R"},"body":{"msgid":"M","aibotid":"another"}}"#,
+        r#"{"cmd":"something_new","headers":{"req_id":"R"},"body":{}}"#,
+        r#"{"headers":{"req_id":"unknown"},"errcode":0}"#,
+    ] {
+        assert!(server.send_raw(garbage));
+    }
+    assert!(server.send_binary(&[0, 1, 2, 3]));
+    server.push(
+        frame::MESSAGE,
+        &local::text_message(BOT, "good", None, "u", "x"),
+    );
+    assert!(inlet.wait_for(1, Duration::from_secs(5)).await);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        inlet.ids(),
+        vec![("u".to_owned(), "good".to_owned())],
+        "only the good one"
+    );
+    assert_eq!(server.subscribes().len(), 1, "the connection went on");
+    stop.cancel();
+}
