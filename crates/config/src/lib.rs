@@ -213,6 +213,11 @@ pub struct RouteConfig {
     pub url: Option<String>,
     /// The HTTP sink's Standard Webhooks secret (`whsec_` + base64).
     pub secret: Option<Secret>,
+    /// Secrets being rotated out: every delivery is signed with each of them too (one `v1`
+    /// signature per secret in `webhook-signature`), so that a receiver still checking an old
+    /// secret verifies while it moves to the new one. Remove them once it has.
+    #[serde(default)]
+    pub previous_secrets: Vec<Secret>,
     /// The file sink's path.
     pub path: Option<PathBuf>,
     /// The HTTP sink's timeout per attempt.
@@ -235,6 +240,7 @@ impl std::fmt::Debug for RouteConfig {
             .field("sink", &self.sink)
             .field("url", &self.url.as_deref().map(redact_url))
             .field("secret", &self.secret)
+            .field("previous_secrets", &self.previous_secrets)
             .field("path", &self.path)
             .field("timeout", &self.timeout)
             .field("watermark", &self.watermark)

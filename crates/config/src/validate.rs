@@ -971,16 +971,32 @@ pub fn validate(config: &Config) -> Vec<Problem> {
                 "url and secret belong to sink = \"http\"".into(),
             );
         }
-        if let Some(secret) = &route.secret {
+        let named = route
+            .secret
+            .iter()
+            .map(|secret| ("secret".to_owned(), secret));
+        let previous = route
+            .previous_secrets
+            .iter()
+            .enumerate()
+            .map(|(i, secret)| (format!("previous_secrets[{i}]"), secret));
+        for (field, secret) in named.chain(previous) {
             match secret.resolve() {
-                Err(message) => report(Severity::Error, &at("secret"), message),
+                Err(message) => report(Severity::Error, &at(&field), message),
                 Ok(value) if !value.starts_with("whsec_") => report(
                     Severity::Error,
-                    &at("secret"),
+                    &at(&field),
                     "a Standard Webhooks secret is \"whsec_\" followed by base64".into(),
                 ),
                 Ok(_) => {}
             }
+        }
+        if !route.previous_secrets.is_empty() && route.secret.is_none() {
+            report(
+                Severity::Error,
+                &at("previous_secrets"),
+                "secrets being rotated out need the new one: set secret".into(),
+            );
         }
         if route.sink == crate::SinkKind::Http && route.secret.is_none() {
             report(
@@ -1093,6 +1109,7 @@ mod tests {
             sink,
             url: Some("http://127.0.0.1:1/reply".into()),
             secret: None,
+            previous_secrets: Vec::new(),
             path: Some("x.jsonl".into()),
             timeout: Duration::from_secs(1),
             watermark,
@@ -1399,6 +1416,7 @@ mod tests {
             sink: crate::SinkKind::Http,
             url: Some("http://127.0.0.1:1/x".into()),
             secret: None,
+            previous_secrets: Vec::new(),
             path: None,
             timeout: Duration::from_secs(1),
             watermark: false,
@@ -1408,6 +1426,38 @@ mod tests {
             validate(&config)
                 .iter()
                 .any(|p| p.setting == "route[0].secret" && p.severity == Severity::Warning)
+        );
+    }
+
+    #[test]
+    fn secrets_being_rotated_out_are_webhook_secrets_beside_a_new_one() {
+        let problems = |route: &str| -> Vec<(Severity, String)> {
+            let config = crate::load_str(
+                &format!("[[route]]\nevents = [\"*\"]\nsink = \"http\"\nurl = \"https://h.example/x\"\n{route}"),
+                std::path::Path::new("t.toml"),
+                Vec::new(),
+            )
+            .expect("parses");
+            validate(&config)
+                .into_iter()
+                .filter(|p| p.setting.starts_with("route[0]"))
+                .map(|p| (p.severity, p.setting))
+                .collect()
+        };
+        let new = "secret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\n";
+        assert_eq!(
+            problems(&format!("{new}previous_secrets = [\"whsec_b2xk\"]")),
+            Vec::new()
+        );
+        assert_eq!(
+            problems(&format!(
+                "{new}previous_secrets = [\"whsec_b2xk\", \"plain\"]"
+            )),
+            vec![(Severity::Error, "route[0].previous_secrets[1]".to_owned())]
+        );
+        assert!(
+            problems("previous_secrets = [\"whsec_b2xk\"]")
+                .contains(&(Severity::Error, "route[0].previous_secrets".to_owned()))
         );
     }
 

@@ -514,26 +514,40 @@ impl<S: Store> Gateway<S> {
             }
         }
         for route in &config.routes {
-            let sink: SharedSink =
-                match route.sink {
-                    SinkKind::Http => {
-                        let url = route.url.as_deref().ok_or_else(|| {
-                            GatewayError::Config("an http route needs a url".into())
-                        })?;
-                        Arc::new(HttpSink::new(
+            let sink: SharedSink = match route.sink {
+                SinkKind::Http => {
+                    let url = route
+                        .url
+                        .as_deref()
+                        .ok_or_else(|| GatewayError::Config("an http route needs a url".into()))?;
+                    let previous = route
+                        .previous_secrets
+                        .iter()
+                        .map(|secret| {
+                            secret.resolve().map_err(|message| {
+                                GatewayError::Config(format!("route previous_secrets: {message}"))
+                            })
+                        })
+                        .collect::<Result<Vec<String>, GatewayError>>()?;
+                    let previous: Vec<&str> = previous.iter().map(String::as_str).collect();
+                    Arc::new(
+                        HttpSink::new(
                             url,
                             resolve(&route.secret, "route secret")?.as_deref(),
                             route.timeout,
-                        )?)
-                    }
-                    SinkKind::Stdout => Arc::new(LinesSink::stdout()),
-                    SinkKind::File => {
-                        let path = route.path.as_deref().ok_or_else(|| {
-                            GatewayError::Config("a file route needs a path".into())
-                        })?;
-                        Arc::new(LinesSink::file(path).await?)
-                    }
-                };
+                        )?
+                        .with_previous_secrets(&previous)?,
+                    )
+                }
+                SinkKind::Stdout => Arc::new(LinesSink::stdout()),
+                SinkKind::File => {
+                    let path = route
+                        .path
+                        .as_deref()
+                        .ok_or_else(|| GatewayError::Config("a file route needs a path".into()))?;
+                    Arc::new(LinesSink::file(path).await?)
+                }
+            };
             let patterns: Vec<&str> = route.events.iter().map(String::as_str).collect();
             let stale = if route.watermark {
                 StaleEvents::Drop

@@ -161,6 +161,8 @@ pub struct HttpSink {
     /// The URL as it may be shown: no userinfo, no query.
     shown: String,
     secret: Option<Vec<u8>>,
+    /// Secrets being rotated out, signed with too.
+    previous: Vec<Vec<u8>>,
     timeout: Duration,
 }
 
@@ -181,6 +183,9 @@ pub enum SinkSetupError {
     /// The secret is not `whsec_` + base64.
     #[error("the webhook secret must be \"whsec_\" followed by base64")]
     Secret,
+    /// Previous secrets are set without a current one.
+    #[error("previous_secrets need a current secret: set secret (the new one)")]
+    PreviousWithoutSecret,
     /// The HTTP client failed to start.
     #[error("cannot start the HTTP client: {0}")]
     Client(String),
@@ -200,15 +205,7 @@ impl HttpSink {
         // reqwest is built without a default crypto provider: use ring (pure Rust and asm, no
         // C toolchain needed). Installing twice is harmless.
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let secret = match secret {
-            Some(secret) => Some(
-                secret
-                    .strip_prefix("whsec_")
-                    .and_then(|b64| STANDARD.decode(b64).ok())
-                    .ok_or(SinkSetupError::Secret)?,
-            ),
-            None => None,
-        };
+        let secret = secret.map(webhook_key).transpose()?;
         let client = reqwest::Client::builder()
             .timeout(timeout)
             .pool_max_idle_per_host(64)
@@ -220,8 +217,34 @@ impl HttpSink {
             url: url.to_owned(),
             shown: oncegate_core::redact::url(url),
             secret,
+            previous: Vec::new(),
             timeout,
         })
+    }
+
+    /// Signs with `previous` secrets too, while a receiver moves off them: `webhook-signature`
+    /// then holds one `v1` signature per secret, space-separated, the current one first (the
+    /// Standard Webhooks rule for rotation). Needs a current secret.
+    pub fn with_previous_secrets(mut self, previous: &[&str]) -> Result<Self, SinkSetupError> {
+        if self.secret.is_none() && !previous.is_empty() {
+            return Err(SinkSetupError::PreviousWithoutSecret);
+        }
+        self.previous = previous
+            .iter()
+            .map(|secret| webhook_key(secret))
+            .collect::<Result<_, _>>()?;
+        Ok(self)
+    }
+
+    /// The `webhook-signature` header of one delivery: the current secret's and every previous
+    /// one's.
+    fn signatures(&self, key: &[u8], id: &str, timestamp: u64, body: &[u8]) -> String {
+        let mut header = Self::sign(key, id, timestamp, body);
+        for previous in &self.previous {
+            header.push(' ');
+            header.push_str(&Self::sign(previous, id, timestamp, body));
+        }
+        header
     }
 
     /// `v1,<base64(HMAC-SHA256(key, "{id}.{timestamp}.{body}"))>`.
@@ -237,6 +260,15 @@ impl HttpSink {
         mac.update(body);
         format!("v1,{}", STANDARD.encode(mac.finalize().into_bytes()))
     }
+}
+
+/// The key of a `whsec_` secret.
+fn webhook_key(secret: &str) -> Result<Vec<u8>, SinkSetupError> {
+    secret
+        .strip_prefix("whsec_")
+        .and_then(|b64| STANDARD.decode(b64).ok())
+        .filter(|key| !key.is_empty())
+        .ok_or(SinkSetupError::Secret)
 }
 
 /// How an HTTP status is treated.
@@ -286,7 +318,7 @@ impl Sink for HttpSink {
             if let Some(key) = &self.secret {
                 request = request.header(
                     "webhook-signature",
-                    Self::sign(key, outgoing.id, timestamp, &body),
+                    self.signatures(key, outgoing.id, timestamp, &body),
                 );
             }
             let response = request.body(body).send().await.map_err(|error| {

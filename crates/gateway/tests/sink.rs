@@ -125,3 +125,113 @@ async fn credentials_in_the_url_never_reach_an_error() {
         "{reason}"
     );
 }
+
+/// The `standardwebhooks` libraries' verification: the expected `v1` signature of the id,
+/// timestamp and body under `secret` must equal one of the header's space-separated `v1,…`
+/// entries (other versions skipped), compared in constant time.
+fn verifies(secret: &str, id: &str, timestamp: &str, body: &[u8], header: &str) -> bool {
+    use base64::Engine;
+    use hmac::Mac;
+    let engine = base64::engine::general_purpose::STANDARD;
+    let key = engine
+        .decode(secret.trim_start_matches("whsec_"))
+        .expect("a whsec_ secret");
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(&key).expect("key");
+    mac.update(format!("{id}.{timestamp}.").as_bytes());
+    mac.update(body);
+    let expected = engine.encode(mac.finalize().into_bytes());
+    header.split(' ').any(|entry| match entry.split_once(',') {
+        Some(("v1", signature)) => {
+            subtle::ConstantTimeEq::ct_eq(signature.as_bytes(), expected.as_bytes()).into()
+        }
+        _ => false,
+    })
+}
+
+#[test]
+fn the_verifier_follows_the_specs_published_example() {
+    // The Standard Webhooks specification's example signature.
+    assert!(verifies(
+        "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+        "msg_p5jXN8AQM9LWM0D4loKWxJek",
+        "1614265330",
+        br#"{"test": 2432232314}"#,
+        "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+    ));
+}
+
+#[tokio::test]
+async fn while_a_secret_rotates_both_secrets_verify_every_delivery() {
+    const NEW: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    const OLD: &str = "whsec_b2xkIHNlY3JldCBiZWluZyByb3RhdGVkIG91dA==";
+    const OTHER: &str = "whsec_c29tZW9uZSBlbHNlJ3M=";
+    let got: Arc<std::sync::Mutex<Vec<(axum::http::HeaderMap, Bytes)>>> = Arc::default();
+    let app = Router::new().route(
+        "/hook",
+        post({
+            let got = got.clone();
+            move |headers: axum::http::HeaderMap, body: Bytes| {
+                let got = got.clone();
+                async move {
+                    got.lock().expect("lock").push((headers, body));
+                    StatusCode::NO_CONTENT
+                }
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}/hook", listener.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let sink = HttpSink::new(&url, Some(NEW), Duration::from_secs(5))
+        .expect("sink")
+        .with_previous_secrets(&[OLD])
+        .expect("previous");
+    let event = event();
+    sink.deliver(Outgoing {
+        id: "msg_rotation",
+        event: &event,
+        attempt: 0,
+        wants_answer: false,
+        updates: None,
+    })
+    .await
+    .expect("delivered");
+    let got = got.lock().expect("lock");
+    let (headers, body) = &got[0];
+    let header = |name: &str| headers[name].to_str().expect("ascii").to_owned();
+    let signature = header("webhook-signature");
+    let (id, timestamp) = (header("webhook-id"), header("webhook-timestamp"));
+    assert_eq!(signature.split(' ').count(), 2, "{signature}");
+    for secret in [NEW, OLD] {
+        assert!(
+            verifies(secret, &id, &timestamp, body, &signature),
+            "{secret}"
+        );
+    }
+    assert!(!verifies(OTHER, &id, &timestamp, body, &signature));
+    assert!(
+        verifies(
+            NEW,
+            &id,
+            &timestamp,
+            body,
+            signature.split(' ').next().unwrap_or("")
+        ),
+        "the current secret's signature comes first"
+    );
+    // Previous secrets need a current one, and every secret is a whsec_ one.
+    assert!(
+        HttpSink::new(&url, None, Duration::from_secs(5))
+            .expect("sink")
+            .with_previous_secrets(&[OLD])
+            .is_err()
+    );
+    assert!(
+        HttpSink::new(&url, Some(NEW), Duration::from_secs(5))
+            .expect("sink")
+            .with_previous_secrets(&["not-a-secret"])
+            .is_err()
+    );
+}
