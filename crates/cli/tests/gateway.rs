@@ -588,6 +588,128 @@ async fn a_retry_after_answer_is_waited_for() {
     assert_eq!(downstream.count("ra-1"), 1);
 }
 
+/// An endpoint that answers 410 Gone stops its route (the Standard Webhooks rule): what comes
+/// for it is dead-lettered with the reason, without another call to the endpoint, until the
+/// admin call resumes the route; the dead letters replayed then are delivered once each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gone_endpoint_stops_its_route_until_it_is_resumed() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (downstream, addr) = Downstream::start().await;
+    downstream.behavior.lock().expect("behavior").gone = true;
+    let gateway = Gateway::start(dir.path(), addr, false);
+    let client = client();
+    let ids: Vec<String> = (0..4).map(|i| format!("gone-{i}")).collect();
+    for id in &ids {
+        let (status, _) = post(&client, &gateway.url, &sign(&message(id, "oc_gone", 1_000)))
+            .await
+            .expect("post");
+        assert_eq!(
+            status, 200,
+            "admitted: the ingress does not depend on the endpoint"
+        );
+    }
+    let admin = |path: &str| format!("{}{path}", gateway.admin);
+    let dead_letters = || async {
+        let listed: serde_json::Value = client
+            .get(admin("/admin/dead-letters"))
+            .send()
+            .await
+            .expect("list")
+            .json()
+            .await
+            .expect("json");
+        listed["dead_letters"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while dead_letters().await.len() < ids.len() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not all dead-lettered"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let attempts: usize = downstream
+        .behavior
+        .lock()
+        .expect("behavior")
+        .attempts
+        .values()
+        .map(Vec::len)
+        .sum();
+    assert_eq!(attempts, 1, "one 410, then no call to the endpoint");
+    let letters = dead_letters().await;
+    assert!(
+        letters
+            .iter()
+            .all(|l| l["reason"].as_str().is_some_and(|r| r.contains("410"))),
+        "{letters:?}"
+    );
+    let routes: serde_json::Value = client
+        .get(admin("/admin/routes"))
+        .send()
+        .await
+        .expect("routes")
+        .json()
+        .await
+        .expect("json");
+    // The events' route (the card route beside it is untouched).
+    let index = routes["routes"]
+        .as_array()
+        .and_then(|routes| routes.iter().position(|r| r["events"][0] == "*"))
+        .expect("the events' route");
+    assert!(
+        routes["routes"][index]["gone"]["reason"].is_string(),
+        "{routes}"
+    );
+    assert!(routes["routes"][1 - index]["gone"].is_null(), "{routes}");
+    let metrics = client
+        .get(admin("/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        metrics.contains(&format!("oncegate_route_gone{{route=\"{index}\"}} 1")),
+        "{metrics}"
+    );
+    // The endpoint is back; the operator resumes the route and replays what died meanwhile.
+    downstream.behavior.lock().expect("behavior").gone = false;
+    let resumed: serde_json::Value = client
+        .post(admin(&format!("/admin/routes/{index}/resume")))
+        .send()
+        .await
+        .expect("resume")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(resumed["resumed"], true, "{resumed}");
+    let missing = client
+        .post(admin("/admin/routes/7/resume"))
+        .send()
+        .await
+        .expect("resume");
+    assert_eq!(missing.status().as_u16(), 404);
+    let replayed = client
+        .post(admin("/admin/dead-letters/replay"))
+        .json(&serde_json::json!({"all": true}))
+        .send()
+        .await
+        .expect("replay");
+    assert_eq!(replayed.status().as_u16(), 200);
+    downstream
+        .wait_for("every event after the resume", |got| got.len() >= ids.len())
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for id in &ids {
+        assert_eq!(downstream.count(id), 1, "{id}");
+    }
+}
+
 /// While a chat's first event is in its handler, `oncegate queue` shows the chat's partition
 /// with the two events behind it, in order, and `oncegate status` the queue's line; once
 /// delivered the queue is empty.

@@ -42,6 +42,11 @@ pub(crate) fn router<S: Store>(shared: Arc<Shared<S>>) -> Router {
             "/admin/dead-letters/purge",
             post(crate::admin_dlq::purge::<S>),
         )
+        .route("/admin/routes", get(crate::routes::list::<S>))
+        .route(
+            "/admin/routes/{index}/resume",
+            post(crate::routes::resume::<S>),
+        )
         .layer(axum::middleware::from_fn_with_state(
             shared.clone(),
             crate::gate::admin::<S>,

@@ -331,6 +331,18 @@ async fn handle<S: Store>(
             }
         }
     }
+    if let Some(gone) = route.gone() {
+        // The endpoint said it is gone: nothing more goes to it until an operator resumes it.
+        insist(&shared.summaries, "release", || store.release(&lease)).await;
+        let reason = crate::routes::dead_letter_reason(&gone);
+        stats.bump(&stats.dead_letters, "oncegate_dead_letters_total");
+        insist(&shared.summaries, "dead letter", || {
+            store.dead_letter(delivery.id, &reason)
+        })
+        .await;
+        crate::admission::left_queue(shared);
+        return;
+    }
     lock(held).insert(delivery.id, lease);
     shared.meters.lag(event.created_at_ms, shared.now_ms());
     let id = delivery.key.delivery_id();
@@ -401,6 +413,10 @@ async fn handle<S: Store>(
                     format!("gave up after {} attempts: {reason}", delivery.attempt + 1)
                 }
                 SinkError::Permanent(reason) => reason,
+                SinkError::Gone(reason) => {
+                    crate::routes::mark_gone(shared, route, &reason);
+                    reason
+                }
             };
             tracing::warn!(key = %delivery.key, platform = %event.platform, app = %event.app, tenant = event.tenant.as_deref().unwrap_or("-"), event_id = %event.event_id, %reason, "dead-lettered");
             stats.bump(&stats.dead_letters, "oncegate_dead_letters_total");

@@ -19,6 +19,7 @@ mod queue_view;
 mod recorder;
 pub mod registry;
 mod result_budget;
+mod routes;
 mod send_api;
 mod send_budget;
 mod send_edits;
@@ -87,9 +88,21 @@ pub(crate) struct Route {
     pub(crate) sink: SharedSink,
     pub(crate) stale: StaleEvents,
     pub(crate) reply: bool,
+    /// Set when the endpoint answered 410 Gone: the route delivers nothing until resumed.
+    pub(crate) gone: std::sync::Mutex<Option<routes::Gone>>,
 }
 
 impl Route {
+    fn new(patterns: &[&str], sink: SharedSink, stale: StaleEvents, reply: bool) -> Self {
+        Self {
+            patterns: patterns.iter().map(|p| (*p).to_owned()).collect(),
+            sink,
+            stale,
+            reply,
+            gone: std::sync::Mutex::new(None),
+        }
+    }
+
     fn matches(&self, event_type: &str) -> bool {
         oncegate_config::event_type_matches(&self.patterns, event_type)
     }
@@ -387,12 +400,9 @@ impl<S: Store> Gateway<S> {
         sink: SharedSink,
         stale: StaleEvents,
     ) -> Result<Self, GatewayError> {
-        self.shared_mut()?.routes.push(Route {
-            patterns: patterns.iter().map(|p| (*p).to_owned()).collect(),
-            sink,
-            stale,
-            reply: false,
-        });
+        self.shared_mut()?
+            .routes
+            .push(Route::new(patterns, sink, stale, false));
         Ok(self)
     }
 
@@ -407,12 +417,9 @@ impl<S: Store> Gateway<S> {
     ) -> Result<Self, GatewayError> {
         let shared = self.shared_mut()?;
         shared.replying = true;
-        shared.routes.push(Route {
-            patterns: patterns.iter().map(|p| (*p).to_owned()).collect(),
-            sink,
-            stale: StaleEvents::Deliver,
-            reply: true,
-        });
+        shared
+            .routes
+            .push(Route::new(patterns, sink, StaleEvents::Deliver, true));
         Ok(self)
     }
 
@@ -643,6 +650,7 @@ impl<S: Store> Gateway<S> {
         shared.meters.register();
         shared.store.register();
         send_api::register(shared.senders.keys());
+        routes::register(&shared.routes);
         keys_api::register(shared.api_callers.iter().map(|c| c.name.as_str()));
         let webhooks = server::serve(
             "webhooks",

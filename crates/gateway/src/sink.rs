@@ -24,6 +24,10 @@ pub enum SinkError {
     /// Will never succeed (other 4xx, a handler's verdict): dead-letter it.
     #[error("permanent: {0}")]
     Permanent(String),
+    /// The endpoint is gone (410, the Standard Webhooks rule): the route stops delivering
+    /// until an operator resumes it.
+    #[error("gone: {0}")]
+    Gone(String),
     /// Worth retrying, but not before `after`: the downstream said so (`Retry-After` on a 429
     /// or 503). The dispatcher waits at least that long (up to `dispatcher.backoff_max`, or
     /// 10 minutes when that is shorter).
@@ -283,6 +287,10 @@ pub(crate) fn classify(status: u16) -> Result<(), SinkError> {
         408 | 429 | 500..=599 => Err(SinkError::Transient(format!(
             "downstream answered {status}"
         ))),
+        410 => Err(SinkError::Gone(
+            "downstream answered 410 Gone: the endpoint says it will take no more deliveries"
+                .into(),
+        )),
         other => Err(SinkError::Permanent(format!("downstream answered {other}"))),
     }
 }

@@ -55,6 +55,8 @@ pub(crate) struct Behavior {
     /// Applies each delivery at once and answers this much later (a downstream that hangs
     /// after its effect: past the sink's timeout the gateway sends it again).
     pub(crate) answer_late: Duration,
+    /// Every delivery is answered 410 Gone (the endpoint was removed).
+    pub(crate) gone: bool,
 }
 
 #[derive(Clone, Default)]
@@ -137,6 +139,9 @@ pub(crate) async fn receive(
             .entry(event_id.clone())
             .or_default()
             .push(Instant::now());
+        if behavior.gone {
+            return StatusCode::GONE.into_response();
+        }
         if let Some(seconds) = behavior.retry_after.remove(&event_id) {
             return (
                 StatusCode::TOO_MANY_REQUESTS,

@@ -1,0 +1,128 @@
+//! A route whose endpoint is gone: the Standard Webhooks rule for 410 — stop delivering to it,
+//! dead-letter what comes for it with the reason, say so loudly, and resume when an operator
+//! says (`POST /admin/routes/<index>/resume`, then replay the dead letters).
+
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use oncegate_core::Store;
+use serde_json::json;
+
+use crate::{Route, Shared};
+
+/// When and why a route's endpoint went away.
+#[derive(Debug, Clone)]
+pub(crate) struct Gone {
+    pub(crate) since_ms: u64,
+    pub(crate) reason: String,
+}
+
+fn gauge(index: usize, value: f64) {
+    metrics::gauge!("oncegate_route_gone", "route" => index.to_string()).set(value);
+}
+
+/// Every route's gauge at 0, so that an alert sees "not gone" rather than no series.
+pub(crate) fn register(routes: &[Route]) {
+    for index in 0..routes.len() {
+        gauge(index, 0.0);
+    }
+}
+
+impl Route {
+    /// Why the route delivers nothing now, if it does not.
+    pub(crate) fn gone(&self) -> Option<Gone> {
+        self.gone
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+}
+
+/// Marks route `index` gone (the first 410 wins: its time is kept).
+pub(crate) fn mark_gone<S: Store>(shared: &Shared<S>, route: &Route, reason: &str) {
+    let index = shared
+        .routes
+        .iter()
+        .position(|r| std::ptr::eq(r, route))
+        .unwrap_or(usize::MAX);
+    let mut gone = route
+        .gone
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if gone.is_none() {
+        tracing::error!(
+            route = index,
+            events = ?route.patterns,
+            "route stopped: {reason}; what comes for it is dead-lettered until POST \
+             /admin/routes/{index}/resume (then replay the dead letters)"
+        );
+        gauge(index, 1.0);
+        *gone = Some(Gone {
+            since_ms: shared.now_ms(),
+            reason: reason.to_owned(),
+        });
+    }
+}
+
+/// The reason an event for a gone route is dead-lettered with.
+pub(crate) fn dead_letter_reason(index_hint: &Gone) -> String {
+    format!(
+        "not delivered: the route's endpoint is gone ({}); resume the route, then replay",
+        index_hint.reason
+    )
+}
+
+/// `GET /admin/routes`: each route's events, kind and state.
+pub(crate) async fn list<S: Store>(
+    State(shared): State<Arc<Shared<S>>>,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(denied) = crate::admin::authorized(&shared, &headers) {
+        return denied;
+    }
+    let routes: Vec<_> = shared
+        .routes
+        .iter()
+        .enumerate()
+        .map(|(index, route)| {
+            let gone = route
+                .gone()
+                .map(|gone| json!({"since_ms": gone.since_ms, "reason": gone.reason}));
+            json!({"index": index, "events": route.patterns, "reply": route.reply, "gone": gone})
+        })
+        .collect();
+    axum::Json(json!({"routes": routes})).into_response()
+}
+
+/// `POST /admin/routes/<index>/resume`: the route delivers again.
+pub(crate) async fn resume<S: Store>(
+    State(shared): State<Arc<Shared<S>>>,
+    headers: HeaderMap,
+    Path(index): Path<usize>,
+) -> Response {
+    if let Err(denied) = crate::admin::authorized(&shared, &headers) {
+        return denied;
+    }
+    let Some(route) = shared.routes.get(index) else {
+        return (
+            StatusCode::NOT_FOUND,
+            axum::Json(json!({"error": format!(
+                "no route {index}: the configuration has {} (GET /admin/routes lists them)",
+                shared.routes.len()
+            )})),
+        )
+            .into_response();
+    };
+    let was = route
+        .gone
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .take();
+    gauge(index, 0.0);
+    if was.is_some() {
+        tracing::info!(route = index, "route resumed");
+    }
+    axum::Json(json!({"index": index, "resumed": was.is_some()})).into_response()
+}
