@@ -218,6 +218,10 @@ pub struct RouteConfig {
     /// secret verifies while it moves to the new one. Remove them once it has.
     #[serde(default)]
     pub previous_secrets: Vec<Secret>,
+    /// An Ed25519 key (`whsk_` + base64) that signs every delivery too, as a `v1a` signature:
+    /// receivers verify with its public key (`whpk_…`, shown by `GET /admin/routes`) and, unlike
+    /// with a shared secret, cannot sign themselves.
+    pub signing_key: Option<Secret>,
     /// The file sink's path.
     pub path: Option<PathBuf>,
     /// The HTTP sink's timeout per attempt.
@@ -241,6 +245,7 @@ impl std::fmt::Debug for RouteConfig {
             .field("url", &self.url.as_deref().map(redact_url))
             .field("secret", &self.secret)
             .field("previous_secrets", &self.previous_secrets)
+            .field("signing_key", &self.signing_key)
             .field("path", &self.path)
             .field("timeout", &self.timeout)
             .field("watermark", &self.watermark)

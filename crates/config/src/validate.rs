@@ -991,6 +991,26 @@ pub fn validate(config: &Config) -> Vec<Problem> {
                 Ok(_) => {}
             }
         }
+        if let Some(key) = &route.signing_key {
+            match key.resolve() {
+                Err(message) => report(Severity::Error, &at("signing_key"), message),
+                Ok(value) if !value.starts_with("whsk_") => report(
+                    Severity::Error,
+                    &at("signing_key"),
+                    "an asymmetric signing key is \"whsk_\" followed by the base64 of an \
+                     Ed25519 key"
+                        .into(),
+                ),
+                Ok(_) => {}
+            }
+            if route.sink != crate::SinkKind::Http {
+                report(
+                    Severity::Error,
+                    &at("signing_key"),
+                    "signing_key belongs to sink = \"http\"".into(),
+                );
+            }
+        }
         if !route.previous_secrets.is_empty() && route.secret.is_none() {
             report(
                 Severity::Error,
@@ -998,7 +1018,10 @@ pub fn validate(config: &Config) -> Vec<Problem> {
                 "secrets being rotated out need the new one: set secret".into(),
             );
         }
-        if route.sink == crate::SinkKind::Http && route.secret.is_none() {
+        if route.sink == crate::SinkKind::Http
+            && route.secret.is_none()
+            && route.signing_key.is_none()
+        {
             report(
                 Severity::Warning,
                 &at("secret"),
@@ -1110,6 +1133,7 @@ mod tests {
             url: Some("http://127.0.0.1:1/reply".into()),
             secret: None,
             previous_secrets: Vec::new(),
+            signing_key: None,
             path: Some("x.jsonl".into()),
             timeout: Duration::from_secs(1),
             watermark,
@@ -1417,6 +1441,7 @@ mod tests {
             url: Some("http://127.0.0.1:1/x".into()),
             secret: None,
             previous_secrets: Vec::new(),
+            signing_key: None,
             path: None,
             timeout: Duration::from_secs(1),
             watermark: false,

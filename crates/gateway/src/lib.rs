@@ -537,14 +537,19 @@ impl<S: Store> Gateway<S> {
                         })
                         .collect::<Result<Vec<String>, GatewayError>>()?;
                     let previous: Vec<&str> = previous.iter().map(String::as_str).collect();
-                    Arc::new(
-                        HttpSink::new(
-                            url,
-                            resolve(&route.secret, "route secret")?.as_deref(),
-                            route.timeout,
-                        )?
-                        .with_previous_secrets(&previous)?,
-                    )
+                    let sink = HttpSink::new(
+                        url,
+                        resolve(&route.secret, "route secret")?.as_deref(),
+                        route.timeout,
+                    )?
+                    .with_previous_secrets(&previous)?
+                    .with_signing_key_opt(
+                        resolve(&route.signing_key, "route signing_key")?.as_deref(),
+                    )?;
+                    if let Some(public_key) = sink.public_key() {
+                        tracing::info!(events = ?route.events, %public_key, "the route signs every delivery with v1a too: receivers verify with this public key");
+                    }
+                    Arc::new(sink)
                 }
                 SinkKind::Stdout => Arc::new(LinesSink::stdout()),
                 SinkKind::File => {

@@ -165,25 +165,7 @@ async fn while_a_secret_rotates_both_secrets_verify_every_delivery() {
     const NEW: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
     const OLD: &str = "whsec_b2xkIHNlY3JldCBiZWluZyByb3RhdGVkIG91dA==";
     const OTHER: &str = "whsec_c29tZW9uZSBlbHNlJ3M=";
-    let got: Arc<std::sync::Mutex<Vec<(axum::http::HeaderMap, Bytes)>>> = Arc::default();
-    let app = Router::new().route(
-        "/hook",
-        post({
-            let got = got.clone();
-            move |headers: axum::http::HeaderMap, body: Bytes| {
-                let got = got.clone();
-                async move {
-                    got.lock().expect("lock").push((headers, body));
-                    StatusCode::NO_CONTENT
-                }
-            }
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let url = format!("http://{}/hook", listener.local_addr().expect("addr"));
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let (url, got) = capturing().await;
     let sink = HttpSink::new(&url, Some(NEW), Duration::from_secs(5))
         .expect("sink")
         .with_previous_secrets(&[OLD])
@@ -234,4 +216,112 @@ async fn while_a_secret_rotates_both_secrets_verify_every_delivery() {
             .with_previous_secrets(&["not-a-secret"])
             .is_err()
     );
+}
+
+/// A receiver that keeps each request's headers and body.
+async fn capturing() -> (
+    String,
+    Arc<std::sync::Mutex<Vec<(axum::http::HeaderMap, Bytes)>>>,
+) {
+    let got: Arc<std::sync::Mutex<Vec<(axum::http::HeaderMap, Bytes)>>> = Arc::default();
+    let app = Router::new().route(
+        "/hook",
+        post({
+            let got = got.clone();
+            move |headers: axum::http::HeaderMap, body: Bytes| {
+                let got = got.clone();
+                async move {
+                    got.lock().expect("lock").push((headers, body));
+                    StatusCode::NO_CONTENT
+                }
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}/hook", listener.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, got)
+}
+
+#[tokio::test]
+async fn a_v1a_signature_verifies_with_the_public_key_only() {
+    use base64::Engine;
+    let engine = base64::engine::general_purpose::STANDARD;
+    let (url, got) = capturing().await;
+    // RFC 8032's first test key as a whsk_ seed.
+    let seed = "9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60";
+    let seed: Vec<u8> = (0..64)
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&seed[i..i + 2], 16).expect("hex"))
+        .collect();
+    let key = format!("whsk_{}", engine.encode(&seed));
+    let sink = HttpSink::new(
+        &url,
+        Some("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
+        Duration::from_secs(5),
+    )
+    .expect("sink")
+    .with_signing_key(&key)
+    .expect("key");
+    let public = sink.public_key().expect("a public key");
+    assert_eq!(
+        public,
+        format!(
+            "whpk_{}",
+            engine.encode(
+                (0..64)
+                    .step_by(2)
+                    .map(|i| u8::from_str_radix(
+                        &"d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a"
+                            [i..i + 2],
+                        16
+                    )
+                    .expect("hex"))
+                    .collect::<Vec<u8>>()
+            )
+        ),
+        "RFC 8032's public key"
+    );
+    let event = event();
+    sink.deliver(Outgoing {
+        id: "msg_v1a",
+        event: &event,
+        attempt: 0,
+        wants_answer: false,
+        updates: None,
+    })
+    .await
+    .expect("delivered");
+    let got = got.lock().expect("lock");
+    let (headers, body) = &got[0];
+    let header = |name: &str| headers[name].to_str().expect("ascii").to_owned();
+    let (id, timestamp) = (header("webhook-id"), header("webhook-timestamp"));
+    let signature = header("webhook-signature");
+    let entries: Vec<&str> = signature.split(' ').collect();
+    assert_eq!(entries.len(), 2, "v1 and v1a: {signature}");
+    assert!(entries[0].starts_with("v1,"));
+    let v1a = entries[1].strip_prefix("v1a,").expect("a v1a entry");
+    let public = engine
+        .decode(public.trim_start_matches("whpk_"))
+        .expect("base64");
+    let verifier = ring::signature::UnparsedPublicKey::new(&ring::signature::ED25519, &public);
+    let signed = [id.as_bytes(), b".", timestamp.as_bytes(), b".", body].concat();
+    let v1a = engine.decode(v1a).expect("base64");
+    assert!(verifier.verify(&signed, &v1a).is_ok(), "verifies");
+    let mut forged = signed.clone();
+    forged.push(b' ');
+    assert!(
+        verifier.verify(&forged, &v1a).is_err(),
+        "a changed body does not"
+    );
+    // The symmetric signature is still there for receivers that check it.
+    assert!(verifies(
+        "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+        &id,
+        &timestamp,
+        body,
+        &signature
+    ));
 }
