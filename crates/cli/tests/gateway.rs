@@ -609,15 +609,13 @@ async fn a_gone_endpoint_stops_its_route_until_it_is_resumed() {
         );
     }
     let admin = |path: &str| format!("{}{path}", gateway.admin);
+    // The admin answer to `request`, as JSON.
+    let json = |request: reqwest::RequestBuilder| async move {
+        let response = request.send().await.expect("admin call");
+        response.json::<serde_json::Value>().await.expect("json")
+    };
     let dead_letters = || async {
-        let listed: serde_json::Value = client
-            .get(admin("/admin/dead-letters"))
-            .send()
-            .await
-            .expect("list")
-            .json()
-            .await
-            .expect("json");
+        let listed = json(client.get(admin("/admin/dead-letters"))).await;
         listed["dead_letters"]
             .as_array()
             .cloned()
@@ -647,14 +645,7 @@ async fn a_gone_endpoint_stops_its_route_until_it_is_resumed() {
             .all(|l| l["reason"].as_str().is_some_and(|r| r.contains("410"))),
         "{letters:?}"
     );
-    let routes: serde_json::Value = client
-        .get(admin("/admin/routes"))
-        .send()
-        .await
-        .expect("routes")
-        .json()
-        .await
-        .expect("json");
+    let routes = json(client.get(admin("/admin/routes"))).await;
     // The events' route (the card route beside it is untouched).
     let index = routes["routes"]
         .as_array()
@@ -679,14 +670,7 @@ async fn a_gone_endpoint_stops_its_route_until_it_is_resumed() {
     );
     // The endpoint is back; the operator resumes the route and replays what died meanwhile.
     downstream.behavior.lock().expect("behavior").gone = false;
-    let resumed: serde_json::Value = client
-        .post(admin(&format!("/admin/routes/{index}/resume")))
-        .send()
-        .await
-        .expect("resume")
-        .json()
-        .await
-        .expect("json");
+    let resumed = json(client.post(admin(&format!("/admin/routes/{index}/resume")))).await;
     assert_eq!(resumed["resumed"], true, "{resumed}");
     let missing = client
         .post(admin("/admin/routes/7/resume"))

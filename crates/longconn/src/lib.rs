@@ -1,6 +1,7 @@
 //! What every long connection oncegate holds shares, whatever its platform: the [`Status`] the
-//! gateway reads for readiness and the status page, and the reconnect [`backoff`] with jitter, so
-//! that many gateways never dial in step.
+//! gateway reads for readiness and the status page, the reconnect [`backoff`] with jitter, so
+//! that many gateways never dial in step, and the frame counters ([`count_frame`],
+//! [`bad_frame`]) their dashboards read alike.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -20,6 +21,25 @@ pub fn backoff(asked: Duration, failures: u32) -> Duration {
     let half = floor.as_millis() as u64 / 2;
     let jittered = Duration::from_millis(half + fastrand::u64(0..=half));
     asked.max(jittered)
+}
+
+/// Counts a frame of `kind` on `source`'s connection (`oncegate_ws_frames_total`).
+pub fn count_frame(source: &str, kind: &'static str) {
+    metrics::counter!("oncegate_ws_frames_total", "source" => source.to_owned(), "type" => kind)
+        .increment(1);
+}
+
+/// A frame that cannot be used: counted (`oncegate_ws_bad_frames_total{reason}`) and summarized
+/// in the log through `inlet`, never a line per frame.
+pub fn bad_frame(
+    inlet: &impl oncegate_core::Inlet,
+    source: &str,
+    label: &'static str,
+    detail: &str,
+) {
+    metrics::counter!("oncegate_ws_bad_frames_total", "source" => source.to_owned(), "reason" => label)
+        .increment(1);
+    inlet.note(label, &format!("long connection {source}: {detail}"));
 }
 
 /// What a running long connection is doing, for readiness and the status page.

@@ -57,18 +57,12 @@ pub(crate) struct Context<I> {
 
 impl<I: Inlet> Context<I> {
     fn count(&self, kind: &'static str) {
-        metrics::counter!("oncegate_ws_frames_total", "source" => self.settings.source.clone(), "type" => kind)
-            .increment(1);
+        oncegate_longconn::count_frame(&self.settings.source, kind);
     }
 
     /// A frame that cannot be used: counted, and summarized in the log.
     fn garbage(&self, label: &'static str, detail: &str) {
-        metrics::counter!("oncegate_ws_bad_frames_total", "source" => self.settings.source.clone(), "reason" => label)
-            .increment(1);
-        self.inlet.note(
-            label,
-            &format!("long connection {}: {detail}", self.settings.source),
-        );
+        oncegate_longconn::bad_frame(&*self.inlet, &self.settings.source, label, detail);
     }
 }
 
