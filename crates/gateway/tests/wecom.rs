@@ -218,6 +218,51 @@ async fn official_accounts_answer_success_and_a_repeated_request_is_a_duplicate(
     assert_eq!((stats.admitted, stats.replays_rejected), (1, 1));
 }
 
+/// A safe-mode Official Account message made by wechatpy (`scripts/fixtures/
+/// wechatpy_official_account.py`, WeChatCrypto of wechatpy 1.8.18), addressed as every real one
+/// is to the account's original id `gh_…` and posted as the platform posts it: admitted once,
+/// its repeat a duplicate. It was refused with 400 ("for another app") before.
+#[tokio::test]
+async fn a_wechatpy_made_message_to_the_original_id_is_admitted_once() {
+    const BODY: &str = "<xml><ToUserName><![CDATA[gh_7f083739789a]]></ToUserName><Encrypt><![CDATA[EnuJd1atIZgoQz41lyi+2ZystsyLSlJmwa0iYeG1hth1rSsHqycqc++AisO504Wv4mV2NCwpJ/ILmIIYaQw02ZlvuovdndLazYP2bMDH+gNxNvm1moDAy6TXCTDaXY8ZP+9S5vP27r0b8VAZndR0tB6PM62FEWm6255EZKYo0rdX+IBN4hW26iAy3Oq+WcYG6RSiL8UfMur2Pd/AcKMe/HRLISKFIBiVRl1yrn5CuMuLN9JQiKkmIy526bPP48+AuomQ+oKVdyzvkzvoNFFR+b/UbjDEABS7u8NxFc0meCfFZit8kIwPjqZrxEj3FUd3Ul0LPFAut2usvVMWQxSP8o46IQm7h9VFvNpVTPnmHyqKgy3ZXMhTFqy9A7Y7OEUJvwOtlToGaGfJN4M62+9CZF0k95/EEhMC33GYGI+WfMWTNBF7BluLJ7XkIAgIg63jzxZWe1SLDfiVeCILzJMFeg==]]></Encrypt></xml>";
+    const QUERY: &str = "signature=1846d12c59a7f754f0d39408af52580719c8f317&timestamp=1700000000&nonce=1320562132&openid=oia2TjuEGTNoeX76QEjQNrcURxG8&encrypt_type=aes&msg_signature=386044f398060e669837c80e98e7cbb064b89fc0";
+    let request = || {
+        Request::post(format!("/webhook/oa?{QUERY}"))
+            .body(Body::from(BODY))
+            .expect("request")
+    };
+    for original_id in [None, Some("gh_7f083739789a")] {
+        let mut app =
+            WechatApp::new("wx5823bf96d3bd56c7", "oa-fixture-token", Some(KEY)).expect("app");
+        if let Some(original_id) = original_id {
+            app = app.with_original_id(original_id);
+        }
+        let gateway = gateway(vec![("oa", Arc::new(app))]);
+        let (status, body) = call(&gateway, request()).await;
+        assert_eq!(
+            (status, String::from_utf8_lossy(&body).as_ref()),
+            (StatusCode::OK, "success"),
+            "{original_id:?}"
+        );
+        let (status, _) = call(&gateway, request()).await;
+        assert_eq!(
+            status,
+            StatusCode::OK,
+            "the repeat is a duplicate, answered 200"
+        );
+        let stats = gateway.stats();
+        assert_eq!(stats.admitted, 1, "{original_id:?}");
+    }
+    // Configured for another account, the message is refused.
+    let other = WechatApp::new("wx5823bf96d3bd56c7", "oa-fixture-token", Some(KEY))
+        .expect("app")
+        .with_original_id("gh_000000000000");
+    let gateway = gateway(vec![("oa", Arc::new(other))]);
+    let (status, _) = call(&gateway, request()).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(gateway.stats().admitted, 0);
+}
+
 /// WeCom's and WeChat's nonces are not unique per request: another event that carries a nonce
 /// seen before (a new timestamp, its own signature) is admitted, never answered 200 and dropped
 /// as a replay; the byte-for-byte repeat stays a duplicate. Safe mode and plain mode alike.
