@@ -27,6 +27,7 @@ mod send_pace;
 mod server;
 pub mod sink;
 mod sink_file;
+mod sink_sign;
 mod sink_stream;
 mod spooling;
 pub mod stats;
