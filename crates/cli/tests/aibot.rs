@@ -556,9 +556,15 @@ async fn a_proactive_send_goes_out_once_over_the_leaders_connection() {
         .collect();
     assert_eq!(sends.len(), 1, "{sends:?}");
     assert_eq!(sends[0]["body"], body);
-    // A new send reaching the standby is refused at once, nothing sent; the key stays free.
-    let (status, answer, _) = send(&standby, "deploy-43", &body).await;
-    assert_eq!(status, 502, "{answer}");
+    // A new send reaching the standby is refused (after its short wait), nothing sent: 503
+    // with Retry-After; the key stays free.
+    let body_wait = {
+        let mut quick = body.clone();
+        quick["wait_ms"] = serde_json::json!(1_500);
+        quick
+    };
+    let (status, answer, _) = send(&standby, "deploy-43", &body_wait).await;
+    assert_eq!(status, 503, "{answer}");
     assert!(
         answer["error"]
             .as_str()

@@ -325,6 +325,28 @@ async fn send_once<S: Store>(
                 count(source, "unknown_outcome");
                 return Err(Refused(StatusCode::GATEWAY_TIMEOUT, error.to_string()));
             }
+            // This gateway cannot send it now (an AI bot's socket is held elsewhere or being
+            // dialled): within the send's wait, try again; then 503 with Retry-After, nothing
+            // sent, the key free for a retry here or on the gateway that can.
+            Err(SendError::NotHere { after, .. }) if Instant::now() + after <= deadline => {
+                tokio::time::sleep(after).await;
+                continue;
+            }
+            Err(SendError::NotHere { reason, after }) => {
+                let _ = shared.store.release(&lease).await;
+                count(source, "not_here");
+                return Ok((
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    [(
+                        header::RETRY_AFTER,
+                        after.as_secs_f64().ceil().max(1.0).to_string(),
+                    )],
+                    axum::Json(
+                        json!({"error": format!("{reason}; retry with the same Idempotency-Key")}),
+                    ),
+                )
+                    .into_response());
+            }
             Err(error @ SendError::Transient(_)) => {
                 let _ = shared.store.release(&lease).await;
                 count(source, "transient");

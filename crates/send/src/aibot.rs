@@ -3,6 +3,7 @@
 //! conversation's budget that replies share.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use oncegate_wecom_ws::{Outbound, OutboundError, SEND, conversation_budgets};
 use serde_json::Value;
@@ -55,9 +56,11 @@ impl AiBotApi {
     pub async fn send(&self, message: &AiBotMessage) -> Result<Value, SendError> {
         match self.outbound.send(SEND, message.body.clone()).await {
             Ok(answer) => Ok(answer),
-            Err(OutboundError::NotHeld) => {
-                Err(SendError::Transient(OutboundError::NotHeld.to_string()))
-            }
+            Err(OutboundError::NotHeld) => Err(SendError::NotHere {
+                reason: OutboundError::NotHeld.to_string(),
+                // A connection being dialled again is back within a second or two.
+                after: Duration::from_secs(1),
+            }),
             Err(OutboundError::Refused { code, message }) => {
                 Err(SendError::Permanent { code, message })
             }

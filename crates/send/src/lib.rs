@@ -78,6 +78,15 @@ pub enum SendError {
     /// a retry with the same key is safe.
     #[error("not sent: {0}")]
     Transient(String),
+    /// This gateway cannot send it now, another may (an AI bot's connection is held by another
+    /// gateway, or being dialled): nothing was sent; try again after `after`, here or elsewhere.
+    #[error("not sent: {reason}; retry after {after:?}")]
+    NotHere {
+        /// Why.
+        reason: String,
+        /// When a retry may find it possible.
+        after: Duration,
+    },
 }
 
 impl SendError {
@@ -88,6 +97,7 @@ impl SendError {
             SendError::RetryAfter { .. } => "rate_limited",
             SendError::Unknown(_) => "unknown_outcome",
             SendError::Transient(_) => "transient",
+            SendError::NotHere { .. } => "not_here",
         }
     }
 }
