@@ -367,6 +367,24 @@ pub(crate) async fn record(
             letter["reason"].as_str().unwrap_or("")
         )?;
     }
+    // This gateway's attempts of an event that did not go through at once.
+    for attempt in answer["attempts"].as_array().into_iter().flatten() {
+        let next = match attempt["next_at_ms"].as_u64() {
+            Some(_) => format!(", next in {}", left(&attempt["next_at_ms"])),
+            None => String::new(),
+        };
+        out!(
+            "attempt {:<4} {} ago, {} ms, {}{next}{}",
+            attempt["attempt"],
+            ago(&attempt["at_ms"]),
+            attempt["latency_ms"],
+            attempt["outcome"].as_str().unwrap_or(""),
+            attempt["error"]
+                .as_str()
+                .map(|error| format!(": {error}"))
+                .unwrap_or_default()
+        )?;
+    }
     Ok(true)
 }
 

@@ -586,6 +586,55 @@ async fn a_retry_after_answer_is_waited_for() {
         "retried after {waited:?}, before the 2 s the downstream asked for"
     );
     assert_eq!(downstream.count("ra-1"), 1);
+    // Its history: the 429 with when the next attempt was due, then the delivery (issue 38).
+    let record: serde_json::Value = client
+        .get(format!(
+            "{}/admin/record?platform=feishu&app={APP_ID}&id=ra-1",
+            gateway.admin
+        ))
+        .send()
+        .await
+        .expect("record")
+        .json()
+        .await
+        .expect("json");
+    let attempts = record["attempts"].as_array().cloned().unwrap_or_default();
+    let outcomes: Vec<&str> = attempts
+        .iter()
+        .map(|a| a["outcome"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(outcomes, ["retry", "delivered"], "{record}");
+    assert!(
+        attempts[0]["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("429")),
+        "{record}"
+    );
+    let (at, next) = (
+        attempts[0]["at_ms"].as_u64().unwrap_or(0),
+        attempts[0]["next_at_ms"].as_u64().unwrap_or(0),
+    );
+    assert!(
+        next >= at + 2_000,
+        "the Retry-After shows in the next attempt's time: {record}"
+    );
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_oncegate"))
+        .args([
+            "inspect",
+            "--admin",
+            &gateway.admin,
+            "record",
+            "--platform",
+            "feishu",
+        ])
+        .args(["--app", APP_ID, "--id", "ra-1"])
+        .output()
+        .expect("inspect");
+    let shown = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        shown.contains("attempt 0") && shown.contains("429") && shown.contains("delivered"),
+        "{shown}"
+    );
 }
 
 /// An endpoint that answers 410 Gone stops its route (the Standard Webhooks rule): what comes

@@ -394,8 +394,11 @@ async fn record<S: Store>(
                     .map(crate::admin_dlq::letter_json),
                 Err(_) => None,
             };
+            // This gateway's attempts of it, when it did not go through at once.
+            let attempts = shared.attempts.of(&key);
             let mut found = json!({"key": key.to_string(), "partition": partition, "record": state, "expires_at_ms": record.expires_at_ms,
-                       "fingerprint": record.fingerprint.map(|f| f.to_string()), "dead_letter": dead_letter});
+                       "fingerprint": record.fingerprint.map(|f| f.to_string()), "dead_letter": dead_letter,
+                       "attempts": attempts});
             // A WeCom or WeChat XML message's MsgId key is its second key: it tells that the
             // message was admitted, not how far it got. Said, rather than shown as "pending".
             if query.from.is_some() && pending {

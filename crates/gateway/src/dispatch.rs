@@ -354,6 +354,7 @@ async fn handle<S: Store>(
         updates: None,
     };
     let started = std::time::Instant::now();
+    let started_ms = shared.now_ms();
     let result = once::run(
         shared,
         &lease,
@@ -362,13 +363,28 @@ async fn handle<S: Store>(
         route.sink.deliver(outgoing),
     )
     .await;
-    shared.meters.handler(started.elapsed());
+    let took = started.elapsed();
+    shared.meters.handler(took);
+    // The attempt as the history keeps it, once its outcome is known.
+    let attempt = |outcome: &'static str, error: Option<String>, next_at_ms: Option<u64>| {
+        crate::attempts::Attempt {
+            at_ms: started_ms,
+            attempt: delivery.attempt,
+            latency_ms: u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
+            outcome,
+            error,
+            next_at_ms,
+        }
+    };
     lock(held).remove(&delivery.id);
     match result {
         Ok(_) => {
             // Nobody reads an event's answer: keeping it would only hold memory for the whole
             // retention.
             stats.bump(&stats.delivered, "oncegate_delivered_total");
+            shared
+                .attempts
+                .delivered(delivery.key, attempt("delivered", None, None));
             finish(shared, &delivery, &lease).await;
         }
         Err(ref error @ (SinkError::Transient(_) | SinkError::RetryAfter { .. }))
@@ -401,6 +417,11 @@ async fn handle<S: Store>(
                 ),
             );
             stats.bump(&stats.retries, "oncegate_retries_total");
+            let next_at_ms = shared.now_ms().saturating_add(delay_ms);
+            shared.attempts.failed(
+                delivery.key,
+                attempt("retry", Some(reason.clone()), Some(next_at_ms)),
+            );
             insist(&shared.summaries, "retry", || {
                 store.retry(delivery.id, shared.now_ms().saturating_add(delay_ms))
             })
@@ -419,6 +440,10 @@ async fn handle<S: Store>(
                 }
             };
             tracing::warn!(key = %delivery.key, platform = %event.platform, app = %event.app, tenant = event.tenant.as_deref().unwrap_or("-"), event_id = %event.event_id, %reason, "dead-lettered");
+            shared.attempts.failed(
+                delivery.key,
+                attempt("dead_letter", Some(reason.clone()), None),
+            );
             stats.bump(&stats.dead_letters, "oncegate_dead_letters_total");
             insist(&shared.summaries, "dead letter", || {
                 store.dead_letter(delivery.id, &reason)

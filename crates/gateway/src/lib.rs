@@ -7,6 +7,7 @@
 mod admin;
 mod admin_dlq;
 mod admission;
+mod attempts;
 mod dispatch;
 mod gate;
 mod history;
@@ -192,6 +193,8 @@ pub(crate) struct Shared<S> {
     pub(crate) sampled: std::sync::Mutex<queue_view::Sampled>,
     /// The last hour, a point every 10 s, for the status page's charts.
     pub(crate) history: history::History,
+    /// The attempts of events that failed at least once, for `/admin/record`.
+    pub(crate) attempts: attempts::Attempts,
     /// The replay guard's limits, if it is on; they also bound how far ahead a creation time
     /// may be.
     pub(crate) replay: Option<ReplayLimits>,
@@ -370,6 +373,7 @@ impl<S: Store> Gateway<S> {
                 queued: AtomicU64::new(0),
                 sampled: std::sync::Mutex::default(),
                 history: history::History::default(),
+                attempts: attempts::Attempts::default(),
                 replay: parts.replay,
                 failure: OnceLock::new(),
                 secondary_keys: parts.secondary_keys,

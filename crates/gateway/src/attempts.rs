@@ -1,0 +1,153 @@
+//! The delivery history of events that did not go through at once: each attempt's time,
+//! latency, outcome and error, and when the next one is due — for `/admin/record`, `oncegate
+//! inspect` and an operator asking "why is this one late". Kept by each gateway for the attempts
+//! it made, bounded in keys and in attempts per key; an event delivered at its first attempt
+//! costs nothing here (its record says "completed").
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use oncegate_core::KeyHash;
+use serde::Serialize;
+
+/// Events whose attempts are kept; the oldest is forgotten first.
+const KEYS: usize = 10_000;
+/// Attempts kept per event: the first and the latest ones.
+const PER_KEY: usize = 16;
+/// The longest error kept.
+const ERROR_CHARS: usize = 300;
+
+/// One delivery attempt.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Attempt {
+    /// When it started (unix ms).
+    pub(crate) at_ms: u64,
+    /// Its number, from 0.
+    pub(crate) attempt: u32,
+    /// How long the sink took.
+    pub(crate) latency_ms: u64,
+    /// `delivered`, `retry` or `dead_letter`.
+    pub(crate) outcome: &'static str,
+    /// What the sink answered, for a failure.
+    pub(crate) error: Option<String>,
+    /// When the next attempt is due, for a retry (`Retry-After` included).
+    pub(crate) next_at_ms: Option<u64>,
+}
+
+#[derive(Default)]
+struct Kept {
+    by_key: HashMap<KeyHash, VecDeque<Attempt>>,
+    order: VecDeque<KeyHash>,
+}
+
+/// This gateway's attempts of events that failed at least once.
+#[derive(Default)]
+pub(crate) struct Attempts {
+    tracked: AtomicUsize,
+    kept: Mutex<Kept>,
+}
+
+impl Attempts {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Kept> {
+        self.kept
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Notes a failed attempt of `key`.
+    pub(crate) fn failed(&self, key: KeyHash, mut attempt: Attempt) {
+        if let Some(error) = &mut attempt.error
+            && error.chars().count() > ERROR_CHARS
+        {
+            *error = error.chars().take(ERROR_CHARS).collect::<String>() + "…";
+        }
+        let mut kept = self.lock();
+        if !kept.by_key.contains_key(&key) {
+            if kept.order.len() >= KEYS
+                && let Some(oldest) = kept.order.pop_front()
+            {
+                kept.by_key.remove(&oldest);
+            }
+            kept.order.push_back(key);
+        }
+        push(kept.by_key.entry(key).or_default(), attempt);
+        self.tracked.store(kept.by_key.len(), Ordering::Relaxed);
+    }
+
+    /// Notes the delivery of `key`, if it failed before (otherwise nothing is kept).
+    pub(crate) fn delivered(&self, key: KeyHash, attempt: Attempt) {
+        if self.tracked.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        if let Some(attempts) = self.lock().by_key.get_mut(&key) {
+            push(attempts, attempt);
+        }
+    }
+
+    /// The attempts kept of `key`, oldest first.
+    pub(crate) fn of(&self, key: &KeyHash) -> Vec<Attempt> {
+        self.lock()
+            .by_key
+            .get(key)
+            .map(|attempts| attempts.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+}
+
+/// Appends, keeping the first attempt and the latest ones.
+fn push(attempts: &mut VecDeque<Attempt>, attempt: Attempt) {
+    if attempts.len() >= PER_KEY {
+        attempts.remove(1);
+    }
+    attempts.push_back(attempt);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attempt(n: u32, outcome: &'static str) -> Attempt {
+        Attempt {
+            at_ms: u64::from(n),
+            attempt: n,
+            latency_ms: 1,
+            outcome,
+            error: Some("x".repeat(1_000)),
+            next_at_ms: None,
+        }
+    }
+
+    #[test]
+    fn only_events_that_failed_are_kept_within_the_bounds() {
+        let attempts = Attempts::default();
+        let key = KeyHash::of(&["k"]);
+        attempts.delivered(key, attempt(0, "delivered"));
+        assert!(
+            attempts.of(&key).is_empty(),
+            "a first-time delivery costs nothing"
+        );
+        for n in 0..40 {
+            attempts.failed(key, attempt(n, "retry"));
+        }
+        attempts.delivered(key, attempt(40, "delivered"));
+        let kept = attempts.of(&key);
+        assert_eq!(kept.len(), PER_KEY);
+        assert_eq!(
+            (kept[0].attempt, kept[PER_KEY - 1].attempt),
+            (0, 40),
+            "first and latest"
+        );
+        assert!(
+            kept[0]
+                .error
+                .as_ref()
+                .is_some_and(|e| e.chars().count() <= ERROR_CHARS + 1)
+        );
+        for n in 0..(KEYS + 5) {
+            attempts.failed(KeyHash::of(&[&n.to_string()]), attempt(0, "retry"));
+        }
+        assert!(attempts.of(&key).is_empty(), "the oldest key was forgotten");
+        assert_eq!(attempts.lock().by_key.len(), KEYS);
+    }
+}
