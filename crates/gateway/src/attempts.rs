@@ -2,11 +2,11 @@
 //! latency, outcome and error, and when the next one is due — for `/admin/record`, `oncegate
 //! inspect` and an operator asking "why is this one late". Kept by each gateway for the attempts
 //! it made, bounded in keys and in attempts per key; an event delivered at its first attempt
-//! costs nothing here (its record says "completed").
+//! costs one load of a bit here (its record says "completed").
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use oncegate_core::KeyHash;
 use serde::Serialize;
@@ -41,11 +41,31 @@ struct Kept {
     order: VecDeque<KeyHash>,
 }
 
+/// Bits of the filter that tells a delivery whether its key may have failed before (2^20 bits:
+/// about 1 % false positives at [`KEYS`] keys), so that the deliveries of a healthy downstream
+/// never take the lock, even after other events failed.
+const FILTER_WORDS: usize = (1 << 20) / 64;
+
 /// This gateway's attempts of events that failed at least once.
-#[derive(Default)]
 pub(crate) struct Attempts {
-    tracked: AtomicUsize,
+    /// A bit per key hash that failed (never cleared: a stale bit costs one lookup).
+    filter: Box<[AtomicU64]>,
     kept: Mutex<Kept>,
+}
+
+impl Default for Attempts {
+    fn default() -> Self {
+        Self {
+            filter: (0..FILTER_WORDS).map(|_| AtomicU64::new(0)).collect(),
+            kept: Mutex::default(),
+        }
+    }
+}
+
+/// The filter's word and bit of `key`.
+fn slot(key: &KeyHash) -> (usize, u64) {
+    let bits = key.low64() as usize % (FILTER_WORDS * 64);
+    (bits / 64, 1 << (bits % 64))
 }
 
 impl Attempts {
@@ -72,12 +92,14 @@ impl Attempts {
             kept.order.push_back(key);
         }
         push(kept.by_key.entry(key).or_default(), attempt);
-        self.tracked.store(kept.by_key.len(), Ordering::Relaxed);
+        let (word, bit) = slot(&key);
+        self.filter[word].fetch_or(bit, Ordering::Relaxed);
     }
 
     /// Notes the delivery of `key`, if it failed before (otherwise nothing is kept).
     pub(crate) fn delivered(&self, key: KeyHash, attempt: Attempt) {
-        if self.tracked.load(Ordering::Relaxed) == 0 {
+        let (word, bit) = slot(&key);
+        if self.filter[word].load(Ordering::Relaxed) & bit == 0 {
             return;
         }
         if let Some(attempts) = self.lock().by_key.get_mut(&key) {
