@@ -64,19 +64,32 @@ pub(crate) struct Filters {
     /// Its event id.
     #[arg(long)]
     event_id: Option<String>,
+    /// Only letters that died within this long before now (`2h`, `30m`).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    since: Option<std::time::Duration>,
+    /// Only letters that died longer than this before now.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    until: Option<std::time::Duration>,
 }
 
 impl Filters {
-    fn fields(&self) -> Vec<(&'static str, &String)> {
+    fn fields(&self) -> Vec<(&'static str, Value)> {
+        let now_ms = oncegate_core::Clock::now_ms(&oncegate_core::SystemClock);
+        let ago = |span: &Option<std::time::Duration>| {
+            span.map(|span| json!(now_ms.saturating_sub(span.as_millis() as u64)))
+        };
+        let text = |value: &Option<String>| value.as_ref().map(|v| json!(v));
         [
-            ("platform", &self.platform),
-            ("app", &self.app),
-            ("event_type", &self.event_type),
-            ("reason", &self.reason),
-            ("event_id", &self.event_id),
+            ("platform", text(&self.platform)),
+            ("app", text(&self.app)),
+            ("event_type", text(&self.event_type)),
+            ("reason", text(&self.reason)),
+            ("event_id", text(&self.event_id)),
+            ("since_ms", ago(&self.since)),
+            ("until_ms", ago(&self.until)),
         ]
         .into_iter()
-        .filter_map(|(name, value)| value.as_ref().map(|v| (name, v)))
+        .filter_map(|(name, value)| value.map(|v| (name, v)))
         .collect()
     }
 }
@@ -223,9 +236,18 @@ pub(crate) async fn dlq(args: DlqArgs) -> anyhow::Result<bool> {
     let client = Client::new(&args.admin)?;
     match args.what {
         Dlq::List { filters, limit } => {
-            let limit = limit.to_string();
-            let mut query = filters.fields();
-            query.push(("limit", &limit));
+            let mut fields = filters.fields();
+            fields.push(("limit", json!(limit)));
+            // As query text: strings bare, numbers as written.
+            let query: Vec<(&str, String)> = fields
+                .into_iter()
+                .map(|(name, value)| match value {
+                    Value::String(text) => (name, text),
+                    other => (name, other.to_string()),
+                })
+                .collect();
+            let query: Vec<(&str, &String)> =
+                query.iter().map(|(name, value)| (*name, value)).collect();
             let (status, answer) = client.get("/admin/dead-letters", &query).await?;
             if status != 200 {
                 bail!("/admin/dead-letters: {status} {}", error_of(&answer));
@@ -282,7 +304,7 @@ fn body(selection: &Selection) -> Value {
     if selection.all {
         body["all"] = json!(true);
         for (name, value) in selection.filters.fields() {
-            body[name] = json!(value);
+            body[name] = value;
         }
     } else {
         body["ids"] = json!(selection.ids);

@@ -647,6 +647,9 @@ async fn a_gone_endpoint_stops_its_route_until_it_is_resumed() {
     downstream.behavior.lock().expect("behavior").gone = true;
     let gateway = Gateway::start(dir.path(), addr, false);
     let client = client();
+    let began_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
     let ids: Vec<String> = (0..4).map(|i| format!("gone-{i}")).collect();
     for id in &ids {
         let (status, _) = post(&client, &gateway.url, &sign(&message(id, "oc_gone", 1_000)))
@@ -727,13 +730,46 @@ async fn a_gone_endpoint_stops_its_route_until_it_is_resumed() {
         .await
         .expect("resume");
     assert_eq!(missing.status().as_u16(), 404);
-    let replayed = client
-        .post(admin("/admin/dead-letters/replay"))
-        .json(&serde_json::json!({"all": true}))
-        .send()
-        .await
-        .expect("replay");
-    assert_eq!(replayed.status().as_u16(), 200);
+    // `oncegate dlq list` picks them by when they died too.
+    let listed = |span: &str| {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_oncegate"))
+            .args([
+                "dlq",
+                "--admin",
+                &gateway.admin,
+                "--json",
+                "list",
+                span,
+                "1h",
+            ])
+            .output()
+            .expect("dlq list");
+        let answer: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap_or_default();
+        answer["dead_letters"].as_array().map_or(0, Vec::len)
+    };
+    assert_eq!((listed("--since"), listed("--until")), (ids.len(), 0));
+    // Replays pick letters by when they died and by event type (issue 38): none died before
+    // the test began, all of them since.
+    let none = json(
+        client
+            .post(admin("/admin/dead-letters/replay"))
+            .json(&serde_json::json!({"all": true, "until_ms": began_ms})),
+    )
+    .await;
+    assert_eq!(none["replayed"].as_array().map(Vec::len), Some(0), "{none}");
+    let replayed = json(client.post(admin("/admin/dead-letters/replay")).json(
+        &serde_json::json!({
+            "all": true,
+            "since_ms": began_ms,
+            "event_type": "im.message.receive_v1",
+        }),
+    ))
+    .await;
+    assert_eq!(
+        replayed["replayed"].as_array().map(Vec::len),
+        Some(ids.len()),
+        "{replayed}"
+    );
     downstream
         .wait_for("every event after the resume", |got| got.len() >= ids.len())
         .await;

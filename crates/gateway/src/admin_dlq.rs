@@ -41,6 +41,10 @@ pub(crate) struct Ask {
     reason: Option<String>,
     /// Its event id.
     event_id: Option<String>,
+    /// Dead-lettered at or after this (unix ms).
+    since_ms: Option<u64>,
+    /// Dead-lettered before this (unix ms).
+    until_ms: Option<u64>,
 }
 
 impl Ask {
@@ -62,6 +66,8 @@ impl Ask {
                 .event_id
                 .as_deref()
                 .is_none_or(|e| &*event.event_id == e)
+            && self.since_ms.is_none_or(|since| letter.at_ms >= since)
+            && self.until_ms.is_none_or(|until| letter.at_ms < until)
     }
 }
 
