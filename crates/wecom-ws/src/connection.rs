@@ -100,6 +100,7 @@ where
         outbox: outbox.clone(),
         pending: Arc::new(Pending::default()),
         permits: Arc::new(tokio::sync::Semaphore::new(REPLIES_AT_ONCE)),
+        turns: std::sync::Mutex::default(),
     };
     let held = context
         .outbound
@@ -251,6 +252,39 @@ struct Replying {
     outbox: mpsc::Sender<String>,
     pending: Arc<Pending>,
     permits: Arc<tokio::sync::Semaphore>,
+    /// Per conversation, when its latest reply is done: the next one waits for it, so that one
+    /// conversation's answers go out in the order its messages came.
+    turns: std::sync::Mutex<std::collections::HashMap<u64, tokio::sync::oneshot::Receiver<()>>>,
+}
+
+/// Conversations whose turns are remembered before finished ones are swept.
+const TURNS: usize = 4_096;
+
+impl Replying {
+    /// The turn of a new reply in conversation `chat`: what to wait for (the reply before it),
+    /// and what to drop when done.
+    fn turn(
+        &self,
+        chat: u64,
+    ) -> (
+        Option<tokio::sync::oneshot::Receiver<()>>,
+        tokio::sync::oneshot::Sender<()>,
+    ) {
+        let (done, next) = tokio::sync::oneshot::channel();
+        let mut turns = self
+            .turns
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if turns.len() >= TURNS {
+            turns.retain(|_, turn| {
+                matches!(
+                    turn.try_recv(),
+                    Err(tokio::sync::oneshot::error::TryRecvError::Empty)
+                )
+            });
+        }
+        (turns.insert(chat, next), done)
+    }
 }
 
 /// An answer to a command of ours: a ping's clears the watchdog, a reply's goes to the reply
@@ -311,7 +345,8 @@ async fn callback<I: Inlet>(
     };
     match context.bot.admit(Bytes::copy_from_slice(body.as_bytes())) {
         Ok(admit) if context.inlet.replies(&admit.event.event_type) => {
-            // Answered by its handler, which may take minutes: beside the lanes, bounded.
+            // Answered by its handler, which may take minutes: beside the lanes, bounded, and
+            // after the conversation's reply before it.
             let Ok(permit) = replying.permits.clone().acquire_owned().await else {
                 return;
             };
@@ -321,8 +356,14 @@ async fn callback<I: Inlet>(
                 replying.pending.clone(),
             );
             let req_id = frame.headers.req_id.clone();
+            let (before, done) = replying.turn(admit.event.order_hash());
             tokio::spawn(async move {
+                // One conversation's replies one after another, in the order its messages came.
+                if let Some(before) = before {
+                    let _ = before.await;
+                }
                 reply::answer(context, admit, req_id, outbox, pending).await;
+                drop(done);
                 drop(permit);
             });
         }

@@ -389,3 +389,90 @@ async fn garbage_frames_are_refused_and_the_connection_goes_on() {
     assert_eq!(server.subscribes().len(), 1, "the connection went on");
     stop.cancel();
 }
+
+/// Replies to every message; the one with msgid `slow` streams for a while first.
+struct Slow;
+
+impl Inlet for Slow {
+    async fn admit(&self, _: Admit) -> Result<Accepted, Refusal> {
+        Ok(Accepted::Admitted)
+    }
+
+    async fn call(&self, _: Admit, _: Duration) -> Result<Option<Bytes>, Refusal> {
+        Ok(None)
+    }
+
+    fn replies(&self, _: &str) -> bool {
+        true
+    }
+
+    async fn reply(
+        &self,
+        admit: Admit,
+        _: Duration,
+        _: Vec<(String, oncegate_core::Rate)>,
+        updates: oncegate_core::Updates,
+    ) -> Result<oncegate_core::Replied, Refusal> {
+        if &*admit.event.event_id == "slow" {
+            updates(Bytes::from_static(b"thinking "));
+            tokio::time::sleep(Duration::from_millis(400)).await;
+        }
+        Ok(oncegate_core::Replied::Answer(Some(Bytes::from(format!(
+            "answer to {}",
+            admit.event.event_id
+        )))))
+    }
+
+    fn note(&self, _: &'static str, _: &str) {}
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversations_replies_go_out_in_the_order_of_its_messages() {
+    let server = LocalAiBot::start(BOT, SECRET).await.expect("server");
+    let connection = AiBotConnection::new(
+        AiBot::new(BOT).expect("bot"),
+        settings(&server, SECRET),
+        Arc::new(Slow),
+    )
+    .expect("settings");
+    let stop = CancellationToken::new();
+    tokio::spawn({
+        let stop = stop.clone();
+        async move { connection.run(stop).await }
+    });
+    assert!(server.wait_for_subscribes(1, Duration::from_secs(5)).await);
+    let slow = server.push(
+        frame::MESSAGE,
+        &local::text_message(BOT, "slow", Some("wrA"), "u", "1"),
+    );
+    let next = server.push(
+        frame::MESSAGE,
+        &local::text_message(BOT, "next", Some("wrA"), "u", "2"),
+    );
+    let other = server.push(
+        frame::MESSAGE,
+        &local::text_message(BOT, "other", Some("wrB"), "v", "3"),
+    );
+    let finished = |req_id: &str| {
+        server
+            .received()
+            .iter()
+            .position(|f| f["headers"]["req_id"] == req_id && f["body"]["stream"]["finish"] == true)
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while [&slow, &next, &other].iter().any(|r| finished(r).is_none()) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{:?}",
+            server.received()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (slow, next, other) = (finished(&slow), finished(&next), finished(&other));
+    assert!(
+        next > slow,
+        "the second message of wrA is answered after the first"
+    );
+    assert!(other < slow, "another conversation does not wait for wrA");
+    stop.cancel();
+}
