@@ -792,7 +792,25 @@ pub fn validate(config: &Config) -> Vec<Problem> {
             PlatformConfig::Feishu(feishu) | PlatformConfig::Lark(feishu) => {
                 check_feishu_secrets(&mut report, &label, &source.name, feishu);
             }
-            PlatformConfig::WecomAibot(aibot) => check_aibot(&mut report, &label, aibot),
+            PlatformConfig::WecomAibot(aibot) => {
+                check_aibot(&mut report, &label, aibot);
+                if let StoreConfig::Redis(redis) = &config.store
+                    && redis.spool.is_none()
+                {
+                    report(
+                        Severity::Warning,
+                        &label,
+                        format!(
+                            "source {:?} is a WeCom AI bot: WeCom sends each callback once over \
+                             the long connection, with no ack to withhold, so a callback that \
+                             comes while Redis cannot admit it (an outage longer than about a \
+                             minute) is lost; set store.spool to keep such callbacks on disk \
+                             until Redis answers",
+                            source.name
+                        ),
+                    );
+                }
+            }
             PlatformConfig::Wecom(crate::WecomSettings { token, .. })
             | PlatformConfig::Wechat(crate::WechatSettings { token, .. }) => {
                 if token.is_none() {
@@ -1484,6 +1502,32 @@ mod tests {
             problems("previous_secrets = [\"whsec_b2xk\"]")
                 .contains(&(Severity::Error, "route[0].previous_secrets".to_owned()))
         );
+    }
+
+    #[test]
+    fn an_ai_bot_on_redis_without_a_spool_is_told_what_it_can_lose() {
+        let warned = |store: &str| -> bool {
+            let config = crate::load_str(
+                &format!(
+                    "{store}\n[[source]]\nname = \"bot\"\nplatform = \"wecom-aibot\"\nbot_id = \"aib1\"\nsecret = \"s\"\n"
+                ),
+                std::path::Path::new("t.toml"),
+                Vec::new(),
+            )
+            .expect("parses");
+            validate(&config).iter().any(|p| {
+                p.setting == "source[bot]"
+                    && p.severity == Severity::Warning
+                    && p.message.contains("store.spool")
+            })
+        };
+        assert!(warned(
+            "[store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:6379\""
+        ));
+        assert!(!warned(
+            "[store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:6379\"\nspool = \"s.redb\""
+        ));
+        assert!(!warned(""), "the embedded store admits on this machine");
     }
 
     #[test]
