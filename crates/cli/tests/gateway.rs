@@ -720,6 +720,15 @@ async fn a_gone_endpoint_stops_its_route_until_it_is_resumed() {
         metrics.contains(&format!("oncegate_route_gone{{route=\"{index}\"}} 1")),
         "{metrics}"
     );
+    // The gateway stays ready (it still takes every event) and says what it dead-letters.
+    let ready = json(client.get(admin("/readyz"))).await;
+    assert_eq!(ready["ready"], true, "{ready}");
+    assert!(
+        ready["degraded"][0]
+            .as_str()
+            .is_some_and(|d| d.contains("gone") && d.contains("resume")),
+        "{ready}"
+    );
     // The endpoint is back; the operator resumes the route and replays what died meanwhile.
     downstream.behavior.lock().expect("behavior").gone = false;
     let resumed = json(client.post(admin(&format!("/admin/routes/{index}/resume")))).await;

@@ -140,6 +140,7 @@ async fn readyz<S: Store>(State(shared): State<Arc<Shared<S>>>) -> Response {
             (false, false) => ready = false,
         }
     }
+    degraded.extend(crate::routes::degraded(&shared));
     let full = crate::admission::queue_full(&shared);
     ready &= check(
         "queue".into(),
@@ -264,6 +265,7 @@ async fn live<S: Store>(State(shared): State<Arc<Shared<S>>>, headers: HeaderMap
         true => not_ready.extend(down),
         false => degraded.extend(down),
     }
+    degraded.extend(crate::routes::degraded(&shared));
     if crate::admission::queue_full(&shared) {
         not_ready.push("the queue is full (dispatcher.max_queued)".into());
     }

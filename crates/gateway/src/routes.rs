@@ -66,6 +66,26 @@ pub(crate) fn mark_gone<S: Store>(shared: &Shared<S>, route: &Route, reason: &st
     }
 }
 
+/// Each gone route as a line for readiness and the status page: the gateway stays ready (it
+/// still takes every event), but says what it dead-letters.
+pub(crate) fn degraded<S>(shared: &Shared<S>) -> Vec<String> {
+    shared
+        .routes
+        .iter()
+        .enumerate()
+        .filter_map(|(index, route)| {
+            route.gone().map(|gone| {
+                format!(
+                    "route {index} ({}): its endpoint is gone ({}); its events are \
+                     dead-lettered until POST /admin/routes/{index}/resume",
+                    route.patterns.join(", "),
+                    gone.reason
+                )
+            })
+        })
+        .collect()
+}
+
 /// The reason an event for a gone route is dead-lettered with.
 pub(crate) fn dead_letter_reason(index_hint: &Gone) -> String {
     format!(
