@@ -131,8 +131,12 @@ async fn messages_with_repeats_and_a_dropped_connection_are_delivered_once_in_ch
     let first = &lines(dir.path())[0];
     assert_eq!(first["payload"]["aibotid"], BOT, "{first}");
     assert_eq!(first["payload"]["text"]["content"], "hi", "{first}");
-    let (ready, _) = gateway.admin_get("/readyz").await;
+    let (ready, answer) = gateway.admin_get("/readyz").await;
     assert_eq!(ready, 200);
+    assert!(
+        !answer.contains("store.spool"),
+        "the embedded store admits on this machine: {answer}"
+    );
     // An operator finds a message by the id and sender they have, as inspect does.
     let (status, found) = gateway
         .admin_get(&format!(
@@ -167,8 +171,13 @@ async fn only_the_leader_subscribes_and_a_killed_one_is_replaced_within_its_leas
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(server.subscribes().len(), 1, "only the leader subscribes");
     assert_eq!(server.takeovers(), 0);
-    let (ready, _) = second.admin_get("/readyz").await;
+    let (ready, answer) = second.admin_get("/readyz").await;
     assert_eq!(ready, 200, "a standby is ready");
+    // On Redis without a spool, what an AI bot can lose is said (never silent).
+    assert!(
+        answer.contains("store.spool") && answer.contains("at_risk"),
+        "{answer}"
+    );
     for i in 0..20 {
         server.push(frame::MESSAGE, &message(i));
     }

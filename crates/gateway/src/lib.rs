@@ -204,6 +204,9 @@ pub(crate) struct Shared<S> {
     pub(crate) secondary_keys: bool,
     /// Sources whose events come over Feishu's long connection.
     pub(crate) long_sources: Vec<longconn::LongSource>,
+    /// What this configuration can lose by design beyond the store's own promise, said in
+    /// `/readyz` (check-config and the start say it too).
+    pub(crate) at_risk: Vec<String>,
     /// Who may call `/keys`, and its limits.
     pub(crate) api_callers: Vec<keys_api::Caller>,
     pub(crate) key_limits: keys_api::KeyLimits,
@@ -378,6 +381,7 @@ impl<S: Store> Gateway<S> {
                 failure: OnceLock::new(),
                 secondary_keys: parts.secondary_keys,
                 long_sources: Vec::new(),
+                at_risk: Vec::new(),
                 api_callers: Vec::new(),
                 key_limits: keys_api::KeyLimits::default(),
                 senders: HashMap::new(),
@@ -503,6 +507,24 @@ impl<S: Store> Gateway<S> {
         let mut gateway = Self::new(store, parts);
         let shared = gateway.shared_mut()?;
         shared.long_sources = long_sources;
+        // WeCom sends an AI bot's callback once, with no ack to withhold: on Redis without a
+        // spool, one that arrives during an outage longer than the retries is lost.
+        let spooled = matches!(&config.store, oncegate_config::StoreConfig::Redis(redis) if redis.spool.is_some());
+        let remote = matches!(&config.store, oncegate_config::StoreConfig::Redis(_));
+        if remote && !spooled {
+            shared.at_risk = shared
+                .long_sources
+                .iter()
+                .filter(|source| matches!(source.link, longconn::Link::AiBot { .. }))
+                .map(|source| {
+                    format!(
+                        "WeCom AI bot {}: a callback arriving while Redis cannot admit it (an \
+                         outage longer than about a minute) is lost; set store.spool",
+                        source.name
+                    )
+                })
+                .collect();
+        }
         shared.api_callers = callers;
         shared.key_limits = keys_api::KeyLimits {
             max_lease: config.api.max_lease,
