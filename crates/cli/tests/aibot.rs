@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use oncegate_wecom_ws::frame;
 use oncegate_wecom_ws::local::{self, LocalAiBot};
-use support::{Serve, file_route, lines, wait_until};
+use support::{Serve, file_route, lines, redis_store, wait_until};
 
 const BOT: &str = "aibE2EBOTID0000000000000000000000";
 const SECRET: &str = "e2e-bot-secret";
@@ -62,16 +62,6 @@ fn delivered(dirs: &[&Path]) -> Vec<(String, String)> {
 fn message(i: usize) -> serde_json::Value {
     let chat = format!("wrchat{}", i % 4);
     local::text_message(BOT, &format!("M{i:04}"), Some(&chat), "zhangsan", "hi")
-}
-
-fn redis_store(prefix: &str) -> String {
-    let Ok(url) = std::env::var("ONCEGATE_TEST_REDIS_URL") else {
-        panic!("ONCEGATE_TEST_REDIS_URL is not set: run scripts/test, which starts redis-server")
-    };
-    format!(
-        "backend = \"redis\"\nurl = \"{url}\"\nprefix = \"{prefix}{}\"\npartitions = 4",
-        fastrand::u32(..)
-    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

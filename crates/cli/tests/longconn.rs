@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use oncegate_feishu_ws::ClientConfig;
 use oncegate_feishu_ws::local::{self, LocalFeishu, PartOrder};
-use support::{Serve, file_route, lines, wait_until};
+use support::{Serve, file_route, lines, redis_store, wait_until};
 
 const APP: &str = "cli_e2e_ws";
 const SECRET: &str = "e2e-app-secret";
@@ -165,16 +165,6 @@ async fn events_over_the_long_connection_are_delivered_once_across_drops_and_res
     assert!(age.is_some_and(|age| age < 60_000), "{stats}");
     let (ready, _) = gateway.admin_get("/readyz").await;
     assert_eq!(ready, 200);
-}
-
-fn redis_store(prefix: &str) -> String {
-    let Ok(url) = std::env::var("ONCEGATE_TEST_REDIS_URL") else {
-        panic!("ONCEGATE_TEST_REDIS_URL is not set: run scripts/test, which starts redis-server")
-    };
-    format!(
-        "backend = \"redis\"\nurl = \"{url}\"\nprefix = \"{prefix}{}\"\npartitions = 4",
-        fastrand::u32(..)
-    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -91,7 +91,7 @@ pub(crate) struct Route {
     pub(crate) stale: StaleEvents,
     pub(crate) reply: bool,
     /// Set when the endpoint answered 410 Gone: the route delivers nothing until resumed.
-    pub(crate) gone: std::sync::Mutex<Option<routes::Gone>>,
+    pub(crate) gone: routes::GoneState,
 }
 
 impl Route {
@@ -101,7 +101,7 @@ impl Route {
             sink,
             stale,
             reply,
-            gone: std::sync::Mutex::new(None),
+            gone: routes::GoneState::default(),
         }
     }
 

@@ -130,7 +130,7 @@ impl<S: Store> Inlet for GatewayInlet<S> {
     ) -> Result<oncegate_core::Replied, Refusal> {
         let budgets: Vec<(oncegate_core::KeyHash, oncegate_core::Rate)> = budgets
             .iter()
-            .map(|(name, rate)| (key_for("send", &admit.event.app, name, ""), *rate))
+            .map(|(name, rate)| (crate::send_budget::bucket(&admit.event.app, name), *rate))
             .collect();
         sync_call::reply(&self.0, admit, deadline, &budgets, &updates).await
     }

@@ -30,13 +30,29 @@ pub(crate) fn register(routes: &[Route]) {
     }
 }
 
-impl Route {
-    /// Why the route delivers nothing now, if it does not.
-    pub(crate) fn gone(&self) -> Option<Gone> {
-        self.gone
+/// A route's gone state: a flag every delivery reads without a lock, and why, for the few that
+/// need it.
+#[derive(Default)]
+pub(crate) struct GoneState {
+    flag: std::sync::atomic::AtomicBool,
+    why: std::sync::Mutex<Option<Gone>>,
+}
+
+impl GoneState {
+    fn why(&self) -> std::sync::MutexGuard<'_, Option<Gone>> {
+        self.why
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone()
+    }
+}
+
+impl Route {
+    /// Why the route delivers nothing now, if it does not (a healthy route: one atomic load).
+    pub(crate) fn gone(&self) -> Option<Gone> {
+        if !self.gone.flag.load(std::sync::atomic::Ordering::Acquire) {
+            return None;
+        }
+        self.gone.why().clone()
     }
 }
 
@@ -47,10 +63,7 @@ pub(crate) fn mark_gone<S: Store>(shared: &Shared<S>, route: &Route, reason: &st
         .iter()
         .position(|r| std::ptr::eq(r, route))
         .unwrap_or(usize::MAX);
-    let mut gone = route
-        .gone
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut gone = route.gone.why();
     if gone.is_none() {
         tracing::error!(
             route = index,
@@ -63,6 +76,10 @@ pub(crate) fn mark_gone<S: Store>(shared: &Shared<S>, route: &Route, reason: &st
             since_ms: shared.now_ms(),
             reason: reason.to_owned(),
         });
+        route
+            .gone
+            .flag
+            .store(true, std::sync::atomic::Ordering::Release);
     }
 }
 
@@ -135,11 +152,14 @@ pub(crate) async fn resume<S: Store>(
         )
             .into_response();
     };
-    let was = route
-        .gone
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .take();
+    let was = {
+        let mut why = route.gone.why();
+        route
+            .gone
+            .flag
+            .store(false, std::sync::atomic::Ordering::Release);
+        why.take()
+    };
     gauge(index, 0.0);
     if was.is_some() {
         tracing::info!(route = index, "route resumed");

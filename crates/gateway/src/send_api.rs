@@ -235,7 +235,7 @@ async fn send_once<S: Store>(
     let budgets: Vec<_> = prepared
         .budgets
         .iter()
-        .map(|(name, rate)| (key_for("send", &sender.scope, name, ""), *rate))
+        .map(|(name, rate)| (send_budget::bucket(&sender.scope, name), *rate))
         .collect();
     let deadline = started + wait;
     let give_up = async |after: Duration, why: String| {
@@ -275,7 +275,7 @@ async fn send_once<S: Store>(
     // A paced receiver's sends from this gateway go one at a time, replies first.
     let turn = match &prepared.pace {
         Some((name, spacing)) => {
-            let receiver = key_for("send", &sender.scope, name, "");
+            let receiver = send_budget::bucket(&sender.scope, name);
             match shared.pacer.turn(receiver, *spacing, lane, deadline).await {
                 Ok(turn) => Some(turn),
                 Err(TooLate(after)) => return no_budget(NoBudget::Later(after)).await,

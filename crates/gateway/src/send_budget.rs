@@ -15,6 +15,13 @@ use crate::Shared;
 /// How often a bulk send looks again while replies wait for its receiver.
 const YIELD: Duration = Duration::from_millis(20);
 
+/// The bucket of budget `name` (a receiver's, a conversation's, the app's) within `scope`, the
+/// app a send or a reply goes out as: one naming for `/send` and a long connection's replies, so
+/// that they spend one budget.
+pub(crate) fn bucket(scope: &str, name: &str) -> KeyHash {
+    oncegate_core::key_for("send", scope, name, "")
+}
+
 /// Which lane a send waits in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Lane {

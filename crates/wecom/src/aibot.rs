@@ -1,6 +1,7 @@
 //! A WeCom AI bot's callbacks as they come over its long connection: plain JSON bodies (the
-//! socket is the authentication), read with the same names and keys as the AI-bot JSON of the
-//! HTTP callback mode, so that a message is one event whichever way it came.
+//! socket is the authentication), read with the field names of the AI-bot JSON of the HTTP
+//! callback mode (one normalization for both), under the bot's id: its `msgid` with the sender
+//! is the primary key here, as WeCom documents it for dedup.
 
 use bytes::Bytes;
 use oncegate_core::{Admit, Keys};

@@ -196,3 +196,15 @@ pub(crate) fn banner_urls(line: &str) -> Vec<String> {
         .map(|w| w.trim_end_matches(',').to_owned())
         .collect()
 }
+
+/// A Redis store section on the test Redis (`ONCEGATE_TEST_REDIS_URL`, started by
+/// scripts/test) under a fresh prefix, with 4 partitions.
+pub(crate) fn redis_store(prefix: &str) -> String {
+    let Ok(url) = std::env::var("ONCEGATE_TEST_REDIS_URL") else {
+        panic!("ONCEGATE_TEST_REDIS_URL is not set: run scripts/test, which starts redis-server")
+    };
+    format!(
+        "backend = \"redis\"\nurl = \"{url}\"\nprefix = \"{prefix}{}\"\npartitions = 4",
+        fastrand::u32(..)
+    )
+}
