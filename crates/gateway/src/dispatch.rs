@@ -9,16 +9,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use oncegate_core::{
-    Claim, Delivery, FenceCheck, KeyHash, Lease, QueueId, Store, StoreError, WatermarkOutcome,
-    key_for,
+    Claim, Delivery, FenceCheck, KeyHash, QueueId, Store, StoreError, WatermarkOutcome, key_for,
 };
+use oncegate_once::{Claimed, Held, OnceKey, Panicked};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::Shared;
 use crate::meters::ClaimOutcome;
-use crate::once::{self, Claimed};
 use crate::sink::{Outgoing, SinkError};
 
 /// How long an idle partition waits before looking again (retries become due without a wake).
@@ -30,7 +29,8 @@ const RETRY_AFTER_MAX: Duration = Duration::from_secs(600);
 /// How long to back off when the store cannot answer.
 const STORE_BACKOFF: Duration = Duration::from_millis(500);
 
-type Held = Arc<Mutex<HashMap<QueueId, Lease>>>;
+/// The keys of handlers running now, by their queue entry: what shutdown gives back.
+type Running<S> = Arc<Mutex<HashMap<QueueId, Arc<Held<S>>>>>;
 
 /// Runs every partition until shutdown; a partition loop that panics stops the gateway (the
 /// reason is returned) instead of leaving its chats undelivered behind a ready gateway.
@@ -39,7 +39,7 @@ pub(crate) async fn run<S: Store>(
     shutdown: CancellationToken,
 ) -> Result<(), String> {
     let permits = Arc::new(Semaphore::new(shared.timing.dispatcher.concurrency.max(1)));
-    let held: Held = Arc::default();
+    let held: Running<S> = Arc::default();
     let mut partitions = JoinSet::new();
     for partition in 0..shared.store.partitions() {
         partitions.spawn(partition_loop(
@@ -59,9 +59,9 @@ pub(crate) async fn run<S: Store>(
     }
     // Leases of handlers that did not finish within the grace: give them back so that another
     // worker (or this one after a restart) can take them at once.
-    let left: Vec<(QueueId, Lease)> = lock(&held).drain().collect();
-    for (id, lease) in left {
-        let _ = shared.store.release(&lease).await;
+    let left: Vec<(QueueId, Arc<Held<S>>)> = lock(&held).drain().collect();
+    for (id, key) in left {
+        let _ = key.release().await;
         let _ = shared.store.retry(id, 0).await;
     }
     // Then the partitions: on a shared store the other gateways take them over now, not when
@@ -82,7 +82,7 @@ async fn partition_loop<S: Store>(
     shared: Arc<Shared<S>>,
     partition: u16,
     permits: Arc<Semaphore>,
-    held: Held,
+    held: Running<S>,
     shutdown: CancellationToken,
 ) {
     let mut running = JoinSet::new();
@@ -127,12 +127,13 @@ async fn partition_loop<S: Store>(
             continue;
         }
         for (delivery, claim) in pulled {
+            let claim = claim.map(|claim| claimed(&shared, &delivery, claim));
             let permit = tokio::select! {
                 permit = permits.clone().acquire_owned() => permit,
                 _ = &mut cancelled => {
                     // Not started: hand it back, and its key.
-                    if let Ok(Claim::Acquired(lease) | Claim::TookOver(lease)) = &claim {
-                        let _ = shared.store.release(lease).await;
+                    if let Ok(Claimed::Run(key)) = &claim {
+                        let _ = key.release().await;
                     }
                     let _ = shared.store.retry(delivery.id, 0).await;
                     continue;
@@ -156,6 +157,15 @@ async fn partition_loop<S: Store>(
     .await;
     running.abort_all();
     while running.join_next().await.is_some() {}
+}
+
+/// The claim a hand-out made for `delivery`'s key, as the protocol holds it: renewed every
+/// `lease.renew_every` by the lease's length while the handler runs.
+fn claimed<S: Store>(shared: &Shared<S>, delivery: &Delivery, claim: Claim) -> Claimed<S> {
+    let key = OnceKey::new(delivery.key, delivery.id.partition)
+        .lease(shared.timing.lease)
+        .renew_every(shared.timing.renew_every);
+    shared.once.claimed(claim, key)
 }
 
 /// Repeats a store call that must happen (the queue entry stays handed out until it does)
@@ -192,9 +202,9 @@ fn backoff(base: Duration, max: Duration, attempt: u32) -> Duration {
 }
 
 /// Gives the key back and the event to the queue for a second later: the store did not answer.
-async fn release_and_retry<S: Store>(shared: &Shared<S>, delivery: &Delivery, lease: &Lease) {
+async fn release_and_retry<S: Store>(shared: &Shared<S>, delivery: &Delivery, key: &Held<S>) {
     let store = &shared.store;
-    insist(&shared.summaries, "release", || store.release(lease)).await;
+    insist(&shared.summaries, "release", || key.release()).await;
     insist(&shared.summaries, "retry", || {
         store.retry(delivery.id, shared.now_ms() + 1000)
     })
@@ -237,17 +247,17 @@ async fn superseded<S: Store>(
 async fn handle<S: Store>(
     shared: &Shared<S>,
     delivery: Delivery,
-    claim: Result<Claim, StoreError>,
-    held: &Held,
+    claim: Result<Claimed<S>, StoreError>,
+    held: &Running<S>,
 ) {
     let stats = &shared.stats;
     let store = &shared.store;
     let timing = &shared.timing;
     let summaries = &shared.summaries;
-    let lease = match claim.map(Claimed::from) {
-        Ok(Claimed::Run(lease)) => {
+    let key = match claim {
+        Ok(Claimed::Run(key)) => {
             shared.meters.claim(ClaimOutcome::Acquired);
-            lease
+            key
         }
         Ok(Claimed::Done(_)) => {
             shared.meters.claim(ClaimOutcome::Done);
@@ -292,7 +302,7 @@ async fn handle<S: Store>(
     let event = &delivery.event;
     let Some(route) = shared.route_for(&event.event_type) else {
         stats.bump(&stats.unrouted, "oncegate_unrouted_total");
-        finish(shared, &delivery, &lease).await;
+        finish(shared, &delivery, &key).await;
         return;
     };
     if route.stale == crate::StaleEvents::Drop
@@ -307,13 +317,13 @@ async fn handle<S: Store>(
                 tracing::info!(key = %delivery.key, platform = %event.platform, app = %event.app, tenant = event.tenant.as_deref().unwrap_or("-"), event_id = %event.event_id, current, created = event.created_at_ms, "stale event dropped");
                 stats.bump(&stats.stale_dropped, "oncegate_stale_dropped_total");
                 shared.meters.dropped(crate::meters::Layer::StaleWatermark);
-                finish(shared, &delivery, &lease).await;
+                finish(shared, &delivery, &key).await;
                 return;
             }
             Ok(WatermarkOutcome::Accepted { .. }) => {}
             Err(error) => {
                 summaries.note("watermark_failed", None, &error.to_string());
-                return release_and_retry(shared, &delivery, &lease).await;
+                return release_and_retry(shared, &delivery, &key).await;
             }
         }
         match superseded(shared, event, order).await {
@@ -322,18 +332,18 @@ async fn handle<S: Store>(
                 tracing::info!(key = %delivery.key, platform = %event.platform, app = %event.app, tenant = event.tenant.as_deref().unwrap_or("-"), event_id = %event.event_id, "superseded event dropped");
                 stats.bump(&stats.stale_dropped, "oncegate_stale_dropped_total");
                 shared.meters.dropped(crate::meters::Layer::StaleWatermark);
-                finish(shared, &delivery, &lease).await;
+                finish(shared, &delivery, &key).await;
                 return;
             }
             Err(error) => {
                 summaries.note("watermark_failed", None, &error.to_string());
-                return release_and_retry(shared, &delivery, &lease).await;
+                return release_and_retry(shared, &delivery, &key).await;
             }
         }
     }
     if let Some(gone) = route.gone() {
         // The endpoint said it is gone: nothing more goes to it until an operator resumes it.
-        insist(&shared.summaries, "release", || store.release(&lease)).await;
+        insist(&shared.summaries, "release", || key.release()).await;
         let reason = crate::routes::dead_letter_reason(&gone);
         stats.bump(&stats.dead_letters, "oncegate_dead_letters_total");
         insist(&shared.summaries, "dead letter", || {
@@ -343,7 +353,8 @@ async fn handle<S: Store>(
         crate::admission::left_queue(shared);
         return;
     }
-    lock(held).insert(delivery.id, lease);
+    let key = Arc::new(key);
+    lock(held).insert(delivery.id, key.clone());
     shared.meters.lag(event.created_at_ms, shared.now_ms());
     let id = delivery.key.delivery_id();
     let outgoing = Outgoing {
@@ -355,14 +366,10 @@ async fn handle<S: Store>(
     };
     let started = std::time::Instant::now();
     let started_ms = shared.now_ms();
-    let result = once::run(
-        shared,
-        &lease,
-        timing.renew_every,
-        timing.lease,
-        route.sink.deliver(outgoing),
-    )
-    .await;
+    let result = key
+        .run(route.sink.deliver(outgoing))
+        .await
+        .unwrap_or_else(|Panicked| Err(SinkError::Transient("the handler panicked".into())));
     let took = started.elapsed();
     shared.meters.handler(took);
     // The attempt as the history keeps it, once its outcome is known.
@@ -385,12 +392,12 @@ async fn handle<S: Store>(
             shared
                 .attempts
                 .delivered(delivery.key, attempt("delivered", None, None));
-            finish(shared, &delivery, &lease).await;
+            finish(shared, &delivery, &key).await;
         }
         Err(ref error @ (SinkError::Transient(_) | SinkError::RetryAfter { .. }))
             if delivery.attempt + 1 < timing.dispatcher.max_attempts =>
         {
-            insist(&shared.summaries, "release", || store.release(&lease)).await;
+            insist(&shared.summaries, "release", || key.release()).await;
             let mut delay = backoff(
                 timing.dispatcher.backoff_base,
                 timing.dispatcher.backoff_max,
@@ -428,7 +435,7 @@ async fn handle<S: Store>(
             .await;
         }
         Err(error) => {
-            insist(&shared.summaries, "release", || store.release(&lease)).await;
+            insist(&shared.summaries, "release", || key.release()).await;
             let reason = match error {
                 SinkError::Transient(reason) | SinkError::RetryAfter { reason, .. } => {
                     format!("gave up after {} attempts: {reason}", delivery.attempt + 1)
@@ -455,19 +462,16 @@ async fn handle<S: Store>(
 }
 
 /// Complete (the holder's compare-and-set) and ack.
-async fn finish<S: Store>(shared: &Shared<S>, delivery: &Delivery, lease: &Lease) {
-    let stats = &shared.stats;
+async fn finish<S: Store>(shared: &Shared<S>, delivery: &Delivery, key: &Held<S>) {
     // The handler has run: insist on recording it (the store may be restarting). Giving up here
-    // would run the event again; if the lease is taken over meanwhile, the fence refuses it.
+    // would run the event again; if the lease is taken over meanwhile, the fence refuses it
+    // (counted by the protocol's observer).
     let fence = insist(&shared.summaries, "complete", || {
-        shared
-            .store
-            .complete_and_ack(lease, shared.timing.retention, None, delivery.id)
+        key.complete_and_ack(None, delivery.id)
     })
     .await;
     crate::admission::left_queue(shared);
     if fence == FenceCheck::Rejected {
-        stats.bump(&stats.fenced, "oncegate_fenced_total");
         tracing::warn!(key = %delivery.key, platform = %delivery.event.platform, app = %delivery.event.app, tenant = delivery.event.tenant.as_deref().unwrap_or("-"), event_id = %delivery.event.event_id, "completion refused: the lease was taken over");
     }
 }

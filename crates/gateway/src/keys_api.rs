@@ -20,7 +20,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::Shared;
-use crate::once::{self, Claimed, Claiming};
+use oncegate_once::{Claimed, OnceKey};
 
 /// The largest request: a key, a lease and a result.
 pub(crate) const BODY_LIMIT: usize = 256 * 1024;
@@ -335,15 +335,15 @@ async fn claim<S: Store>(
         .wait_ms
         .map_or(Duration::ZERO, Duration::from_millis)
         .min(limits.max_wait);
-    let claiming = Claiming {
-        key: &key,
-        partition,
-        lease,
-        fingerprint: request.payload.as_ref().map(fingerprint_of),
-    };
-    match once::claim_or_wait(&shared.store, claiming, wait).await {
-        Ok(Claimed::Run(lease)) => {
+    let mut claiming = OnceKey::new(key, partition).lease(lease);
+    if let Some(payload) = &request.payload {
+        claiming = claiming.fingerprint(fingerprint_of(payload));
+    }
+    match shared.once.claim_or_wait(claiming, wait).await {
+        Ok(Claimed::Run(held)) => {
             count(&caller.name, "claim", "acquired");
+            // The caller settles it with the lease's token, in later calls.
+            let lease = held.into_lease();
             answer(
                 StatusCode::OK,
                 json!({"state": "acquired", "lease": lease.token.0.to_string(), "until_ms": lease.until_ms}),
@@ -433,7 +433,7 @@ async fn renew<S: Store>(
         Ok(extend) => extend,
         Err(bad) => return bad.into_response(),
     };
-    match shared.store.renew(&lease, extend).await {
+    match shared.once.renew_lease(&lease, extend).await {
         Ok(check) => {
             let until_ms = shared.now_ms() + oncegate_core::store::millis(extend);
             fenced(
@@ -467,7 +467,11 @@ async fn complete<S: Store>(
     {
         return result_budget_spent(caller, &spent);
     }
-    match once::complete(&shared, &lease, result.map(bytes::Bytes::from)).await {
+    match shared
+        .once
+        .complete_lease(&lease, result.map(bytes::Bytes::from))
+        .await
+    {
         Ok(check) => {
             if check == FenceCheck::Accepted && size > 0 {
                 let until =
@@ -509,7 +513,7 @@ async fn release<S: Store>(
         Ok(held) => held,
         Err(bad) => return bad.into_response(),
     };
-    match shared.store.release(&lease).await {
+    match shared.once.release_lease(&lease).await {
         Ok(check) => fenced(caller, "release", check, json!({"state": "released"})),
         Err(error) => unavailable(caller, &error),
     }

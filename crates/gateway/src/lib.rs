@@ -15,7 +15,6 @@ mod ingress;
 pub mod keys_api;
 mod longconn;
 mod meters;
-mod once;
 mod queue_view;
 mod recorder;
 pub mod registry;
@@ -44,6 +43,7 @@ use std::time::Duration;
 use oncegate_config::{Config, DispatcherConfig, SinkKind};
 use oncegate_core::replay::ReplayGuard;
 use oncegate_core::{Clock, Store, SystemClock, WebhookSource};
+use oncegate_once::Once;
 pub use oncegate_spool::Spool;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
@@ -164,7 +164,9 @@ impl Default for Timing {
 
 /// The shared state of a running gateway.
 pub(crate) struct Shared<S> {
-    pub(crate) store: S,
+    pub(crate) store: Arc<S>,
+    /// The claim protocol on `store`: every claim, renewal and settling goes through it.
+    pub(crate) once: Once<S>,
     pub(crate) sources: HashMap<String, Source>,
     pub(crate) routes: Vec<Route>,
     /// Whether any route replies: ingress looks an event's route up only then.
@@ -172,7 +174,7 @@ pub(crate) struct Shared<S> {
     pub(crate) timing: Timing,
     pub(crate) body_limit: usize,
     pub(crate) admin_token: Option<String>,
-    pub(crate) stats: Stats,
+    pub(crate) stats: Arc<Stats>,
     /// Woken when a partition may have work: an admit, an ack that frees a chat.
     pub(crate) wake: Vec<Notify>,
     pub(crate) clock: Arc<dyn Clock>,
@@ -222,7 +224,7 @@ pub(crate) struct Shared<S> {
     /// Each receiver's sends one at a time, spaced from the previous answer.
     pub(crate) pacer: Arc<send_pace::Pacer>,
     /// Per-event metrics, their handles registered once.
-    pub(crate) meters: meters::Meters,
+    pub(crate) meters: Arc<meters::Meters>,
 }
 
 impl<S: Store> Shared<S> {
@@ -355,16 +357,27 @@ impl<S: Store> Gateway<S> {
                 )
             })
             .collect();
+        let store = Arc::new(timed_store::Timed::new(store));
+        let stats = Arc::new(Stats::default());
+        let meters = Arc::new(meters::Meters::default());
+        let once = Once::new(store.clone())
+            .with_lease(parts.timing.lease)
+            .with_retention(parts.timing.retention)
+            .with_observer(Arc::new(meters::Counting {
+                stats: stats.clone(),
+                meters: meters.clone(),
+            }));
         Self {
             shared: Arc::new(Shared {
-                store: timed_store::Timed::new(store),
+                store,
+                once,
                 sources,
                 routes: Vec::new(),
                 replying: false,
                 timing: parts.timing,
                 body_limit: parts.body_limit,
                 admin_token: parts.admin_token,
-                stats: Stats::default(),
+                stats,
                 wake: (0..partitions).map(|_| Notify::new()).collect(),
                 clock: parts.clock,
                 metrics_render: None,
@@ -390,7 +403,7 @@ impl<S: Store> Gateway<S> {
                 max_waiting_sends: 1000,
                 edits: send_edits::Edits::default(),
                 pacer: Arc::default(),
-                meters: meters::Meters::default(),
+                meters,
             }),
         }
     }

@@ -9,10 +9,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use oncegate_config::Instances;
-use oncegate_core::{Accepted, Admit, Claim, FenceCheck, Inlet, Refusal, Store, key_for};
+use oncegate_core::{Accepted, Admit, FenceCheck, Inlet, Refusal, Store, key_for};
 use oncegate_feishu::FeishuApp;
 use oncegate_feishu_ws::LongConnection;
 use oncegate_longconn::Status;
+use oncegate_once::{Claimed, OnceKey};
 use oncegate_wecom::AiBot;
 use oncegate_wecom_ws::{AiBotConnection, Ended};
 use tokio_util::sync::CancellationToken;
@@ -217,13 +218,16 @@ async fn lead<S: Store>(shared: &Arc<Shared<S>>, source: &LongSource, shutdown: 
     // lease may take.
     let lease_for = shared.timing.lease.min(LEADER_LEASE);
     let renew_every = lease_for / 3;
+    let claiming = OnceKey::new(key, 0)
+        .lease(lease_for)
+        .renew_every(renew_every);
     loop {
         let claimed = tokio::select! {
             _ = shutdown.cancelled() => return,
-            claimed = shared.store.claim(&key, 0, lease_for) => claimed,
+            claimed = shared.once.claim(claiming) => claimed,
         };
         let lease = match claimed {
-            Ok(Claim::Acquired(lease) | Claim::TookOver(lease)) => lease,
+            Ok(Claimed::Run(lease)) => lease,
             Ok(_) => {
                 source.role.store(ROLE_STANDBY, Ordering::Relaxed);
                 tokio::select! {
@@ -246,33 +250,25 @@ async fn lead<S: Store>(shared: &Arc<Shared<S>>, source: &LongSource, shutdown: 
         tracing::info!(source = %source.name, "leading: this gateway holds the long connections");
         source.role.store(ROLE_LEADING, Ordering::Relaxed);
         let stop = shutdown.child_token();
-        let connections = hold(shared, source, &lease, lease_for, stop.clone());
-        let keep = async {
-            loop {
-                tokio::time::sleep(renew_every).await;
-                match shared.store.renew(&lease, lease_for).await {
-                    Ok(FenceCheck::Accepted) => {}
-                    // Another gateway holds it now, or the store cannot tell us we still do:
-                    // let go, rather than hold connections on a lease that may be gone.
-                    Ok(FenceCheck::Rejected) => return "the lease was taken over",
-                    Err(_) => return "the lease could not be renewed",
-                }
-            }
-        };
+        let connections = hold(shared, source, &lease, stop.clone());
         tokio::pin!(connections);
         tokio::select! {
             _ = &mut connections => {}
-            why = keep => {
+            // Another gateway holds it now, or the store cannot tell us we still do: let go,
+            // rather than hold connections on a lease that may be gone.
+            why = lease.keep() => {
                 tracing::warn!(source = %source.name, "no longer leading: {why}");
                 stop.cancel();
                 connections.await;
             }
         }
         source.role.store(ROLE_STANDBY, Ordering::Relaxed);
+        // Let go at once (refused harmlessly when another gateway took it over): the next
+        // leader need not wait for the lease to run out.
+        let _ = lease.release().await;
         // A fatal answer (wrong credentials, too many connections) would be the same for any
-        // gateway: let go and stop.
+        // gateway: stop.
         if shutdown.is_cancelled() || source.status.fatal().is_some() {
-            let _ = shared.store.release(&lease).await;
             return;
         }
     }
@@ -286,8 +282,7 @@ async fn lead<S: Store>(shared: &Arc<Shared<S>>, source: &LongSource, shutdown: 
 async fn hold<S: Store>(
     shared: &Arc<Shared<S>>,
     source: &LongSource,
-    lease: &oncegate_core::Lease,
-    lease_for: Duration,
+    lease: &oncegate_once::Held<S>,
     stop: CancellationToken,
 ) {
     let mut kicked_at: Option<std::time::Instant> = None;
@@ -295,7 +290,7 @@ async fn hold<S: Store>(
         if connect(shared, source, stop.clone()).await == Held::Stopped {
             return;
         }
-        match shared.store.renew(lease, lease_for).await {
+        match lease.renew().await {
             Ok(FenceCheck::Accepted) => {}
             _ => {
                 tracing::info!(source = %source.name, "taken over by the gateway that holds the lease now: standing by");

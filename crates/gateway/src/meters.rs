@@ -4,10 +4,12 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use metrics::{Counter, Histogram, HistogramFn};
+use oncegate_core::Lease;
+use oncegate_once::{Observer, Renewal};
 
 use crate::recorder::Buckets;
 
@@ -49,14 +51,6 @@ pub(crate) enum ClaimOutcome {
 }
 
 const CLAIM_OUTCOMES: [&str; 5] = ["acquired", "done", "in_flight", "conflict", "failed"];
-
-/// What a running handler's lease renewal answered.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Renewal {
-    Renewed,
-    Lost,
-    Failed,
-}
 
 const RENEWALS: [&str; 3] = ["renewed", "lost", "failed"];
 
@@ -188,7 +182,12 @@ impl Meters {
 
     /// A lease renewal's answer.
     pub(crate) fn renewal(&self, outcome: Renewal) {
-        self.renewals.add(outcome as usize, 1);
+        let index = match outcome {
+            Renewal::Renewed => 0,
+            Renewal::Lost => 1,
+            Renewal::Failed => 2,
+        };
+        self.renewals.add(index, 1);
     }
 
     /// Registers the counters read by alerts at 0.
@@ -278,5 +277,31 @@ impl Meters {
         self.handler
             .get_or_init(|| metrics::histogram!("oncegate_handler_seconds"))
             .record(took.as_secs_f64());
+    }
+}
+
+/// Tells the claim protocol's events (`oncegate_once`) to the gateway's counters and log.
+pub(crate) struct Counting {
+    pub(crate) stats: Arc<crate::Stats>,
+    pub(crate) meters: Arc<Meters>,
+}
+
+impl Observer for Counting {
+    fn renewal(&self, lease: &Lease, renewal: Renewal) {
+        self.meters.renewal(renewal);
+        if renewal == Renewal::Lost {
+            let stats = &self.stats;
+            stats.bump(&stats.leases_lost, "oncegate_leases_lost_total");
+            tracing::warn!(key = %lease.key, "lease lost while its work runs");
+        }
+    }
+
+    fn fenced(&self, _: &Lease) {
+        let stats = &self.stats;
+        stats.bump(&stats.fenced, "oncegate_fenced_total");
+    }
+
+    fn abandoned(&self, lease: &Lease) {
+        tracing::debug!(key = %lease.key, "a held key was dropped unsettled: released");
     }
 }

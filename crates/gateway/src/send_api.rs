@@ -12,14 +12,14 @@ use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use oncegate_core::{Fingerprint, Store, key_for};
+use oncegate_core::{Store, key_for};
+use oncegate_once::{Claimed, OnceKey};
 use oncegate_send::{Api, SendError, platform_key};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use crate::Shared;
 use crate::keys_api::{Refused, caller};
-use crate::once::{self, Claimed, Claiming};
 use crate::send_budget::{self, Lane, NoBudget};
 use crate::send_pace::TooLate;
 
@@ -183,20 +183,17 @@ async fn send_once<S: Store>(
     // The payload that a reuse of the key must match: the send itself, not how long it waits.
     let payload = &prepared.payload;
     let hash = key_for("send", &caller.namespace, source, key);
-    let claiming = Claiming {
-        key: &hash,
-        partition: hash.home(shared.store.partitions()),
-        lease: shared.send_timeout * 3 + wait,
-        fingerprint: Some(Fingerprint::of(payload.to_string().as_bytes())),
-    };
+    let claiming = OnceKey::new(hash, hash.home(shared.store.partitions()))
+        .lease(shared.send_timeout * 3 + wait)
+        .payload(payload.to_string().as_bytes());
     let unavailable = |error: &dyn std::fmt::Display| {
         Refused(
             StatusCode::SERVICE_UNAVAILABLE,
             format!("the store cannot answer: {error}; nothing was sent, retry"),
         )
     };
-    let lease = match once::claim_or_wait(&shared.store, claiming, wait).await {
-        Ok(Claimed::Run(lease)) => lease,
+    let held = match shared.once.claim_or_wait(claiming, wait).await {
+        Ok(Claimed::Run(held)) => held,
         Ok(Claimed::Done(result)) => {
             count(source, "repeat");
             return Ok(replayed(result));
@@ -226,7 +223,7 @@ async fn send_once<S: Store>(
             None => {
                 count(source, "superseded");
                 let answer = json!({"superseded": true, "note": "a later edit of this message replaced this one before it was sent"});
-                let _ = once::complete(shared, &lease, Some(stored(StatusCode::OK, &answer))).await;
+                let _ = held.complete(Some(stored(StatusCode::OK, &answer))).await;
                 return Ok((StatusCode::OK, axum::Json(answer)).into_response());
             }
         },
@@ -239,7 +236,7 @@ async fn send_once<S: Store>(
         .collect();
     let deadline = started + wait;
     let give_up = async |after: Duration, why: String| {
-        let _ = shared.store.release(&lease).await;
+        let _ = held.release().await;
         count(source, "rate_limited");
         retry_after(after, why)
     };
@@ -253,7 +250,7 @@ async fn send_once<S: Store>(
         )
         .await),
         NoBudget::Crowded(max) => {
-            let _ = shared.store.release(&lease).await;
+            let _ = held.release().await;
             count(source, "crowded");
             Err(Refused(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -263,7 +260,7 @@ async fn send_once<S: Store>(
             ))
         }
         NoBudget::Store(error) => {
-            let _ = shared.store.release(&lease).await;
+            let _ = held.release().await;
             Err(unavailable(&error))
         }
     };
@@ -321,7 +318,7 @@ async fn send_once<S: Store>(
                 json!({"error": format!("refused by the platform: {message}"), "code": code}),
             ),
             Err(error @ SendError::Unknown(_)) => {
-                let _ = shared.store.release(&lease).await;
+                let _ = held.release().await;
                 count(source, "unknown_outcome");
                 return Err(Refused(StatusCode::GATEWAY_TIMEOUT, error.to_string()));
             }
@@ -333,7 +330,7 @@ async fn send_once<S: Store>(
                 continue;
             }
             Err(SendError::NotHere { reason, after }) => {
-                let _ = shared.store.release(&lease).await;
+                let _ = held.release().await;
                 count(source, "not_here");
                 return Ok((
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -348,13 +345,13 @@ async fn send_once<S: Store>(
                     .into_response());
             }
             Err(error @ SendError::Transient(_)) => {
-                let _ = shared.store.release(&lease).await;
+                let _ = held.release().await;
                 count(source, "transient");
                 return Err(Refused(StatusCode::BAD_GATEWAY, error.to_string()));
             }
         };
         // The answer is the key's from now on: a repeat gets it instead of a second send.
-        match once::complete(shared, &lease, Some(stored(status, &answer))).await {
+        match held.complete(Some(stored(status, &answer))).await {
             Ok(_) => {}
             Err(error) => tracing::warn!(source, "send answered but not stored: {error}"),
         }

@@ -5,12 +5,10 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use oncegate_core::{
-    Admit, Fingerprint, KeyHash, Rate, Refusal, RefusalKind, Replied, Store, Updates,
-};
+use oncegate_core::{Admit, KeyHash, Rate, Refusal, RefusalKind, Replied, Store, Updates};
+use oncegate_once::{Claimed, OnceKey, Panicked};
 
 use crate::Shared;
-use crate::once::{self, Claimed};
 use crate::sink::{Outgoing, SinkError};
 
 /// Marks a stored outcome as a permanent failure, not an answer: a leading NUL byte, which no
@@ -129,18 +127,16 @@ async fn run_call<S: Store>(
         Refusal::new(RefusalKind::Unavailable, "claim_failed", error.to_string())
     };
     let started = tokio::time::Instant::now();
-    let claiming = once::Claiming {
-        key: &key,
-        partition,
-        lease: deadline * 2,
-        fingerprint: Some(Fingerprint::of(&admit.event.payload)),
-    };
+    let claiming = OnceKey::new(key, partition)
+        .lease(deadline * 2)
+        .renew_every(deadline)
+        .payload(&admit.event.payload);
     let claimed = match how.repeats {
-        Repeats::Wait => once::claim_or_wait(&shared.store, claiming, deadline).await,
-        Repeats::Skip => once::claim(&shared.store, claiming).await,
+        Repeats::Wait => shared.once.claim_or_wait(claiming, deadline).await,
+        Repeats::Skip => shared.once.claim(claiming).await,
     };
-    let lease = match claimed {
-        Ok(Claimed::Run(lease)) => lease,
+    let held = match claimed {
+        Ok(Claimed::Run(held)) => held,
         Ok(Claimed::Done(_) | Claimed::InFlight { .. }) if how.repeats == Repeats::Skip => {
             stats.bump(&stats.duplicates, "oncegate_duplicates_total");
             return Ok(Replied::Repeat);
@@ -183,7 +179,7 @@ async fn run_call<S: Store>(
         )
         .await;
         if let Err(no) = taken {
-            let _ = shared.store.release(&lease).await;
+            let _ = held.release().await;
             return Err(over_budget(no));
         }
     }
@@ -195,34 +191,32 @@ async fn run_call<S: Store>(
         wants_answer: true,
         updates: how.updates,
     };
-    let ran = once::run(
-        shared,
-        &lease,
-        deadline,
-        deadline * 2,
-        route.sink.deliver(outgoing),
-    );
+    let ran = async {
+        held.run(route.sink.deliver(outgoing))
+            .await
+            .unwrap_or_else(|Panicked| Err(SinkError::Transient("the handler panicked".into())))
+    };
     // A repeat that waited for a first run which then gave up has only what is left.
     match tokio::time::timeout(deadline.saturating_sub(started.elapsed()), ran).await {
         Ok(Ok(outcome)) => {
             // No answer stays no answer: each platform says what that is (Feishu `{}`, WeCom
             // the empty 200, WeChat `success`), for the first call and its repeats alike.
-            let _ = once::complete(shared, &lease, outcome.clone()).await;
+            let _ = held.complete(outcome.clone()).await;
             stats.bump(&stats.delivered, "oncegate_delivered_total");
             Ok(Replied::Answer(outcome))
         }
         Ok(Err(SinkError::Permanent(reason))) => {
             let mut kept = FAILED.to_vec();
             kept.extend_from_slice(reason.as_bytes());
-            let _ = once::complete(shared, &lease, Some(Bytes::from(kept))).await;
+            let _ = held.complete(Some(Bytes::from(kept))).await;
             Err(failed(&reason, false))
         }
         Ok(Err(error)) => {
-            let _ = shared.store.release(&lease).await;
+            let _ = held.release().await;
             Err(failed(&error.to_string(), false))
         }
         Err(_) => {
-            let _ = shared.store.release(&lease).await;
+            let _ = held.release().await;
             Err(Refusal::new(
                 RefusalKind::HandlerTimeout,
                 "sync_timeout",

@@ -379,6 +379,20 @@ impl RedisStore<SystemClock> {
         Self::connect_with_clock(config, SystemClock)
     }
 
+    /// [`connect`](Self::connect), from async code: the blocking connect runs on the
+    /// runtime's blocking pool, not on a worker it would stall (where it would panic).
+    pub async fn connect_async(config: RedisConfig) -> Result<Self, ConnectError> {
+        let url = oncegate_core::redact::url(&config.url);
+        tokio::task::spawn_blocking(move || Self::connect(config))
+            .await
+            .unwrap_or_else(|joined| {
+                Err(ConnectError::Connect {
+                    url,
+                    message: format!("the connecting task failed: {joined}"),
+                })
+            })
+    }
+
     /// What the Redis at `config.url` keeps of what a store on it would acknowledge under
     /// `config.durability`, read without writing anything (for `oncegate check-config`).
     /// Blocks: call it outside a runtime.
