@@ -17,6 +17,7 @@ pub mod seqwindow;
 pub mod source;
 pub mod store;
 pub mod transition;
+pub mod typed;
 
 pub use clock::{Clock, ManualClock, SteadyClock, SystemClock};
 pub use durability::Durability;
@@ -36,3 +37,4 @@ pub use source::{
 pub use store::{
     ClaimedDelivery, DedupStore, EventQueue, RateStore, Store, StoreError, WatermarkStore,
 };
+pub use typed::{FromEvent, ShapeError};

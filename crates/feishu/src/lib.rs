@@ -5,6 +5,7 @@
 
 mod crypto;
 mod envelope;
+pub mod events;
 mod json;
 mod source;
 

@@ -9,6 +9,7 @@
 
 mod aibot;
 pub mod crypto;
+pub mod events;
 mod keys;
 mod query;
 mod source;
