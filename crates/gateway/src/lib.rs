@@ -8,6 +8,7 @@ mod admin;
 mod admin_dlq;
 mod admission;
 mod attempts;
+pub mod bot;
 mod dispatch;
 mod gate;
 mod history;
@@ -691,40 +692,57 @@ impl<S: Store> Gateway<S> {
         admin: TcpListener,
         shutdown: CancellationToken,
     ) -> Result<(), GatewayError> {
+        let webhooks = self.serve_webhooks(listener, shutdown.clone());
+        let admin = server::serve(
+            "admin",
+            admin,
+            self.admin_router(),
+            self.shared.limits.clone(),
+            self.shared.summaries.clone(),
+            shutdown.clone(),
+        );
+        let (a, b, ()) = tokio::join!(webhooks, admin, self.background(shutdown));
+        a?;
+        b?;
+        Ok(())
+    }
+
+    /// Serves the callback routes on `listener` until `shutdown`, with the listeners' bounds
+    /// and deadlines.
+    pub async fn serve_webhooks(
+        &self,
+        listener: TcpListener,
+        shutdown: CancellationToken,
+    ) -> Result<(), GatewayError> {
+        let shared = &self.shared;
+        server::serve(
+            "webhooks",
+            listener,
+            self.webhooks_router(),
+            shared.limits.clone(),
+            shared.summaries.clone(),
+            shutdown,
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// The work beside the listeners until `shutdown`: metrics registered, the queue's depth
+    /// and history sampled, summaries logged, long connections held.
+    pub async fn background(&self, shutdown: CancellationToken) {
         let shared = &self.shared;
         shared.meters.register();
         shared.store.register();
         send_api::register(shared.senders.keys());
         routes::register(&shared.routes);
         keys_api::register(shared.api_callers.iter().map(|c| c.name.as_str()));
-        let webhooks = server::serve(
-            "webhooks",
-            listener,
-            self.webhooks_router(),
-            shared.limits.clone(),
-            shared.summaries.clone(),
-            shutdown.clone(),
-        );
-        let admin = server::serve(
-            "admin",
-            admin,
-            self.admin_router(),
-            shared.limits.clone(),
-            shared.summaries.clone(),
-            shutdown.clone(),
-        );
-        let (a, b, (), (), (), (), ()) = tokio::join!(
-            webhooks,
-            admin,
+        tokio::join!(
             admission::watch_queue(shared.clone(), shutdown.clone()),
             queue_view::watch(shared.clone(), shutdown.clone()),
             history::watch(shared.clone(), shutdown.clone()),
             shared.summaries.run(shutdown.clone()),
             longconn::run_all(shared.clone(), shutdown.clone()),
         );
-        a?;
-        b?;
-        Ok(())
     }
 
     /// Runs the dispatcher until `shutdown` is cancelled, then lets running handlers finish

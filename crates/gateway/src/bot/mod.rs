@@ -1,0 +1,189 @@
+//! oncegate as a Rust library: a bot whose handlers run once per event.
+//!
+//! A [`Bot`] is a gateway built from the same public pieces as the `oncegate` binary: sources
+//! that verify and decode callbacks, a store (memory, the embedded journal, Redis), the
+//! dispatcher that keeps each chat's order — and handlers registered per event type instead
+//! of HTTP sinks. Serve its routes on your own axum app ([`Bot::router`] beside
+//! [`Bot::run`]), or on a listener of its own ([`Bot::serve`]).
+//!
+//! ```no_run
+//! use oncegate_gateway::bot::{Bot, Ctx};
+//! use oncegate_feishu::{Cloud, FeishuApp, events::MessageReceived};
+//! use oncegate_memory::MemoryStore;
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let app = FeishuApp::new(Cloud::Feishu, "cli_a1", Some("encrypt-key".into()), None)?;
+//! let bot = Bot::builder(MemoryStore::new())
+//!     .source("bot", app) // POST /webhook/bot
+//!     .on_typed(|message: MessageReceived, ctx: Ctx| async move {
+//!         let order = message.message.text().unwrap_or_default();
+//!         // Two messages that mean the same order create it once.
+//!         ctx.once(&format!("order:{order}"), || async { Ok(None) }).await?;
+//!         Ok(())
+//!     })
+//!     .build()?;
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+//! bot.serve(listener, Default::default()).await?;
+//! # Ok(()) }
+//! ```
+
+mod ctx;
+mod handlers;
+
+use std::future::Future;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use oncegate_core::{FromEvent, Store, WebhookSource};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+pub use ctx::{BoxFuture, Ctx, HandlerError};
+pub use handlers::{EventHandler, IntoReply};
+
+use crate::{Gateway, GatewayError, GatewayParts, StaleEvents};
+use handlers::{FnHandler, Handlers, Registered, TypedHandler};
+
+/// Builds a [`Bot`]: its store, its sources, its handlers.
+pub struct BotBuilder<S> {
+    store: S,
+    parts: GatewayParts,
+    handlers: Vec<Registered>,
+}
+
+impl<S: Store> BotBuilder<S> {
+    /// Takes callbacks for `source` at `POST /webhook/<name>` (a `FeishuApp`, `WecomApp`,
+    /// `WechatApp`, or any [`WebhookSource`]).
+    #[must_use]
+    pub fn source(mut self, name: &str, source: impl WebhookSource + 'static) -> Self {
+        self.parts.sources.push((name.to_owned(), Arc::new(source)));
+        self
+    }
+
+    /// Changes the gateway's parts (timing, limits, replay guard) before it is built.
+    #[must_use]
+    pub fn parts(mut self, change: impl FnOnce(&mut GatewayParts)) -> Self {
+        change(&mut self.parts);
+        self
+    }
+
+    /// Runs `handler` for events whose type matches `pattern` (exact, `prefix*` or `*`).
+    /// Several handlers may take one event: each runs once per event, in the order they were
+    /// registered.
+    #[must_use]
+    pub fn on<F, Fut, R>(self, pattern: &str, handler: F) -> Self
+    where
+        F: Fn(Ctx) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<R, HandlerError>> + Send + 'static,
+        R: IntoReply,
+    {
+        self.register(&[pattern], FnHandler(handler))
+    }
+
+    /// Runs `handler` for the events of `T`'s family, read as a `T`
+    /// (`oncegate_feishu::events::MessageReceived`, `oncegate_wecom::events::Text`, …).
+    #[must_use]
+    pub fn on_typed<T, F, Fut, R>(self, handler: F) -> Self
+    where
+        T: FromEvent + Send + 'static,
+        F: Fn(T, Ctx) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<R, HandlerError>> + Send + 'static,
+        R: IntoReply,
+    {
+        self.register(T::EVENT_TYPES, TypedHandler(handler, PhantomData))
+    }
+
+    /// Runs `handler` (a trait object, which may name a business key) for events whose type
+    /// matches `pattern`.
+    #[must_use]
+    pub fn handler(self, pattern: &str, handler: impl EventHandler) -> Self {
+        self.register(&[pattern], handler)
+    }
+
+    fn register(mut self, patterns: &[&str], handler: impl EventHandler) -> Self {
+        let patterns: Vec<String> = patterns.iter().map(|p| (*p).to_owned()).collect();
+        // Its name keys its runs: the same registration order names it the same after a
+        // restart.
+        let name = format!("{}#{}", patterns.join(","), self.handlers.len());
+        self.handlers.push(Registered {
+            patterns,
+            name,
+            handler: Arc::new(handler),
+        });
+        self
+    }
+
+    /// The bot. Events no handler takes are completed without a call.
+    pub fn build(self) -> Result<Bot<S>, GatewayError> {
+        if self.parts.sources.is_empty() {
+            return Err(GatewayError::Config(
+                "a bot needs a source: add one with .source(name, app)".into(),
+            ));
+        }
+        let gateway = Gateway::new(self.store, self.parts);
+        let patterns: Vec<String> = self
+            .handlers
+            .iter()
+            .flat_map(|r| r.patterns.iter().cloned())
+            .collect();
+        let patterns: Vec<&str> = patterns.iter().map(String::as_str).collect();
+        let sink = Handlers {
+            handlers: self.handlers,
+            keys: Arc::new(gateway.shared.once.clone()),
+        };
+        let gateway = gateway.route(&patterns, Arc::new(sink), StaleEvents::Deliver)?;
+        Ok(Bot { gateway })
+    }
+}
+
+/// A bot: callbacks in, handlers run once per event, per chat in order.
+pub struct Bot<S> {
+    gateway: Gateway<S>,
+}
+
+impl<S: Store> Bot<S> {
+    /// A bot on `store` (`MemoryStore::new()`, an `EmbeddedStore` in a folder, a
+    /// `RedisStore` shared by every instance).
+    pub fn builder(store: S) -> BotBuilder<S> {
+        BotBuilder {
+            store,
+            parts: GatewayParts::default(),
+            handlers: Vec::new(),
+        }
+    }
+
+    /// The callback routes (`POST /webhook/<source>`), to merge into your own axum app; run
+    /// [`run`](Self::run) beside it.
+    pub fn router(&self) -> axum::Router {
+        self.gateway.webhooks_router()
+    }
+
+    /// Runs the dispatcher and the background work (long connections, queue sampling) until
+    /// `shutdown`; running handlers may finish within the shutdown grace.
+    pub async fn run(&self, shutdown: CancellationToken) -> Result<(), GatewayError> {
+        let (dispatched, ()) = tokio::join!(
+            self.gateway.dispatch(shutdown.clone()),
+            self.gateway.background(shutdown.clone())
+        );
+        dispatched
+    }
+
+    /// Serves the callback routes on `listener` (with the gateway's connection bounds and
+    /// deadlines) and runs the bot until `shutdown`.
+    pub async fn serve(
+        &self,
+        listener: TcpListener,
+        shutdown: CancellationToken,
+    ) -> Result<(), GatewayError> {
+        let (served, ran) = tokio::join!(
+            self.gateway.serve_webhooks(listener, shutdown.clone()),
+            self.run(shutdown.clone())
+        );
+        served.and(ran)
+    }
+
+    /// The gateway underneath: its counters, store and admin routes.
+    pub fn gateway(&self) -> &Gateway<S> {
+        &self.gateway
+    }
+}

@@ -1,0 +1,288 @@
+//! The library's bot, as its examples use it: two handlers on one event type and a business
+//! key, on the memory store and on Redis; and the claims behind them.
+
+use std::sync::atomic::Ordering;
+
+#[path = "../examples/feishu_bot.rs"]
+mod feishu_bot;
+
+#[path = "../examples/readme.rs"]
+mod readme;
+
+fn redis_url() -> String {
+    std::env::var("ONCEGATE_TEST_REDIS_URL").unwrap_or_else(|_| {
+        panic!("ONCEGATE_TEST_REDIS_URL is not set: run scripts/test, which starts redis-server")
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_creates_the_order_once_on_memory() -> anyhow::Result<()> {
+    let seen = feishu_bot::run(oncegate_memory::MemoryStore::new()).await?;
+    // Two messages (the retry is the first one again): audited twice, one order.
+    assert_eq!(seen.audited.load(Ordering::SeqCst), 2);
+    assert_eq!(seen.orders.load(Ordering::SeqCst), 1);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_creates_the_order_once_on_redis() -> anyhow::Result<()> {
+    let config = oncegate_redis::RedisConfig {
+        prefix: format!("bot{}", std::process::id()),
+        ..oncegate_redis::RedisConfig::at(&redis_url())
+    };
+    let store = oncegate_redis::RedisStore::connect_async(config).await?;
+    let seen = feishu_bot::run(store).await?;
+    assert_eq!(seen.audited.load(Ordering::SeqCst), 2);
+    assert_eq!(seen.orders.load(Ordering::SeqCst), 1);
+    Ok(())
+}
+
+/// The README's library section shows `examples/readme.rs` as it is, and it runs: a message,
+/// Feishu's retry of it, and another message with the same text create one order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_example_is_the_one_that_runs() -> anyhow::Result<()> {
+    let source = include_str!("../examples/readme.rs");
+    let start = source.find("// README:start\n").expect("start marker") + 16;
+    let end = source.find("// README:end").expect("end marker");
+    let readme = include_str!("../../../README.md");
+    assert!(
+        readme.contains(&format!("```rust\n{}```", &source[start..end])),
+        "the README's library section must show crates/gateway/examples/readme.rs between its markers"
+    );
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}/webhook/bot", listener.local_addr()?);
+    let stop = tokio_util::sync::CancellationToken::new();
+    let served = tokio::spawn(readme::serve(listener, "readme-key".into(), stop.clone()));
+    let app = oncegate_feishu::FeishuApp::new(
+        oncegate_feishu::Cloud::Feishu,
+        "cli_a1",
+        Some("readme-key".into()),
+        None,
+    )?;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = reqwest::Client::new();
+    let message = |event: &str, id: &str| {
+        format!(
+            r#"{{"schema":"2.0","header":{{"event_id":"{event}","event_type":"im.message.receive_v1","create_time":"1700000000000","app_id":"cli_a1"}},"event":{{"sender":{{"sender_id":{{"open_id":"ou_1"}}}},"message":{{"message_id":"{id}","chat_id":"oc_{id}","chat_type":"p2p","message_type":"text","content":"{{\"text\":\"order 42\"}}"}}}}}}"#
+        )
+    };
+    for (nonce, document) in [
+        ("a", message("e1", "om_1")),
+        ("b", message("e1", "om_1")),
+        ("c", message("e2", "om_2")),
+    ] {
+        let timestamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_secs()
+            .to_string();
+        let (body, signature) = app.seal(document.as_bytes(), &timestamp, nonce, [1; 16]);
+        let answer = client
+            .post(&url)
+            .header("x-lark-request-timestamp", &timestamp)
+            .header("x-lark-request-nonce", nonce)
+            .header("x-lark-signature", signature.unwrap_or_default())
+            .body(body)
+            .send()
+            .await?;
+        assert!(answer.status().is_success(), "{}", answer.status());
+    }
+    for _ in 0..100 {
+        if readme::ORDERS.load(Ordering::SeqCst) > 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    stop.cancel();
+    served.await??;
+    assert_eq!(readme::ORDERS.load(Ordering::SeqCst), 1);
+    Ok(())
+}
+
+mod handlers {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::time::Duration;
+
+    use axum::body::Body;
+    use axum::http::Request;
+    use bytes::Bytes;
+    use oncegate_feishu::events::MessageReceived;
+    use oncegate_feishu::{Cloud, FeishuApp};
+    use oncegate_gateway::SinkError;
+    use oncegate_gateway::bot::{Bot, BotBuilder, BoxFuture, Ctx, EventHandler, HandlerError};
+    use oncegate_memory::MemoryStore;
+    use tokio_util::sync::CancellationToken;
+    use tower::ServiceExt;
+
+    const TOKEN: &str = "verification-token";
+
+    fn builder() -> BotBuilder<MemoryStore> {
+        let app = FeishuApp::new(Cloud::Feishu, "cli_t", None, Some(TOKEN.into())).expect("app");
+        Bot::builder(MemoryStore::new())
+            .source("bot", app)
+            .parts(|parts| {
+                parts.timing.dispatcher.backoff_base = Duration::from_millis(10);
+                parts.timing.dispatcher.backoff_max = Duration::from_millis(50);
+                parts.timing.dispatcher.max_attempts = 5;
+            })
+    }
+
+    /// A plain (unencrypted) Feishu message, as an app without an encrypt key gets it.
+    fn message(event: &str, message: &str, text: &str) -> String {
+        format!(
+            r#"{{"schema":"2.0","header":{{"event_id":"{event}","token":"{TOKEN}","event_type":"im.message.receive_v1","create_time":"1700000000000","app_id":"cli_t"}},"event":{{"sender":{{"sender_id":{{"open_id":"ou_1"}},"sender_type":"user"}},"message":{{"message_id":"{message}","chat_id":"oc_{event}","chat_type":"p2p","message_type":"text","content":"{{\"text\":\"{text}\"}}"}}}}}}"#
+        )
+    }
+
+    /// Posts `documents` to `bot`, runs it until `done` holds (or 5 s), then stops it.
+    async fn run_until(
+        bot: Bot<MemoryStore>,
+        documents: &[String],
+        done: impl Fn(&Bot<MemoryStore>) -> bool,
+    ) -> Bot<MemoryStore> {
+        for document in documents {
+            let answer = bot
+                .router()
+                .oneshot(
+                    Request::post("/webhook/bot")
+                        .header("content-type", "application/json")
+                        .body(Body::from(document.clone()))
+                        .expect("request"),
+                )
+                .await
+                .expect("answered");
+            assert!(answer.status().is_success(), "{}", answer.status());
+        }
+        let shutdown = CancellationToken::new();
+        let bot = Arc::new(bot);
+        let running = {
+            let (bot, shutdown) = (bot.clone(), shutdown.clone());
+            tokio::spawn(async move { bot.run(shutdown).await })
+        };
+        for _ in 0..200 {
+            if done(&bot) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        shutdown.cancel();
+        running.await.expect("joined").expect("ran");
+        Arc::into_inner(bot).expect("the only handle")
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_retry_runs_only_the_handlers_that_did_not_finish() {
+        let (first, second) = (Arc::new(AtomicU32::new(0)), Arc::new(AtomicU32::new(0)));
+        let (a, b) = (first.clone(), second.clone());
+        let bot = builder()
+            .on("im.message.receive_v1", move |_| {
+                let a = a.clone();
+                async move {
+                    a.fetch_add(1, Ordering::SeqCst);
+                    Ok(())
+                }
+            })
+            .on("im.message.*", move |_| {
+                let b = b.clone();
+                async move {
+                    // Fails on its first two runs: the event is retried.
+                    if b.fetch_add(1, Ordering::SeqCst) < 2 {
+                        return Err(SinkError::Transient("not yet".into()));
+                    }
+                    Ok(())
+                }
+            })
+            .build()
+            .expect("bot");
+        let bot = run_until(bot, &[message("e1", "om_1", "hi")], |bot| {
+            bot.gateway().stats().delivered >= 1
+        })
+        .await;
+        assert_eq!(second.load(Ordering::SeqCst), 3, "failed twice, then ran");
+        assert_eq!(
+            first.load(Ordering::SeqCst),
+            1,
+            "not run again on the retries"
+        );
+        let stats = bot.gateway().stats();
+        assert_eq!((stats.delivered, stats.retries), (1, 2));
+    }
+
+    /// Seed 000's `IdempotentFeishuEventHandler`: the handler names a business key.
+    struct CreateOrder(Arc<AtomicU32>);
+
+    impl EventHandler for CreateOrder {
+        fn handle(&self, ctx: Ctx) -> BoxFuture<'static, Result<Option<Bytes>, HandlerError>> {
+            let created = self.0.clone();
+            Box::pin(async move {
+                let _ = ctx
+                    .typed::<MessageReceived>()
+                    .map_err(|e| SinkError::Permanent(e.to_string()))?;
+                created.fetch_add(1, Ordering::SeqCst);
+                Ok(None)
+            })
+        }
+
+        fn business_key(&self, ctx: &Ctx) -> Option<String> {
+            let message = ctx.typed::<MessageReceived>().ok()?;
+            let text = message.message.text()?;
+            let order = text.split_whitespace().find(|w| w.parse::<u32>().is_ok())?;
+            Some(format!("order:{order}"))
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_handler_that_names_a_business_key_runs_once_per_key() {
+        let created = Arc::new(AtomicU32::new(0));
+        let bot = builder()
+            .handler("im.message.receive_v1", CreateOrder(created.clone()))
+            .build()
+            .expect("bot");
+        // Five different messages, in different chats (run concurrently): three mean order 7.
+        let documents = [
+            message("e1", "om_1", "order 7"),
+            message("e2", "om_2", "7 please"),
+            message("e3", "om_3", "order 8"),
+            message("e4", "om_4", "again order 7"),
+            message("e5", "om_5", "no order"),
+        ];
+        let bot = run_until(bot, &documents, |bot| bot.gateway().stats().delivered >= 5).await;
+        // Order 7 once, order 8 once; a message naming no order is handled with no key.
+        assert_eq!(created.load(Ordering::SeqCst), 3);
+        assert_eq!(bot.gateway().stats().delivered, 5);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_event_that_does_not_read_as_its_type_is_dead_lettered_with_the_reason() {
+        let ran = Arc::new(AtomicU32::new(0));
+        let seen = ran.clone();
+        let bot = builder()
+            .on_typed(move |_: MessageReceived, _| {
+                let seen = seen.clone();
+                async move {
+                    seen.fetch_add(1, Ordering::SeqCst);
+                    Ok(())
+                }
+            })
+            .build()
+            .expect("bot");
+        let broken = message("e1", "om_1", "hi").replace("\"chat_type\":\"p2p\",", "");
+        let bot = run_until(bot, &[broken], |bot| {
+            bot.gateway().stats().dead_letters >= 1
+        })
+        .await;
+        assert_eq!(ran.load(Ordering::SeqCst), 0);
+        let letters = oncegate_core::EventQueue::dead_letters(bot.gateway().store(), 10)
+            .await
+            .expect("letters");
+        assert_eq!(letters.len(), 1);
+        assert!(
+            letters[0].reason.contains("chat_type"),
+            "{}",
+            letters[0].reason
+        );
+    }
+}
