@@ -7,7 +7,7 @@ pub fn keys_body(data: &[u8]) {
         return;
     };
     let op = if op % 2 == 0 { "claim" } else { "complete" };
-    if let Err(message) = oncegate_gateway::keys_api::read_body(op, body) {
+    if let Err(message) = oncegate_gateway::api::read_body(op, body) {
         assert!(!message.is_empty(), "a refusal says what was wrong");
     }
 }

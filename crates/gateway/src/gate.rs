@@ -3,14 +3,12 @@
 //! trickles a body (or sends none of the body it announced) holds a connection for the timeout
 //! at most, and an unauthenticated one not at all.
 
-use std::sync::Arc;
-
 use axum::body::{Body, Bytes};
-use axum::extract::{Request, State};
-use axum::http::{HeaderMap, Method, header};
+use axum::extract::Request;
+use axum::http::{HeaderMap, header};
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
-use oncegate_core::{Refusal, RefusalKind, Store};
+use axum::response::Response;
+use oncegate_core::{Refusal, RefusalKind};
 
 use crate::Shared;
 
@@ -47,42 +45,19 @@ pub(crate) async fn read_body(
     }
 }
 
-/// The API's gate: every call names an `[[api.caller]]` (401 before the body is read), and its
-/// body arrives within `server.body_timeout`.
-pub(crate) async fn api<S: Store>(
-    State(shared): State<Arc<Shared<S>>>,
-    request: Request,
-    next: Next,
-) -> Response {
-    if let Err(denied) = crate::keys_api::caller(&shared, request.headers()) {
-        return denied.into_response();
-    }
-    buffered(&shared, request, next, crate::keys_api::BODY_LIMIT).await
-}
-
-/// The admin listener's gate: a POST is authorized (401 before the body is read), and every
-/// body arrives within `server.body_timeout`.
-pub(crate) async fn admin<S: Store>(
-    State(shared): State<Arc<Shared<S>>>,
-    request: Request,
-    next: Next,
-) -> Response {
-    if request.method() == Method::POST
-        && let Err(denied) = crate::admin::authorized(&shared, request.headers())
-    {
-        return denied;
-    }
-    buffered(&shared, request, next, shared.body_limit).await
-}
-
 /// Runs `next` with the request's body read whole (or answers the refusal).
-async fn buffered<S>(shared: &Shared<S>, request: Request, next: Next, limit: usize) -> Response {
+pub(crate) async fn buffered<S>(
+    shared: &Shared<S>,
+    request: Request,
+    next: Next,
+    limit: usize,
+) -> Response {
     let (parts, body) = request.into_parts();
     match read_body(&parts.headers, body, limit, shared.limits.body_timeout).await {
         Ok(bytes) => {
             next.run(Request::from_parts(parts, Body::from(bytes)))
                 .await
         }
-        Err(refusal) => crate::ingress::refused(shared, None, refusal),
+        Err(refusal) => crate::refusal::counted(shared, None, refusal),
     }
 }

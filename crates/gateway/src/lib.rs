@@ -5,43 +5,25 @@
 //! library use), then run [`Gateway::serve`] and [`Gateway::dispatch`] until shutdown.
 
 mod admin;
-mod admin_dlq;
-mod admission;
-mod attempts;
+pub mod api;
+mod assemble;
+mod base;
 pub mod bot;
 mod dispatch;
 mod gate;
-mod history;
 mod ingress;
-pub mod keys_api;
-mod longconn;
-mod meters;
-mod queue_view;
-mod recorder;
+mod refusal;
 pub mod registry;
-mod result_budget;
-mod routes;
-mod send_api;
-mod send_budget;
-mod send_edits;
-mod send_pace;
+mod run;
 mod server;
 pub mod sink;
-mod sink_file;
-mod sink_sign;
-mod sink_stream;
-mod spooling;
-pub mod stats;
-mod summary;
-mod sync_call;
-mod timed_store;
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use oncegate_config::{Config, DispatcherConfig, SinkKind};
+use oncegate_config::{Config, DispatcherConfig};
 use oncegate_core::replay::ReplayGuard;
 use oncegate_core::{Clock, Store, SystemClock, WebhookSource};
 use oncegate_once::Once;
@@ -50,12 +32,12 @@ use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-pub use meters::SECONDS_BUCKETS;
-pub use recorder::{MetricsRecorder, MetricsRender};
+pub use base::recorder::SECONDS_BUCKETS;
+pub use base::recorder::{MetricsRecorder, MetricsRender};
+pub use base::stats::{self, Stats, StatsSnapshot};
+pub use base::summary::Summaries;
 pub use server::ServerLimits;
 pub use sink::{Handler, HandlerSink, HttpSink, LinesSink, Outgoing, SharedSink, Sink, SinkError};
-pub use stats::{Stats, StatsSnapshot};
-pub use summary::Summaries;
 
 /// Why a gateway could not be built or run.
 #[derive(Debug, thiserror::Error)]
@@ -92,7 +74,7 @@ pub(crate) struct Route {
     pub(crate) stale: StaleEvents,
     pub(crate) reply: bool,
     /// Set when the endpoint answered 410 Gone: the route delivers nothing until resumed.
-    pub(crate) gone: routes::GoneState,
+    pub(crate) gone: dispatch::routes::GoneState,
 }
 
 impl Route {
@@ -102,7 +84,7 @@ impl Route {
             sink,
             stale,
             reply,
-            gone: routes::GoneState::default(),
+            gone: dispatch::routes::GoneState::default(),
         }
     }
 
@@ -192,12 +174,12 @@ pub(crate) struct Shared<S> {
     pub(crate) max_queued: Option<u64>,
     /// Queued events, as last sampled from the store plus admits since.
     pub(crate) queued: AtomicU64,
-    /// The queue as last sampled from the store (`queue_view::watch`), for the status page.
-    pub(crate) sampled: std::sync::Mutex<queue_view::Sampled>,
+    /// The queue as last sampled from the store (`admin::queue_view::watch`), for the status page.
+    pub(crate) sampled: std::sync::Mutex<admin::queue_view::Sampled>,
     /// The last hour, a point every 10 s, for the status page's charts.
-    pub(crate) history: history::History,
+    pub(crate) history: admin::history::History,
     /// The attempts of events that failed at least once, for `/admin/record`.
-    pub(crate) attempts: attempts::Attempts,
+    pub(crate) attempts: base::attempts::Attempts,
     /// The replay guard's limits, if it is on; they also bound how far ahead a creation time
     /// may be.
     pub(crate) replay: Option<ReplayLimits>,
@@ -206,26 +188,26 @@ pub(crate) struct Shared<S> {
     /// Whether events' secondary keys (Feishu's message id) are deduplicated too.
     pub(crate) secondary_keys: bool,
     /// Sources whose events come over Feishu's long connection.
-    pub(crate) long_sources: Vec<longconn::LongSource>,
+    pub(crate) long_sources: Vec<ingress::longconn::LongSource>,
     /// What this configuration can lose by design beyond the store's own promise, said in
     /// `/readyz` (check-config and the start say it too).
     pub(crate) at_risk: Vec<String>,
     /// Who may call `/keys`, and its limits.
-    pub(crate) api_callers: Vec<keys_api::Caller>,
-    pub(crate) key_limits: keys_api::KeyLimits,
+    pub(crate) api_callers: Vec<api::callers::Caller>,
+    pub(crate) key_limits: api::callers::KeyLimits,
     /// The apps `/send/<source>` can send as, by source name.
-    pub(crate) senders: HashMap<String, send_api::Sender>,
+    pub(crate) senders: HashMap<String, api::send::Sender>,
     /// One platform API call's deadline.
     pub(crate) send_timeout: Duration,
     /// Sends waiting for their rate budgets, and how many may.
-    pub(crate) sends_waiting: send_budget::Waiting,
+    pub(crate) sends_waiting: api::budget::Waiting,
     pub(crate) max_waiting_sends: usize,
     /// Edits of one message, one at a time, the latest winning.
-    pub(crate) edits: send_edits::Edits,
+    pub(crate) edits: api::edits::Edits,
     /// Each receiver's sends one at a time, spaced from the previous answer.
-    pub(crate) pacer: Arc<send_pace::Pacer>,
+    pub(crate) pacer: Arc<api::pace::Pacer>,
     /// Per-event metrics, their handles registered once.
-    pub(crate) meters: Arc<meters::Meters>,
+    pub(crate) meters: Arc<base::meters::Meters>,
 }
 
 impl<S: Store> Shared<S> {
@@ -261,7 +243,7 @@ impl<S: Store> Shared<S> {
 /// A gateway over the store `S`.
 pub struct Gateway<S> {
     /// Everything runs on the store wrapped in `Timed`: each of its calls is measured.
-    shared: Arc<Shared<timed_store::Timed<S>>>,
+    shared: Arc<Shared<base::timed_store::Timed<S>>>,
 }
 
 impl<S> Clone for Gateway<S> {
@@ -358,13 +340,13 @@ impl<S: Store> Gateway<S> {
                 )
             })
             .collect();
-        let store = Arc::new(timed_store::Timed::new(store));
+        let store = Arc::new(base::timed_store::Timed::new(store));
         let stats = Arc::new(Stats::default());
-        let meters = Arc::new(meters::Meters::default());
+        let meters = Arc::new(base::meters::Meters::default());
         let once = Once::new(store.clone())
             .with_lease(parts.timing.lease)
             .with_retention(parts.timing.retention)
-            .with_observer(Arc::new(meters::Counting {
+            .with_observer(Arc::new(base::meters::Counting {
                 stats: stats.clone(),
                 meters: meters.clone(),
             }));
@@ -389,27 +371,27 @@ impl<S: Store> Gateway<S> {
                 max_queued: parts.max_queued,
                 queued: AtomicU64::new(0),
                 sampled: std::sync::Mutex::default(),
-                history: history::History::default(),
-                attempts: attempts::Attempts::default(),
+                history: admin::history::History::default(),
+                attempts: base::attempts::Attempts::default(),
                 replay: parts.replay,
                 failure: OnceLock::new(),
                 secondary_keys: parts.secondary_keys,
                 long_sources: Vec::new(),
                 at_risk: Vec::new(),
                 api_callers: Vec::new(),
-                key_limits: keys_api::KeyLimits::default(),
+                key_limits: api::callers::KeyLimits::default(),
                 senders: HashMap::new(),
                 send_timeout: Duration::from_secs(10),
-                sends_waiting: send_budget::Waiting::default(),
+                sends_waiting: api::budget::Waiting::default(),
                 max_waiting_sends: 1000,
-                edits: send_edits::Edits::default(),
+                edits: api::edits::Edits::default(),
                 pacer: Arc::default(),
                 meters,
             }),
         }
     }
 
-    fn shared_mut(&mut self) -> Result<&mut Shared<timed_store::Timed<S>>, GatewayError> {
+    fn shared_mut(&mut self) -> Result<&mut Shared<base::timed_store::Timed<S>>, GatewayError> {
         Arc::get_mut(&mut self.shared)
             .ok_or_else(|| GatewayError::Config("configure the gateway before running it".into()))
     }
@@ -469,153 +451,6 @@ impl<S: Store> Gateway<S> {
         Ok(self)
     }
 
-    /// Builds the gateway a configuration describes, on `store`.
-    pub async fn from_config(config: &Config, store: S) -> Result<Self, GatewayError> {
-        let resolve = |secret: &Option<oncegate_config::Secret>,
-                       setting: &str|
-         -> Result<Option<String>, GatewayError> {
-            secret
-                .as_ref()
-                .map(|s| {
-                    s.resolve()
-                        .map_err(|message| GatewayError::Config(format!("{setting}: {message}")))
-                })
-                .transpose()
-        };
-        let sources = config
-            .sources
-            .iter()
-            .filter(|source| !registry::is_long_connection(source))
-            .map(|source| Ok((source.name.clone(), registry::source(source)?)))
-            .collect::<Result<Vec<_>, GatewayError>>()?;
-        let long_sources = config
-            .sources
-            .iter()
-            .filter(|source| registry::is_long_connection(source))
-            .map(registry::long_connection)
-            .collect::<Result<Vec<_>, GatewayError>>()?;
-        let parts = GatewayParts {
-            sources,
-            admin_token: resolve(&config.server.admin_token, "server.admin_token")?,
-            ..GatewayParts::of(config)
-        };
-        let callers = config
-            .api
-            .callers
-            .iter()
-            .map(|caller| {
-                let token = caller.token.resolve().map_err(|message| {
-                    GatewayError::Config(format!("api.caller {:?} token: {message}", caller.name))
-                })?;
-                let mut api_caller = keys_api::Caller::new(&caller.name, &caller.namespace, &token);
-                api_caller.sends_per_second = caller.sends_per_second;
-                api_caller.results = result_budget::ResultBudget::new(
-                    caller.results_max.unwrap_or(result_budget::DEFAULT_RESULTS),
-                    caller
-                        .result_bytes_max
-                        .unwrap_or(result_budget::DEFAULT_RESULT_BYTES),
-                );
-                Ok(api_caller)
-            })
-            .collect::<Result<Vec<_>, GatewayError>>()?;
-        let mut gateway = Self::new(store, parts);
-        let shared = gateway.shared_mut()?;
-        shared.long_sources = long_sources;
-        // WeCom sends an AI bot's callback once, with no ack to withhold: on Redis without a
-        // spool, one that arrives during an outage longer than the retries is lost.
-        let spooled = matches!(&config.store, oncegate_config::StoreConfig::Redis(redis) if redis.spool.is_some());
-        let remote = matches!(&config.store, oncegate_config::StoreConfig::Redis(_));
-        if remote && !spooled {
-            shared.at_risk = shared
-                .long_sources
-                .iter()
-                .filter(|source| matches!(source.link, longconn::Link::AiBot { .. }))
-                .map(|source| {
-                    format!(
-                        "WeCom AI bot {}: a callback arriving while Redis cannot admit it (an \
-                         outage longer than about a minute) is lost; set store.spool",
-                        source.name
-                    )
-                })
-                .collect();
-        }
-        shared.api_callers = callers;
-        shared.key_limits = keys_api::KeyLimits {
-            max_lease: config.api.max_lease,
-            max_wait: config.api.max_wait,
-        };
-        shared.send_timeout = config.api.send_timeout;
-        shared.max_waiting_sends = config.api.max_waiting_sends;
-        for source in &config.sources {
-            if let Some(sender) = registry::sender(source, config.api.send_timeout)? {
-                shared.senders.insert(source.name.clone(), sender);
-            }
-        }
-        // An AI bot sends over its connection, through the gateway that holds it.
-        for source in &shared.long_sources {
-            if let longconn::Link::AiBot { bot, outbound, .. } = &source.link {
-                let api = oncegate_send::Api::AiBot(oncegate_send::AiBotApi::new(outbound.clone()));
-                let scope = bot.bot_id().to_owned();
-                shared
-                    .senders
-                    .insert(source.name.clone(), send_api::Sender { api, scope });
-            }
-        }
-        for route in &config.routes {
-            let sink: SharedSink = match route.sink {
-                SinkKind::Http => {
-                    let url = route
-                        .url
-                        .as_deref()
-                        .ok_or_else(|| GatewayError::Config("an http route needs a url".into()))?;
-                    let previous = route
-                        .previous_secrets
-                        .iter()
-                        .map(|secret| {
-                            secret.resolve().map_err(|message| {
-                                GatewayError::Config(format!("route previous_secrets: {message}"))
-                            })
-                        })
-                        .collect::<Result<Vec<String>, GatewayError>>()?;
-                    let previous: Vec<&str> = previous.iter().map(String::as_str).collect();
-                    let sink = HttpSink::new(
-                        url,
-                        resolve(&route.secret, "route secret")?.as_deref(),
-                        route.timeout,
-                    )?
-                    .with_previous_secrets(&previous)?
-                    .with_signing_key_opt(
-                        resolve(&route.signing_key, "route signing_key")?.as_deref(),
-                    )?;
-                    if let Some(public_key) = sink.public_key() {
-                        tracing::info!(events = ?route.events, %public_key, "the route signs every delivery with v1a too: receivers verify with this public key");
-                    }
-                    Arc::new(sink)
-                }
-                SinkKind::Stdout => Arc::new(LinesSink::stdout()),
-                SinkKind::File => {
-                    let path = route
-                        .path
-                        .as_deref()
-                        .ok_or_else(|| GatewayError::Config("a file route needs a path".into()))?;
-                    Arc::new(LinesSink::file(path).await?)
-                }
-            };
-            let patterns: Vec<&str> = route.events.iter().map(String::as_str).collect();
-            let stale = if route.watermark {
-                StaleEvents::Drop
-            } else {
-                StaleEvents::Deliver
-            };
-            gateway = if route.reply {
-                gateway.replying_route(&patterns, sink)?
-            } else {
-                gateway.route(&patterns, sink, stale)?
-            };
-        }
-        Ok(gateway)
-    }
-
     /// The counters.
     pub fn stats(&self) -> StatsSnapshot {
         self.shared.stats.snapshot()
@@ -646,7 +481,7 @@ impl<S: Store> Gateway<S> {
         }
         self.shared_mut()?
             .api_callers
-            .push(keys_api::Caller::new(name, namespace, token));
+            .push(api::callers::Caller::new(name, namespace, token));
         Ok(self)
     }
 
@@ -657,7 +492,7 @@ impl<S: Store> Gateway<S> {
 
     /// The API routes (`/keys/*`), for serving elsewhere or calling in process.
     pub fn api_router(&self) -> axum::Router {
-        keys_api::router(self.shared.clone())
+        api::router(self.shared.clone())
     }
 
     /// Serves the API on `listener` until `shutdown`, with the listeners' bounds and deadlines.
@@ -682,129 +517,5 @@ impl<S: Store> Gateway<S> {
     /// The admin routes (health, readiness, metrics, `/admin/*`).
     pub fn admin_router(&self) -> axum::Router {
         admin::router(self.shared.clone())
-    }
-
-    /// Serves callbacks on `listener` and the admin API on `admin` until `shutdown` is
-    /// cancelled; requests in progress may finish within the shutdown grace.
-    pub async fn serve(
-        &self,
-        listener: TcpListener,
-        admin: TcpListener,
-        shutdown: CancellationToken,
-    ) -> Result<(), GatewayError> {
-        let webhooks = self.serve_webhooks(listener, shutdown.clone());
-        let admin = server::serve(
-            "admin",
-            admin,
-            self.admin_router(),
-            self.shared.limits.clone(),
-            self.shared.summaries.clone(),
-            shutdown.clone(),
-        );
-        let (a, b, ()) = tokio::join!(webhooks, admin, self.background(shutdown));
-        a?;
-        b?;
-        Ok(())
-    }
-
-    /// Serves the callback routes on `listener` until `shutdown`, with the listeners' bounds
-    /// and deadlines.
-    pub async fn serve_webhooks(
-        &self,
-        listener: TcpListener,
-        shutdown: CancellationToken,
-    ) -> Result<(), GatewayError> {
-        let shared = &self.shared;
-        server::serve(
-            "webhooks",
-            listener,
-            self.webhooks_router(),
-            shared.limits.clone(),
-            shared.summaries.clone(),
-            shutdown,
-        )
-        .await?;
-        Ok(())
-    }
-
-    /// The work beside the listeners until `shutdown`: metrics registered, the queue's depth
-    /// and history sampled, summaries logged, long connections held.
-    pub async fn background(&self, shutdown: CancellationToken) {
-        let shared = &self.shared;
-        shared.meters.register();
-        shared.store.register();
-        send_api::register(shared.senders.keys());
-        routes::register(&shared.routes);
-        keys_api::register(shared.api_callers.iter().map(|c| c.name.as_str()));
-        tokio::join!(
-            admission::watch_queue(shared.clone(), shutdown.clone()),
-            queue_view::watch(shared.clone(), shutdown.clone()),
-            history::watch(shared.clone(), shutdown.clone()),
-            shared.summaries.run(shutdown.clone()),
-            longconn::run_all(shared.clone(), shutdown.clone()),
-        );
-    }
-
-    /// Runs the dispatcher until `shutdown` is cancelled, then lets running handlers finish
-    /// within the shutdown grace and releases what is left. If one of its tasks ends early
-    /// (a panic), readiness fails, `shutdown` is cancelled and the reason is returned.
-    pub async fn dispatch(&self, shutdown: CancellationToken) -> Result<(), GatewayError> {
-        let shared = &self.shared;
-        let supervised = |name: &'static str, task: tokio::task::JoinHandle<Result<(), String>>| {
-            let (shared, shutdown) = (shared.clone(), shutdown.clone());
-            async move {
-                let ended = task.await;
-                let reason = match ended {
-                    Ok(Ok(())) if shutdown.is_cancelled() => return Ok(()),
-                    Ok(Ok(())) => format!("the {name} stopped before shutdown"),
-                    Ok(Err(reason)) => format!("the {name} stopped: {reason}"),
-                    Err(error) if error.is_panic() => format!("the {name} panicked"),
-                    Err(_) => format!("the {name} was cancelled"),
-                };
-                shared.fail(reason.clone());
-                shutdown.cancel();
-                Err(GatewayError::Stopped(reason))
-            }
-        };
-        let dispatcher = tokio::spawn(dispatch::run(shared.clone(), shutdown.clone()));
-        let drain = {
-            let (shared, shutdown) = (shared.clone(), shutdown.clone());
-            tokio::spawn(async move {
-                spooling::drain(shared, shutdown).await;
-                Ok(())
-            })
-        };
-        let watch = {
-            let (shared, shutdown) = (shared.clone(), shutdown.clone());
-            tokio::spawn(async move { watch_store(&shared, shutdown).await })
-        };
-        let (a, b, c) = tokio::join!(
-            supervised("dispatcher", dispatcher),
-            supervised("spool drain", drain),
-            supervised("store", watch),
-        );
-        a.and(b).and(c)
-    }
-}
-
-/// Ends (with the reason) once the store says it cannot go on in this process, so that the
-/// gateway stops and its supervisor starts it again: a gateway that only answered 503 would
-/// wait for a restart nobody makes, with acknowledged events undelivered.
-async fn watch_store<S: Store>(
-    shared: &Shared<S>,
-    shutdown: CancellationToken,
-) -> Result<(), String> {
-    let mut every = tokio::time::interval(std::time::Duration::from_millis(500));
-    loop {
-        tokio::select! {
-            () = shutdown.cancelled() => return Ok(()),
-            _ = every.tick() => {}
-        }
-        if let Some(why) = shared.store.broken() {
-            return Err(format!(
-                "{why}; stopping, for the supervisor to start oncegate again once that is fixed \
-                 (what was acknowledged is in the store and is delivered then)"
-            ));
-        }
     }
 }

@@ -8,7 +8,7 @@ use oncegate_core::Sealer;
 use oncegate_feishu::{Cloud, FeishuApp};
 use oncegate_wecom::{WechatApp, WecomApp};
 
-use crate::longconn::{Link, LongSource};
+use crate::ingress::longconn::{Link, LongSource};
 use crate::{GatewayError, SharedSource};
 
 /// Resolves a secret of `source` (never empty: resolution refuses that).
@@ -178,7 +178,7 @@ fn ai_bot(
 pub(crate) fn sender(
     config: &SourceConfig,
     timeout: std::time::Duration,
-) -> Result<Option<crate::send_api::Sender>, GatewayError> {
+) -> Result<Option<crate::api::send::Sender>, GatewayError> {
     let (api, scope) = match &config.platform {
         PlatformConfig::Feishu(settings) | PlatformConfig::Lark(settings) => {
             let cloud = match &config.platform {
@@ -226,7 +226,7 @@ pub(crate) fn sender(
         }
         PlatformConfig::Wechat(_) | PlatformConfig::WecomAibot(_) => return Ok(None),
     };
-    Ok(Some(crate::send_api::Sender { api, scope }))
+    Ok(Some(crate::api::send::Sender { api, scope }))
 }
 
 /// The open platform's address of an app: its `domain`, or its cloud's.

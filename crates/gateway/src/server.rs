@@ -14,7 +14,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
-use crate::summary::Summaries;
+use crate::base::summary::Summaries;
 
 /// The largest request head (request line and headers) a client may send; hyper's read
 /// buffer, which it must not be smaller than 8 KiB.

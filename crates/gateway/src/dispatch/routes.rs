@@ -1,14 +1,9 @@
 //! A route whose endpoint is gone: the Standard Webhooks rule for 410 — stop delivering to it,
 //! dead-letter what comes for it with the reason, say so loudly, and resume when an operator
-//! says (`POST /admin/routes/<index>/resume`, then replay the dead letters).
+//! says (`POST /admin/routes/<index>/resume`, served by the admin listener, then replay the
+//! dead letters).
 
-use std::sync::Arc;
-
-use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
 use oncegate_core::Store;
-use serde_json::json;
 
 use crate::{Route, Shared};
 
@@ -111,47 +106,8 @@ pub(crate) fn dead_letter_reason(index_hint: &Gone) -> String {
     )
 }
 
-/// `GET /admin/routes`: each route's events, kind and state.
-pub(crate) async fn list<S: Store>(
-    State(shared): State<Arc<Shared<S>>>,
-    headers: HeaderMap,
-) -> Response {
-    if let Err(denied) = crate::admin::authorized(&shared, &headers) {
-        return denied;
-    }
-    let routes: Vec<_> = shared
-        .routes
-        .iter()
-        .enumerate()
-        .map(|(index, route)| {
-            let gone = route
-                .gone()
-                .map(|gone| json!({"since_ms": gone.since_ms, "reason": gone.reason}));
-            json!({"index": index, "events": route.patterns, "reply": route.reply, "gone": gone})
-        })
-        .collect();
-    axum::Json(json!({"routes": routes})).into_response()
-}
-
-/// `POST /admin/routes/<index>/resume`: the route delivers again.
-pub(crate) async fn resume<S: Store>(
-    State(shared): State<Arc<Shared<S>>>,
-    headers: HeaderMap,
-    Path(index): Path<usize>,
-) -> Response {
-    if let Err(denied) = crate::admin::authorized(&shared, &headers) {
-        return denied;
-    }
-    let Some(route) = shared.routes.get(index) else {
-        return (
-            StatusCode::NOT_FOUND,
-            axum::Json(json!({"error": format!(
-                "no route {index}: the configuration has {} (GET /admin/routes lists them)",
-                shared.routes.len()
-            )})),
-        )
-            .into_response();
-    };
+/// Takes up delivering to `route` (number `index`) again; whether it was gone.
+pub(crate) fn resume(route: &Route, index: usize) -> bool {
     let was = {
         let mut why = route.gone.why();
         route
@@ -164,5 +120,5 @@ pub(crate) async fn resume<S: Store>(
     if was.is_some() {
         tracing::info!(route = index, "route resumed");
     }
-    axum::Json(json!({"index": index, "resumed": was.is_some()})).into_response()
+    was.is_some()
 }

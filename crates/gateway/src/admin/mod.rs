@@ -1,18 +1,24 @@
 //! The admin listener: health, readiness, metrics, counters, records and dead letters.
 
+pub(crate) mod auth;
+pub(crate) mod dlq;
+pub(crate) mod history;
+pub(crate) mod queue_view;
+mod routes;
+
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use oncegate_core::{KeyHash, RecordState, Store};
 use serde::Deserialize;
 use serde_json::json;
-use subtle::ConstantTimeEq;
 
 use crate::Shared;
+use crate::admin::auth::{authorized, authorized_query};
 
 pub(crate) fn router<S: Store>(shared: Arc<Shared<S>>) -> Router {
     Router::new()
@@ -23,7 +29,7 @@ pub(crate) fn router<S: Store>(shared: Arc<Shared<S>>) -> Router {
         .route("/metrics", get(metrics::<S>))
         .route("/admin/stats", get(stats::<S>))
         .route("/admin/live", get(live::<S>))
-        .route("/admin/history", get(crate::history::serve::<S>))
+        .route("/admin/history", get(crate::admin::history::serve::<S>))
         .route("/status", get(status_page))
         // The admin listener's front door is the status page.
         .route(
@@ -32,73 +38,26 @@ pub(crate) fn router<S: Store>(shared: Arc<Shared<S>>) -> Router {
         )
         .route("/admin/openapi.json", get(openapi))
         .route("/admin/record", get(record::<S>))
-        .route("/admin/queue", get(crate::queue_view::list::<S>))
-        .route("/admin/dead-letters", get(crate::admin_dlq::list::<S>))
+        .route("/admin/queue", get(crate::admin::queue_view::list::<S>))
+        .route("/admin/dead-letters", get(crate::admin::dlq::list::<S>))
         .route(
             "/admin/dead-letters/replay",
-            post(crate::admin_dlq::replay::<S>),
+            post(crate::admin::dlq::replay::<S>),
         )
         .route(
             "/admin/dead-letters/purge",
-            post(crate::admin_dlq::purge::<S>),
+            post(crate::admin::dlq::purge::<S>),
         )
-        .route("/admin/routes", get(crate::routes::list::<S>))
+        .route("/admin/routes", get(crate::admin::routes::list::<S>))
         .route(
             "/admin/routes/{index}/resume",
-            post(crate::routes::resume::<S>),
+            post(crate::admin::routes::resume::<S>),
         )
         .layer(axum::middleware::from_fn_with_state(
             shared.clone(),
-            crate::gate::admin::<S>,
+            crate::admin::auth::gate::<S>,
         ))
         .with_state(shared)
-}
-
-#[allow(clippy::result_large_err)]
-pub(crate) fn authorized<S>(shared: &Shared<S>, headers: &HeaderMap) -> Result<(), Response> {
-    let Some(token) = &shared.admin_token else {
-        return Ok(());
-    };
-    // RFC 9110: the scheme is case-insensitive; the token is compared in constant time.
-    let given = headers
-        .get("authorization")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split_once(' '))
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, given)| given.trim());
-    let matches = given.is_some_and(|given| {
-        given.len() == token.len() && bool::from(given.as_bytes().ct_eq(token.as_bytes()))
-    });
-    if matches {
-        Ok(())
-    } else {
-        Err((
-            StatusCode::UNAUTHORIZED,
-            axum::Json(json!({"error": "send Authorization: Bearer <server.admin_token>"})),
-        )
-            .into_response())
-    }
-}
-
-/// An error answer: `{"error": …}` with `status`.
-pub(crate) fn refused(status: StatusCode, error: String) -> Response {
-    (status, axum::Json(json!({"error": error}))).into_response()
-}
-
-/// An authorized caller's query: 401 without the token (before the query is even read, so an
-/// unauthenticated caller learns nothing of how queries parse), 400 naming `usage` when it does
-/// not parse.
-#[allow(clippy::result_large_err)]
-pub(crate) fn authorized_query<S, Q: serde::de::DeserializeOwned>(
-    shared: &Shared<S>,
-    headers: &HeaderMap,
-    uri: &axum::http::Uri,
-    usage: &str,
-) -> Result<Q, Response> {
-    authorized(shared, headers)?;
-    Query::<Q>::try_from_uri(uri)
-        .map(|Query(query)| query)
-        .map_err(|error| refused(StatusCode::BAD_REQUEST, format!("{error}; {usage}")))
 }
 
 /// Whether a long connection that is down takes the gateway out of its load balancer (for
@@ -140,8 +99,8 @@ async fn readyz<S: Store>(State(shared): State<Arc<Shared<S>>>) -> Response {
             (false, false) => ready = false,
         }
     }
-    degraded.extend(crate::routes::degraded(&shared));
-    let full = crate::admission::queue_full(&shared);
+    degraded.extend(crate::dispatch::routes::degraded(&shared));
+    let full = crate::ingress::admission::queue_full(&shared);
     ready &= check(
         "queue".into(),
         !full,
@@ -269,8 +228,8 @@ async fn live<S: Store>(State(shared): State<Arc<Shared<S>>>, headers: HeaderMap
         true => not_ready.extend(down),
         false => degraded.extend(down),
     }
-    degraded.extend(crate::routes::degraded(&shared));
-    if crate::admission::queue_full(&shared) {
+    degraded.extend(crate::dispatch::routes::degraded(&shared));
+    if crate::ingress::admission::queue_full(&shared) {
         not_ready.push("the queue is full (dispatcher.max_queued)".into());
     }
     let drops: serde_json::Map<String, serde_json::Value> = shared
@@ -287,7 +246,7 @@ async fn live<S: Store>(State(shared): State<Arc<Shared<S>>>, headers: HeaderMap
         "degraded": degraded,
         "gateway": shared.stats.snapshot(),
         "queued": shared.queued.load(std::sync::atomic::Ordering::Relaxed),
-        "queue": crate::queue_view::live_json(&shared),
+        "queue": crate::admin::queue_view::live_json(&shared),
         "drops": drops,
         "long_connections": long_connections,
     }))
@@ -393,11 +352,11 @@ async fn record<S: Store>(
                 }
             };
             // Why it is not done, if it died: the dead letter keeps the reason and attempts.
-            let dead_letter = match shared.store.dead_letters(crate::admin_dlq::SCAN).await {
+            let dead_letter = match shared.store.dead_letters(crate::admin::dlq::SCAN).await {
                 Ok(letters) => letters
                     .iter()
                     .find(|l| l.key == key)
-                    .map(crate::admin_dlq::letter_json),
+                    .map(crate::admin::dlq::letter_json),
                 Err(_) => None,
             };
             // This gateway's attempts of it, when it did not go through at once.
@@ -436,7 +395,7 @@ mod tests {
 
     /// The routes this file gives the router, as (method, path), read from its own source.
     fn routed() -> BTreeSet<(String, String)> {
-        let source = include_str!("admin.rs");
+        let source = include_str!("mod.rs");
         let mut routes = BTreeSet::new();
         let mut rest = source;
         while let Some(at) = rest.find(".route(") {

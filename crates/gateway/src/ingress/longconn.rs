@@ -18,7 +18,7 @@ use oncegate_wecom::AiBot;
 use oncegate_wecom_ws::{AiBotConnection, Ended};
 use tokio_util::sync::CancellationToken;
 
-use crate::{Shared, admission, sync_call};
+use crate::Shared;
 
 /// The longest leader lease: how long connections may go unheld after a leader dies.
 const LEADER_LEASE: Duration = Duration::from_secs(15);
@@ -103,12 +103,12 @@ struct GatewayInlet<S>(Arc<Shared<S>>);
 
 impl<S: Store> Inlet for GatewayInlet<S> {
     async fn admit(&self, admit: Admit) -> Result<Accepted, Refusal> {
-        admission::admit(&self.0, admit).await
+        crate::ingress::admission::admit(&self.0, admit).await
     }
 
     /// A card with no answer is acked with Feishu's empty answer, `{}`.
     async fn call(&self, admit: Admit, deadline: Duration) -> Result<Option<Bytes>, Refusal> {
-        let answer = sync_call::call(&self.0, admit, deadline).await?;
+        let answer = crate::ingress::sync_call::call(&self.0, admit, deadline).await?;
         Ok(Some(answer.unwrap_or_else(|| Bytes::from_static(b"{}"))))
     }
 
@@ -131,9 +131,9 @@ impl<S: Store> Inlet for GatewayInlet<S> {
     ) -> Result<oncegate_core::Replied, Refusal> {
         let budgets: Vec<(oncegate_core::KeyHash, oncegate_core::Rate)> = budgets
             .iter()
-            .map(|(name, rate)| (crate::send_budget::bucket(&admit.event.app, name), *rate))
+            .map(|(name, rate)| (crate::api::budget::bucket(&admit.event.app, name), *rate))
             .collect();
-        sync_call::reply(&self.0, admit, deadline, &budgets, &updates).await
+        crate::ingress::sync_call::reply(&self.0, admit, deadline, &budgets, &updates).await
     }
 
     fn note(&self, label: &'static str, message: &str) {

@@ -7,23 +7,20 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use oncegate_core::{FenceCheck, FencingToken, Fingerprint, KeyHash, Lease, Store, key_for};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
-use subtle::ConstantTimeEq;
 
 use crate::Shared;
+use crate::api::callers::{Caller, caller, count};
+use crate::refusal::Refused;
+use oncegate_core::RefusalKind;
 use oncegate_once::{Claimed, OnceKey};
 
-/// The largest request: a key, a lease and a result.
-pub(crate) const BODY_LIMIT: usize = 256 * 1024;
 /// The largest key, in bytes.
 const KEY_LIMIT: usize = 512;
 /// The largest stored result, in bytes.
@@ -31,145 +28,16 @@ const RESULT_LIMIT: usize = 64 * 1024;
 /// A claim's lease when the caller names none.
 const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 
-/// One caller of the API, its token kept as a digest (compared in constant time, no length
-/// told).
-pub(crate) struct Caller {
-    pub(crate) name: String,
-    pub(crate) namespace: String,
-    digest: [u8; 32],
-    /// Sends per second this caller may make, if bounded.
-    pub(crate) sends_per_second: Option<u32>,
-    /// How much of its results the store may keep at once.
-    pub(crate) results: crate::result_budget::ResultBudget,
-}
-
-impl Caller {
-    /// A caller named `name` with `token`.
-    pub(crate) fn new(name: &str, namespace: &str, token: &str) -> Self {
-        Self {
-            name: name.to_owned(),
-            namespace: namespace.to_owned(),
-            digest: Sha256::digest(token.as_bytes()).into(),
-            sends_per_second: None,
-            results: crate::result_budget::ResultBudget::new(
-                crate::result_budget::DEFAULT_RESULTS,
-                crate::result_budget::DEFAULT_RESULT_BYTES,
-            ),
-        }
-    }
-}
-
-/// The API's limits.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct KeyLimits {
-    pub(crate) max_lease: Duration,
-    pub(crate) max_wait: Duration,
-}
-
-impl Default for KeyLimits {
-    fn default() -> Self {
-        let config = oncegate_config::ApiConfig::default();
-        Self {
-            max_lease: config.max_lease,
-            max_wait: config.max_wait,
-        }
-    }
-}
-
-pub(crate) fn router<S: Store>(shared: Arc<Shared<S>>) -> Router {
-    Router::new()
-        .route("/send/{source}", post(crate::send_api::send::<S>))
-        .route("/keys/claim", post(claim::<S>))
-        .route("/keys/renew", post(renew::<S>))
-        .route("/keys/complete", post(complete::<S>))
-        .route("/keys/release", post(release::<S>))
-        .route("/openapi.json", get(openapi))
-        .fallback(|| async {
-            refused(
-                StatusCode::NOT_FOUND,
-                "POST /keys/claim, /keys/renew, /keys/complete, /keys/release or /send/<source>; GET /openapi.json describes them",
-            )
-        })
-        .layer(axum::extract::DefaultBodyLimit::max(BODY_LIMIT))
-        .layer(axum::middleware::from_fn_with_state(
-            shared.clone(),
-            crate::gate::api::<S>,
-        ))
-        .with_state(shared)
-}
-
-/// The API's OpenAPI document (its routes are checked against this router in a test).
-pub(crate) const OPENAPI: &str = include_str!("api_openapi.json");
-
-async fn openapi() -> Response {
-    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
-}
-
 fn answer(status: StatusCode, body: Value) -> Response {
     (status, axum::Json(body)).into_response()
-}
-
-/// A refused call: its status and what was wrong.
-pub(crate) struct Refused(pub(crate) StatusCode, pub(crate) String);
-
-impl IntoResponse for Refused {
-    fn into_response(self) -> Response {
-        answer(self.0, json!({ "error": self.1 }))
-    }
-}
-
-fn refused(status: StatusCode, message: impl Into<String>) -> Refused {
-    Refused(status, message.into())
-}
-
-/// Each caller's claims at 0, so that a dashboard and an alert see "no claims yet" rather than
-/// no series.
-pub(crate) fn register<'a>(callers: impl Iterator<Item = &'a str>) {
-    for caller in callers {
-        for outcome in ["acquired", "done", "in_flight", "conflict"] {
-            metrics::counter!("oncegate_keys_total", "caller" => caller.to_owned(), "op" => "claim", "outcome" => outcome)
-                .increment(0);
-        }
-    }
-}
-
-/// `oncegate_keys_total{caller,op,outcome}`: callers are configured, so the labels are bounded.
-fn count(caller: &str, op: &'static str, outcome: &'static str) {
-    metrics::counter!("oncegate_keys_total", "caller" => caller.to_owned(), "op" => op, "outcome" => outcome)
-        .increment(1);
-}
-
-/// The caller the bearer token names.
-pub(crate) fn caller<'a, S>(
-    shared: &'a Shared<S>,
-    headers: &HeaderMap,
-) -> Result<&'a Caller, Refused> {
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split_once(' '))
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, token)| Sha256::digest(token.trim().as_bytes()));
-    let found = given.and_then(|given| {
-        shared
-            .api_callers
-            .iter()
-            .find(|caller| bool::from(caller.digest.as_slice().ct_eq(given.as_slice())))
-    });
-    found.ok_or_else(|| {
-        count("unknown", "auth", "refused");
-        refused(
-            StatusCode::UNAUTHORIZED,
-            "send Authorization: Bearer <token> of an [[api.caller]]",
-        )
-    })
 }
 
 /// The request's fields, or a 400 that says which is wrong.
 fn parse<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T, Refused> {
     serde_json::from_slice(body).map_err(|error| {
-        refused(
-            StatusCode::BAD_REQUEST,
+        Refused::new(
+            RefusalKind::BadInput,
+            "bad_request",
             format!("the body is not the JSON this call takes: {error}"),
         )
     })
@@ -178,8 +46,9 @@ fn parse<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T, Refused> {
 /// A key within its bounds.
 fn check_key(key: &str) -> Result<(), Refused> {
     if key.is_empty() || key.len() > KEY_LIMIT {
-        return Err(refused(
-            StatusCode::BAD_REQUEST,
+        return Err(Refused::new(
+            RefusalKind::BadInput,
+            "bad_request",
             format!("key must be 1 to {KEY_LIMIT} bytes"),
         ));
     }
@@ -198,7 +67,7 @@ pub fn read_body(op: &str, body: &[u8]) -> Result<(), String> {
             result_bytes(request.result).map(|_| ())
         }),
     };
-    checked.map_err(|Refused(_, message)| message)
+    checked.map_err(|Refused(refusal)| refusal.message)
 }
 
 /// The key's hash in the caller's namespace, and its partition.
@@ -214,8 +83,9 @@ fn key_of<S: Store>(
 
 fn unavailable(caller: &Caller, error: &dyn std::fmt::Display) -> Response {
     count(&caller.name, "store", "unavailable");
-    refused(
-        StatusCode::SERVICE_UNAVAILABLE,
+    Refused::new(
+        RefusalKind::Unavailable,
+        "unavailable",
         format!("the store cannot answer: {error}; nothing changed, retry"),
     )
     .into_response()
@@ -251,8 +121,9 @@ fn lease_of(text: &str, key: KeyHash, partition: u16) -> Result<Lease, Refused> 
 
 fn lease_token(text: &str) -> Result<u64, Refused> {
     text.trim().parse::<u64>().map_err(|_| {
-        refused(
-            StatusCode::BAD_REQUEST,
+        Refused::new(
+            RefusalKind::BadInput,
+            "bad_request",
             "lease must be the string a claim answered with",
         )
     })
@@ -262,8 +133,9 @@ fn lease_token(text: &str) -> Result<u64, Refused> {
 fn result_bytes(result: Option<Value>) -> Result<Option<Vec<u8>>, Refused> {
     let result = result.map(|value| value.to_string().into_bytes());
     if result.as_ref().is_some_and(|r| r.len() > RESULT_LIMIT) {
-        return Err(refused(
-            StatusCode::PAYLOAD_TOO_LARGE,
+        return Err(Refused::new(
+            RefusalKind::TooLarge,
+            "too_large",
             format!("result larger than {RESULT_LIMIT} bytes: store a reference to it instead"),
         ));
     }
@@ -296,8 +168,9 @@ fn fingerprint_of(payload: &Value) -> Fingerprint {
 fn lease_within(asked: Option<u64>, max: Duration) -> Result<Duration, Refused> {
     let lease = asked.map_or(DEFAULT_LEASE, Duration::from_millis);
     if lease > max {
-        return Err(refused(
-            StatusCode::BAD_REQUEST,
+        return Err(Refused::new(
+            RefusalKind::BadInput,
+            "bad_request",
             format!(
                 "lease_ms {} is longer than api.max_lease ({} ms): ask for less, or renew while \
                  the work runs",
@@ -309,7 +182,7 @@ fn lease_within(asked: Option<u64>, max: Duration) -> Result<Duration, Refused> 
     Ok(lease.max(Duration::from_millis(100)))
 }
 
-async fn claim<S: Store>(
+pub(crate) async fn claim<S: Store>(
     State(shared): State<Arc<Shared<S>>>,
     headers: HeaderMap,
     body: Bytes,
@@ -351,7 +224,9 @@ async fn claim<S: Store>(
         }
         Ok(Claimed::Done(result)) => {
             count(&caller.name, "claim", "done");
-            shared.meters.dropped(crate::meters::Layer::BusinessKey);
+            shared
+                .meters
+                .dropped(crate::base::meters::Layer::BusinessKey);
             let result = result
                 .and_then(|bytes| serde_json::from_slice::<Value>(&bytes).ok())
                 .unwrap_or(Value::Null);
@@ -420,7 +295,7 @@ fn held<'a, S: Store>(
     Ok((caller, request, lease))
 }
 
-async fn renew<S: Store>(
+pub(crate) async fn renew<S: Store>(
     State(shared): State<Arc<Shared<S>>>,
     headers: HeaderMap,
     body: Bytes,
@@ -447,7 +322,7 @@ async fn renew<S: Store>(
     }
 }
 
-async fn complete<S: Store>(
+pub(crate) async fn complete<S: Store>(
     State(shared): State<Arc<Shared<S>>>,
     headers: HeaderMap,
     body: Bytes,
@@ -486,7 +361,7 @@ async fn complete<S: Store>(
 
 /// 429 for a result beyond the caller's budget: what it keeps, its limits, when room comes
 /// back, and that completing without a result goes through.
-fn result_budget_spent(caller: &Caller, spent: &crate::result_budget::Spent) -> Response {
+fn result_budget_spent(caller: &Caller, spent: &crate::api::results::Spent) -> Response {
     count(&caller.name, "complete", "result_budget");
     let (results, bytes) = caller.results.limits();
     let retry_secs = spent.room_in_ms.div_ceil(1000).max(1);
@@ -504,7 +379,7 @@ fn result_budget_spent(caller: &Caller, spent: &crate::result_budget::Spent) -> 
         .into_response()
 }
 
-async fn release<S: Store>(
+pub(crate) async fn release<S: Store>(
     State(shared): State<Arc<Shared<S>>>,
     headers: HeaderMap,
     body: Bytes,

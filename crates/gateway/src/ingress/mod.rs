@@ -1,6 +1,11 @@
 //! `/webhook/<source>`: read the callback within its bounds, let the source decode it, check
 //! the replay stamp, admit, answer. Every refusal is mapped to HTTP here and nowhere else.
 
+pub(crate) mod admission;
+pub(crate) mod longconn;
+pub(crate) mod spooling;
+pub(crate) mod sync_call;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -16,8 +21,8 @@ use oncegate_core::{
 };
 use serde_json::json;
 
-use crate::meters::Layer;
-use crate::{Shared, Source, admission, sync_call};
+use crate::base::meters::Layer;
+use crate::{Shared, Source};
 
 pub(crate) fn router<S: Store>(shared: Arc<Shared<S>>) -> Router {
     Router::new()
@@ -26,58 +31,7 @@ pub(crate) fn router<S: Store>(shared: Arc<Shared<S>>) -> Router {
         .with_state(shared)
 }
 
-/// The HTTP status of each kind of refusal: the one place where refusals meet HTTP.
-fn status(kind: RefusalKind) -> StatusCode {
-    match kind {
-        RefusalKind::Unauthenticated | RefusalKind::Stale => StatusCode::UNAUTHORIZED,
-        RefusalKind::BadInput => StatusCode::BAD_REQUEST,
-        RefusalKind::NotFound => StatusCode::NOT_FOUND,
-        RefusalKind::Method => StatusCode::METHOD_NOT_ALLOWED,
-        RefusalKind::Timeout => StatusCode::REQUEST_TIMEOUT,
-        RefusalKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-        RefusalKind::Replayed | RefusalKind::InFlight | RefusalKind::Conflict => {
-            StatusCode::CONFLICT
-        }
-        RefusalKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-        RefusalKind::Handler => StatusCode::BAD_GATEWAY,
-        RefusalKind::HandlerTimeout => StatusCode::GATEWAY_TIMEOUT,
-    }
-}
-
-/// A refused request: counted by its kind, summarized in the log (never one line per
-/// request), answered with its status and message.
-/// A refusal as the answer: its status, counted and summarized (the one mapping of refusals
-/// to HTTP).
-pub(crate) fn refused<S>(
-    shared: &Shared<S>,
-    peer: Option<SocketAddr>,
-    refusal: Refusal,
-) -> Response {
-    let stats = &shared.stats;
-    match refusal.kind {
-        RefusalKind::Replayed => {
-            stats.bump(&stats.replays_rejected, "oncegate_guard_refused_total");
-            shared.meters.dropped(Layer::Nonce);
-        }
-        RefusalKind::Stale => {
-            stats.bump(&stats.stale_timestamps, "oncegate_guard_refused_total");
-            shared.meters.dropped(Layer::StaleTimestamp);
-        }
-        // Not bad input: counted where they happen (store, queue bound, handler), or by
-        // their label alone (a double click).
-        RefusalKind::Unavailable
-        | RefusalKind::Handler
-        | RefusalKind::HandlerTimeout
-        | RefusalKind::InFlight
-        | RefusalKind::Conflict => {}
-        _ => stats.bump(&stats.bad_requests, "oncegate_bad_requests_total"),
-    }
-    metrics::counter!("oncegate_refused_total", "reason" => refusal.label).increment(1);
-    shared.summaries.note(refusal.label, peer, &refusal.message);
-    let body = json!({ "error": refusal.message });
-    (status(refusal.kind), axum::Json(body)).into_response()
-}
-
+/// A source's own answer (a challenge, a passive reply).
 fn reply(reply: Reply) -> Response {
     (
         StatusCode::OK,
@@ -126,7 +80,7 @@ async fn webhook<S: Store>(
             "unknown_source",
             "no such source: check the URL against the [[source]] names of the configuration",
         );
-        return refused(&shared, peer, refusal);
+        return crate::refusal::counted(&shared, peer, refusal);
     };
     let response = callback(&shared, source, peer, parts, body).await;
     source
@@ -190,7 +144,7 @@ async fn callback<S: Store>(
         axum::http::Method::POST => Method::Post,
         _ => {
             let refusal = Refusal::new(RefusalKind::Method, "method", "use GET or POST");
-            return refused(shared, peer, refusal);
+            return crate::refusal::counted(shared, peer, refusal);
         }
     };
     let body = match crate::gate::read_body(
@@ -202,7 +156,7 @@ async fn callback<S: Store>(
     .await
     {
         Ok(body) => body,
-        Err(refusal) => return refused(shared, peer, refusal),
+        Err(refusal) => return crate::refusal::counted(shared, peer, refusal),
     };
     let decoded = source.decoder.decode(&Callback {
         method,
@@ -212,7 +166,7 @@ async fn callback<S: Store>(
     });
     let decoded = match decoded {
         Ok(decoded) => decoded,
-        Err(refusal) => return refused(shared, peer, refusal),
+        Err(refusal) => return crate::refusal::counted(shared, peer, refusal),
     };
     let (mut admit, stamp, sync) = match decoded {
         Decoded::Challenge(answer) => {
@@ -249,7 +203,7 @@ async fn callback<S: Store>(
         Err(refusal) => return refused_by(shared, source, peer, refusal),
     };
     let answered = if sync {
-        sync_call::call(shared, admit, source.decoder.sync_deadline())
+        crate::ingress::sync_call::call(shared, admit, source.decoder.sync_deadline())
             .await
             .map(|result| source.decoder.sync_reply(result, request.as_ref()))
     } else {
@@ -268,7 +222,7 @@ async fn callback<S: Store>(
                 window_ms: millis(limits.nonce_window()),
                 timestamp_secs: stamp.timestamp_secs,
             });
-        admission::admit(shared, admit)
+        crate::ingress::admission::admit(shared, admit)
             .await
             .map(|how| source.decoder.accepted(how))
     };
@@ -297,7 +251,7 @@ fn refused_by<S>(
         shared.meters.dropped(Layer::Nonce);
         return reply(source.decoder.accepted(oncegate_core::Accepted::Duplicate));
     }
-    refused(shared, peer, refusal)
+    crate::refusal::counted(shared, peer, refusal)
 }
 
 async fn not_found() -> Response {
@@ -346,7 +300,7 @@ fn check_replay(
                 "request timestamp is {skew_secs} s from now, outside the allowed skew (replay.max_skew)"
             ),
         )),
-        ReplayVerdict::Replayed => Err(admission::replayed()),
+        ReplayVerdict::Replayed => Err(crate::ingress::admission::replayed()),
         // The nonce memory is full: let the request through unremembered rather than refuse
         // the platform. A replay of an admitted event is still a duplicate at admission; only
         // its 409 is lost. Counted, so that replay.max_nonces can be raised.

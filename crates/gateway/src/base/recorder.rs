@@ -17,7 +17,11 @@ use metrics_exporter_prometheus::formatting::{
 };
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 
-use crate::meters::SECONDS_BUCKETS;
+/// The buckets of every `_seconds` histogram: 100 µs to an hour (a backlog's age, too).
+pub const SECONDS_BUCKETS: [f64; 20] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
+];
 
 /// What a histogram's name ends with to be kept here, in [`SECONDS_BUCKETS`].
 const SECONDS: &str = "_seconds";

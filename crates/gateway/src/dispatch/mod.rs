@@ -4,6 +4,8 @@
 //! Per-chat order comes from the queue: it hands out only the first waiting event of each order
 //! key, so everything pulled at once belongs to different chats and can run concurrently.
 
+pub(crate) mod routes;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -17,7 +19,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::Shared;
-use crate::meters::ClaimOutcome;
+use crate::base::meters::ClaimOutcome;
 use crate::sink::{Outgoing, SinkError};
 
 /// How long an idle partition waits before looking again (retries become due without a wake).
@@ -264,7 +266,7 @@ async fn handle<S: Store>(
             // Completed before a crash that came before the ack.
             stats.bump(&stats.already_done, "oncegate_already_done_total");
             insist(&shared.summaries, "ack", || store.ack(delivery.id)).await;
-            crate::admission::left_queue(shared);
+            crate::ingress::admission::left_queue(shared);
             return;
         }
         Ok(Claimed::InFlight { until_ms }) => {
@@ -316,7 +318,9 @@ async fn handle<S: Store>(
             Ok(WatermarkOutcome::Stale { current }) => {
                 tracing::info!(key = %delivery.key, platform = %event.platform, app = %event.app, tenant = event.tenant.as_deref().unwrap_or("-"), event_id = %event.event_id, current, created = event.created_at_ms, "stale event dropped");
                 stats.bump(&stats.stale_dropped, "oncegate_stale_dropped_total");
-                shared.meters.dropped(crate::meters::Layer::StaleWatermark);
+                shared
+                    .meters
+                    .dropped(crate::base::meters::Layer::StaleWatermark);
                 finish(shared, &delivery, &key).await;
                 return;
             }
@@ -331,7 +335,9 @@ async fn handle<S: Store>(
             Ok(true) => {
                 tracing::info!(key = %delivery.key, platform = %event.platform, app = %event.app, tenant = event.tenant.as_deref().unwrap_or("-"), event_id = %event.event_id, "superseded event dropped");
                 stats.bump(&stats.stale_dropped, "oncegate_stale_dropped_total");
-                shared.meters.dropped(crate::meters::Layer::StaleWatermark);
+                shared
+                    .meters
+                    .dropped(crate::base::meters::Layer::StaleWatermark);
                 finish(shared, &delivery, &key).await;
                 return;
             }
@@ -344,13 +350,13 @@ async fn handle<S: Store>(
     if let Some(gone) = route.gone() {
         // The endpoint said it is gone: nothing more goes to it until an operator resumes it.
         insist(&shared.summaries, "release", || key.release()).await;
-        let reason = crate::routes::dead_letter_reason(&gone);
+        let reason = crate::dispatch::routes::dead_letter_reason(&gone);
         stats.bump(&stats.dead_letters, "oncegate_dead_letters_total");
         insist(&shared.summaries, "dead letter", || {
             store.dead_letter(delivery.id, &reason)
         })
         .await;
-        crate::admission::left_queue(shared);
+        crate::ingress::admission::left_queue(shared);
         return;
     }
     let key = Arc::new(key);
@@ -374,7 +380,7 @@ async fn handle<S: Store>(
     shared.meters.handler(took);
     // The attempt as the history keeps it, once its outcome is known.
     let attempt = |outcome: &'static str, error: Option<String>, next_at_ms: Option<u64>| {
-        crate::attempts::Attempt {
+        crate::base::attempts::Attempt {
             at_ms: started_ms,
             attempt: delivery.attempt,
             latency_ms: u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
@@ -442,7 +448,7 @@ async fn handle<S: Store>(
                 }
                 SinkError::Permanent(reason) => reason,
                 SinkError::Gone(reason) => {
-                    crate::routes::mark_gone(shared, route, &reason);
+                    crate::dispatch::routes::mark_gone(shared, route, &reason);
                     reason
                 }
             };
@@ -456,7 +462,7 @@ async fn handle<S: Store>(
                 store.dead_letter(delivery.id, &reason)
             })
             .await;
-            crate::admission::left_queue(shared);
+            crate::ingress::admission::left_queue(shared);
         }
     }
 }
@@ -470,7 +476,7 @@ async fn finish<S: Store>(shared: &Shared<S>, delivery: &Delivery, key: &Held<S>
         key.complete_and_ack(None, delivery.id)
     })
     .await;
-    crate::admission::left_queue(shared);
+    crate::ingress::admission::left_queue(shared);
     if fence == FenceCheck::Rejected {
         tracing::warn!(key = %delivery.key, platform = %delivery.event.platform, app = %delivery.event.app, tenant = delivery.event.tenant.as_deref().unwrap_or("-"), event_id = %delivery.event.event_id, "completion refused: the lease was taken over");
     }

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use metrics::Gauge;
 use oncegate_core::{PartitionOwner, QueueSummary, QueuedEvent, QueuedState, Store};
@@ -14,8 +14,10 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::Shared;
-use crate::admin::{authorized_query, refused};
-use crate::admin_dlq::id_text;
+use crate::admin::auth::authorized_query;
+use crate::admin::dlq::id_text;
+use crate::refusal::refused;
+use oncegate_core::RefusalKind;
 
 /// How often the per-partition gauges are sampled: a few store calls per partition each time.
 const SAMPLE: Duration = Duration::from_secs(5);
@@ -255,13 +257,14 @@ pub(crate) async fn list<S: Store>(
     let now_ms = shared.now_ms();
     let unavailable = |error: oncegate_core::StoreError| {
         refused(
-            StatusCode::SERVICE_UNAVAILABLE,
+            RefusalKind::Unavailable,
+            "unavailable",
             format!("the store cannot answer: {error}; retry"),
         )
     };
     let Some(partition) = query.partition else {
         if query.after.is_some() || query.limit.is_some() {
-            return refused(StatusCode::BAD_REQUEST, USAGE.into());
+            return refused(RefusalKind::BadInput, "bad_request", USAGE);
         }
         let owners = match shared.store.owners().await {
             Ok(owners) => owners,
@@ -280,7 +283,8 @@ pub(crate) async fn list<S: Store>(
     };
     if partition >= partitions {
         return refused(
-            StatusCode::BAD_REQUEST,
+            RefusalKind::BadInput,
+            "bad_request",
             format!(
                 "no partition {partition}: the store has {partitions} (0 to {})",
                 partitions.saturating_sub(1)
@@ -290,7 +294,8 @@ pub(crate) async fn list<S: Store>(
     let limit = query.limit.unwrap_or(100);
     if !(1..=MOST_LISTED).contains(&limit) {
         return refused(
-            StatusCode::BAD_REQUEST,
+            RefusalKind::BadInput,
+            "bad_request",
             format!("limit {limit} is out of range; {USAGE}"),
         );
     }

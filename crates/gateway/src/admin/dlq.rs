@@ -12,7 +12,9 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::Shared;
-use crate::admin::{authorized, authorized_query, refused};
+use crate::admin::auth::{authorized, authorized_query};
+use crate::refusal::refused;
+use oncegate_core::RefusalKind;
 
 /// Dead letters read per request: filters apply to this many, oldest first.
 pub(crate) const SCAN: usize = 100_000;
@@ -101,7 +103,8 @@ pub(crate) fn letter_json(letter: &DeadLetter) -> Value {
 
 fn unavailable(error: impl std::fmt::Display) -> Response {
     refused(
-        StatusCode::SERVICE_UNAVAILABLE,
+        RefusalKind::Unavailable,
+        "unavailable",
         format!("the store cannot answer: {error}; retry"),
     )
 }
@@ -142,7 +145,8 @@ async fn selected<S: Store>(
     authorized(shared, headers)?;
     let selection: Ask = serde_json::from_slice(body).map_err(|error| {
         refused(
-            StatusCode::BAD_REQUEST,
+            RefusalKind::BadInput,
+            "bad_request",
             format!(
                 "{error}; send {{\"ids\": [\"partition:seq\", …]}} or {{\"all\": true, …filters}}"
             ),
@@ -150,7 +154,8 @@ async fn selected<S: Store>(
     })?;
     if selection.ids.len() > MAX_IDS {
         return Err(refused(
-            StatusCode::BAD_REQUEST,
+            RefusalKind::BadInput,
+            "bad_request",
             format!("at most {MAX_IDS} ids at once"),
         ));
     }
@@ -162,15 +167,13 @@ async fn selected<S: Store>(
                 let partitions = shared.store.partitions();
                 match parse_id(text) {
                     Some(id) if id.partition < partitions => Ok(id),
-                    Some(_) => Err(refused(
-                        StatusCode::BAD_REQUEST,
+                    Some(_) => Err(refused(RefusalKind::BadInput, "bad_request",
                         format!(
                             "{text:?} names a partition the store does not have (it has partitions 0 to {})",
                             partitions.saturating_sub(1)
                         ),
                     )),
-                    None => Err(refused(
-                        StatusCode::BAD_REQUEST,
+                    None => Err(refused(RefusalKind::BadInput, "bad_request",
                         format!("{text:?} is not a dead letter id (partition:seq)"),
                     )),
                 }
@@ -184,9 +187,8 @@ async fn selected<S: Store>(
                 .collect()),
             Err(error) => Err(unavailable(error)),
         },
-        _ => Err(refused(
-            StatusCode::BAD_REQUEST,
-            "name the dead letters: \"ids\", or \"all\": true (with filters to narrow it), not both".into(),
+        _ => Err(refused(RefusalKind::BadInput, "bad_request",
+            "name the dead letters: \"ids\", or \"all\": true (with filters to narrow it), not both",
         )),
     }
 }

@@ -10,7 +10,7 @@ use oncegate_core::store::millis;
 use oncegate_core::{Accepted, Admission, Admit, Refusal, RefusalKind, Store, StoreError};
 use tokio_util::sync::CancellationToken;
 
-use crate::{Shared, spooling};
+use crate::Shared;
 
 /// How often the queue depth is read from the store when `dispatcher.max_queued` bounds it,
 /// and when it only feeds the gauge.
@@ -121,7 +121,7 @@ async fn to_spool<S: Store>(
     let stats = &shared.stats;
     let keys = admit.keys.as_slice().to_vec();
     let retention = millis(shared.timing.retention);
-    match spooling::put(spool, admit.event, keys, retention, admit.nonce).await {
+    match put(spool, admit.event, keys, retention, admit.nonce).await {
         Ok(()) => {
             stats.bump(&stats.spooled, "oncegate_spooled_total");
             shared.spooled.notify_one();
@@ -200,4 +200,33 @@ pub(crate) fn queue_full<S>(shared: &Shared<S>) -> bool {
     shared
         .max_queued
         .is_some_and(|max| shared.queued.load(Ordering::Relaxed) >= max)
+}
+
+/// Writes one admission to the spool (durably, off the async threads).
+pub(crate) async fn put(
+    spool: &Arc<oncegate_spool::Spool>,
+    event: oncegate_core::Event,
+    keys: Vec<oncegate_core::KeyHash>,
+    retention_ms: u64,
+    nonce: Option<oncegate_core::Nonce>,
+) -> Result<(), oncegate_spool::SpoolError> {
+    let spooled = oncegate_spool::Spooled {
+        event,
+        keys,
+        retention_ms,
+        nonce,
+    };
+    let writer = spool.clone();
+    let result = tokio::task::spawn_blocking(move || {
+        let pushed = writer.push(&spooled);
+        metrics::gauge!("oncegate_spool_depth").set(writer.len() as f64);
+        pushed
+    })
+    .await;
+    result.unwrap_or_else(|error| {
+        Err(oncegate_spool::SpoolError::Io {
+            path: spool.path().to_path_buf(),
+            message: format!("spool task failed: {error}"),
+        })
+    })
 }

@@ -1,49 +1,20 @@
-//! The outage spool's two halves: the ingress puts accepted admissions into it while the store
-//! cannot admit, and `drain` hands them to the store, oldest first, when it answers again.
+//! The outage spool's second half: `drain` hands the admissions the ingress spooled
+//! (`admission::to_spool`) to the store, oldest first, when it answers again.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use oncegate_core::{Admission, Admit, Event, KeyHash, Keys, Nonce, Store, StoreError};
-use oncegate_spool::{Spool, SpoolError, Spooled};
+use oncegate_core::{Admission, Admit, Keys, Store, StoreError};
+use oncegate_spool::Spooled;
 use tokio_util::sync::CancellationToken;
 
-use crate::{Shared, admission};
+use crate::Shared;
 
 /// Admissions handed to the store per round.
 const BATCH: usize = 512;
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
-
-/// Writes one admission to the spool (durably, off the async threads).
-pub(crate) async fn put(
-    spool: &Arc<Spool>,
-    event: Event,
-    keys: Vec<KeyHash>,
-    retention_ms: u64,
-    nonce: Option<Nonce>,
-) -> Result<(), SpoolError> {
-    let spooled = Spooled {
-        event,
-        keys,
-        retention_ms,
-        nonce,
-    };
-    let writer = spool.clone();
-    let result = tokio::task::spawn_blocking(move || {
-        let pushed = writer.push(&spooled);
-        metrics::gauge!("oncegate_spool_depth").set(writer.len() as f64);
-        pushed
-    })
-    .await;
-    result.unwrap_or_else(|error| {
-        Err(SpoolError::Io {
-            path: spool.path().to_path_buf(),
-            message: format!("spool task failed: {error}"),
-        })
-    })
-}
 
 /// Hands spooled admissions to the store until `shutdown`; backs off while it cannot.
 pub(crate) async fn drain<S: Store>(shared: Arc<Shared<S>>, shutdown: CancellationToken) {
@@ -148,7 +119,7 @@ async fn hand_over<S: Store>(shared: &Shared<S>, entries: Vec<(u64, Spooled)>) -
             keys,
             nonce,
         };
-        match admission::to_store(shared, admit, retention).await {
+        match crate::ingress::admission::to_store(shared, admit, retention).await {
             Ok(outcome) => {
                 handed.push(seq);
                 let stats = &shared.stats;

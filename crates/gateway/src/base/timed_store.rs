@@ -15,7 +15,7 @@ use oncegate_core::{
     Record, Store, StoreError, StoreStats, WatermarkOutcome, WatermarkStore,
 };
 
-use crate::meters::ByLabel;
+use crate::base::meters::ByLabel;
 
 /// The store calls told apart, in `OPS`' order.
 #[derive(Debug, Clone, Copy)]

@@ -7,27 +7,27 @@ use base64::engine::general_purpose::STANDARD;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use crate::sink::{HttpSink, SinkSetupError};
+use crate::sink::error::SinkSetupError;
 
-impl HttpSink {
-    /// Signs every delivery with the Ed25519 key `whsk_…` too (a `v1a` signature, the Standard
-    /// Webhooks' asymmetric scheme: receivers verify with the public key, `whpk_…`, and cannot
-    /// sign themselves). The key is the 32-byte seed, or the 64-byte seed and public key.
-    pub fn with_signing_key(mut self, key: &str) -> Result<Self, SinkSetupError> {
+/// What signs a route's deliveries: its secret, the secrets being rotated out, its `v1a` key.
+#[derive(Default)]
+pub(crate) struct Signer {
+    pub(crate) secret: Option<Vec<u8>>,
+    /// Secrets being rotated out, signed with too.
+    pub(crate) previous: Vec<Vec<u8>>,
+    /// The `whsk_` key of asymmetric `v1a` signatures, if set.
+    pub(crate) signing_key: Option<ring::signature::Ed25519KeyPair>,
+}
+
+impl Signer {
+    /// Signs with the Ed25519 key `whsk_…` too.
+    pub(crate) fn set_signing_key(&mut self, key: &str) -> Result<(), SinkSetupError> {
         self.signing_key = Some(ed25519_key(key)?);
-        Ok(self)
-    }
-
-    /// [`HttpSink::with_signing_key`] when a key is given.
-    pub fn with_signing_key_opt(self, key: Option<&str>) -> Result<Self, SinkSetupError> {
-        match key {
-            Some(key) => self.with_signing_key(key),
-            None => Ok(self),
-        }
+        Ok(())
     }
 
     /// The `whpk_…` public key receivers verify `v1a` signatures with, if a key is set.
-    pub fn public_key(&self) -> Option<String> {
+    pub(crate) fn public_key(&self) -> Option<String> {
         use ring::signature::KeyPair;
         self.signing_key
             .as_ref()
@@ -37,7 +37,7 @@ impl HttpSink {
     /// Signs with `previous` secrets too, while a receiver moves off them: `webhook-signature`
     /// then holds one `v1` signature per secret, space-separated, the current one first (the
     /// Standard Webhooks rule for rotation). Needs a current secret.
-    pub fn with_previous_secrets(mut self, previous: &[&str]) -> Result<Self, SinkSetupError> {
+    pub(crate) fn set_previous(&mut self, previous: &[&str]) -> Result<(), SinkSetupError> {
         if self.secret.is_none() && !previous.is_empty() {
             return Err(SinkSetupError::PreviousWithoutSecret);
         }
@@ -45,7 +45,7 @@ impl HttpSink {
             .iter()
             .map(|secret| webhook_key(secret))
             .collect::<Result<_, _>>()?;
-        Ok(self)
+        Ok(())
     }
 
     /// The `webhook-signature` header of one delivery: the current secret's and every previous
@@ -55,7 +55,7 @@ impl HttpSink {
             .secret
             .iter()
             .chain(&self.previous)
-            .map(|key| Self::sign(key, id, timestamp, body))
+            .map(|key| sign(key, id, timestamp, body))
             .collect();
         if let Some(key) = &self.signing_key {
             let signed = [
@@ -73,20 +73,20 @@ impl HttpSink {
         }
         (!signatures.is_empty()).then(|| signatures.join(" "))
     }
+}
 
-    /// `v1,<base64(HMAC-SHA256(key, "{id}.{timestamp}.{body}"))>`.
-    pub fn sign(key: &[u8], id: &str, timestamp: u64, body: &[u8]) -> String {
-        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(key).unwrap_or_else(|_| {
-            // HMAC takes keys of any length; this cannot happen.
-            <Hmac<Sha256> as Mac>::new_from_slice(&[0]).expect("one-byte HMAC key")
-        });
-        mac.update(id.as_bytes());
-        mac.update(b".");
-        mac.update(timestamp.to_string().as_bytes());
-        mac.update(b".");
-        mac.update(body);
-        format!("v1,{}", STANDARD.encode(mac.finalize().into_bytes()))
-    }
+/// `v1,<base64(HMAC-SHA256(key, "{id}.{timestamp}.{body}"))>`.
+pub(crate) fn sign(key: &[u8], id: &str, timestamp: u64, body: &[u8]) -> String {
+    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(key).unwrap_or_else(|_| {
+        // HMAC takes keys of any length; this cannot happen.
+        <Hmac<Sha256> as Mac>::new_from_slice(&[0]).expect("one-byte HMAC key")
+    });
+    mac.update(id.as_bytes());
+    mac.update(b".");
+    mac.update(timestamp.to_string().as_bytes());
+    mac.update(b".");
+    mac.update(body);
+    format!("v1,{}", STANDARD.encode(mac.finalize().into_bytes()))
 }
 
 /// The key of a `whsec_` secret.
@@ -125,7 +125,7 @@ mod tests {
             .expect("base64");
         let body = br#"{"test": 2432232314}"#;
         assert_eq!(
-            HttpSink::sign(&key, "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, body),
+            sign(&key, "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, body),
             "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
         );
     }

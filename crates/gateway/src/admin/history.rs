@@ -16,9 +16,9 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::Shared;
-use crate::admin::authorized;
-use crate::meters::SECONDS_BUCKETS;
-use crate::stats::StatsSnapshot;
+use crate::admin::auth::authorized;
+use crate::base::recorder::SECONDS_BUCKETS;
+use crate::base::stats::StatsSnapshot;
 
 /// How often a point is kept.
 pub(crate) const STEP: Duration = Duration::from_secs(10);
@@ -153,7 +153,7 @@ pub(crate) async fn watch<S: Store>(shared: Arc<Shared<S>>, shutdown: Cancellati
         }
         let now = read(&shared);
         let queued = shared.queued.load(Ordering::Relaxed);
-        let oldest = crate::queue_view::oldest_age_seconds_now(&shared);
+        let oldest = crate::admin::queue_view::oldest_age_seconds_now(&shared);
         shared.history.push(point(&before, &now, queued, oldest));
         before = now;
     }

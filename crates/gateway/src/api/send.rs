@@ -19,9 +19,11 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use crate::Shared;
-use crate::keys_api::{Refused, caller};
-use crate::send_budget::{self, Lane, NoBudget};
-use crate::send_pace::TooLate;
+use crate::api::budget::{Lane, NoBudget};
+use crate::api::callers::caller;
+use crate::api::pace::TooLate;
+use crate::refusal::Refused;
+use oncegate_core::RefusalKind;
 
 /// The longest `Idempotency-Key`.
 const KEY_LIMIT: usize = 255;
@@ -121,17 +123,17 @@ async fn send_once<S: Store>(
                 ));
             }
             Err(error) => {
-                return Err(Refused(
-                    StatusCode::SERVICE_UNAVAILABLE,
+                return Err(Refused::new(
+                    RefusalKind::Unavailable,
+                    "unavailable",
                     format!("the store cannot answer: {error}; nothing was sent, retry"),
                 ));
             }
         }
     }
     let sender = shared.senders.get(source).ok_or_else(|| {
-        Refused(
-            StatusCode::NOT_FOUND,
-            "no such source that can send: a Feishu or Lark [[source]] with app_secret, a WeCom one with secret and agent_id, or a WeCom AI bot".into(),
+        Refused::new(RefusalKind::NotFound, "not_found",
+            "no such source that can send: a Feishu or Lark [[source]] with app_secret, a WeCom one with secret and agent_id, or a WeCom AI bot",
         )
     })?;
     // UTF-8, not only ASCII: callers name sends by order numbers, user names, titles. The
@@ -142,14 +144,14 @@ async fn send_once<S: Store>(
         .map(str::trim)
         .filter(|k| !k.is_empty() && k.len() <= KEY_LIMIT)
         .ok_or_else(|| {
-            Refused(
-                StatusCode::BAD_REQUEST,
+            Refused::new(RefusalKind::BadInput, "bad_request",
                 format!("send an Idempotency-Key header of 1 to {KEY_LIMIT} characters, the same for every retry"),
             )
         })?;
     let mut request: Value = serde_json::from_slice(body).map_err(|error| {
-        Refused(
-            StatusCode::BAD_REQUEST,
+        Refused::new(
+            RefusalKind::BadInput,
+            "bad_request",
             format!("the body is not JSON: {error}"),
         )
     })?;
@@ -167,8 +169,9 @@ async fn send_once<S: Store>(
         None if replying => Lane::High,
         None => Lane::Bulk,
         Some(other) => {
-            return Err(Refused(
-                StatusCode::BAD_REQUEST,
+            return Err(Refused::new(
+                RefusalKind::BadInput,
+                "bad_request",
                 format!("priority {other:?}: \"high\" (replies, mentions) or \"bulk\""),
             ));
         }
@@ -179,7 +182,7 @@ async fn send_once<S: Store>(
     let prepared = sender
         .api
         .prepare(request, platform_key(&caller.namespace, key))
-        .map_err(|error| Refused(StatusCode::BAD_REQUEST, error))?;
+        .map_err(|error| Refused::new(RefusalKind::BadInput, "bad_request", error))?;
     // The payload that a reuse of the key must match: the send itself, not how long it waits.
     let payload = &prepared.payload;
     let hash = key_for("send", &caller.namespace, source, key);
@@ -187,8 +190,9 @@ async fn send_once<S: Store>(
         .lease(shared.send_timeout * 3 + wait)
         .payload(payload.to_string().as_bytes());
     let unavailable = |error: &dyn std::fmt::Display| {
-        Refused(
-            StatusCode::SERVICE_UNAVAILABLE,
+        Refused::new(
+            RefusalKind::Unavailable,
+            "unavailable",
             format!("the store cannot answer: {error}; nothing was sent, retry"),
         )
     };
@@ -200,17 +204,18 @@ async fn send_once<S: Store>(
         }
         Ok(Claimed::InFlight { .. }) => {
             count(source, "in_flight");
-            return Err(Refused(
-                StatusCode::CONFLICT,
-                "a send with this Idempotency-Key is still in flight; retry with the same key"
-                    .into(),
+            return Err(Refused::new(
+                RefusalKind::Conflict,
+                "conflict",
+                "a send with this Idempotency-Key is still in flight; retry with the same key",
             ));
         }
         Ok(Claimed::Conflict) => {
             count(source, "conflict");
-            return Err(Refused(
-                StatusCode::CONFLICT,
-                "this Idempotency-Key was used for another message".into(),
+            return Err(Refused::new(
+                RefusalKind::Conflict,
+                "conflict",
+                "this Idempotency-Key was used for another message",
             ));
         }
         Err(error) => return Err(unavailable(&error)),
@@ -232,7 +237,7 @@ async fn send_once<S: Store>(
     let budgets: Vec<_> = prepared
         .budgets
         .iter()
-        .map(|(name, rate)| (send_budget::bucket(&sender.scope, name), *rate))
+        .map(|(name, rate)| (crate::api::budget::bucket(&sender.scope, name), *rate))
         .collect();
     let deadline = started + wait;
     let give_up = async |after: Duration, why: String| {
@@ -252,8 +257,9 @@ async fn send_once<S: Store>(
         NoBudget::Crowded(max) => {
             let _ = held.release().await;
             count(source, "crowded");
-            Err(Refused(
-                StatusCode::SERVICE_UNAVAILABLE,
+            Err(Refused::new(
+                RefusalKind::Unavailable,
+                "unavailable",
                 format!(
                     "{max} sends already wait for their rate budgets (api.max_waiting_sends): nothing was sent, retry later"
                 ),
@@ -272,7 +278,7 @@ async fn send_once<S: Store>(
     // A paced receiver's sends from this gateway go one at a time, replies first.
     let turn = match &prepared.pace {
         Some((name, spacing)) => {
-            let receiver = send_budget::bucket(&sender.scope, name);
+            let receiver = crate::api::budget::bucket(&sender.scope, name);
             match shared.pacer.turn(receiver, *spacing, lane, deadline).await {
                 Ok(turn) => Some(turn),
                 Err(TooLate(after)) => return no_budget(NoBudget::Later(after)).await,
@@ -288,7 +294,7 @@ async fn send_once<S: Store>(
         }
         // Every attempt spends the budgets, a retry after the platform's 429 too: a retry
         // outside them would crowd the receiver further.
-        if let Err(why) = send_budget::take(shared, source, &budgets, lane, deadline).await {
+        if let Err(why) = crate::api::budget::take(shared, source, &budgets, lane, deadline).await {
             return no_budget(why).await;
         }
         drop(waiting.take());
@@ -320,7 +326,11 @@ async fn send_once<S: Store>(
             Err(error @ SendError::Unknown(_)) => {
                 let _ = held.release().await;
                 count(source, "unknown_outcome");
-                return Err(Refused(StatusCode::GATEWAY_TIMEOUT, error.to_string()));
+                return Err(Refused::new(
+                    RefusalKind::HandlerTimeout,
+                    "upstream_timeout",
+                    error.to_string(),
+                ));
             }
             // This gateway cannot send it now (an AI bot's socket is held elsewhere or being
             // dialled): within the send's wait, try again; then 503 with Retry-After, nothing
@@ -347,7 +357,11 @@ async fn send_once<S: Store>(
             Err(error @ SendError::Transient(_)) => {
                 let _ = held.release().await;
                 count(source, "transient");
-                return Err(Refused(StatusCode::BAD_GATEWAY, error.to_string()));
+                return Err(Refused::new(
+                    RefusalKind::Handler,
+                    "upstream_failed",
+                    error.to_string(),
+                ));
             }
         };
         // The answer is the key's from now on: a repeat gets it instead of a second send.

@@ -11,7 +11,7 @@ use metrics::{Counter, Histogram, HistogramFn};
 use oncegate_core::Lease;
 use oncegate_once::{Observer, Renewal};
 
-use crate::recorder::Buckets;
+use crate::base::recorder::Buckets;
 
 /// Where a repeat was caught, from the outside in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,12 +160,6 @@ const FROM_THE_START: [&str; 17] = [
     "oncegate_spooled_total",
     "oncegate_unrouted_total",
     "oncegate_already_done_total",
-];
-
-/// The buckets of every `_seconds` histogram: 100 µs to an hour (a backlog's age, too).
-pub const SECONDS_BUCKETS: [f64; 20] = [
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
-    10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
 ];
 
 impl Meters {

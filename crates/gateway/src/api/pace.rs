@@ -13,7 +13,7 @@ use oncegate_core::KeyHash;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::send_budget::Lane;
+use crate::api::budget::Lane;
 
 /// Receivers kept beyond which idle ones are forgotten.
 const KEPT: usize = 4096;

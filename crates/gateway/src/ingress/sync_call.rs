@@ -30,8 +30,8 @@ fn failed(reason: &str, earlier: bool) -> Refusal {
 }
 
 /// The refusal of a reply the conversation's budget did not let through in time.
-fn over_budget(no: crate::send_budget::NoBudget) -> Refusal {
-    use crate::send_budget::NoBudget;
+fn over_budget(no: crate::api::budget::NoBudget) -> Refusal {
+    use crate::api::budget::NoBudget;
     match no {
         NoBudget::Store(error) => Refusal::new(
             RefusalKind::Unavailable,
@@ -170,11 +170,11 @@ async fn run_call<S: Store>(
     };
     if !how.budgets.is_empty() {
         let until = started + deadline;
-        let taken = crate::send_budget::take(
+        let taken = crate::api::budget::take(
             shared,
             &admit.event.app,
             how.budgets,
-            crate::send_budget::Lane::High,
+            crate::api::budget::Lane::High,
             until,
         )
         .await;

@@ -1,0 +1,162 @@
+//! A gateway as a configuration describes it: sources with their secrets, routes with their
+//! sinks, the API's callers and senders, the spool and the long connections.
+
+use std::sync::Arc;
+
+use oncegate_config::{Config, SinkKind};
+use oncegate_core::Store;
+
+use crate::{
+    Gateway, GatewayError, GatewayParts, HttpSink, LinesSink, SharedSink, StaleEvents, api,
+    ingress, registry,
+};
+
+impl<S: Store> Gateway<S> {
+    /// Builds the gateway a configuration describes, on `store`.
+    pub async fn from_config(config: &Config, store: S) -> Result<Self, GatewayError> {
+        let resolve = |secret: &Option<oncegate_config::Secret>,
+                       setting: &str|
+         -> Result<Option<String>, GatewayError> {
+            secret
+                .as_ref()
+                .map(|s| {
+                    s.resolve()
+                        .map_err(|message| GatewayError::Config(format!("{setting}: {message}")))
+                })
+                .transpose()
+        };
+        let sources = config
+            .sources
+            .iter()
+            .filter(|source| !registry::is_long_connection(source))
+            .map(|source| Ok((source.name.clone(), registry::source(source)?)))
+            .collect::<Result<Vec<_>, GatewayError>>()?;
+        let long_sources = config
+            .sources
+            .iter()
+            .filter(|source| registry::is_long_connection(source))
+            .map(registry::long_connection)
+            .collect::<Result<Vec<_>, GatewayError>>()?;
+        let parts = GatewayParts {
+            sources,
+            admin_token: resolve(&config.server.admin_token, "server.admin_token")?,
+            ..GatewayParts::of(config)
+        };
+        let callers = config
+            .api
+            .callers
+            .iter()
+            .map(|caller| {
+                let token = caller.token.resolve().map_err(|message| {
+                    GatewayError::Config(format!("api.caller {:?} token: {message}", caller.name))
+                })?;
+                let mut api_caller =
+                    api::callers::Caller::new(&caller.name, &caller.namespace, &token);
+                api_caller.sends_per_second = caller.sends_per_second;
+                api_caller.results = api::results::ResultBudget::new(
+                    caller.results_max.unwrap_or(api::results::DEFAULT_RESULTS),
+                    caller
+                        .result_bytes_max
+                        .unwrap_or(api::results::DEFAULT_RESULT_BYTES),
+                );
+                Ok(api_caller)
+            })
+            .collect::<Result<Vec<_>, GatewayError>>()?;
+        let mut gateway = Self::new(store, parts);
+        let shared = gateway.shared_mut()?;
+        shared.long_sources = long_sources;
+        // WeCom sends an AI bot's callback once, with no ack to withhold: on Redis without a
+        // spool, one that arrives during an outage longer than the retries is lost.
+        let spooled = matches!(&config.store, oncegate_config::StoreConfig::Redis(redis) if redis.spool.is_some());
+        let remote = matches!(&config.store, oncegate_config::StoreConfig::Redis(_));
+        if remote && !spooled {
+            shared.at_risk = shared
+                .long_sources
+                .iter()
+                .filter(|source| matches!(source.link, ingress::longconn::Link::AiBot { .. }))
+                .map(|source| {
+                    format!(
+                        "WeCom AI bot {}: a callback arriving while Redis cannot admit it (an \
+                         outage longer than about a minute) is lost; set store.spool",
+                        source.name
+                    )
+                })
+                .collect();
+        }
+        shared.api_callers = callers;
+        shared.key_limits = api::callers::KeyLimits {
+            max_lease: config.api.max_lease,
+            max_wait: config.api.max_wait,
+        };
+        shared.send_timeout = config.api.send_timeout;
+        shared.max_waiting_sends = config.api.max_waiting_sends;
+        for source in &config.sources {
+            if let Some(sender) = registry::sender(source, config.api.send_timeout)? {
+                shared.senders.insert(source.name.clone(), sender);
+            }
+        }
+        // An AI bot sends over its connection, through the gateway that holds it.
+        for source in &shared.long_sources {
+            if let ingress::longconn::Link::AiBot { bot, outbound, .. } = &source.link {
+                let api = oncegate_send::Api::AiBot(oncegate_send::AiBotApi::new(outbound.clone()));
+                let scope = bot.bot_id().to_owned();
+                shared
+                    .senders
+                    .insert(source.name.clone(), api::send::Sender { api, scope });
+            }
+        }
+        for route in &config.routes {
+            let sink: SharedSink = match route.sink {
+                SinkKind::Http => {
+                    let url = route
+                        .url
+                        .as_deref()
+                        .ok_or_else(|| GatewayError::Config("an http route needs a url".into()))?;
+                    let previous = route
+                        .previous_secrets
+                        .iter()
+                        .map(|secret| {
+                            secret.resolve().map_err(|message| {
+                                GatewayError::Config(format!("route previous_secrets: {message}"))
+                            })
+                        })
+                        .collect::<Result<Vec<String>, GatewayError>>()?;
+                    let previous: Vec<&str> = previous.iter().map(String::as_str).collect();
+                    let sink = HttpSink::new(
+                        url,
+                        resolve(&route.secret, "route secret")?.as_deref(),
+                        route.timeout,
+                    )?
+                    .with_previous_secrets(&previous)?
+                    .with_signing_key_opt(
+                        resolve(&route.signing_key, "route signing_key")?.as_deref(),
+                    )?;
+                    if let Some(public_key) = sink.public_key() {
+                        tracing::info!(events = ?route.events, %public_key, "the route signs every delivery with v1a too: receivers verify with this public key");
+                    }
+                    Arc::new(sink)
+                }
+                SinkKind::Stdout => Arc::new(LinesSink::stdout()),
+                SinkKind::File => {
+                    let path = route
+                        .path
+                        .as_deref()
+                        .ok_or_else(|| GatewayError::Config("a file route needs a path".into()))?;
+                    Arc::new(LinesSink::file(path).await?)
+                }
+            };
+            let patterns: Vec<&str> = route.events.iter().map(String::as_str).collect();
+            let stale = if route.watermark {
+                StaleEvents::Drop
+            } else {
+                StaleEvents::Deliver
+            };
+            gateway = if route.reply {
+                gateway.replying_route(&patterns, sink)?
+            } else {
+                gateway.route(&patterns, sink, stale)?
+            };
+        }
+        Ok(gateway)
+    }
+}
