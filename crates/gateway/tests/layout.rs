@@ -48,7 +48,10 @@ fn workspace() -> PathBuf {
 fn no_production_file_is_longer_than_the_bound() {
     let root = workspace();
     let mut files = Vec::new();
-    for krate in std::fs::read_dir(root.join("crates")).expect("crates").flatten() {
+    for krate in std::fs::read_dir(root.join("crates"))
+        .expect("crates")
+        .flatten()
+    {
         rust_files(&krate.path().join("src"), &mut files);
     }
     let mut long = BTreeSet::new();
@@ -76,7 +79,10 @@ fn no_production_file_is_longer_than_the_bound() {
         .iter()
         .filter(|name| !long.iter().any(|(long, _)| long == *name))
         .collect();
-    assert!(shrunk.is_empty(), "no longer long, take them off STILL_LONG: {shrunk:?}");
+    assert!(
+        shrunk.is_empty(),
+        "no longer long, take them off STILL_LONG: {shrunk:?}"
+    );
 }
 
 /// Each module's name (`api::keys`) and its production source.
@@ -163,7 +169,10 @@ fn no_gateway_module_imports_one_that_imports_it_back() {
             }
         }
     }
-    assert!(circles.is_empty(), "modules in an import circle: {circles:?}");
+    assert!(
+        circles.is_empty(),
+        "modules in an import circle: {circles:?}"
+    );
     // The check sees edges: the dispatcher reaches the sinks.
     assert!(edges["dispatch"].contains("sink"), "{edges:?}");
 }

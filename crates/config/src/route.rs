@@ -1,0 +1,238 @@
+//! `[[route]]`: where events go, by event type.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use oncegate_core::redact::url as redact_url;
+use serde::{Deserialize, Serialize};
+
+use crate::checks::{Severity, scheme_of};
+use crate::duration;
+use crate::*;
+
+/// Where a route's events go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SinkKind {
+    /// POST to `url`, signed the Standard Webhooks way.
+    Http,
+    /// JSON lines on standard output.
+    Stdout,
+    /// JSON lines appended to `path`.
+    File,
+}
+
+/// `[[route]]`: events whose type matches go to one sink.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    /// Event types: exact (`im.message.receive_v1`), a prefix (`im.message.*`) or `*`.
+    pub events: Vec<String>,
+    /// The sink.
+    pub sink: SinkKind,
+    /// The HTTP sink's URL.
+    pub url: Option<String>,
+    /// The HTTP sink's Standard Webhooks secret (`whsec_` + base64).
+    pub secret: Option<Secret>,
+    /// Secrets being rotated out: every delivery is signed with each of them too (one `v1`
+    /// signature per secret in `webhook-signature`), so that a receiver still checking an old
+    /// secret verifies while it moves to the new one. Remove them once it has.
+    #[serde(default)]
+    pub previous_secrets: Vec<Secret>,
+    /// An Ed25519 key (`whsk_` + base64) that signs every delivery too, as a `v1a` signature:
+    /// receivers verify with its public key (`whpk_…`, shown by `GET /admin/routes`) and, unlike
+    /// with a shared secret, cannot sign themselves.
+    pub signing_key: Option<Secret>,
+    /// The file sink's path.
+    pub path: Option<PathBuf>,
+    /// The HTTP sink's timeout per attempt.
+    #[serde(with = "duration", default = "default_sink_timeout")]
+    pub timeout: Duration,
+    /// Drop an event older than one already applied for its chat.
+    #[serde(default)]
+    pub watermark: bool,
+    /// The HTTP sink's answer is the platform's passive reply (WeCom, WeChat): matching events
+    /// are handled as they arrive, within the platform's deadline, instead of queued.
+    #[serde(default)]
+    pub reply: bool,
+}
+
+/// The URL without credentials, the secret hidden.
+impl std::fmt::Debug for RouteConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RouteConfig")
+            .field("events", &self.events)
+            .field("sink", &self.sink)
+            .field("url", &self.url.as_deref().map(redact_url))
+            .field("secret", &self.secret)
+            .field("previous_secrets", &self.previous_secrets)
+            .field("signing_key", &self.signing_key)
+            .field("path", &self.path)
+            .field("timeout", &self.timeout)
+            .field("watermark", &self.watermark)
+            .field("reply", &self.reply)
+            .finish()
+    }
+}
+
+fn default_sink_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+
+impl RouteConfig {
+    /// Whether `event_type` is one of this route's.
+    pub fn matches(&self, event_type: &str) -> bool {
+        event_type_matches(&self.events, event_type)
+    }
+}
+
+/// Whether `event_type` matches one of `patterns`: exact, `prefix*`, or `*`.
+pub fn event_type_matches(patterns: &[String], event_type: &str) -> bool {
+    patterns
+        .iter()
+        .any(|pattern| match pattern.strip_suffix('*') {
+            Some(prefix) => event_type.starts_with(prefix),
+            None => pattern == event_type,
+        })
+}
+
+/// Every `[[route]]`: its events, sink, secrets and keys.
+pub(crate) fn check(config: &Config, report: &mut impl FnMut(Severity, &str, String)) {
+    for (i, route) in config.routes.iter().enumerate() {
+        let at = |field: &str| format!("route[{i}].{field}");
+        if route.events.is_empty() || route.events.iter().any(|e| e.trim().is_empty()) {
+            report(
+                Severity::Error,
+                &at("events"),
+                "name at least one event type (exact, a prefix ending in *, or *)".into(),
+            );
+        }
+        match route.sink {
+            crate::SinkKind::Http => match &route.url {
+                Some(url) if url.starts_with("http://") || url.starts_with("https://") => {}
+                Some(url) => report(
+                    Severity::Error,
+                    &at("url"),
+                    format!("{} is not an http:// or https:// URL", scheme_of(url)),
+                ),
+                None => report(
+                    Severity::Error,
+                    &at("url"),
+                    "sink = \"http\" needs a url".into(),
+                ),
+            },
+            crate::SinkKind::File => {
+                if route.path.is_none() {
+                    report(
+                        Severity::Error,
+                        &at("path"),
+                        "sink = \"file\" needs a path".into(),
+                    );
+                }
+            }
+            crate::SinkKind::Stdout => {}
+        }
+        if route.sink != crate::SinkKind::Http && (route.url.is_some() || route.secret.is_some()) {
+            report(
+                Severity::Error,
+                &at("url"),
+                "url and secret belong to sink = \"http\"".into(),
+            );
+        }
+        let named = route
+            .secret
+            .iter()
+            .map(|secret| ("secret".to_owned(), secret));
+        let previous = route
+            .previous_secrets
+            .iter()
+            .enumerate()
+            .map(|(i, secret)| (format!("previous_secrets[{i}]"), secret));
+        for (field, secret) in named.chain(previous) {
+            match secret.resolve() {
+                Err(message) => report(Severity::Error, &at(&field), message),
+                Ok(value) if !value.starts_with("whsec_") => report(
+                    Severity::Error,
+                    &at(&field),
+                    "a Standard Webhooks secret is \"whsec_\" followed by base64".into(),
+                ),
+                Ok(_) => {}
+            }
+        }
+        if let Some(key) = &route.signing_key {
+            match key.resolve() {
+                Err(message) => report(Severity::Error, &at("signing_key"), message),
+                Ok(value) if !value.starts_with("whsk_") => report(
+                    Severity::Error,
+                    &at("signing_key"),
+                    "an asymmetric signing key is \"whsk_\" followed by the base64 of an \
+                     Ed25519 key"
+                        .into(),
+                ),
+                Ok(_) => {}
+            }
+            if route.sink != crate::SinkKind::Http {
+                report(
+                    Severity::Error,
+                    &at("signing_key"),
+                    "signing_key belongs to sink = \"http\"".into(),
+                );
+            }
+        }
+        if !route.previous_secrets.is_empty() && route.secret.is_none() {
+            report(
+                Severity::Error,
+                &at("previous_secrets"),
+                "secrets being rotated out need the new one: set secret".into(),
+            );
+        }
+        if route.sink == crate::SinkKind::Http
+            && route.secret.is_none()
+            && route.signing_key.is_none()
+        {
+            report(
+                Severity::Warning,
+                &at("secret"),
+                "an http route without a secret sends unsigned requests: the receiver cannot \
+                 tell them from forgeries. Set secret = \"whsec_...\""
+                    .into(),
+            );
+        }
+        if route.timeout.is_zero() {
+            report(
+                Severity::Error,
+                &at("timeout"),
+                "a zero timeout fails every delivery".into(),
+            );
+        }
+        let cards = route
+            .events
+            .iter()
+            .any(|e| e == "card.action.trigger" || e == "url.preview.get");
+        if cards && route.sink != crate::SinkKind::Http {
+            report(
+                Severity::Error,
+                &at("sink"),
+                "card callbacks are answered with the sink's reply, so they need sink = \"http\""
+                    .into(),
+            );
+        }
+        if route.reply && route.sink != crate::SinkKind::Http {
+            report(
+                Severity::Error,
+                &at("reply"),
+                "a passive reply is the sink's answer, so reply = true needs sink = \"http\""
+                    .into(),
+            );
+        }
+        if route.reply && route.watermark {
+            report(
+                Severity::Error,
+                &at("watermark"),
+                "a replying route handles events as they arrive, not in chat order: \
+                 a watermark cannot apply; use a queued route for these events"
+                    .into(),
+            );
+        }
+    }
+}

@@ -1,0 +1,311 @@
+//! `[[source]]`: the platforms' apps, their secrets and transports (checked in `check`).
+
+mod check;
+
+pub(crate) use check::check;
+#[cfg(test)]
+pub(crate) use check::plain_transport;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::duration_opt;
+use crate::store::variant;
+
+/// The platform of a source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Platform {
+    /// Feishu (China).
+    Feishu,
+    /// Lark (international Feishu).
+    Lark,
+    /// WeCom (企业微信).
+    Wecom,
+    /// WeChat official accounts.
+    Wechat,
+    /// A WeCom AI bot (智能机器人) on its long connection.
+    #[serde(rename = "wecom-aibot")]
+    WecomAibot,
+}
+
+/// A secret: inline, from an environment variable, or from a file. Its `Debug` never shows
+/// an inline value.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Secret {
+    /// Written in the file (fine for tests, not for production).
+    Inline(String),
+    /// Read from an environment variable.
+    Env {
+        /// The variable.
+        env: String,
+    },
+    /// Read from a file (trailing newline removed).
+    File {
+        /// The file.
+        file: PathBuf,
+    },
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Secret::Inline(_) => f.write_str("Inline(<hidden>)"),
+            Secret::Env { env } => f.debug_struct("Env").field("env", env).finish(),
+            Secret::File { file } => f.debug_struct("File").field("file", file).finish(),
+        }
+    }
+}
+
+impl Secret {
+    /// The secret's value. A value that is empty or only whitespace is an error, never "no
+    /// secret": an empty Kubernetes secret or a blank template must not switch checks off.
+    pub fn resolve(&self) -> Result<String, String> {
+        let (value, origin) = match self {
+            Secret::Inline(value) => (value.clone(), "the inline value".to_owned()),
+            Secret::Env { env } => (
+                std::env::var(env).map_err(|_| format!("environment variable {env} is not set"))?,
+                format!("environment variable {env}"),
+            ),
+            Secret::File { file } => (
+                std::fs::read_to_string(file)
+                    .map(|text| text.trim_end_matches(['\n', '\r']).to_owned())
+                    .map_err(|error| format!("cannot read {}: {error}", file.display()))?,
+                format!("file {}", file.display()),
+            ),
+        };
+        if value.trim().is_empty() {
+            return Err(format!(
+                "{origin} is empty: an empty secret would switch its check off; set a value, \
+                 or remove the setting"
+            ));
+        }
+        Ok(value)
+    }
+}
+
+/// `[[source]]`: one app on one platform. `platform` picks the variant; each platform has its
+/// own settings.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SourceConfig {
+    /// The name, used in the route `/webhook/<name>` and in metrics.
+    pub name: String,
+    /// The platform and its settings.
+    #[serde(flatten)]
+    pub platform: PlatformConfig,
+}
+
+/// A source's platform with the settings that platform needs.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "platform", rename_all = "lowercase")]
+pub enum PlatformConfig {
+    /// Feishu (China).
+    Feishu(FeishuSettings),
+    /// Lark (international Feishu).
+    Lark(FeishuSettings),
+    /// WeCom (企业微信).
+    Wecom(WecomSettings),
+    /// WeChat Official Accounts.
+    Wechat(WechatSettings),
+    /// A WeCom AI bot (智能机器人) on its long connection: oncegate dials WeCom.
+    #[serde(rename = "wecom-aibot")]
+    WecomAibot(AibotSettings),
+}
+
+/// A Feishu or Lark app.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FeishuSettings {
+    /// The app id (`cli_…`).
+    pub app_id: String,
+    /// The encrypt key: callbacks are signed and encrypted with it.
+    pub encrypt_key: Option<Secret>,
+    /// The verification token in every callback's body.
+    pub verification_token: Option<Secret>,
+    /// Accept requests with no authentication at all (no encrypt key, no token). Only for local
+    /// experiments: anyone who knows the URL can send events.
+    pub allow_unsigned: bool,
+    /// How events arrive: Feishu posts them (`webhook`), or oncegate dials Feishu's long
+    /// connection (`websocket`, needs no public address).
+    pub transport: Transport,
+    /// The app secret: the long connection's endpoint asks for it.
+    pub app_secret: Option<Secret>,
+    /// Where the long connection's endpoint is: `https://open.feishu.cn` (Feishu) or
+    /// `https://open.larksuite.com` (Lark) unless set (a local server, a proxy).
+    pub domain: Option<String>,
+    /// Long connections held per gateway (Feishu allows 50 per app, and gives each event to
+    /// one of them).
+    pub connections: usize,
+    /// Which gateways of several hold the long connections.
+    pub instances: Instances,
+    /// How long past a ping interval a connection may stay silent before it is dialled anew;
+    /// unset: half the interval, between 5 s and 60 s.
+    #[serde(with = "duration_opt")]
+    pub pong_grace: Option<Duration>,
+}
+
+/// How a Feishu source's events arrive.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Transport {
+    /// HTTP callbacks to `/webhook/<name>`.
+    #[default]
+    Webhook,
+    /// The long connection (长连接).
+    Websocket,
+}
+
+/// Which of several gateways hold a source's long connections.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Instances {
+    /// Every gateway connects; Feishu spreads the events over them and the shared store
+    /// (Redis) catches redeliveries that reach another gateway.
+    #[default]
+    All,
+    /// One gateway holds them, through a lease in the store; another takes over when it stops.
+    Leader,
+}
+
+impl Default for FeishuSettings {
+    fn default() -> Self {
+        Self {
+            app_id: String::new(),
+            encrypt_key: None,
+            verification_token: None,
+            allow_unsigned: false,
+            transport: Transport::Webhook,
+            app_secret: None,
+            domain: None,
+            connections: 1,
+            instances: Instances::All,
+            pong_grace: None,
+        }
+    }
+}
+
+/// A WeCom app (self-built app or third-party suite).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WecomSettings {
+    /// The corp id (the receive id checked in every decrypted message).
+    pub corp_id: String,
+    /// The app's AgentID: callbacks naming another agent are refused. A corp's apps each have
+    /// their own token and key, so each is its own source.
+    pub agent_id: Option<String>,
+    /// The callback token, signing every callback.
+    pub token: Option<Secret>,
+    /// The 43-character EncodingAESKey.
+    pub encoding_aes_key: Option<Secret>,
+    /// The app's Secret: `/send/<source>` sends as this agent with it (needs `agent_id`).
+    pub secret: Option<Secret>,
+    /// WeCom's API address: `https://qyapi.weixin.qq.com` unless set (a local server, a proxy).
+    pub domain: Option<String>,
+}
+
+/// A WeChat Official Account.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WechatSettings {
+    /// The app id (`wx…`).
+    pub app_id: String,
+    /// The account's original id (原始ID, `gh_…`): what its messages carry as `ToUserName`.
+    /// Optional: when set, a message addressed to another account is refused; without it
+    /// `ToUserName` is not checked (in safe mode the receive id inside the ciphertext binds a
+    /// message to the app id).
+    pub original_id: Option<String>,
+    /// The token, signing every callback.
+    pub token: Option<Secret>,
+    /// The EncodingAESKey of safe mode; plain mode without it.
+    pub encoding_aes_key: Option<Secret>,
+}
+
+/// A WeCom AI bot on its long connection (API mode, 长连接): no public callback URL.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AibotSettings {
+    /// The bot's id (`aibotid`, the Bot ID of its API settings).
+    pub bot_id: String,
+    /// The bot's secret (its API settings' Secret), sent when subscribing.
+    pub secret: Option<Secret>,
+    /// The long connection's address: `wss://openws.work.weixin.qq.com` unless set (a local
+    /// server, a proxy).
+    pub domain: Option<String>,
+}
+
+impl SourceConfig {
+    /// The platform.
+    pub fn platform(&self) -> Platform {
+        match self.platform {
+            PlatformConfig::Feishu(_) => Platform::Feishu,
+            PlatformConfig::Lark(_) => Platform::Lark,
+            PlatformConfig::Wecom(_) => Platform::Wecom,
+            PlatformConfig::Wechat(_) => Platform::Wechat,
+            PlatformConfig::WecomAibot(_) => Platform::WecomAibot,
+        }
+    }
+
+    /// What makes two sources the same app: the platform, the app id and, on WeCom, the agent.
+    pub fn identity(&self) -> (Platform, &str, Option<&str>) {
+        let agent = match &self.platform {
+            PlatformConfig::Wecom(s) => s.agent_id.as_deref(),
+            _ => None,
+        };
+        (self.platform(), self.app_id(), agent)
+    }
+
+    /// The app's id on its platform (Feishu app id, WeCom corp id, WeChat app id).
+    pub fn app_id(&self) -> &str {
+        match &self.platform {
+            PlatformConfig::Feishu(s) | PlatformConfig::Lark(s) => &s.app_id,
+            PlatformConfig::Wecom(s) => &s.corp_id,
+            PlatformConfig::Wechat(s) => &s.app_id,
+            PlatformConfig::WecomAibot(s) => &s.bot_id,
+        }
+    }
+}
+
+/// By hand, like [`StoreConfig`]: the platform picks the settings, and errors name the field.
+impl<'de> Deserialize<'de> for SourceConfig {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let mut table = toml::Table::deserialize(deserializer)?;
+        let name = match table.remove("name") {
+            Some(toml::Value::String(name)) => name,
+            Some(other) => {
+                return Err(D::Error::custom(format!(
+                    "name = {other}: expected a string"
+                )));
+            }
+            None => return Err(D::Error::custom("missing field `name`")),
+        };
+        let platform = match table.remove("platform") {
+            Some(toml::Value::String(platform)) => platform,
+            _ => {
+                return Err(D::Error::custom(format!(
+                    "source {name:?}: set platform = \"feishu\", \"lark\", \"wecom\", \"wecom-aibot\" \
+                     or \"wechat\""
+                )));
+            }
+        };
+        let settings = toml::Value::Table(table);
+        let context = format!("source {name:?} (platform = \"{platform}\")");
+        let platform = match platform.as_str() {
+            "feishu" => variant(settings, &context).map(PlatformConfig::Feishu),
+            "lark" => variant(settings, &context).map(PlatformConfig::Lark),
+            "wecom" => variant(settings, &context).map(PlatformConfig::Wecom),
+            "wechat" => variant(settings, &context).map(PlatformConfig::Wechat),
+            "wecom-aibot" => variant(settings, &context).map(PlatformConfig::WecomAibot),
+            other => {
+                return Err(D::Error::custom(format!(
+                    "source {name:?}: platform = {other:?}: expected \"feishu\", \"lark\", \
+                     \"wecom\", \"wecom-aibot\" or \"wechat\""
+                )));
+            }
+        }?;
+        Ok(SourceConfig { name, platform })
+    }
+}
