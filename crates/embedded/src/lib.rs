@@ -11,6 +11,7 @@ mod codec;
 mod open;
 mod queue;
 mod reader;
+mod tables;
 mod writer;
 
 use std::path::{Path, PathBuf};
