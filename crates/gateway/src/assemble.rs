@@ -6,31 +6,24 @@ use std::sync::Arc;
 use oncegate_config::{Config, SinkKind};
 use oncegate_core::Store;
 
+#[cfg(feature = "http-sink")]
+use crate::HttpSink;
+#[cfg(feature = "long-connection")]
+use crate::ingress;
 use crate::{
-    Gateway, GatewayError, GatewayParts, HttpSink, LinesSink, SharedSink, StaleEvents, api,
-    ingress, registry,
+    Gateway, GatewayError, GatewayParts, LinesSink, SharedSink, StaleEvents, api, base, registry,
 };
 
 impl<S: Store> Gateway<S> {
     /// Builds the gateway a configuration describes, on `store`.
     pub async fn from_config(config: &Config, store: S) -> Result<Self, GatewayError> {
-        let resolve = |secret: &Option<oncegate_config::Secret>,
-                       setting: &str|
-         -> Result<Option<String>, GatewayError> {
-            secret
-                .as_ref()
-                .map(|s| {
-                    s.resolve()
-                        .map_err(|message| GatewayError::Config(format!("{setting}: {message}")))
-                })
-                .transpose()
-        };
         let sources = config
             .sources
             .iter()
             .filter(|source| !registry::is_long_connection(source))
             .map(|source| Ok((source.name.clone(), registry::source(source)?)))
             .collect::<Result<Vec<_>, GatewayError>>()?;
+        // A build without long connections refuses such a source here.
         let long_sources = config
             .sources
             .iter()
@@ -64,78 +57,17 @@ impl<S: Store> Gateway<S> {
             .collect::<Result<Vec<_>, GatewayError>>()?;
         let mut gateway = Self::new(store, parts);
         let shared = gateway.shared_mut()?;
-        shared.long_sources = long_sources;
-        // WeCom sends an AI bot's callback once, with no ack to withhold: on Redis without a
-        // spool, one that arrives during an outage longer than the retries is lost.
-        let spooled = matches!(&config.store, oncegate_config::StoreConfig::Redis(redis) if redis.spool.is_some());
-        let remote = matches!(&config.store, oncegate_config::StoreConfig::Redis(_));
-        if remote && !spooled {
-            shared.at_risk = shared
-                .long_sources
-                .iter()
-                .filter(|source| matches!(source.link, ingress::longconn::Link::AiBot { .. }))
-                .map(|source| {
-                    format!(
-                        "WeCom AI bot {}: a callback arriving while Redis cannot admit it (an \
-                         outage longer than about a minute) is lost; set store.spool",
-                        source.name
-                    )
-                })
-                .collect();
-        }
+        hold_long_connections(shared, config, long_sources);
         shared.api_callers = callers;
         shared.key_limits = api::callers::KeyLimits {
             max_lease: config.api.max_lease,
             max_wait: config.api.max_wait,
         };
-        shared.send_timeout = config.api.send_timeout;
-        shared.max_waiting_sends = config.api.max_waiting_sends;
-        for source in &config.sources {
-            if let Some(sender) = registry::sender(source, config.api.send_timeout)? {
-                shared.senders.insert(source.name.clone(), sender);
-            }
-        }
-        // An AI bot sends over its connection, through the gateway that holds it.
-        for source in &shared.long_sources {
-            if let ingress::longconn::Link::AiBot { bot, outbound, .. } = &source.link {
-                let api = oncegate_send::Api::AiBot(oncegate_send::AiBotApi::new(outbound.clone()));
-                let scope = bot.bot_id().to_owned();
-                shared
-                    .senders
-                    .insert(source.name.clone(), api::send::Sender { api, scope });
-            }
-        }
+        #[cfg(feature = "send")]
+        add_senders(shared, config)?;
         for route in &config.routes {
             let sink: SharedSink = match route.sink {
-                SinkKind::Http => {
-                    let url = route
-                        .url
-                        .as_deref()
-                        .ok_or_else(|| GatewayError::Config("an http route needs a url".into()))?;
-                    let previous = route
-                        .previous_secrets
-                        .iter()
-                        .map(|secret| {
-                            secret.resolve().map_err(|message| {
-                                GatewayError::Config(format!("route previous_secrets: {message}"))
-                            })
-                        })
-                        .collect::<Result<Vec<String>, GatewayError>>()?;
-                    let previous: Vec<&str> = previous.iter().map(String::as_str).collect();
-                    let sink = HttpSink::new(
-                        url,
-                        resolve(&route.secret, "route secret")?.as_deref(),
-                        route.timeout,
-                    )?
-                    .with_previous_secrets(&previous)?
-                    .with_signing_key_opt(
-                        resolve(&route.signing_key, "route signing_key")?.as_deref(),
-                    )?;
-                    if let Some(public_key) = sink.public_key() {
-                        tracing::info!(events = ?route.events, %public_key, "the route signs every delivery with v1a too: receivers verify with this public key");
-                    }
-                    Arc::new(sink)
-                }
+                SinkKind::Http => http_sink(route)?,
                 SinkKind::Stdout => Arc::new(LinesSink::stdout()),
                 SinkKind::File => {
                     let path = route
@@ -159,4 +91,124 @@ impl<S: Store> Gateway<S> {
         }
         Ok(gateway)
     }
+}
+
+/// Holds `long_sources` (this build has long connections), and says what an AI bot can lose.
+#[cfg(feature = "long-connection")]
+fn hold_long_connections<S: Store>(
+    shared: &mut crate::Shared<base::timed_store::Timed<S>>,
+    config: &Config,
+    long_sources: Vec<ingress::longconn::LongSource>,
+) {
+    shared.long_sources = long_sources;
+    // WeCom sends an AI bot's callback once, with no ack to withhold: on Redis without a
+    // spool, one that arrives during an outage longer than the retries is lost.
+    let spooled = matches!(&config.store, oncegate_config::StoreConfig::Redis(redis) if redis.spool.is_some());
+    let remote = matches!(&config.store, oncegate_config::StoreConfig::Redis(_));
+    if remote && !spooled {
+        shared.at_risk = shared
+            .long_sources
+            .iter()
+            .filter(|source| matches!(source.link, ingress::longconn::Link::AiBot { .. }))
+            .map(|source| {
+                format!(
+                    "WeCom AI bot {}: a callback arriving while Redis cannot admit it (an \
+                     outage longer than about a minute) is lost; set store.spool",
+                    source.name
+                )
+            })
+            .collect();
+    }
+}
+
+/// Nothing to hold: a build without long connections refused every such source before.
+#[cfg(not(feature = "long-connection"))]
+fn hold_long_connections<S: Store>(
+    _: &mut crate::Shared<base::timed_store::Timed<S>>,
+    _: &Config,
+    long_sources: Vec<std::convert::Infallible>,
+) {
+    drop(long_sources);
+}
+
+/// What `/send/<source>` sends as: each app with its API secret, and each AI bot over its
+/// connection (through the gateway that holds it).
+#[cfg(feature = "send")]
+fn add_senders<S: Store>(
+    shared: &mut crate::Shared<base::timed_store::Timed<S>>,
+    config: &Config,
+) -> Result<(), GatewayError> {
+    shared.send_timeout = config.api.send_timeout;
+    shared.max_waiting_sends = config.api.max_waiting_sends;
+    for source in &config.sources {
+        if let Some(sender) = registry::sender(source, config.api.send_timeout)? {
+            shared.senders.insert(source.name.clone(), sender);
+        }
+    }
+    // An AI bot sends over its connection, through the gateway that holds it.
+    #[cfg(feature = "long-connection")]
+    for source in &shared.long_sources {
+        if let ingress::longconn::Link::AiBot { bot, outbound, .. } = &source.link {
+            let api = oncegate_send::Api::AiBot(oncegate_send::AiBotApi::new(outbound.clone()));
+            let scope = bot.bot_id().to_owned();
+            shared
+                .senders
+                .insert(source.name.clone(), api::send::Sender { api, scope });
+        }
+    }
+    Ok(())
+}
+
+/// An `http` route's sink, signed as its secrets and key say.
+#[cfg(feature = "http-sink")]
+fn http_sink(route: &oncegate_config::RouteConfig) -> Result<SharedSink, GatewayError> {
+    let url = route
+        .url
+        .as_deref()
+        .ok_or_else(|| GatewayError::Config("an http route needs a url".into()))?;
+    let previous = route
+        .previous_secrets
+        .iter()
+        .map(|secret| {
+            secret.resolve().map_err(|message| {
+                GatewayError::Config(format!("route previous_secrets: {message}"))
+            })
+        })
+        .collect::<Result<Vec<String>, GatewayError>>()?;
+    let previous: Vec<&str> = previous.iter().map(String::as_str).collect();
+    let sink = HttpSink::new(
+        url,
+        resolve(&route.secret, "route secret")?.as_deref(),
+        route.timeout,
+    )?
+    .with_previous_secrets(&previous)?
+    .with_signing_key_opt(resolve(&route.signing_key, "route signing_key")?.as_deref())?;
+    if let Some(public_key) = sink.public_key() {
+        tracing::info!(events = ?route.events, %public_key, "the route signs every delivery with v1a too: receivers verify with this public key");
+    }
+    Ok(Arc::new(sink))
+}
+
+/// A build without the HTTP sink refuses `http` routes.
+#[cfg(not(feature = "http-sink"))]
+fn http_sink(_: &oncegate_config::RouteConfig) -> Result<SharedSink, GatewayError> {
+    Err(GatewayError::Config(
+        "sink = \"http\" needs the `http-sink` feature of oncegate-gateway, which this build \
+         leaves out (the oncegate binary has it)"
+            .into(),
+    ))
+}
+
+/// A configured secret's value, if set (never empty: resolution refuses that).
+fn resolve(
+    secret: &Option<oncegate_config::Secret>,
+    setting: &str,
+) -> Result<Option<String>, GatewayError> {
+    secret
+        .as_ref()
+        .map(|s| {
+            s.resolve()
+                .map_err(|message| GatewayError::Config(format!("{setting}: {message}")))
+        })
+        .transpose()
 }

@@ -37,7 +37,9 @@ pub use base::recorder::{MetricsRecorder, MetricsRender};
 pub use base::stats::{self, Stats, StatsSnapshot};
 pub use base::summary::Summaries;
 pub use server::ServerLimits;
-pub use sink::{Handler, HandlerSink, HttpSink, LinesSink, Outgoing, SharedSink, Sink, SinkError};
+#[cfg(feature = "http-sink")]
+pub use sink::HttpSink;
+pub use sink::{Handler, HandlerSink, LinesSink, Outgoing, SharedSink, Sink, SinkError};
 
 /// Why a gateway could not be built or run.
 #[derive(Debug, thiserror::Error)]
@@ -188,6 +190,7 @@ pub(crate) struct Shared<S> {
     /// Whether events' secondary keys (Feishu's message id) are deduplicated too.
     pub(crate) secondary_keys: bool,
     /// Sources whose events come over Feishu's long connection.
+    #[cfg(feature = "long-connection")]
     pub(crate) long_sources: Vec<ingress::longconn::LongSource>,
     /// What this configuration can lose by design beyond the store's own promise, said in
     /// `/readyz` (check-config and the start say it too).
@@ -196,15 +199,20 @@ pub(crate) struct Shared<S> {
     pub(crate) api_callers: Vec<api::callers::Caller>,
     pub(crate) key_limits: api::callers::KeyLimits,
     /// The apps `/send/<source>` can send as, by source name.
+    #[cfg(feature = "send")]
     pub(crate) senders: HashMap<String, api::send::Sender>,
     /// One platform API call's deadline.
+    #[cfg(feature = "send")]
     pub(crate) send_timeout: Duration,
     /// Sends waiting for their rate budgets, and how many may.
     pub(crate) sends_waiting: api::budget::Waiting,
+    #[cfg(feature = "send")]
     pub(crate) max_waiting_sends: usize,
     /// Edits of one message, one at a time, the latest winning.
+    #[cfg(feature = "send")]
     pub(crate) edits: api::edits::Edits,
     /// Each receiver's sends one at a time, spaced from the previous answer.
+    #[cfg(feature = "send")]
     pub(crate) pacer: Arc<api::pace::Pacer>,
     /// Per-event metrics, their handles registered once.
     pub(crate) meters: Arc<base::meters::Meters>,
@@ -376,15 +384,21 @@ impl<S: Store> Gateway<S> {
                 replay: parts.replay,
                 failure: OnceLock::new(),
                 secondary_keys: parts.secondary_keys,
+                #[cfg(feature = "long-connection")]
                 long_sources: Vec::new(),
                 at_risk: Vec::new(),
                 api_callers: Vec::new(),
                 key_limits: api::callers::KeyLimits::default(),
+                #[cfg(feature = "send")]
                 senders: HashMap::new(),
+                #[cfg(feature = "send")]
                 send_timeout: Duration::from_secs(10),
                 sends_waiting: api::budget::Waiting::default(),
+                #[cfg(feature = "send")]
                 max_waiting_sends: 1000,
+                #[cfg(feature = "send")]
                 edits: api::edits::Edits::default(),
+                #[cfg(feature = "send")]
                 pacer: Arc::default(),
                 meters,
             }),

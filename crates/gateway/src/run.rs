@@ -57,6 +57,7 @@ impl<S: Store> Gateway<S> {
         let shared = &self.shared;
         shared.meters.register();
         shared.store.register();
+        #[cfg(feature = "send")]
         api::send::register(shared.senders.keys());
         dispatch::routes::register(&shared.routes);
         api::register(shared.api_callers.iter().map(|c| c.name.as_str()));
@@ -65,7 +66,7 @@ impl<S: Store> Gateway<S> {
             admin::queue_view::watch(shared.clone(), shutdown.clone()),
             admin::history::watch(shared.clone(), shutdown.clone()),
             shared.summaries.run(shutdown.clone()),
-            ingress::longconn::run_all(shared.clone(), shutdown.clone()),
+            long_connections(shared, shutdown.clone()),
         );
     }
 
@@ -131,4 +132,15 @@ async fn watch_store<S: Store>(
             ));
         }
     }
+}
+
+/// Holds the long connections until `shutdown` (none in a build without them).
+async fn long_connections<S: Store>(
+    shared: &std::sync::Arc<Shared<crate::base::timed_store::Timed<S>>>,
+    shutdown: CancellationToken,
+) {
+    #[cfg(feature = "long-connection")]
+    ingress::longconn::run_all(shared.clone(), shutdown).await;
+    #[cfg(not(feature = "long-connection"))]
+    let _ = (shared, shutdown);
 }

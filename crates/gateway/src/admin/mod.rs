@@ -85,13 +85,13 @@ async fn readyz<S: Store>(State(shared): State<Arc<Shared<S>>>) -> Response {
     );
     let webhooks = !long_connections_gate(&shared);
     let mut degraded = Vec::new();
-    for source in shared.long_sources.iter() {
-        let failed = source.not_ready();
-        let name = format!("long_connection {}", source.name);
+    for link in crate::ingress::links(&shared) {
+        let failed = link.not_ready;
+        let name = format!("long_connection {}", link.name);
         let ok = check(
             name.clone(),
             failed.is_none(),
-            failed.unwrap_or_else(|| format!("{} ({} open)", source.role(), source.status.open())),
+            failed.unwrap_or_else(|| format!("{} ({} open)", link.role, link.open)),
         );
         match (ok, webhooks) {
             (true, _) => {}
@@ -155,23 +155,22 @@ async fn metrics<S: Store>(State(shared): State<Arc<Shared<S>>>) -> Response {
 
 /// Each long-connection source's state, for the stats and the status page.
 fn long_connections<S>(shared: &Shared<S>) -> Vec<serde_json::Value> {
-    shared
-        .long_sources
-        .iter()
-        .map(|source| {
+    crate::ingress::links(shared)
+        .into_iter()
+        .map(|link| {
             // The last frame as a wall-clock time and as an age; both null before any frame.
-            let last = Some(source.status.last_frame_ms()).filter(|&at| at > 0);
+            let last = Some(link.last_frame_ms).filter(|&at| at > 0);
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |since| since.as_millis() as u64);
             json!({
-                "source": source.name,
-                "role": source.role(),
-                "open": source.status.open(),
-                "reconnects": source.status.reconnects(),
+                "source": link.name,
+                "role": link.role,
+                "open": link.open,
+                "reconnects": link.reconnects,
                 "last_frame_ms": last,
                 "last_frame_age_ms": last.map(|at| now.saturating_sub(at)),
-                "fatal": source.status.fatal(),
+                "fatal": link.fatal,
             })
         })
         .collect()
@@ -222,7 +221,9 @@ async fn live<S: Store>(State(shared): State<Arc<Shared<S>>>, headers: HeaderMap
         return denied;
     }
     let mut not_ready: Vec<String> = shared.failure.get().cloned().into_iter().collect();
-    let down = shared.long_sources.iter().filter_map(|s| s.not_ready());
+    let down = crate::ingress::links(&shared)
+        .into_iter()
+        .filter_map(|link| link.not_ready);
     let mut degraded = Vec::new();
     match long_connections_gate(&shared) {
         true => not_ready.extend(down),

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+#[cfg(feature = "send")]
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -18,6 +19,7 @@ const YIELD: Duration = Duration::from_millis(20);
 /// The bucket of budget `name` (a receiver's, a conversation's, the app's) within `scope`, the
 /// app a send or a reply goes out as: one naming for `/send` and a long connection's replies, so
 /// that they spend one budget.
+#[cfg(any(feature = "send", feature = "long-connection"))]
 pub(crate) fn bucket(scope: &str, name: &str) -> KeyHash {
     oncegate_core::key_for("send", scope, name, "")
 }
@@ -35,6 +37,7 @@ pub(crate) enum Lane {
 #[derive(Default)]
 pub(crate) struct Waiting {
     /// Sends waiting now, against `max`.
+    #[cfg(feature = "send")]
     count: AtomicUsize,
     /// High-lane sends waiting, by bucket.
     high: Mutex<HashMap<KeyHash, usize>>,
@@ -45,14 +48,17 @@ pub(crate) enum NoBudget {
     /// It would wait past its deadline: retry after this long.
     Later(Duration),
     /// As many sends wait as `api.max_waiting_sends` allows.
+    #[cfg(feature = "send")]
     Crowded(usize),
     /// The store cannot answer.
     Store(StoreError),
 }
 
 /// Holds a place among the waiting sends until dropped.
+#[cfg(feature = "send")]
 pub(crate) struct Counted<'a>(&'a AtomicUsize);
 
+#[cfg(feature = "send")]
 impl Drop for Counted<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
@@ -61,6 +67,7 @@ impl Drop for Counted<'_> {
 
 impl Waiting {
     /// A place among the sends that wait, unless `max` already do.
+    #[cfg(feature = "send")]
     pub(crate) fn enter(&self, max: usize) -> Result<Counted<'_>, NoBudget> {
         if self.count.fetch_add(1, Ordering::Relaxed) >= max {
             self.count.fetch_sub(1, Ordering::Relaxed);

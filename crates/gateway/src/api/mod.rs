@@ -3,10 +3,13 @@
 
 pub(crate) mod budget;
 pub(crate) mod callers;
+#[cfg(feature = "send")]
 pub(crate) mod edits;
 pub(crate) mod keys;
+#[cfg(feature = "send")]
 pub(crate) mod pace;
 pub(crate) mod results;
+#[cfg(feature = "send")]
 pub(crate) mod send;
 
 pub use keys::read_body;
@@ -23,8 +26,10 @@ use crate::Shared;
 use crate::refusal::Refused;
 
 pub(crate) fn router<S: Store>(shared: Arc<Shared<S>>) -> Router {
-    Router::new()
-        .route("/send/{source}", post(crate::api::send::send::<S>))
+    let router = Router::new();
+    #[cfg(feature = "send")]
+    let router = router.route("/send/{source}", post(crate::api::send::send::<S>));
+    router
         .route("/keys/claim", post(crate::api::keys::claim::<S>))
         .route("/keys/renew", post(crate::api::keys::renew::<S>))
         .route("/keys/complete", post(crate::api::keys::complete::<S>))

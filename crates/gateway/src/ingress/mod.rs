@@ -2,6 +2,7 @@
 //! the replay stamp, admit, answer. Every refusal is mapped to HTTP here and nowhere else.
 
 pub(crate) mod admission;
+#[cfg(feature = "long-connection")]
 pub(crate) mod longconn;
 pub(crate) mod spooling;
 pub(crate) mod sync_call;
@@ -331,4 +332,42 @@ mod tests {
         );
         assert_eq!(content_type("caf\u{e9}"), "application/octet-stream");
     }
+}
+
+/// One long connection as the admin listener shows it.
+pub(crate) struct LinkView {
+    pub(crate) name: String,
+    /// Why it takes no events now, if it does not.
+    pub(crate) not_ready: Option<String>,
+    /// `leading`, `standby`, …
+    pub(crate) role: &'static str,
+    pub(crate) open: usize,
+    pub(crate) reconnects: u64,
+    /// The last frame's time, 0 before any.
+    pub(crate) last_frame_ms: u64,
+    pub(crate) fatal: Option<String>,
+}
+
+/// Every long connection this gateway holds or stands by for (none in a build without them).
+pub(crate) fn links<S>(shared: &Shared<S>) -> Vec<LinkView> {
+    #[cfg(feature = "long-connection")]
+    let links = shared
+        .long_sources
+        .iter()
+        .map(|source| LinkView {
+            name: source.name.clone(),
+            not_ready: source.not_ready(),
+            role: source.role(),
+            open: source.status.open(),
+            reconnects: source.status.reconnects(),
+            last_frame_ms: source.status.last_frame_ms(),
+            fatal: source.status.fatal(),
+        })
+        .collect();
+    #[cfg(not(feature = "long-connection"))]
+    let links = {
+        let _ = shared;
+        Vec::new()
+    };
+    links
 }

@@ -47,6 +47,7 @@ fn over_budget(no: crate::api::budget::NoBudget) -> Refusal {
                 after.as_millis()
             ),
         ),
+        #[cfg(feature = "send")]
         NoBudget::Crowded(max) => Refusal::new(
             RefusalKind::Unavailable,
             "over_budget",
@@ -77,6 +78,7 @@ pub(crate) async fn call<S: Store>(
 /// starts nothing, since the answer went out over the socket once; the reply is counted in the
 /// conversation's `budgets` before the handler runs; a streamed answer's pieces go to
 /// `updates` as they come.
+#[cfg(feature = "long-connection")]
 pub(crate) async fn reply<S: Store>(
     shared: &Shared<S>,
     admit: Admit,

@@ -5,9 +5,9 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::sink::error::{SinkError, SinkSetupError};
+use crate::sink::outgoing::MAX_ANSWER;
 use crate::sink::outgoing::{Delivered, Outgoing, Sink, envelope};
 use crate::sink::sign::Signer;
-use crate::sink::stream::MAX_ANSWER;
 
 /// POSTs the envelope with Standard Webhooks headers and an `Idempotency-Key`. Never follows
 /// redirects: a 3xx would turn the signed POST into a GET, or post it somewhere else.

@@ -2,14 +2,18 @@
 
 mod error;
 pub(crate) mod file;
+#[cfg(feature = "http-sink")]
 mod http;
 mod lines;
 mod outgoing;
+#[cfg(feature = "http-sink")]
 mod sign;
+#[cfg(feature = "http-sink")]
 pub(crate) mod stream;
 
 pub use error::{SinkError, SinkSetupError};
+#[cfg(feature = "http-sink")]
 pub use http::HttpSink;
 pub use lines::LinesSink;
+pub use outgoing::MAX_ANSWER;
 pub use outgoing::{Delivered, Handler, HandlerSink, Outgoing, SharedSink, Sink, envelope};
-pub use stream::MAX_ANSWER;

@@ -124,3 +124,7 @@ pub fn envelope(outgoing: &Outgoing<'_>) -> Vec<u8> {
 
 /// A shared sink.
 pub type SharedSink = Arc<dyn Sink>;
+
+/// The largest answer read from a downstream: card replies are small (Feishu limits them to
+/// a few tens of KiB); a larger answer to a card is a failure, to an event it is not read.
+pub const MAX_ANSWER: usize = 64 * 1024;

@@ -1,13 +1,9 @@
 //! A streamed answer from an HTTP handler (`Content-Type: text/event-stream`, as LLM APIs
 //! stream): each event's `data` is a piece of content, handed on as it comes; the whole answer
-//! is the pieces joined, within [`MAX_ANSWER`].
+//! is the pieces joined, within [`MAX_ANSWER`](crate::sink::MAX_ANSWER).
 
 use bytes::{Bytes, BytesMut};
 use oncegate_core::Updates;
-
-/// The largest answer read from a downstream: card replies are small (Feishu limits them to
-/// a few tens of KiB); a larger answer to a card is a failure, to an event it is not read.
-pub const MAX_ANSWER: usize = 64 * 1024;
 
 /// Whether a response is a stream of server-sent events.
 pub(crate) fn is_event_stream(headers: &reqwest::header::HeaderMap) -> bool {

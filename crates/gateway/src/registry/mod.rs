@@ -1,0 +1,179 @@
+//! The one place that names platforms: a configured source becomes its platform's receiver
+//! (and, for load generators, its sender). Each platform is a feature of this crate; a source
+//! of a platform this build leaves out is refused with the feature to add.
+
+#[cfg(feature = "feishu")]
+mod feishu;
+#[cfg(feature = "wecom")]
+mod wecom;
+
+use std::sync::Arc;
+
+#[cfg(any(feature = "feishu", feature = "wecom"))]
+use oncegate_config::Secret;
+use oncegate_config::{PlatformConfig, SourceConfig, Transport};
+use oncegate_core::Sealer;
+
+use crate::{GatewayError, SharedSource};
+
+/// Resolves a secret of `source` (never empty: resolution refuses that).
+#[cfg(any(feature = "feishu", feature = "wecom"))]
+fn resolve(
+    source: &SourceConfig,
+    secret: &Option<Secret>,
+    field: &str,
+) -> Result<Option<String>, GatewayError> {
+    secret
+        .as_ref()
+        .map(|s| {
+            s.resolve().map_err(|message| {
+                GatewayError::Config(format!("source {:?} {field}: {message}", source.name))
+            })
+        })
+        .transpose()
+}
+
+/// A secret `source` cannot go without.
+#[cfg(feature = "wecom")]
+fn required(
+    source: &SourceConfig,
+    secret: &Option<Secret>,
+    field: &str,
+) -> Result<String, GatewayError> {
+    resolve(source, secret, field)?
+        .ok_or_else(|| GatewayError::Config(format!("source {:?} needs {field}", source.name)))
+}
+
+fn platform_error(source: &SourceConfig, error: impl std::fmt::Display) -> GatewayError {
+    GatewayError::Config(format!("source {:?}: {error}", source.name))
+}
+
+/// A source this build cannot serve: it was compiled without `feature`.
+#[allow(dead_code)]
+fn not_built(source: &SourceConfig, feature: &str) -> GatewayError {
+    platform_error(
+        source,
+        format!(
+            "this build of oncegate-gateway leaves out the `{feature}` feature this source needs; \
+             build with it (the oncegate binary has every feature)"
+        ),
+    )
+}
+
+/// One configured source's app, of whichever platform: the receiver and the sender.
+enum App {
+    #[cfg(feature = "feishu")]
+    Feishu(oncegate_feishu::FeishuApp),
+    #[cfg(feature = "wecom")]
+    Wecom(oncegate_wecom::WecomApp),
+    #[cfg(feature = "wecom")]
+    Wechat(oncegate_wecom::WechatApp),
+}
+
+/// The configured app of `source`.
+fn app(source: &SourceConfig) -> Result<App, GatewayError> {
+    match &source.platform {
+        #[cfg(feature = "feishu")]
+        PlatformConfig::Feishu(_) | PlatformConfig::Lark(_) => feishu::app(source).map(App::Feishu),
+        #[cfg(feature = "wecom")]
+        PlatformConfig::Wecom(settings) => wecom::wecom(source, settings).map(App::Wecom),
+        #[cfg(feature = "wecom")]
+        PlatformConfig::Wechat(settings) => wecom::wechat(source, settings).map(App::Wechat),
+        PlatformConfig::WecomAibot(_) => Err(platform_error(
+            source,
+            "a WeCom AI bot comes over its long connection and takes no webhook",
+        )),
+        #[cfg(not(feature = "feishu"))]
+        PlatformConfig::Feishu(_) | PlatformConfig::Lark(_) => Err(not_built(source, "feishu")),
+        #[cfg(not(feature = "wecom"))]
+        PlatformConfig::Wecom(_) | PlatformConfig::Wechat(_) => Err(not_built(source, "wecom")),
+    }
+}
+
+/// Whether `config` is held on a long connection (a Feishu or Lark app with `transport =
+/// "websocket"`, a WeCom AI bot).
+pub fn is_long_connection(config: &SourceConfig) -> bool {
+    match &config.platform {
+        PlatformConfig::Feishu(settings) | PlatformConfig::Lark(settings) => {
+            settings.transport == Transport::Websocket
+        }
+        PlatformConfig::WecomAibot(_) => true,
+        PlatformConfig::Wecom(_) | PlatformConfig::Wechat(_) => false,
+    }
+}
+
+/// A configured long-connection source: its app (an encrypt key, if set, decrypts pushes;
+/// the connection authenticates them) and its connection settings.
+#[cfg(feature = "long-connection")]
+pub(crate) fn long_connection(
+    config: &SourceConfig,
+) -> Result<crate::ingress::longconn::LongSource, GatewayError> {
+    match &config.platform {
+        PlatformConfig::Feishu(_) | PlatformConfig::Lark(_) => feishu::long_connection(config),
+        PlatformConfig::WecomAibot(settings) => wecom::ai_bot(config, settings),
+        _ => Err(platform_error(
+            config,
+            "only Feishu, Lark and WeCom AI bots have a long connection",
+        )),
+    }
+}
+
+/// The long connection a build without the `long-connection` feature cannot hold.
+#[cfg(not(feature = "long-connection"))]
+pub(crate) fn long_connection(
+    config: &SourceConfig,
+) -> Result<std::convert::Infallible, GatewayError> {
+    Err(not_built(config, "long-connection"))
+}
+
+/// The sending side of a configured app with its API secret: what `/send/<source>` sends as
+/// (a Feishu or Lark app with `app_secret`, a WeCom agent with `secret`); `None` for others.
+#[cfg(feature = "send")]
+pub(crate) fn sender(
+    config: &SourceConfig,
+    timeout: std::time::Duration,
+) -> Result<Option<crate::api::send::Sender>, GatewayError> {
+    // A build with no platform has nothing to send as.
+    let _ = timeout;
+    match &config.platform {
+        #[cfg(feature = "feishu")]
+        PlatformConfig::Feishu(settings) | PlatformConfig::Lark(settings) => {
+            feishu::sender(config, settings, timeout)
+        }
+        #[cfg(feature = "wecom")]
+        PlatformConfig::Wecom(settings) => wecom::sender(config, settings, timeout),
+        _ => Ok(None),
+    }
+}
+
+/// The receiver for one configured source.
+#[cfg_attr(
+    not(any(feature = "feishu", feature = "wecom")),
+    allow(unreachable_code)
+)]
+pub fn source(config: &SourceConfig) -> Result<SharedSource, GatewayError> {
+    Ok(match app(config)? {
+        #[cfg(feature = "feishu")]
+        App::Feishu(app) => Arc::new(app),
+        #[cfg(feature = "wecom")]
+        App::Wecom(app) => Arc::new(app),
+        #[cfg(feature = "wecom")]
+        App::Wechat(app) => Arc::new(app),
+    })
+}
+
+/// The sending side of one configured source: what `oncegate simulate` signs with.
+#[cfg_attr(
+    not(any(feature = "feishu", feature = "wecom")),
+    allow(unreachable_code)
+)]
+pub fn sealer(config: &SourceConfig) -> Result<Arc<dyn Sealer>, GatewayError> {
+    Ok(match app(config)? {
+        #[cfg(feature = "feishu")]
+        App::Feishu(app) => Arc::new(app),
+        #[cfg(feature = "wecom")]
+        App::Wecom(app) => Arc::new(app),
+        #[cfg(feature = "wecom")]
+        App::Wechat(app) => Arc::new(app),
+    })
+}
