@@ -286,3 +286,210 @@ mod handlers {
         );
     }
 }
+
+/// Sending once from Rust, against the local Feishu-like API server: from the bot, from two
+/// instances on Redis, and from a handler that is retried after it sent.
+mod sends {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::time::Duration;
+
+    use axum::body::Body;
+    use axum::http::Request;
+    use oncegate_core::Store;
+    use oncegate_feishu::{Cloud, FeishuApp};
+    use oncegate_gateway::SinkError;
+    use oncegate_gateway::bot::{Bot, Ctx, NotSent, SendOptions};
+    use oncegate_send::local::LocalFeishuApi;
+    use serde_json::json;
+    use tokio_util::sync::CancellationToken;
+    use tower::ServiceExt;
+
+    const APP: &str = "cli_sender";
+    const SECRET: &str = "sender-secret";
+    const TOKEN: &str = "verification-token";
+
+    fn api(platform: &LocalFeishuApi) -> oncegate_send::Api {
+        oncegate_send::Api::Feishu(
+            oncegate_send::FeishuApi::new(&platform.domain(), APP, SECRET, Duration::from_secs(5))
+                .expect("api"),
+        )
+    }
+
+    fn bot<S: Store>(store: S, platform: &LocalFeishuApi) -> oncegate_gateway::bot::BotBuilder<S> {
+        let app = FeishuApp::new(Cloud::Feishu, APP, None, Some(TOKEN.into())).expect("app");
+        Bot::builder(store)
+            .source("bot", app)
+            .sender("bot", api(platform))
+    }
+
+    fn text(chat: &str, text: &str) -> serde_json::Value {
+        json!({"receive_id": chat, "msg_type": "text", "content": {"text": text}})
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_send_from_rust_goes_out_once_however_many_callers_retry_it() {
+        let platform = LocalFeishuApi::start(APP, SECRET, Duration::from_secs(7200))
+            .await
+            .expect("platform");
+        let bot = Arc::new(
+            bot(oncegate_memory::MemoryStore::new(), &platform)
+                .on("*", |_| async { Ok(()) })
+                .build()
+                .expect("bot"),
+        );
+        let callers: Vec<_> = (0..8)
+            .map(|_| {
+                let bot = bot.clone();
+                tokio::spawn(async move {
+                    bot.send(
+                        "bot",
+                        "order-42-confirmed",
+                        text("oc_1", "order 42 confirmed"),
+                        SendOptions::default(),
+                    )
+                    .await
+                })
+            })
+            .collect();
+        let mut first = 0;
+        let mut bodies = Vec::new();
+        for caller in callers {
+            let sent = caller.await.expect("joined").expect("sent");
+            assert_eq!(sent.status, 200);
+            first += usize::from(!sent.replayed);
+            bodies.push(sent.body);
+        }
+        // One call to the platform; every other caller got its answer from the key.
+        assert_eq!(first, 1);
+        assert!(
+            bodies.windows(2).all(|pair| pair[0] == pair[1]),
+            "{bodies:?}"
+        );
+        assert_eq!(platform.sent().len(), 1);
+        // Another message under the same key is the caller's mistake, not a second send.
+        let other = bot
+            .send(
+                "bot",
+                "order-42-confirmed",
+                text("oc_1", "order 43"),
+                SendOptions::default(),
+            )
+            .await;
+        assert_eq!(other, Err(NotSent::Conflict));
+        let unknown = bot
+            .send("nobody", "k", text("oc_1", "x"), SendOptions::default())
+            .await;
+        assert_eq!(unknown, Err(NotSent::NoSuchSource));
+        assert_eq!(platform.sent().len(), 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn two_instances_on_redis_send_a_key_once() {
+        let platform = LocalFeishuApi::start(APP, SECRET, Duration::from_secs(7200))
+            .await
+            .expect("platform");
+        let config = oncegate_redis::RedisConfig {
+            prefix: format!("botsend{}", std::process::id()),
+            ..oncegate_redis::RedisConfig::at(&super::redis_url())
+        };
+        let mut instances = Vec::new();
+        for _ in 0..2 {
+            let store = oncegate_redis::RedisStore::connect_async(config.clone())
+                .await
+                .expect("redis");
+            instances.push(Arc::new(
+                bot(store, &platform)
+                    .on("*", |_| async { Ok(()) })
+                    .build()
+                    .expect("bot"),
+            ));
+        }
+        for round in 0..10 {
+            let key = format!("notice-{round}");
+            let callers: Vec<_> = (0..6)
+                .map(|i| {
+                    let (bot, key) = (instances[i % 2].clone(), key.clone());
+                    tokio::spawn(async move {
+                        bot.send("bot", &key, text("oc_2", &key), SendOptions::default())
+                            .await
+                    })
+                })
+                .collect();
+            let mut first = 0;
+            for caller in callers {
+                let sent = caller.await.expect("joined").expect("sent");
+                first += usize::from(!sent.replayed);
+            }
+            assert_eq!(first, 1, "round {round}");
+        }
+        assert_eq!(platform.sent().len(), 10);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_handler_retried_after_it_sent_does_not_send_again() {
+        let platform = LocalFeishuApi::start(APP, SECRET, Duration::from_secs(7200))
+            .await
+            .expect("platform");
+        let runs = Arc::new(AtomicU32::new(0));
+        let seen = runs.clone();
+        let replays = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let replayed = replays.clone();
+        let bot = bot(oncegate_memory::MemoryStore::new(), &platform)
+            .parts(|parts| {
+                parts.timing.dispatcher.backoff_base = Duration::from_millis(10);
+                parts.timing.dispatcher.backoff_max = Duration::from_millis(20);
+            })
+            .on("im.message.receive_v1", move |ctx: Ctx| {
+                let (seen, replayed) = (seen.clone(), replayed.clone());
+                async move {
+                    // The reply's key is the event's: a retry of the handler sends nothing new.
+                    let key = format!("reply-{}", ctx.idempotency_key());
+                    let sent = ctx
+                        .send("bot", &key, text("oc_3", "got it"), SendOptions::default())
+                        .await
+                        .map_err(|error| SinkError::Transient(error.to_string()))?;
+                    replayed.lock().expect("replays").push(sent.replayed);
+                    // Fails after sending, twice: the dispatcher retries the handler.
+                    if seen.fetch_add(1, Ordering::SeqCst) < 2 {
+                        return Err(SinkError::Transient("the database is away".into()));
+                    }
+                    Ok(())
+                }
+            })
+            .build()
+            .expect("bot");
+        let document = format!(
+            r#"{{"schema":"2.0","header":{{"event_id":"e1","token":"{TOKEN}","event_type":"im.message.receive_v1","create_time":"1700000000000","app_id":"{APP}"}},"event":{{"message":{{"message_id":"om_1","chat_id":"oc_3","chat_type":"p2p","message_type":"text","content":"{{\"text\":\"hi\"}}"}}}}}}"#
+        );
+        let answer = bot
+            .router()
+            .oneshot(
+                Request::post("/webhook/bot")
+                    .header("content-type", "application/json")
+                    .body(Body::from(document))
+                    .expect("request"),
+            )
+            .await
+            .expect("answered");
+        assert!(answer.status().is_success());
+        let stop = CancellationToken::new();
+        let bot = Arc::new(bot);
+        let running = {
+            let (bot, stop) = (bot.clone(), stop.clone());
+            tokio::spawn(async move { bot.run(stop).await })
+        };
+        for _ in 0..200 {
+            if bot.gateway().stats().delivered >= 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        stop.cancel();
+        running.await.expect("joined").expect("ran");
+        assert_eq!(runs.load(Ordering::SeqCst), 3, "ran three times");
+        // The platform was called once: the retries got the first send's answer from its key.
+        assert_eq!(*replays.lock().expect("replays"), [false, true, true]);
+        assert_eq!(platform.sent().len(), 1, "sent once");
+    }
+}

@@ -64,6 +64,17 @@ fn chat_id() -> String {
 }
 
 impl Api {
+    /// The name its rate budgets go by, shared with every other sender of the same app: the
+    /// app (Feishu, Lark), the corp and agent (WeCom). An AI bot's sender does not know its bot
+    /// (`None`): its budgets are named by the bot's id where the connection is configured.
+    pub fn scope(&self) -> Option<String> {
+        match self {
+            Api::Feishu(api) => Some(api.app_id().to_owned()),
+            Api::Wecom(api) => Some(format!("{}/{}", api.corp_id(), api.agent_id())),
+            Api::AiBot(_) => None,
+        }
+    }
+
     /// Reads a caller's body (its `wait_ms` already taken out) as this platform's send, with
     /// `platform_key` as the platform's own idempotency key.
     pub fn prepare(&self, body: Value, platform_key: String) -> Result<Prepared, String> {

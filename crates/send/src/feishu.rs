@@ -114,6 +114,11 @@ struct TokenAnswer {
 }
 
 impl FeishuApi {
+    /// The app it sends as.
+    pub fn app_id(&self) -> &str {
+        &self.app_id
+    }
+
     /// A client of `domain` (`https://open.feishu.cn`, `https://open.larksuite.com`, or a
     /// local server) for one app; every call is bounded by `timeout`.
     pub fn new(

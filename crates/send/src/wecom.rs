@@ -92,6 +92,16 @@ impl Default for WecomOptions {
 }
 
 impl WecomApi {
+    /// The corp it sends in.
+    pub fn corp_id(&self) -> &str {
+        &self.corp_id
+    }
+
+    /// The agent (app) of the corp it sends as.
+    pub fn agent_id(&self) -> i64 {
+        self.agent_id
+    }
+
     /// A client of `domain` (`https://qyapi.weixin.qq.com` or a local server) for agent
     /// `agent_id` of corp `corp_id`, with the app's `secret`.
     pub fn new(

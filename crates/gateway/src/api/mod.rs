@@ -7,6 +7,8 @@ pub(crate) mod callers;
 pub(crate) mod edits;
 pub(crate) mod keys;
 #[cfg(feature = "send")]
+pub(crate) mod outbox;
+#[cfg(feature = "send")]
 pub(crate) mod pace;
 pub(crate) mod results;
 #[cfg(feature = "send")]

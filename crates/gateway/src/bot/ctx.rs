@@ -88,6 +88,8 @@ pub struct Ctx {
     pub(crate) id: Arc<str>,
     pub(crate) attempt: u32,
     pub(crate) keys: Arc<dyn Keys>,
+    #[cfg(feature = "send")]
+    pub(crate) outbox: Arc<dyn super::send::Outbox>,
 }
 
 impl std::fmt::Debug for Ctx {
@@ -121,6 +123,20 @@ impl Ctx {
     /// Which attempt this is, from 0.
     pub fn attempt(&self) -> u32 {
         self.attempt
+    }
+
+    /// Sends `request` once as sender `source` under `key` ([`Bot::send`](super::Bot::send)):
+    /// a key made of this event's [`idempotency_key`](Self::idempotency_key) sends once however
+    /// often the handler is retried.
+    #[cfg(feature = "send")]
+    pub async fn send(
+        &self,
+        source: &str,
+        key: &str,
+        request: serde_json::Value,
+        options: super::SendOptions,
+    ) -> Result<super::Sent, super::NotSent> {
+        self.outbox.send(source, key, request, options).await
     }
 
     /// Runs `work` once for `business_key` — whichever event, handler or instance asks — and

@@ -108,6 +108,8 @@ pub(crate) struct Registered {
 pub(crate) struct Handlers {
     pub(crate) handlers: Vec<Registered>,
     pub(crate) keys: Arc<dyn Keys>,
+    #[cfg(feature = "send")]
+    pub(crate) outbox: Arc<dyn super::send::Outbox>,
 }
 
 impl Handlers {
@@ -131,6 +133,8 @@ impl Handlers {
             id: Arc::from(outgoing.id),
             attempt: outgoing.attempt,
             keys: self.keys.clone(),
+            #[cfg(feature = "send")]
+            outbox: self.outbox.clone(),
         };
         // One handler: the event's own key makes it run once.
         if let [only] = matching.as_slice() {

@@ -29,6 +29,8 @@
 
 mod ctx;
 mod handlers;
+#[cfg(feature = "send")]
+mod send;
 
 use std::future::Future;
 use std::marker::PhantomData;
@@ -40,6 +42,8 @@ use tokio_util::sync::CancellationToken;
 
 pub use ctx::{BoxFuture, Ctx, HandlerError};
 pub use handlers::{EventHandler, IntoReply};
+#[cfg(feature = "send")]
+pub use send::{NotSent, Priority, RUST_NAMESPACE, SendOptions, Sent};
 
 use crate::{Gateway, GatewayError, GatewayParts, StaleEvents};
 use handlers::{FnHandler, Handlers, Registered, TypedHandler};
@@ -49,6 +53,8 @@ pub struct BotBuilder<S> {
     store: S,
     parts: GatewayParts,
     handlers: Vec<Registered>,
+    #[cfg(feature = "send")]
+    senders: Vec<(String, oncegate_send::Api)>,
 }
 
 impl<S: Store> BotBuilder<S> {
@@ -64,6 +70,15 @@ impl<S: Store> BotBuilder<S> {
     #[must_use]
     pub fn parts(mut self, change: impl FnOnce(&mut GatewayParts)) -> Self {
         change(&mut self.parts);
+        self
+    }
+
+    /// Sends as `api` under `name` ([`Bot::send`], [`Ctx::send`]): a Feishu or Lark app
+    /// (`oncegate_send::FeishuApi`), a WeCom agent (`oncegate_send::WecomApi`).
+    #[cfg(feature = "send")]
+    #[must_use]
+    pub fn sender(mut self, name: &str, api: oncegate_send::Api) -> Self {
+        self.senders.push((name.to_owned(), api));
         self
     }
 
@@ -120,7 +135,19 @@ impl<S: Store> BotBuilder<S> {
                 "a bot needs a source: add one with .source(name, app)".into(),
             ));
         }
-        let gateway = Gateway::new(self.store, self.parts);
+        #[cfg_attr(not(feature = "send"), allow(unused_mut))]
+        let mut gateway = Gateway::new(self.store, self.parts);
+        #[cfg(feature = "send")]
+        for (name, api) in self.senders {
+            let sender = crate::api::outbox::Sender::of(api).ok_or_else(|| {
+                GatewayError::Config(format!(
+                    "sender {name:?}: an AI bot sends over its long connection, not as a sender"
+                ))
+            })?;
+            gateway.shared_mut()?.senders.insert(name, sender);
+        }
+        #[cfg(feature = "send")]
+        let outbox = Arc::new(send::Later(std::sync::OnceLock::new()));
         let patterns: Vec<String> = self
             .handlers
             .iter()
@@ -130,8 +157,13 @@ impl<S: Store> BotBuilder<S> {
         let sink = Handlers {
             handlers: self.handlers,
             keys: Arc::new(gateway.shared.once.clone()),
+            #[cfg(feature = "send")]
+            outbox: outbox.clone(),
         };
         let gateway = gateway.route(&patterns, Arc::new(sink), StaleEvents::Deliver)?;
+        // Weakly: the gateway holds the handlers that send through it.
+        #[cfg(feature = "send")]
+        let _ = outbox.0.set(Arc::downgrade(&gateway.shared));
         Ok(Bot { gateway })
     }
 }
@@ -149,6 +181,8 @@ impl<S: Store> Bot<S> {
             store,
             parts: GatewayParts::default(),
             handlers: Vec::new(),
+            #[cfg(feature = "send")]
+            senders: Vec::new(),
         }
     }
 
@@ -180,6 +214,23 @@ impl<S: Store> Bot<S> {
             self.run(shutdown.clone())
         );
         served.and(ran)
+    }
+
+    /// Sends `request` (the body `/send/<source>` takes: `receive_id`, `msg_type`, `content`,
+    /// `reply_to`, `update`…) once as sender `source` under `key`, whoever retries it: a repeat
+    /// of the key gets the first send's answer ([`Sent::replayed`]), one that comes while the
+    /// first is in flight waits for it, another message under the same key is
+    /// [`NotSent::Conflict`]. The platforms' rate budgets are kept, shared with every instance
+    /// on a shared store.
+    #[cfg(feature = "send")]
+    pub async fn send(
+        &self,
+        source: &str,
+        key: &str,
+        request: serde_json::Value,
+        options: SendOptions,
+    ) -> Result<Sent, NotSent> {
+        send::send(&self.gateway.shared, source, key, request, options).await
     }
 
     /// The gateway underneath: its counters, store and admin routes.

@@ -67,7 +67,7 @@ pub(super) fn sender(
     settings: &oncegate_config::FeishuSettings,
     timeout: std::time::Duration,
 ) -> Result<Option<crate::api::send::Sender>, GatewayError> {
-    let (api, scope) = {
+    let api = {
         let cloud = match &config.platform {
             PlatformConfig::Lark(_) => Cloud::Lark,
             _ => Cloud::Feishu,
@@ -82,9 +82,9 @@ pub(super) fn sender(
             timeout,
         )
         .map_err(|error| platform_error(config, error))?;
-        (oncegate_send::Api::Feishu(api), settings.app_id.clone())
+        oncegate_send::Api::Feishu(api)
     };
-    Ok(Some(crate::api::send::Sender { api, scope }))
+    Ok(crate::api::send::Sender::of(api))
 }
 
 /// The open platform's address of an app: its `domain`, or its cloud's.

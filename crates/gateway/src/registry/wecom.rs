@@ -76,7 +76,7 @@ pub(super) fn sender(
     settings: &oncegate_config::WecomSettings,
     timeout: std::time::Duration,
 ) -> Result<Option<crate::api::send::Sender>, GatewayError> {
-    let (api, scope) = {
+    let api = {
         let Some(secret) = resolve(config, &settings.secret, "secret")? else {
             return Ok(None);
         };
@@ -97,10 +97,7 @@ pub(super) fn sender(
             .unwrap_or_else(|| "https://qyapi.weixin.qq.com".to_owned());
         let api = oncegate_send::WecomApi::new(&domain, &settings.corp_id, agent, &secret, options)
             .map_err(|error| platform_error(config, error))?;
-        (
-            oncegate_send::Api::Wecom(api),
-            format!("{}/{agent}", settings.corp_id),
-        )
+        oncegate_send::Api::Wecom(api)
     };
-    Ok(Some(crate::api::send::Sender { api, scope }))
+    Ok(crate::api::send::Sender::of(api))
 }
