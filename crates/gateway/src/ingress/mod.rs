@@ -313,27 +313,6 @@ fn check_replay(
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn content_types_are_the_sources_or_a_safe_one() {
-        for text in [
-            "application/json",
-            "text/plain; charset=utf-8",
-            "application/xml",
-        ] {
-            assert_eq!(content_type(text), text);
-        }
-        assert_eq!(
-            content_type("text/plain\r\nx: y"),
-            "application/octet-stream"
-        );
-        assert_eq!(content_type("caf\u{e9}"), "application/octet-stream");
-    }
-}
-
 /// One long connection as the admin listener shows it.
 pub(crate) struct LinkView {
     pub(crate) name: String,
@@ -370,4 +349,25 @@ pub(crate) fn links<S>(shared: &Shared<S>) -> Vec<LinkView> {
         Vec::new()
     };
     links
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn content_types_are_the_sources_or_a_safe_one() {
+        for text in [
+            "application/json",
+            "text/plain; charset=utf-8",
+            "application/xml",
+        ] {
+            assert_eq!(content_type(text), text);
+        }
+        assert_eq!(
+            content_type("text/plain\r\nx: y"),
+            "application/octet-stream"
+        );
+        assert_eq!(content_type("caf\u{e9}"), "application/octet-stream");
+    }
 }
