@@ -28,9 +28,7 @@ use oncegate_core::replay::ReplayGuard;
 use oncegate_core::{Clock, Store, SystemClock, WebhookSource};
 use oncegate_once::Once;
 pub use oncegate_spool::Spool;
-use tokio::net::TcpListener;
 use tokio::sync::Notify;
-use tokio_util::sync::CancellationToken;
 
 pub use base::recorder::SECONDS_BUCKETS;
 pub use base::recorder::{MetricsRecorder, MetricsRender};
@@ -507,25 +505,6 @@ impl<S: Store> Gateway<S> {
     /// The API routes (`/keys/*`), for serving elsewhere or calling in process.
     pub fn api_router(&self) -> axum::Router {
         api::router(self.shared.clone())
-    }
-
-    /// Serves the API on `listener` until `shutdown`, with the listeners' bounds and deadlines.
-    pub async fn serve_api(
-        &self,
-        listener: TcpListener,
-        shutdown: CancellationToken,
-    ) -> Result<(), GatewayError> {
-        let shared = &self.shared;
-        server::serve(
-            "api",
-            listener,
-            self.api_router(),
-            shared.limits.clone(),
-            shared.summaries.clone(),
-            shutdown,
-        )
-        .await?;
-        Ok(())
     }
 
     /// The admin routes (health, readiness, metrics, `/admin/*`).

@@ -17,14 +17,7 @@ impl<S: Store> Gateway<S> {
         shutdown: CancellationToken,
     ) -> Result<(), GatewayError> {
         let webhooks = self.serve_webhooks(listener, shutdown.clone());
-        let admin = server::serve(
-            "admin",
-            admin,
-            self.admin_router(),
-            self.shared.limits.clone(),
-            self.shared.summaries.clone(),
-            shutdown.clone(),
-        );
+        let admin = self.serve_on("admin", admin, self.admin_router(), shutdown.clone());
         let (a, b, ()) = tokio::join!(webhooks, admin, self.background(shutdown));
         a?;
         b?;
@@ -38,11 +31,34 @@ impl<S: Store> Gateway<S> {
         listener: TcpListener,
         shutdown: CancellationToken,
     ) -> Result<(), GatewayError> {
+        self.serve_on("webhooks", listener, self.webhooks_router(), shutdown)
+            .await
+    }
+
+    /// Serves the API on `listener` until `shutdown`, with the listeners' bounds and deadlines.
+    pub async fn serve_api(
+        &self,
+        listener: TcpListener,
+        shutdown: CancellationToken,
+    ) -> Result<(), GatewayError> {
+        self.serve_on("api", listener, self.api_router(), shutdown)
+            .await
+    }
+
+    /// Serves `router` on `listener` as the listener `name`, with the listeners' bounds and
+    /// deadlines.
+    async fn serve_on(
+        &self,
+        name: &'static str,
+        listener: TcpListener,
+        router: axum::Router,
+        shutdown: CancellationToken,
+    ) -> Result<(), GatewayError> {
         let shared = &self.shared;
         server::serve(
-            "webhooks",
+            name,
             listener,
-            self.webhooks_router(),
+            router,
             shared.limits.clone(),
             shared.summaries.clone(),
             shutdown,

@@ -72,20 +72,7 @@ async fn the_readme_example_is_the_one_that_runs() -> anyhow::Result<()> {
         ("b", message("e1", "om_1")),
         ("c", message("e2", "om_2")),
     ] {
-        let timestamp = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)?
-            .as_secs()
-            .to_string();
-        let (body, signature) = app.seal(document.as_bytes(), &timestamp, nonce, [1; 16]);
-        let answer = client
-            .post(&url)
-            .header("x-lark-request-timestamp", &timestamp)
-            .header("x-lark-request-nonce", nonce)
-            .header("x-lark-signature", signature.unwrap_or_default())
-            .body(body)
-            .send()
-            .await?;
-        assert!(answer.status().is_success(), "{}", answer.status());
+        feishu_bot::post_signed(&client, &url, &app, nonce, &document).await?;
     }
     for _ in 0..100 {
         if readme::ORDERS.load(Ordering::SeqCst) > 0 {
