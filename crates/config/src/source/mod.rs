@@ -268,7 +268,7 @@ impl SourceConfig {
     }
 }
 
-/// By hand, like [`StoreConfig`]: the platform picks the settings, and errors name the field.
+/// By hand, like [`StoreConfig`](crate::StoreConfig): the platform picks the settings, and errors name the field.
 impl<'de> Deserialize<'de> for SourceConfig {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         use serde::de::Error;
