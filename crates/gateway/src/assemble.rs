@@ -58,8 +58,8 @@ impl<S: Store> Gateway<S> {
         let mut gateway = Self::new(store, parts);
         let shared = gateway.shared_mut()?;
         hold_long_connections(shared, config, long_sources);
-        shared.api_callers = callers;
-        shared.key_limits = api::callers::KeyLimits {
+        shared.api.callers = callers;
+        shared.api.key_limits = api::callers::KeyLimits {
             max_lease: config.api.max_lease,
             max_wait: config.api.max_wait,
         };
@@ -100,13 +100,14 @@ fn hold_long_connections<S: Store>(
     config: &Config,
     long_sources: Vec<ingress::longconn::LongSource>,
 ) {
-    shared.long_sources = long_sources;
+    shared.ingress.long_sources = long_sources;
     // WeCom sends an AI bot's callback once, with no ack to withhold: on Redis without a
     // spool, one that arrives during an outage longer than the retries is lost.
     let spooled = matches!(&config.store, oncegate_config::StoreConfig::Redis(redis) if redis.spool.is_some());
     let remote = matches!(&config.store, oncegate_config::StoreConfig::Redis(_));
     if remote && !spooled {
         shared.at_risk = shared
+            .ingress
             .long_sources
             .iter()
             .filter(|source| matches!(source.link, ingress::longconn::Link::AiBot { .. }))
@@ -138,20 +139,21 @@ fn add_senders<S: Store>(
     shared: &mut crate::Shared<base::timed_store::Timed<S>>,
     config: &Config,
 ) -> Result<(), GatewayError> {
-    shared.send_timeout = config.api.send_timeout;
-    shared.max_waiting_sends = config.api.max_waiting_sends;
+    shared.api.send_timeout = config.api.send_timeout;
+    shared.api.max_waiting_sends = config.api.max_waiting_sends;
     for source in &config.sources {
         if let Some(sender) = registry::sender(source, config.api.send_timeout)? {
-            shared.senders.insert(source.name.clone(), sender);
+            shared.api.senders.insert(source.name.clone(), sender);
         }
     }
     // An AI bot sends over its connection, through the gateway that holds it.
     #[cfg(feature = "long-connection")]
-    for source in &shared.long_sources {
+    for source in &shared.ingress.long_sources {
         if let ingress::longconn::Link::AiBot { bot, outbound, .. } = &source.link {
             let api = oncegate_send::Api::AiBot(oncegate_send::AiBotApi::new(outbound.clone()));
             let scope = bot.bot_id().to_owned();
             shared
+                .api
                 .senders
                 .insert(source.name.clone(), api::send::Sender { api, scope });
         }

@@ -18,7 +18,6 @@ mod run;
 mod server;
 pub mod sink;
 
-use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -150,22 +149,14 @@ pub(crate) struct Shared<S> {
     pub(crate) store: Arc<S>,
     /// The claim protocol on `store`: every claim, renewal and settling goes through it.
     pub(crate) once: Once<S>,
-    pub(crate) sources: HashMap<String, Source>,
     pub(crate) routes: Vec<Route>,
     /// Whether any route replies: ingress looks an event's route up only then.
     pub(crate) replying: bool,
     pub(crate) timing: Timing,
-    pub(crate) body_limit: usize,
-    pub(crate) admin_token: Option<String>,
     pub(crate) stats: Arc<Stats>,
     /// Woken when a partition may have work: an admit, an ack that frees a chat.
     pub(crate) wake: Vec<Notify>,
     pub(crate) clock: Arc<dyn Clock>,
-    pub(crate) metrics_render: Option<Box<dyn Fn() -> String + Send + Sync>>,
-    /// Where accepted admissions wait while the store is down, if configured.
-    pub(crate) spool: Option<Arc<Spool>>,
-    /// Woken when the spool gets an admission.
-    pub(crate) spooled: Notify,
     /// Connection bounds and deadlines.
     pub(crate) limits: ServerLimits,
     /// Rate-limited log lines for refusals and repeated failures.
@@ -174,52 +165,28 @@ pub(crate) struct Shared<S> {
     pub(crate) max_queued: Option<u64>,
     /// Queued events, as last sampled from the store plus admits since.
     pub(crate) queued: AtomicU64,
-    /// The queue as last sampled from the store (`admin::queue_view::watch`), for the status page.
-    pub(crate) sampled: std::sync::Mutex<admin::queue_view::Sampled>,
-    /// The last hour, a point every 10 s, for the status page's charts.
-    pub(crate) history: admin::history::History,
     /// The attempts of events that failed at least once, for `/admin/record`.
     pub(crate) attempts: base::attempts::Attempts,
-    /// The replay guard's limits, if it is on; they also bound how far ahead a creation time
-    /// may be.
-    pub(crate) replay: Option<ReplayLimits>,
     /// Set when a background task ended early: readiness fails from then on.
     pub(crate) failure: OnceLock<String>,
-    /// Whether events' secondary keys (Feishu's message id) are deduplicated too.
-    pub(crate) secondary_keys: bool,
-    /// Sources whose events come over Feishu's long connection.
-    #[cfg(feature = "long-connection")]
-    pub(crate) long_sources: Vec<ingress::longconn::LongSource>,
     /// What this configuration can lose by design beyond the store's own promise, said in
     /// `/readyz` (check-config and the start say it too).
     pub(crate) at_risk: Vec<String>,
-    /// Who may call `/keys`, and its limits.
-    pub(crate) api_callers: Vec<api::callers::Caller>,
-    pub(crate) key_limits: api::callers::KeyLimits,
-    /// The apps `/send/<source>` can send as, by source name.
-    #[cfg(feature = "send")]
-    pub(crate) senders: HashMap<String, api::send::Sender>,
-    /// One platform API call's deadline.
-    #[cfg(feature = "send")]
-    pub(crate) send_timeout: Duration,
-    /// Sends waiting for their rate budgets, and how many may.
-    pub(crate) sends_waiting: api::budget::Waiting,
-    #[cfg(feature = "send")]
-    pub(crate) max_waiting_sends: usize,
-    /// Edits of one message, one at a time, the latest winning.
-    #[cfg(feature = "send")]
-    pub(crate) edits: api::edits::Edits,
-    /// Each receiver's sends one at a time, spaced from the previous answer.
-    #[cfg(feature = "send")]
-    pub(crate) pacer: Arc<api::pace::Pacer>,
     /// Per-event metrics, their handles registered once.
     pub(crate) meters: Arc<base::meters::Meters>,
+    /// The ingress wing's own state: sources, replay limits, the spool, long connections.
+    pub(crate) ingress: ingress::IngressState,
+    /// The API wing's: callers, limits, senders and their budgets.
+    pub(crate) api: api::ApiState,
+    /// The admin wing's: its token, the metrics, the sampled queue and history.
+    pub(crate) admin: admin::AdminState,
 }
 
 impl<S: Store> Shared<S> {
     /// A source of `platform`: what reads an event's platform-specific parts (its versions).
     pub(crate) fn platform_source(&self, platform: &str) -> Option<&SharedSource> {
-        self.sources
+        self.ingress
+            .sources
             .values()
             .map(|source| &source.decoder)
             .find(|decoder| decoder.platform() == platform)
@@ -360,45 +327,37 @@ impl<S: Store> Gateway<S> {
             shared: Arc::new(Shared {
                 store,
                 once,
-                sources,
                 routes: Vec::new(),
                 replying: false,
                 timing: parts.timing,
-                body_limit: parts.body_limit,
-                admin_token: parts.admin_token,
                 stats,
                 wake: (0..partitions).map(|_| Notify::new()).collect(),
                 clock: parts.clock,
-                metrics_render: None,
-                spool: None,
-                spooled: Notify::new(),
                 limits: parts.limits,
                 summaries: Arc::new(Summaries::new(parts.log_interval)),
                 max_queued: parts.max_queued,
                 queued: AtomicU64::new(0),
-                sampled: std::sync::Mutex::default(),
-                history: admin::history::History::default(),
                 attempts: base::attempts::Attempts::default(),
-                replay: parts.replay,
                 failure: OnceLock::new(),
-                secondary_keys: parts.secondary_keys,
-                #[cfg(feature = "long-connection")]
-                long_sources: Vec::new(),
                 at_risk: Vec::new(),
-                api_callers: Vec::new(),
-                key_limits: api::callers::KeyLimits::default(),
-                #[cfg(feature = "send")]
-                senders: HashMap::new(),
-                #[cfg(feature = "send")]
-                send_timeout: Duration::from_secs(10),
-                sends_waiting: api::budget::Waiting::default(),
-                #[cfg(feature = "send")]
-                max_waiting_sends: 1000,
-                #[cfg(feature = "send")]
-                edits: api::edits::Edits::default(),
-                #[cfg(feature = "send")]
-                pacer: Arc::default(),
                 meters,
+                ingress: ingress::IngressState {
+                    sources,
+                    replay: parts.replay,
+                    secondary_keys: parts.secondary_keys,
+                    spool: None,
+                    spooled: Notify::new(),
+                    #[cfg(feature = "long-connection")]
+                    long_sources: Vec::new(),
+                    body_limit: parts.body_limit,
+                },
+                api: api::ApiState::default(),
+                admin: admin::AdminState {
+                    token: parts.admin_token,
+                    metrics_render: None,
+                    sampled: std::sync::Mutex::default(),
+                    history: admin::history::History::default(),
+                },
             }),
         }
     }
@@ -443,7 +402,7 @@ impl<S: Store> Gateway<S> {
     /// Spools accepted admissions to `spool` while the store cannot be reached (answering 200
     /// instead of 503) and hands them to the store, in order, when it answers again.
     pub fn spool(mut self, spool: Spool) -> Result<Self, GatewayError> {
-        self.shared_mut()?.spool = Some(Arc::new(spool));
+        self.shared_mut()?.ingress.spool = Some(Arc::new(spool));
         Ok(self)
     }
 
@@ -452,7 +411,7 @@ impl<S: Store> Gateway<S> {
         mut self,
         render: impl Fn() -> String + Send + Sync + 'static,
     ) -> Result<Self, GatewayError> {
-        self.shared_mut()?.metrics_render = Some(Box::new(render));
+        self.shared_mut()?.admin.metrics_render = Some(Box::new(render));
         Ok(self)
     }
 
@@ -492,14 +451,15 @@ impl<S: Store> Gateway<S> {
             )));
         }
         self.shared_mut()?
-            .api_callers
+            .api
+            .callers
             .push(api::callers::Caller::new(name, namespace, token));
         Ok(self)
     }
 
     /// Whether any caller may use the API: only then is it served.
     pub fn has_api(&self) -> bool {
-        !self.shared.api_callers.is_empty()
+        !self.shared.api.callers.is_empty()
     }
 
     /// The API routes (`/keys/*`), for serving elsewhere or calling in process.

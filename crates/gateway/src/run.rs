@@ -74,9 +74,9 @@ impl<S: Store> Gateway<S> {
         shared.meters.register();
         shared.store.register();
         #[cfg(feature = "send")]
-        api::send::register(shared.senders.keys());
+        api::send::register(shared.api.senders.keys());
         dispatch::routes::register(&shared.routes);
-        api::register(shared.api_callers.iter().map(|c| c.name.as_str()));
+        api::register(shared.api.callers.iter().map(|c| c.name.as_str()));
         tokio::join!(
             ingress::admission::watch_queue(shared.clone(), shutdown.clone()),
             admin::queue_view::watch(shared.clone(), shutdown.clone()),

@@ -14,7 +14,7 @@ use crate::refusal::refused;
 
 #[allow(clippy::result_large_err)]
 pub(crate) fn authorized<S>(shared: &Shared<S>, headers: &HeaderMap) -> Result<(), Response> {
-    let Some(token) = &shared.admin_token else {
+    let Some(token) = &shared.admin.token else {
         return Ok(());
     };
     // RFC 9110: the scheme is case-insensitive; the token is compared in constant time.
@@ -72,5 +72,5 @@ pub(crate) async fn gate<S: Store>(
     {
         return denied;
     }
-    crate::gate::buffered(&shared, request, next, shared.body_limit).await
+    crate::gate::buffered(&shared, request, next, shared.ingress.body_limit).await
 }

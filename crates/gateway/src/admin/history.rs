@@ -154,7 +154,10 @@ pub(crate) async fn watch<S: Store>(shared: Arc<Shared<S>>, shutdown: Cancellati
         let now = read(&shared);
         let queued = shared.queued.load(Ordering::Relaxed);
         let oldest = crate::admin::queue_view::oldest_age_seconds_now(&shared);
-        shared.history.push(point(&before, &now, queued, oldest));
+        shared
+            .admin
+            .history
+            .push(point(&before, &now, queued, oldest));
         before = now;
     }
 }
@@ -169,7 +172,7 @@ pub(crate) async fn serve<S: Store>(
     }
     axum::Json(json!({
         "step_seconds": STEP.as_secs(),
-        "points": shared.history.points(),
+        "points": shared.admin.history.points(),
     }))
     .into_response()
 }

@@ -20,6 +20,18 @@ use serde_json::json;
 use crate::Shared;
 use crate::admin::auth::{authorized, authorized_query};
 
+/// The admin wing's state.
+pub(crate) struct AdminState {
+    /// The bearer token of the admin listener, if set.
+    pub(crate) token: Option<String>,
+    /// Renders `/metrics`, when a recorder is installed.
+    pub(crate) metrics_render: Option<Box<dyn Fn() -> String + Send + Sync>>,
+    /// The queue as last sampled from the store (`queue_view::watch`), for the status page.
+    pub(crate) sampled: std::sync::Mutex<queue_view::Sampled>,
+    /// The last hour, a point every 10 s, for the status page's charts.
+    pub(crate) history: history::History,
+}
+
 pub(crate) fn router<S: Store>(shared: Arc<Shared<S>>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
@@ -64,7 +76,7 @@ pub(crate) fn router<S: Store>(shared: Arc<Shared<S>>) -> Router {
 /// `/readyz` and the status page alike): only when the gateway takes no webhooks — those still
 /// come in, and the balancer routes nothing else.
 fn long_connections_gate<S>(shared: &Shared<S>) -> bool {
-    shared.sources.is_empty()
+    shared.ingress.sources.is_empty()
 }
 
 /// Every readiness check with its verdict: 200 when all pass, else 503, with what failed.
@@ -110,7 +122,7 @@ async fn readyz<S: Store>(State(shared): State<Arc<Shared<S>>>) -> Response {
             "taking events".into()
         },
     );
-    let store = match (shared.store.ping().await, &shared.spool) {
+    let store = match (shared.store.ping().await, &shared.ingress.spool) {
         (Ok(()), _) => (true, "answering".to_owned()),
         // Requests are still taken (into the spool), so stay in the load balancer.
         (Err(error), Some(spool)) if spool.has_room() => {
@@ -147,7 +159,7 @@ async fn readyz<S: Store>(State(shared): State<Arc<Shared<S>>>) -> Response {
 }
 
 async fn metrics<S: Store>(State(shared): State<Arc<Shared<S>>>) -> Response {
-    match &shared.metrics_render {
+    match &shared.admin.metrics_render {
         Some(render) => render().into_response(),
         None => (StatusCode::NOT_FOUND, "no metrics recorder installed").into_response(),
     }

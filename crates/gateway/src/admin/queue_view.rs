@@ -37,7 +37,11 @@ pub(crate) struct Sampled {
 }
 
 fn lock_sampled<S>(shared: &Shared<S>) -> std::sync::MutexGuard<'_, Sampled> {
-    shared.sampled.lock().unwrap_or_else(|p| p.into_inner())
+    shared
+        .admin
+        .sampled
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
 }
 
 /// One partition's gauges, registered once.

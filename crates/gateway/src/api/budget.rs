@@ -110,7 +110,7 @@ pub(crate) async fn take<S: Store>(
     lane: Lane,
     deadline: Instant,
 ) -> Result<(), NoBudget> {
-    let waiting = &shared.sends_waiting;
+    let waiting = &shared.api.sends_waiting;
     let mut place = Place {
         waiting,
         high: Vec::new(),

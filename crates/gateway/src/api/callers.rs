@@ -75,7 +75,8 @@ pub(crate) fn caller<'a, S>(
         .map(|(_, token)| Sha256::digest(token.trim().as_bytes()));
     let found = given.and_then(|given| {
         shared
-            .api_callers
+            .api
+            .callers
             .iter()
             .find(|caller| bool::from(caller.digest.as_slice().ct_eq(given.as_slice())))
     });

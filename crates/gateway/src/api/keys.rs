@@ -199,7 +199,7 @@ pub(crate) async fn claim<S: Store>(
         Ok(key) => key,
         Err(bad) => return bad.into_response(),
     };
-    let limits = shared.key_limits;
+    let limits = shared.api.key_limits;
     let lease = match lease_within(request.lease_ms, limits.max_lease) {
         Ok(lease) => lease,
         Err(bad) => return bad.into_response(),
@@ -304,7 +304,7 @@ pub(crate) async fn renew<S: Store>(
         Ok(held) => held,
         Err(bad) => return bad.into_response(),
     };
-    let extend = match lease_within(request.lease_ms, shared.key_limits.max_lease) {
+    let extend = match lease_within(request.lease_ms, shared.api.key_limits.max_lease) {
         Ok(extend) => extend,
         Err(bad) => return bad.into_response(),
     };

@@ -27,6 +27,52 @@ use oncegate_core::{RefusalKind, Store};
 use crate::Shared;
 use crate::refusal::Refused;
 
+/// The API wing's state: who may call, its limits, and what sends need.
+pub(crate) struct ApiState {
+    /// Who may call `/keys` and `/send`.
+    pub(crate) callers: Vec<callers::Caller>,
+    pub(crate) key_limits: callers::KeyLimits,
+    /// The apps `/send/<source>` can send as, by source name.
+    #[cfg(feature = "send")]
+    pub(crate) senders: std::collections::HashMap<String, outbox::Sender>,
+    /// One platform API call's deadline.
+    #[cfg(feature = "send")]
+    pub(crate) send_timeout: std::time::Duration,
+    /// Sends (and replies) waiting for their rate budgets.
+    pub(crate) sends_waiting: budget::Waiting,
+    /// How many sends may wait.
+    #[cfg(feature = "send")]
+    pub(crate) max_waiting_sends: usize,
+    /// Edits of one message, one at a time, the latest winning.
+    #[cfg(feature = "send")]
+    pub(crate) edits: edits::Edits,
+    /// Each receiver's sends one at a time, spaced from the previous answer.
+    #[cfg(feature = "send")]
+    pub(crate) pacer: Arc<pace::Pacer>,
+}
+
+// Derivable only without `send`, whose defaults are not zero.
+#[cfg_attr(not(feature = "send"), allow(clippy::derivable_impls))]
+impl Default for ApiState {
+    fn default() -> Self {
+        Self {
+            callers: Vec::new(),
+            key_limits: callers::KeyLimits::default(),
+            #[cfg(feature = "send")]
+            senders: std::collections::HashMap::new(),
+            #[cfg(feature = "send")]
+            send_timeout: std::time::Duration::from_secs(10),
+            sends_waiting: budget::Waiting::default(),
+            #[cfg(feature = "send")]
+            max_waiting_sends: 1000,
+            #[cfg(feature = "send")]
+            edits: edits::Edits::default(),
+            #[cfg(feature = "send")]
+            pacer: Arc::default(),
+        }
+    }
+}
+
 pub(crate) fn router<S: Store>(shared: Arc<Shared<S>>) -> Router {
     let router = Router::new();
     #[cfg(feature = "send")]

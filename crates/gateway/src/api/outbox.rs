@@ -150,13 +150,17 @@ pub(crate) async fn send<S: Store>(
         wait,
         lane,
     } = sending;
-    let sender = shared.senders.get(source).ok_or(NotSent::NoSuchSource)?;
+    let sender = shared
+        .api
+        .senders
+        .get(source)
+        .ok_or(NotSent::NoSuchSource)?;
     // Replies go first unless the caller says otherwise.
     let replying = request.get("reply_to").is_some_and(|to| !to.is_null());
     let lane = lane.unwrap_or(if replying { Lane::High } else { Lane::Bulk });
     let wait = wait
         .unwrap_or(Duration::from_secs(10))
-        .min(shared.key_limits.max_wait);
+        .min(shared.api.key_limits.max_wait);
     let prepared = sender
         .api
         .prepare(request, platform_key(namespace, key))
@@ -165,7 +169,7 @@ pub(crate) async fn send<S: Store>(
     let payload = &prepared.payload;
     let hash = key_for("send", namespace, source, key);
     let claiming = OnceKey::new(hash, hash.home(shared.store.partitions()))
-        .lease(shared.send_timeout * 3 + wait)
+        .lease(shared.api.send_timeout * 3 + wait)
         .payload(payload.to_string().as_bytes());
     let held = match shared.once.claim_or_wait(claiming, wait).await {
         Ok(Claimed::Run(held)) => held,
@@ -186,7 +190,7 @@ pub(crate) async fn send<S: Store>(
     // An edit waits for the edits of its message before it; a newer one makes it moot.
     let message_key = prepared.edit_of.as_ref().map(|id| format!("{source}/{id}"));
     let _turn = match &message_key {
-        Some(message) => match shared.edits.turn(message).await {
+        Some(message) => match shared.api.edits.turn(message).await {
             Some(turn) => Some(turn),
             None => {
                 count(source, "superseded");
@@ -232,7 +236,7 @@ pub(crate) async fn send<S: Store>(
         NoBudget::Store(error) => give_back(NotSent::Store(error.to_string()), "unavailable").await,
     };
     // Counted among the waiting sends from here until its first call to the platform.
-    let mut waiting = match shared.sends_waiting.enter(shared.max_waiting_sends) {
+    let mut waiting = match shared.api.sends_waiting.enter(shared.api.max_waiting_sends) {
         Ok(waiting) => Some(waiting),
         Err(why) => return Err(no_budget(why).await),
     };
@@ -240,7 +244,12 @@ pub(crate) async fn send<S: Store>(
     let turn = match &prepared.pace {
         Some((name, spacing)) => {
             let receiver = crate::api::budget::bucket(&sender.scope, name);
-            match shared.pacer.turn(receiver, *spacing, lane, deadline).await {
+            match shared
+                .api
+                .pacer
+                .turn(receiver, *spacing, lane, deadline)
+                .await
+            {
                 Ok(turn) => Some(turn),
                 Err(TooLate(after)) => return Err(no_budget(NoBudget::Later(after)).await),
             }

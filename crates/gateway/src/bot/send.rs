@@ -7,7 +7,6 @@ use std::time::Duration;
 use oncegate_core::Store;
 use serde_json::Value;
 
-use super::ctx::BoxFuture;
 use crate::Shared;
 use crate::api::budget::Lane;
 use crate::api::outbox::{self, Sending};
@@ -78,7 +77,7 @@ pub(crate) trait Outbox: Send + Sync + 'static {
         key: &'a str,
         request: Value,
         options: SendOptions,
-    ) -> BoxFuture<'a, Result<Sent, NotSent>>;
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Sent, NotSent>> + Send + 'a>>;
 }
 
 /// The gateway, once built.
@@ -91,7 +90,8 @@ impl<S: Store> Outbox for Later<S> {
         key: &'a str,
         request: Value,
         options: SendOptions,
-    ) -> BoxFuture<'a, Result<Sent, NotSent>> {
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Sent, NotSent>> + Send + 'a>>
+    {
         Box::pin(async move {
             let Some(shared) = self.0.get().and_then(Weak::upgrade) else {
                 return Err(NotSent::Transient("the bot is not running".into()));

@@ -35,12 +35,12 @@ pub(crate) async fn admit<S: Store>(
         ));
     }
     clamp_creation_time(shared, &mut admit.event);
-    if !shared.secondary_keys {
+    if !shared.ingress.secondary_keys {
         admit.keys = admit.keys.primary_only();
     }
     // With a spool, a copy is kept for it in case the store cannot admit; and while earlier
     // admissions still wait there, this one queues behind them so that chats keep their order.
-    let fallback = match &shared.spool {
+    let fallback = match &shared.ingress.spool {
         Some(spool) if !spool.is_empty() => return to_spool(shared, spool, admit).await,
         Some(spool) => Some((spool, admit.clone())),
         None => None,
@@ -124,7 +124,7 @@ async fn to_spool<S: Store>(
     match put(spool, admit.event, keys, retention, admit.nonce).await {
         Ok(()) => {
             stats.bump(&stats.spooled, "oncegate_spooled_total");
-            shared.spooled.notify_one();
+            shared.ingress.spooled.notify_one();
             Ok(Accepted::Spooled)
         }
         Err(error) => Err(unavailable(shared, "spool_failed", &error)),
@@ -139,6 +139,7 @@ async fn to_spool<S: Store>(
 fn clamp_creation_time<S: Store>(shared: &Shared<S>, event: &mut oncegate_core::Event) {
     // With the replay guard off, the default skew still bounds it.
     let ahead = shared
+        .ingress
         .replay
         .map_or(Duration::from_secs(300), |limits| limits.max_skew);
     let now_ms = shared.now_ms();

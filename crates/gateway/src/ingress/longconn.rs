@@ -144,10 +144,10 @@ impl<S: Store> Inlet for GatewayInlet<S> {
 /// Holds every long-connection source's connections until `shutdown`.
 pub(crate) async fn run_all<S: Store>(shared: Arc<Shared<S>>, shutdown: CancellationToken) {
     let mut running = tokio::task::JoinSet::new();
-    for index in 0..shared.long_sources.len() {
+    for index in 0..shared.ingress.long_sources.len() {
         let (shared, shutdown) = (shared.clone(), shutdown.clone());
         running.spawn(async move {
-            let source = &shared.long_sources[index];
+            let source = &shared.ingress.long_sources[index];
             match source.instances {
                 Instances::All => {
                     connect(&shared, source, shutdown).await;

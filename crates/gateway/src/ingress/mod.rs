@@ -25,6 +25,26 @@ use serde_json::json;
 use crate::base::meters::Layer;
 use crate::{Shared, Source};
 
+/// The ingress wing's state.
+pub(crate) struct IngressState {
+    /// Named sources: `/webhook/<name>`.
+    pub(crate) sources: std::collections::HashMap<String, Source>,
+    /// The replay guard's limits, if it is on; they also bound how far ahead a creation time
+    /// may be.
+    pub(crate) replay: Option<crate::ReplayLimits>,
+    /// Whether events' secondary keys (Feishu's message id) are deduplicated too.
+    pub(crate) secondary_keys: bool,
+    /// Where accepted admissions wait while the store is down, if configured.
+    pub(crate) spool: Option<Arc<oncegate_spool::Spool>>,
+    /// Woken when the spool gets an admission.
+    pub(crate) spooled: tokio::sync::Notify,
+    /// Sources whose events come over a long connection.
+    #[cfg(feature = "long-connection")]
+    pub(crate) long_sources: Vec<longconn::LongSource>,
+    /// The largest callback body.
+    pub(crate) body_limit: usize,
+}
+
 pub(crate) fn router<S: Store>(shared: Arc<Shared<S>>) -> Router {
     Router::new()
         .route("/webhook/{source}", any(webhook::<S>))
@@ -74,7 +94,7 @@ async fn webhook<S: Store>(
     let peer = crate::server::peer();
     let stats = &shared.stats;
     stats.bump(&stats.requests, "oncegate_requests_total");
-    let Some(source) = shared.sources.get(&name) else {
+    let Some(source) = shared.ingress.sources.get(&name) else {
         // The configured names are not told: they are part of what an attacker looks for.
         let refusal = Refusal::new(
             RefusalKind::NotFound,
@@ -151,7 +171,7 @@ async fn callback<S: Store>(
     let body = match crate::gate::read_body(
         &parts.headers,
         body,
-        shared.body_limit,
+        shared.ingress.body_limit,
         shared.limits.body_timeout,
     )
     .await
@@ -212,7 +232,7 @@ async fn callback<S: Store>(
         // replay that reaches another gateway.
         admit.nonce = stamp
             .as_ref()
-            .zip(shared.replay)
+            .zip(shared.ingress.replay)
             .map(|(stamp, limits)| Nonce {
                 key: key_for(
                     &admit.event.platform,
@@ -331,6 +351,7 @@ pub(crate) struct LinkView {
 pub(crate) fn links<S>(shared: &Shared<S>) -> Vec<LinkView> {
     #[cfg(feature = "long-connection")]
     let links = shared
+        .ingress
         .long_sources
         .iter()
         .map(|source| LinkView {

@@ -18,7 +18,7 @@ const BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 /// Hands spooled admissions to the store until `shutdown`; backs off while it cannot.
 pub(crate) async fn drain<S: Store>(shared: Arc<Shared<S>>, shutdown: CancellationToken) {
-    let Some(spool) = shared.spool.clone() else {
+    let Some(spool) = shared.ingress.spool.clone() else {
         // Nothing to drain: done when the gateway is (returning early would read as a crash).
         shutdown.cancelled().await;
         return;
@@ -44,7 +44,7 @@ pub(crate) async fn drain<S: Store>(shared: Arc<Shared<S>>, shutdown: Cancellati
         };
         if batch.is_empty() {
             tokio::select! {
-                _ = shared.spooled.notified() => {}
+                _ = shared.ingress.spooled.notified() => {}
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
                 _ = shutdown.cancelled() => {}
             }
