@@ -1,8 +1,66 @@
 //! The gateway: HTTP ingress for platform callbacks, the dispatcher that hands admitted events
-//! to sinks once and in per-chat order, and the admin API.
+//! to handlers once and in per-chat order, the API, and the admin listener.
 //!
-//! Build one with [`Gateway::from_config`] (or [`Gateway::new`] and [`Gateway::route`] for
-//! library use), then run [`Gateway::serve`] and [`Gateway::dispatch`] until shutdown.
+//! # A guide for Rust users
+//!
+//! - **A bot in process**: [`bot::Bot`] takes a store, sources and handlers per event type;
+//!   each handler runs once per event (several on one type too), a business key
+//!   ([`bot::Ctx::once`]) makes a side effect happen once whichever event asks, and
+//!   [`bot::Bot::send`] / [`bot::Ctx::send`] send once. Examples, each run by the tests:
+//!   `examples/readme.rs` (the README's), `examples/feishu_bot.rs` (two handlers and a
+//!   business key, on memory and on Redis), `examples/send_once.rs`.
+//! - **Any side effect**: `oncegate_once::Once`, the claim protocol itself, over any store.
+//! - **The gateway as the binary runs it**: [`Gateway::from_config`], then [`Gateway::serve`]
+//!   and [`Gateway::dispatch`] until shutdown; a bot is the same gateway with handlers as its
+//!   routes.
+//! - **Features**: `feishu`, `wecom`, `long-connection`, `send`, `http-sink`, all on by
+//!   default; a Feishu webhook bot needs only `feishu`.
+//!
+//! A message handled once, a platform retry of it caught — in process, on the memory store:
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::sync::atomic::{AtomicU32, Ordering};
+//! use oncegate_feishu::{Cloud, FeishuApp, events::MessageReceived};
+//! use oncegate_gateway::bot::{Bot, Ctx};
+//! use tower::ServiceExt;
+//!
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! let app = FeishuApp::new(Cloud::Feishu, "cli_doc", None, Some("token".into())).unwrap();
+//! let handled = Arc::new(AtomicU32::new(0));
+//! let count = handled.clone();
+//! let bot = Bot::builder(oncegate_memory::MemoryStore::new())
+//!     .source("bot", app)
+//!     .on_typed(move |message: MessageReceived, _: Ctx| {
+//!         let count = count.clone();
+//!         async move {
+//!             assert_eq!(message.message.text().as_deref(), Some("hi"));
+//!             count.fetch_add(1, Ordering::SeqCst);
+//!             Ok(())
+//!         }
+//!     })
+//!     .build()
+//!     .unwrap();
+//! let message = r#"{"schema":"2.0","header":{"event_id":"e1","token":"token","event_type":"im.message.receive_v1","create_time":"1700000000000","app_id":"cli_doc"},"event":{"sender":{"sender_id":{"open_id":"ou_1"}},"message":{"message_id":"om_1","chat_id":"oc_1","chat_type":"p2p","message_type":"text","content":"{\"text\":\"hi\"}"}}}"#;
+//! for _ in 0..2 {
+//!     // Feishu's first delivery, then its retry.
+//!     let request = axum::http::Request::post("/webhook/bot").body(axum::body::Body::from(message)).unwrap();
+//!     assert!(bot.router().oneshot(request).await.unwrap().status().is_success());
+//! }
+//! let stop = tokio_util::sync::CancellationToken::new();
+//! let running = tokio::spawn({
+//!     let (bot, stop) = (Arc::new(bot), stop.clone());
+//!     async move { bot.run(stop).await }
+//! });
+//! for _ in 0..500 {
+//!     if handled.load(Ordering::SeqCst) > 0 { break }
+//!     tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+//! }
+//! stop.cancel();
+//! running.await.unwrap().unwrap();
+//! assert_eq!(handled.load(Ordering::SeqCst), 1);
+//! # });
+//! ```
 
 mod admin;
 pub mod api;

@@ -9,6 +9,16 @@ mod feishu_bot;
 #[path = "../examples/readme.rs"]
 mod readme;
 
+#[path = "../examples/send_once.rs"]
+mod send_once;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_send_example_sends_once_for_all_its_callers() -> anyhow::Result<()> {
+    let (messages, replayed) = send_once::run(6).await?;
+    assert_eq!((messages, replayed), (1, 5));
+    Ok(())
+}
+
 fn redis_url() -> String {
     std::env::var("ONCEGATE_TEST_REDIS_URL").unwrap_or_else(|_| {
         panic!("ONCEGATE_TEST_REDIS_URL is not set: run scripts/test, which starts redis-server")
