@@ -378,6 +378,16 @@ mod sends {
             .send("nobody", "k", text("oc_1", "x"), SendOptions::default())
             .await;
         assert_eq!(unknown, Err(NotSent::NoSuchSource));
+        // The key's bounds are the outbox's, for Rust and `/send` alike.
+        let long = bot
+            .send(
+                "bot",
+                &"k".repeat(256),
+                text("oc_1", "x"),
+                SendOptions::default(),
+            )
+            .await;
+        assert!(matches!(long, Err(NotSent::BadRequest(_))), "{long:?}");
         assert_eq!(platform.sent().len(), 1);
     }
 

@@ -17,6 +17,9 @@ use crate::Shared;
 use crate::api::budget::{Lane, NoBudget};
 use crate::api::pace::TooLate;
 
+/// The longest key a send may name.
+const KEY_LIMIT: usize = 255;
+
 /// A configured app that can send.
 pub(crate) struct Sender {
     pub(crate) api: Api,
@@ -150,6 +153,14 @@ pub(crate) async fn send<S: Store>(
         wait,
         lane,
     } = sending;
+    // UTF-8, not only ASCII: callers name sends by order numbers, user names, titles. The key
+    // is hashed, never echoed into a header or a URL.
+    let key = key.trim();
+    if key.is_empty() || key.len() > KEY_LIMIT {
+        return Err(NotSent::BadRequest(format!(
+            "a send's key (Idempotency-Key) is 1 to {KEY_LIMIT} bytes, the same for every retry"
+        )));
+    }
     let sender = shared
         .api
         .senders

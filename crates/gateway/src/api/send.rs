@@ -20,9 +20,6 @@ use crate::refusal::Refused;
 
 pub(crate) use crate::api::outbox::Sender;
 
-/// The longest `Idempotency-Key`.
-const KEY_LIMIT: usize = 255;
-
 /// Each sending source's counters at 0, so that a dashboard and an alert see "no sends yet"
 /// rather than no series.
 pub(crate) fn register<'a>(sources: impl Iterator<Item = &'a String>) {
@@ -93,16 +90,15 @@ async fn send_once<S: Store>(
             }
         }
     }
-    // UTF-8, not only ASCII: callers name sends by order numbers, user names, titles. The
-    // key is hashed, never echoed into a header or a URL.
+    // Its bounds are the outbox's, for every caller alike.
     let key = headers
         .get("idempotency-key")
         .and_then(|v| std::str::from_utf8(v.as_bytes()).ok())
-        .map(str::trim)
-        .filter(|k| !k.is_empty() && k.len() <= KEY_LIMIT)
         .ok_or_else(|| {
-            Refused::new(RefusalKind::BadInput, "bad_request",
-                format!("send an Idempotency-Key header of 1 to {KEY_LIMIT} characters, the same for every retry"),
+            Refused::new(
+                RefusalKind::BadInput,
+                "bad_request",
+                "send an Idempotency-Key header (UTF-8), the same for every retry",
             )
         })?;
     let mut request: Value = serde_json::from_slice(body).map_err(|error| {

@@ -71,12 +71,13 @@ pub(crate) async fn once_under(
         Err(RunError::Store(error)) => Err(SinkError::Transient(error.to_string())),
         // Ran, not recorded: counted as done here (the effect happened); a later event with
         // the key may run it again, which the log says.
-        Err(error @ (RunError::Fenced { .. } | RunError::NotRecorded { .. })) => {
+        Err(RunError::Fenced { result }) => {
+            tracing::warn!("a business key's work ran, but its lease had been taken over");
+            Ok(result)
+        }
+        Err(RunError::NotRecorded { result, error }) => {
             tracing::warn!(%error, "a business key's work ran but is not recorded as done");
-            match error {
-                RunError::Fenced { result } | RunError::NotRecorded { result, .. } => Ok(result),
-                _ => Ok(None),
-            }
+            Ok(result)
         }
     }
 }

@@ -16,9 +16,6 @@ pub use crate::api::outbox::{NotSent, Sent};
 /// `[[api.caller]]`'s, to share keys with it).
 pub const RUST_NAMESPACE: &str = "rust";
 
-/// The longest key.
-const KEY_LIMIT: usize = 255;
-
 /// Which sends go first to one receiver.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Priority {
@@ -48,12 +45,6 @@ pub(crate) async fn send<S: Store>(
     request: Value,
     options: SendOptions,
 ) -> Result<Sent, NotSent> {
-    let key = key.trim();
-    if key.is_empty() || key.len() > KEY_LIMIT {
-        return Err(NotSent::BadRequest(format!(
-            "a send's key is 1 to {KEY_LIMIT} bytes, the same for every retry"
-        )));
-    }
     let sending = Sending {
         source,
         namespace: options.namespace.as_deref().unwrap_or(RUST_NAMESPACE),
