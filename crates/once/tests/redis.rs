@@ -62,18 +62,23 @@ async fn callers_on_two_instances_cancelled_at_random_never_run_a_key_twice() {
         let cancelled = fastrand::usize(0..8);
         callers[cancelled].abort();
         let mut ran = 0;
+        // The abort may land after the caller finished: then it was not cancelled at all.
+        let mut was_cancelled = false;
         for (i, caller) in callers.into_iter().enumerate() {
             match caller.await {
                 Ok(Ok(Outcome::Ran(_))) => ran += 1,
                 Ok(Ok(Outcome::Done(Some(result)))) => assert_eq!(&result[..], b"ok"),
-                Err(join) if i == cancelled && join.is_cancelled() => {}
+                Err(join) if i == cancelled && join.is_cancelled() => was_cancelled = true,
                 other => panic!("round {round}: caller {i}: {other:?}"),
             }
         }
         // A caller cancelled while it ran the work gave the key back: the work ran a second
         // time, by a caller that then recorded it. Nothing else runs twice.
         let runners = runners.lock().expect("runners").clone();
-        let others: Vec<_> = runners.iter().filter(|&&i| i != cancelled).collect();
+        let others: Vec<_> = runners
+            .iter()
+            .filter(|&&i| !(was_cancelled && i == cancelled))
+            .collect();
         assert_eq!(ran, 1, "round {round}");
         assert_eq!(
             others.len(),
