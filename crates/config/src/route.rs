@@ -55,6 +55,20 @@ pub struct RouteConfig {
     /// are handled as they arrive, within the platform's deadline, instead of queued.
     #[serde(default)]
     pub reply: bool,
+    /// The wait after each failed attempt (`"standard-webhooks"` or a list like
+    /// `["5s", "5m", "30m"]`); the dispatcher's doubling backoff and `max_attempts` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_schedule: Option<RetrySchedule>,
+    /// The longest an event that keeps failing may hold its chat's later events back (from
+    /// its first attempt). Past it the event is set aside in the dead letters, with the reason,
+    /// and the chat's later events go on; events without a chat retry their whole schedule.
+    /// No bound when absent: order first.
+    #[serde(
+        default,
+        with = "crate::duration_opt",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub hold_chat: Option<Duration>,
 }
 
 /// The URL without credentials, the secret hidden.
@@ -71,6 +85,8 @@ impl std::fmt::Debug for RouteConfig {
             .field("timeout", &self.timeout)
             .field("watermark", &self.watermark)
             .field("reply", &self.reply)
+            .field("retry_schedule", &self.retry_schedule)
+            .field("hold_chat", &self.hold_chat)
             .finish()
     }
 }
@@ -225,6 +241,7 @@ pub(crate) fn check(config: &Config, report: &mut impl FnMut(Severity, &str, Str
                     .into(),
             );
         }
+        crate::retries::check(route, &at, report);
         if route.reply && route.watermark {
             report(
                 Severity::Error,

@@ -221,6 +221,8 @@ mod tests {
             timeout: Duration::from_secs(1),
             watermark,
             reply: true,
+            retry_schedule: None,
+            hold_chat: None,
         };
         let mut config = Config::default();
         config.routes.push(route(crate::SinkKind::File, false));
@@ -529,6 +531,8 @@ mod tests {
             timeout: Duration::from_secs(1),
             watermark: false,
             reply: false,
+            retry_schedule: None,
+            hold_chat: None,
         });
         assert!(
             validate(&config)

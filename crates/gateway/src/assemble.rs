@@ -86,7 +86,11 @@ impl<S: Store> Gateway<S> {
             gateway = if route.reply {
                 gateway.replying_route(&patterns, sink)?
             } else {
-                gateway.route(&patterns, sink, stale)?
+                let retries = crate::Retries {
+                    schedule: route.retry_schedule.as_ref().map(|s| s.0.clone()),
+                    hold_chat: route.hold_chat,
+                };
+                gateway.retrying_route(&patterns, sink, stale, retries)?
             };
         }
         Ok(gateway)

@@ -91,6 +91,7 @@ pub use base::recorder::SECONDS_BUCKETS;
 pub use base::recorder::{MetricsRecorder, MetricsRender};
 pub use base::stats::{self, Stats, StatsSnapshot};
 pub use base::summary::Summaries;
+pub use dispatch::retries::Retries;
 pub use server::ServerLimits;
 #[cfg(feature = "http-sink")]
 pub use sink::HttpSink;
@@ -130,6 +131,8 @@ pub(crate) struct Route {
     pub(crate) sink: SharedSink,
     pub(crate) stale: StaleEvents,
     pub(crate) reply: bool,
+    /// How its failed deliveries are retried.
+    pub(crate) retries: Retries,
     /// Set when the endpoint answered 410 Gone: the route delivers nothing until resumed.
     pub(crate) gone: dispatch::routes::GoneState,
 }
@@ -141,6 +144,7 @@ impl Route {
             sink,
             stale,
             reply,
+            retries: Retries::default(),
             gone: dispatch::routes::GoneState::default(),
         }
     }
@@ -429,14 +433,26 @@ impl<S: Store> Gateway<S> {
     /// to `sink`; `stale` says what happens to an event older than one already applied for its
     /// chat.
     pub fn route(
-        mut self,
+        self,
         patterns: &[&str],
         sink: SharedSink,
         stale: StaleEvents,
     ) -> Result<Self, GatewayError> {
-        self.shared_mut()?
-            .routes
-            .push(Route::new(patterns, sink, stale, false));
+        self.retrying_route(patterns, sink, stale, Retries::default())
+    }
+
+    /// [`Gateway::route`], its failed deliveries retried as `retries` says (a schedule of
+    /// waits, and how long a failing event may hold its chat's later events back).
+    pub fn retrying_route(
+        mut self,
+        patterns: &[&str],
+        sink: SharedSink,
+        stale: StaleEvents,
+        retries: Retries,
+    ) -> Result<Self, GatewayError> {
+        let mut route = Route::new(patterns, sink, stale, false);
+        route.retries = retries;
+        self.shared_mut()?.routes.push(route);
         Ok(self)
     }
 

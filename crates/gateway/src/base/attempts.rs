@@ -107,6 +107,21 @@ impl Attempts {
         }
     }
 
+    /// When `key`'s first attempt started, if this gateway made it and failed (the first
+    /// attempt is always kept).
+    pub(crate) fn first_at(&self, key: &KeyHash) -> Option<u64> {
+        let (word, bit) = slot(key);
+        if self.filter[word].load(Ordering::Relaxed) & bit == 0 {
+            return None;
+        }
+        self.lock()
+            .by_key
+            .get(key)
+            .and_then(|attempts| attempts.front())
+            .filter(|first| first.attempt == 0)
+            .map(|first| first.at_ms)
+    }
+
     /// The attempts kept of `key`, oldest first.
     pub(crate) fn of(&self, key: &KeyHash) -> Vec<Attempt> {
         self.lock()
@@ -160,6 +175,8 @@ mod tests {
             (0, 40),
             "first and latest"
         );
+        assert_eq!(attempts.first_at(&key), Some(0), "the first attempt's time");
+        assert_eq!(attempts.first_at(&KeyHash::of(&["other"])), None);
         assert!(
             kept[0]
                 .error

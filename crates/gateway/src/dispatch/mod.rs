@@ -4,6 +4,7 @@
 //! Per-chat order comes from the queue: it hands out only the first waiting event of each order
 //! key, so everything pulled at once belongs to different chats and can run concurrently.
 
+pub(crate) mod retries;
 pub(crate) mod routes;
 
 use std::collections::HashMap;
@@ -24,10 +25,6 @@ use crate::sink::{Outgoing, SinkError};
 
 /// How long an idle partition waits before looking again (retries become due without a wake).
 const IDLE_POLL: Duration = Duration::from_millis(100);
-/// The longest `Retry-After` a downstream gets waited for when `dispatcher.backoff_max` is
-/// shorter: long enough for a maintenance window's 429s or 503s, short enough that an absurd
-/// header cannot park an event for a day.
-const RETRY_AFTER_MAX: Duration = Duration::from_secs(600);
 /// How long to back off when the store cannot answer.
 const STORE_BACKOFF: Duration = Duration::from_millis(500);
 
@@ -191,16 +188,6 @@ where
             }
         }
     }
-}
-
-fn backoff(base: Duration, max: Duration, attempt: u32) -> Duration {
-    let exp = base.saturating_mul(1u32 << attempt.min(20));
-    let capped = exp.min(max);
-    // Jitter in [half, full] so that retries of many events spread out.
-    let half = capped / 2;
-    half + Duration::from_nanos(fastrand::u64(
-        0..=u64::try_from(half.as_nanos()).unwrap_or(u64::MAX),
-    ))
 }
 
 /// Gives the key back and the event to the queue for a second later: the store did not answer.
@@ -400,54 +387,41 @@ async fn handle<S: Store>(
                 .delivered(delivery.key, attempt("delivered", None, None));
             finish(shared, &delivery, &key).await;
         }
-        Err(ref error @ (SinkError::Transient(_) | SinkError::RetryAfter { .. }))
-            if delivery.attempt + 1 < timing.dispatcher.max_attempts =>
-        {
-            insist(&shared.summaries, "release", || key.release()).await;
-            let mut delay = backoff(
-                timing.dispatcher.backoff_base,
-                timing.dispatcher.backoff_max,
-                delivery.attempt,
-            );
-            // The downstream's own wait: retrying sooner only meets the same answer and spends
-            // an attempt. Up to the longest backoff, or `RETRY_AFTER_MAX` when that is shorter.
-            if let SinkError::RetryAfter { after, .. } = error {
-                let most = timing.dispatcher.backoff_max.max(RETRY_AFTER_MAX);
-                delay = delay.max((*after).min(most));
-            }
-            let reason = error.to_string();
-            let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
-            // One summary per interval, not a line per attempt: a downstream that is down fails
-            // every event on every attempt.
-            tracing::debug!(key = %delivery.key, platform = %event.platform, app = %event.app, tenant = event.tenant.as_deref().unwrap_or("-"), event_id = %event.event_id, attempt = delivery.attempt, %reason, ?delay, "delivery failed; retrying");
-            summaries.note(
-                "delivery_retried",
-                None,
-                &format!(
-                    "event {} (attempt {}), retried in {delay:?}: {reason}",
-                    event.event_id,
-                    delivery.attempt + 1
-                ),
-            );
-            stats.bump(&stats.retries, "oncegate_retries_total");
-            let next_at_ms = shared.now_ms().saturating_add(delay_ms);
-            shared.attempts.failed(
-                delivery.key,
-                attempt("retry", Some(reason.clone()), Some(next_at_ms)),
-            );
-            insist(&shared.summaries, "retry", || {
-                store.retry(delivery.id, shared.now_ms().saturating_add(delay_ms))
-            })
-            .await;
-        }
         Err(error) => {
+            let failed = retries::Failed {
+                attempt: delivery.attempt,
+                error: &error,
+                ordered: event.order_key.is_some(),
+                first_at_ms: shared.attempts.first_at(&delivery.key),
+                started_ms,
+                now_ms: shared.now_ms(),
+            };
+            let next = route.retries.next(&timing.dispatcher, &failed);
             insist(&shared.summaries, "release", || key.release()).await;
-            let reason = match error {
-                SinkError::Transient(reason) | SinkError::RetryAfter { reason, .. } => {
+            let reason = match (next, error) {
+                (retries::Next::Retry(delay), error) => {
+                    let reason = error.to_string();
+                    retry(shared, &delivery, delay, reason, &attempt).await;
+                    return;
+                }
+                (retries::Next::SetAside(held), error) => {
+                    metrics::counter!("oncegate_set_aside_total").increment(1);
+                    format!(
+                        "set aside after holding its chat's later events for {} (the route's \
+                         hold_chat): they went on without it; replay it once the endpoint \
+                         takes it. Last attempt ({}): {error}",
+                        humantime::format_duration(Duration::from_secs(held.as_secs())),
+                        delivery.attempt + 1
+                    )
+                }
+                (
+                    retries::Next::GiveUp,
+                    SinkError::Transient(reason) | SinkError::RetryAfter { reason, .. },
+                ) => {
                     format!("gave up after {} attempts: {reason}", delivery.attempt + 1)
                 }
-                SinkError::Permanent(reason) => reason,
-                SinkError::Gone(reason) => {
+                (retries::Next::GiveUp, SinkError::Permanent(reason)) => reason,
+                (retries::Next::GiveUp, SinkError::Gone(reason)) => {
                     crate::dispatch::routes::mark_gone(shared, route, &reason);
                     reason
                 }
@@ -467,6 +441,44 @@ async fn handle<S: Store>(
     }
 }
 
+/// Puts a failed event back for `delay`, its attempt in the history with when the next is due.
+async fn retry<S: Store>(
+    shared: &Shared<S>,
+    delivery: &Delivery,
+    delay: Duration,
+    reason: String,
+    attempt: &impl Fn(&'static str, Option<String>, Option<u64>) -> crate::base::attempts::Attempt,
+) {
+    let event = &delivery.event;
+    let delay_ms = oncegate_core::store::millis(delay);
+    // One summary per interval, not a line per attempt: a downstream that is down fails every
+    // event on every attempt.
+    tracing::debug!(key = %delivery.key, platform = %event.platform, app = %event.app, tenant = event.tenant.as_deref().unwrap_or("-"), event_id = %event.event_id, attempt = delivery.attempt, %reason, ?delay, "delivery failed; retrying");
+    shared.summaries.note(
+        "delivery_retried",
+        None,
+        &format!(
+            "event {} (attempt {}), retried in {delay:?}: {reason}",
+            event.event_id,
+            delivery.attempt + 1
+        ),
+    );
+    shared
+        .stats
+        .bump(&shared.stats.retries, "oncegate_retries_total");
+    let next_at_ms = shared.now_ms().saturating_add(delay_ms);
+    shared.attempts.failed(
+        delivery.key,
+        attempt("retry", Some(reason), Some(next_at_ms)),
+    );
+    insist(&shared.summaries, "retry", || {
+        shared
+            .store
+            .retry(delivery.id, shared.now_ms().saturating_add(delay_ms))
+    })
+    .await;
+}
+
 /// Complete (the holder's compare-and-set) and ack.
 async fn finish<S: Store>(shared: &Shared<S>, delivery: &Delivery, key: &Held<S>) {
     // The handler has run: insist on recording it (the store may be restarting). Giving up here
@@ -479,25 +491,5 @@ async fn finish<S: Store>(shared: &Shared<S>, delivery: &Delivery, key: &Held<S>
     crate::ingress::admission::left_queue(shared);
     if fence == FenceCheck::Rejected {
         tracing::warn!(key = %delivery.key, platform = %delivery.event.platform, app = %delivery.event.app, tenant = delivery.event.tenant.as_deref().unwrap_or("-"), event_id = %delivery.event.event_id, "completion refused: the lease was taken over");
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_doubles_with_jitter_and_caps() {
-        let base = Duration::from_secs(1);
-        let max = Duration::from_secs(60);
-        for attempt in 0..10 {
-            let full = (base * 2u32.pow(attempt)).min(max);
-            let delay = backoff(base, max, attempt);
-            assert!(
-                delay >= full / 2 && delay <= full,
-                "attempt {attempt}: {delay:?}"
-            );
-        }
-        assert!(backoff(base, max, 40) <= max);
     }
 }
