@@ -434,48 +434,10 @@ async fn a_failing_event_holds_its_chat_no_longer_than_the_route_allows() {
 /// the settings it names are the ones the gateway reads (a misspelt one would be refused).
 #[test]
 fn the_readme_retry_example_is_a_valid_route() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
-        .expect("README");
-    let route = readme
-        .split_once("**Retries over hours")
-        .and_then(|(_, rest)| rest.split_once("```toml\n"))
-        .and_then(|(_, rest)| rest.split_once("```"))
-        .expect("the README's retry example")
-        .0;
+    let route = readme_route("**Retries over hours", &[("ROUTE_SECRET", SECRET)]);
     assert!(
         route.contains("retry_schedule = \"standard-webhooks\""),
         "{route}"
     );
-    let dir = tempfile::tempdir().expect("dir");
-    let store = format!("path = \"{}\"", dir.path().join("store").display());
-    let config = write_config(
-        dir.path(),
-        "127.0.0.1:1".parse().expect("addr"),
-        false,
-        &store,
-        "30s",
-        "5s",
-    );
-    let mut text = std::fs::read_to_string(&config).expect("config");
-    text.push_str(route);
-    std::fs::write(&config, &text).expect("config");
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_oncegate"))
-        .arg("check-config")
-        .arg(&config)
-        .env("ROUTE_SECRET", SECRET)
-        .output()
-        .expect("check-config");
-    let said = String::from_utf8_lossy(&output.stdout).to_string()
-        + &String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{said}");
-    // The same route with its bound misspelt is refused, naming it.
-    std::fs::write(&config, text.replace("hold_chat", "hold_chats")).expect("config");
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_oncegate"))
-        .arg("check-config")
-        .arg(&config)
-        .env("ROUTE_SECRET", SECRET)
-        .output()
-        .expect("check-config");
-    assert!(!output.status.success());
-    assert!(String::from_utf8_lossy(&output.stderr).contains("hold_chats"));
+    assert!(route.contains("hold_chat"), "{route}");
 }

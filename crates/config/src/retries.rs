@@ -105,10 +105,26 @@ impl<'de> serde::de::Visitor<'de> for Written {
 /// A route's `retry_schedule` and `hold_chat`.
 pub(crate) fn check(
     route: &RouteConfig,
+    retention: Duration,
     at: &dyn Fn(&str) -> String,
     report: &mut impl FnMut(Severity, &str, String),
 ) {
     if let Some(schedule) = &route.retry_schedule {
+        let span: Duration = schedule.0.iter().sum();
+        if span > retention {
+            report(
+                Severity::Warning,
+                &at("retry_schedule"),
+                format!(
+                    "its waits add up to {}, longer than dedup.retention ({}): an event still \
+                     retrying then has outlived its seen-marks, and a repeat of it would be \
+                     admitted again. Raise dedup.retention to at least {}",
+                    human(span),
+                    human(retention),
+                    human(span)
+                ),
+            );
+        }
         if schedule.0.is_empty() {
             report(
                 Severity::Error,
@@ -219,6 +235,7 @@ mod tests {
             let route = route(extra).expect(extra);
             check(
                 &route,
+                Duration::from_secs(60 * 86_400),
                 &|field| field.to_owned(),
                 &mut |severity, field, message| {
                     problems.push((extra, severity, field.to_owned(), message))
@@ -239,5 +256,19 @@ mod tests {
             ]
         );
         assert!(problems.iter().all(|(_, s, _, _)| *s == Severity::Error));
+        // The standard schedule (27.5 h) outlives the default retention (24 h): said.
+        let standard = route("retry_schedule = \"standard-webhooks\"").expect("standard");
+        let mut said = Vec::new();
+        check(
+            &standard,
+            Duration::from_secs(86_400),
+            &|f| f.to_owned(),
+            &mut |s, f, m| said.push((s, f.to_owned(), m)),
+        );
+        assert!(
+            matches!(&said[..], [(Severity::Warning, field, message)]
+                if field == "retry_schedule" && message.contains("dedup.retention")),
+            "{said:?}"
+        );
     }
 }

@@ -20,6 +20,9 @@ pub enum SinkKind {
     Stdout,
     /// JSON lines appended to `path`.
     File,
+    /// Produced to `topic` on `brokers`, keyed by the event's chat (a build with the `kafka`
+    /// feature).
+    Kafka,
 }
 
 /// `[[route]]`: events whose type matches go to one sink.
@@ -69,6 +72,16 @@ pub struct RouteConfig {
         skip_serializing_if = "Option::is_none"
     )]
     pub hold_chat: Option<Duration>,
+    /// The Kafka sink's brokers, comma-separated (`host:port`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub brokers: Option<String>,
+    /// The Kafka sink's topic.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topic: Option<String>,
+    /// The Kafka sink's client settings (librdkafka's names: `security.protocol`,
+    /// `sasl.username`, `sasl.password` …), each a value or a secret's source.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub kafka: std::collections::BTreeMap<String, Secret>,
 }
 
 /// The URL without credentials, the secret hidden.
@@ -87,6 +100,9 @@ impl std::fmt::Debug for RouteConfig {
             .field("reply", &self.reply)
             .field("retry_schedule", &self.retry_schedule)
             .field("hold_chat", &self.hold_chat)
+            .field("brokers", &self.brokers)
+            .field("topic", &self.topic)
+            .field("kafka", &self.kafka)
             .finish()
     }
 }
@@ -146,8 +162,9 @@ pub(crate) fn check(config: &Config, report: &mut impl FnMut(Severity, &str, Str
                     );
                 }
             }
-            crate::SinkKind::Stdout => {}
+            crate::SinkKind::Stdout | crate::SinkKind::Kafka => {}
         }
+        crate::kafka::check(route, &at, report);
         if route.sink != crate::SinkKind::Http && (route.url.is_some() || route.secret.is_some()) {
             report(
                 Severity::Error,
@@ -241,7 +258,7 @@ pub(crate) fn check(config: &Config, report: &mut impl FnMut(Severity, &str, Str
                     .into(),
             );
         }
-        crate::retries::check(route, &at, report);
+        crate::retries::check(route, config.dedup.retention, &at, report);
         if route.reply && route.watermark {
             report(
                 Severity::Error,

@@ -223,6 +223,9 @@ mod tests {
             reply: true,
             retry_schedule: None,
             hold_chat: None,
+            brokers: None,
+            topic: None,
+            kafka: Default::default(),
         };
         let mut config = Config::default();
         config.routes.push(route(crate::SinkKind::File, false));
@@ -533,6 +536,9 @@ mod tests {
             reply: false,
             retry_schedule: None,
             hold_chat: None,
+            brokers: None,
+            topic: None,
+            kafka: Default::default(),
         });
         assert!(
             validate(&config)

@@ -68,6 +68,7 @@ impl<S: Store> Gateway<S> {
         for route in &config.routes {
             let sink: SharedSink = match route.sink {
                 SinkKind::Http => http_sink(route)?,
+                SinkKind::Kafka => kafka_sink(route)?,
                 SinkKind::Stdout => Arc::new(LinesSink::stdout()),
                 SinkKind::File => {
                     let path = route
@@ -201,6 +202,43 @@ fn http_sink(_: &oncegate_config::RouteConfig) -> Result<SharedSink, GatewayErro
     Err(GatewayError::Config(
         "sink = \"http\" needs the `http-sink` feature of oncegate-gateway, which this build \
          leaves out (the oncegate binary has it)"
+            .into(),
+    ))
+}
+
+/// A `kafka` route's producer.
+#[cfg(feature = "kafka")]
+fn kafka_sink(route: &oncegate_config::RouteConfig) -> Result<SharedSink, GatewayError> {
+    let needed = |value: &Option<String>, what: &str| {
+        value
+            .clone()
+            .ok_or_else(|| GatewayError::Config(format!("a kafka route needs {what}")))
+    };
+    let settings = route
+        .kafka
+        .iter()
+        .map(|(name, value)| {
+            value
+                .resolve()
+                .map(|value| (name.clone(), value))
+                .map_err(|message| GatewayError::Config(format!("route kafka.{name}: {message}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let sink = crate::KafkaSink::new(
+        &needed(&route.brokers, "brokers")?,
+        &needed(&route.topic, "a topic")?,
+        &settings,
+        route.timeout,
+    )?;
+    Ok(Arc::new(sink))
+}
+
+/// A build without the Kafka sink refuses `kafka` routes.
+#[cfg(not(feature = "kafka"))]
+fn kafka_sink(_: &oncegate_config::RouteConfig) -> Result<SharedSink, GatewayError> {
+    Err(GatewayError::Config(
+        "sink = \"kafka\" needs the `kafka` feature, which this build leaves out (librdkafka \
+         is a C build): cargo install --features kafka, or build with --features kafka"
             .into(),
     ))
 }

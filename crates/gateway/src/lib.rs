@@ -95,6 +95,8 @@ pub use dispatch::retries::Retries;
 pub use server::ServerLimits;
 #[cfg(feature = "http-sink")]
 pub use sink::HttpSink;
+#[cfg(feature = "kafka")]
+pub use sink::KafkaSink;
 pub use sink::{Handler, HandlerSink, LinesSink, Outgoing, SharedSink, Sink, SinkError};
 
 /// Why a gateway could not be built or run.

@@ -796,3 +796,46 @@ impl Replicated {
         self.primary.run();
     }
 }
+
+/// The first TOML block of the README after `marker`, a `[[route]]`: it passes `check-config`
+/// beside the test configuration (with `env` set), and the same block with its last setting
+/// misspelt is refused naming it — so every setting it shows is one the gateway reads.
+pub(crate) fn readme_route(marker: &str, env: &[(&str, &str)]) -> String {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
+        .expect("README");
+    let route = readme
+        .split_once(marker)
+        .and_then(|(_, rest)| rest.split_once("```toml\n"))
+        .and_then(|(_, rest)| rest.split_once("```"))
+        .unwrap_or_else(|| panic!("no toml block after {marker:?} in the README"))
+        .0
+        .to_owned();
+    let dir = tempfile::tempdir().expect("dir");
+    let store = format!("path = \"{}\"", dir.path().join("store").display());
+    let unused: SocketAddr = "127.0.0.1:1".parse().expect("addr");
+    let config = write_config(dir.path(), unused, false, &store, "30s", "5s");
+    let text = std::fs::read_to_string(&config).expect("config") + &route;
+    let check = |text: &str| {
+        std::fs::write(&config, text).expect("config");
+        let output = Command::new(env!("CARGO_BIN_EXE_oncegate"))
+            .arg("check-config")
+            .arg(&config)
+            .envs(env.iter().copied())
+            .output()
+            .expect("check-config");
+        let said = String::from_utf8_lossy(&output.stdout).into_owned()
+            + &String::from_utf8_lossy(&output.stderr);
+        (output.status.success(), said)
+    };
+    let (ok, said) = check(&text);
+    assert!(ok, "the README's route after {marker:?}: {said}");
+    let last = route
+        .lines()
+        .rev()
+        .find_map(|line| line.split_once(" = ").map(|(name, _)| name.trim()))
+        .expect("a setting");
+    let misspelt = text.replacen(&format!("\n{last} = "), &format!("\n{last}_x = "), 1);
+    let (ok, said) = check(&misspelt);
+    assert!(!ok && said.contains(&format!("{last}_x")), "{said}");
+    route
+}

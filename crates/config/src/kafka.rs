@@ -1,0 +1,176 @@
+//! A `sink = "kafka"` route's brokers, topic and client settings.
+
+use crate::checks::Severity;
+use crate::*;
+
+/// Client settings the Kafka sink fixes: each event counts as delivered only once every in-sync
+/// replica has it, and the producer's own retries never write it twice.
+pub const KAFKA_FIXED: [(&str, &str); 2] = [("acks", "all"), ("enable.idempotence", "true")];
+
+/// Whether `topic` is a name Kafka accepts: 1 to 249 of `[a-zA-Z0-9._-]`, not `.` or `..`.
+fn valid_topic(topic: &str) -> bool {
+    (1..=249).contains(&topic.len())
+        && topic != "."
+        && topic != ".."
+        && topic
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// A broker list's hosts that are not loopback.
+fn remote_brokers(brokers: &str) -> Vec<&str> {
+    brokers
+        .split(',')
+        .map(str::trim)
+        .filter(|broker| {
+            let host = broker
+                .rsplit_once(':')
+                .map_or(*broker, |(host, _)| host)
+                .trim_start_matches('[')
+                .trim_end_matches(']');
+            host != "localhost"
+                && !host
+                    .parse::<std::net::IpAddr>()
+                    .is_ok_and(|ip| ip.is_loopback())
+        })
+        .collect()
+}
+
+/// A route's Kafka settings: needed where `sink = "kafka"`, refused elsewhere.
+pub(crate) fn check(
+    route: &RouteConfig,
+    at: &dyn Fn(&str) -> String,
+    report: &mut impl FnMut(Severity, &str, String),
+) {
+    if route.sink != SinkKind::Kafka {
+        if route.brokers.is_some() || route.topic.is_some() || !route.kafka.is_empty() {
+            report(
+                Severity::Error,
+                &at("brokers"),
+                "brokers, topic and kafka belong to sink = \"kafka\"".into(),
+            );
+        }
+        return;
+    }
+    match route.brokers.as_deref().map(str::trim) {
+        None | Some("") => report(
+            Severity::Error,
+            &at("brokers"),
+            "sink = \"kafka\" needs brokers, e.g. \"kafka-1:9092,kafka-2:9092\"".into(),
+        ),
+        Some(brokers) => {
+            let protocol = route
+                .kafka
+                .get("security.protocol")
+                .and_then(|value| value.resolve().ok())
+                .unwrap_or_else(|| "plaintext".into())
+                .to_ascii_lowercase();
+            let remote = remote_brokers(brokers);
+            if matches!(protocol.as_str(), "plaintext" | "sasl_plaintext") && !remote.is_empty() {
+                report(
+                    Severity::Warning,
+                    &at("brokers"),
+                    format!(
+                        "events (decrypted messages) travel to {} unencrypted: set \
+                         kafka.\"security.protocol\" = \"SSL\" or \"SASL_SSL\"",
+                        remote.join(", ")
+                    ),
+                );
+            }
+        }
+    }
+    match route.topic.as_deref() {
+        None => report(
+            Severity::Error,
+            &at("topic"),
+            "sink = \"kafka\" needs a topic".into(),
+        ),
+        Some(topic) if !valid_topic(topic) => report(
+            Severity::Error,
+            &at("topic"),
+            format!(
+                "{topic:?} is not a Kafka topic name: 1 to 249 of letters, digits, '.', '_' and '-'"
+            ),
+        ),
+        Some(_) => {}
+    }
+    for (name, value) in &route.kafka {
+        let field = at(&format!("kafka.\"{name}\""));
+        match value.resolve() {
+            Err(message) => report(Severity::Error, &field, message),
+            Ok(value) => {
+                if let Some((_, fixed)) = KAFKA_FIXED.iter().find(|(fixed, _)| fixed == name)
+                    && !value.eq_ignore_ascii_case(fixed)
+                {
+                    report(
+                        Severity::Error,
+                        &field,
+                        format!(
+                            "the Kafka sink sets {name} = {fixed}: an event counts as delivered \
+                             only once the brokers have it, written once; leave it out"
+                        ),
+                    );
+                }
+            }
+        }
+        if name == "bootstrap.servers" {
+            report(
+                Severity::Error,
+                &field,
+                "name the brokers in the route's brokers setting".into(),
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn problems(extra: &str) -> Vec<(Severity, String)> {
+        let route: RouteConfig =
+            toml::from_str(&format!("events = [\"*\"]\nsink = \"kafka\"\n{extra}")).expect("route");
+        let mut found = Vec::new();
+        check(&route, &|f| f.to_owned(), &mut |severity, field, _| {
+            found.push((severity, field.to_owned()))
+        });
+        found
+    }
+
+    #[test]
+    fn a_kafka_route_names_brokers_and_a_topic_and_keeps_acks_all() {
+        assert_eq!(
+            problems("brokers = \"127.0.0.1:9092\"\ntopic = \"chat-events\""),
+            []
+        );
+        assert_eq!(
+            problems(""),
+            [
+                (Severity::Error, "brokers".to_owned()),
+                (Severity::Error, "topic".to_owned())
+            ]
+        );
+        assert_eq!(
+            problems("brokers = \"127.0.0.1:9092\"\ntopic = \"a/b\""),
+            [(Severity::Error, "topic".to_owned())]
+        );
+        assert_eq!(
+            problems("brokers = \"127.0.0.1:9092\"\ntopic = \"t\"\nkafka = { acks = \"1\" }"),
+            [(Severity::Error, "kafka.\"acks\"".to_owned())]
+        );
+        assert_eq!(
+            problems(
+                "brokers = \"kafka-1:9092,127.0.0.1:9092\"\ntopic = \"t\"\n\
+                 kafka = { \"security.protocol\" = \"SASL_PLAINTEXT\" }"
+            ),
+            [(Severity::Warning, "brokers".to_owned())]
+        );
+        assert_eq!(
+            problems(
+                "brokers = \"kafka-1:9092\"\ntopic = \"t\"\n\
+                 kafka = { \"security.protocol\" = \"SASL_SSL\", \"sasl.password\" = { env = \"PATH\" } }"
+            ),
+            []
+        );
+    }
+}
