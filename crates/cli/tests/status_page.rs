@@ -432,22 +432,20 @@ async fn the_status_page_shows_a_gateway_under_load_and_its_charts_move() {
 
 /// After a restart the dead-letters tile shows what the store keeps (the dead letters of the
 /// run before), not the new run's count of 0; the note tells this run's apart.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_a_restart_the_page_shows_the_dead_letters_the_store_keeps() {
-    const DEAD: u64 = 5;
-    let dir = tempfile::tempdir().expect("dir");
-    // A downstream nobody listens on, one attempt each: every event is dead-lettered.
+/// A gateway (embedded store in `dir`) whose one route posts to a loopback port nobody listens
+/// on, its `[dispatcher]` saying `dispatcher`.
+fn closed_downstream(dir: &Path, dispatcher: &str) -> String {
     let closed = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port");
-    let config = format!(
+    format!(
         r#"
 [store]
 backend = "embedded"
 path = "{}"
 
 [dispatcher]
-max_attempts = 1
+{dispatcher}
 
 [server]
 listen = "127.0.0.1:0"
@@ -468,8 +466,86 @@ url = "http://{closed}/in"
 secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 timeout = "1s"
 "#,
-        dir.path().join("data").display()
+        dir.join("data").display()
+    )
+}
+
+/// Deliveries that fail show on the page, the latest first: the event, its attempts, the last
+/// one's outcome and answer, and when the next is due — then that they were dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_lists_failing_deliveries_with_their_next_attempt() {
+    let dir = tempfile::tempdir().expect("dir");
+    let config = closed_downstream(
+        dir.path(),
+        "max_attempts = 2\nbackoff_base = \"8s\"\nbackoff_max = \"8s\"",
     );
+    let serve = Serve::start_with(dir.path(), &config);
+    let browser = Browser::open(&format!("{}/status#token={TOKEN}", serve.admin));
+    let mut page = browser.page().await;
+    // Beside the page: simulate waits for the outcome, which comes only after the retries.
+    let mut simulate = oncegate()
+        .args(["simulate", "--quiet", "--events", "2"])
+        .args(["--source", "bot", "--config"])
+        .arg(dir.path().join("oncegate.toml"))
+        .args(["--url", &serve.base, "--admin", &serve.admin])
+        .env("ONCEGATE_ADMIN_TOKEN", TOKEN)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("simulate");
+    let rows = "Array.from(document.querySelectorAll('#failing tr')).map(tr => \
+                Array.from(tr.querySelectorAll('td')).map(td => td.textContent))";
+    let mut wait = async |what: &str, done: &dyn Fn(&[Vec<String>]) -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let shown: Vec<Vec<String>> =
+                serde_json::from_value(page.eval(rows).await).unwrap_or_default();
+            if done(&shown) {
+                return shown;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the page never showed {what}: {shown:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    };
+    let retrying = wait("two failing deliveries waiting for their retry", &|rows| {
+        rows.len() == 2
+            && rows
+                .iter()
+                .all(|row| row.len() == 6 && row[5].contains("(in "))
+    })
+    .await;
+    for row in &retrying {
+        assert!(row[0].starts_with("feishu "), "{row:?}");
+        assert_eq!(row[1], "im.message.receive_v1", "{row:?}");
+        assert_eq!(row[2], "1", "{row:?}");
+        assert!(row[3].starts_with("retry at "), "{row:?}");
+        assert!(!row[4].is_empty(), "the downstream's answer: {row:?}");
+        assert!(row[5].contains("(in "), "when the next is due: {row:?}");
+    }
+    let dead = wait("both dead-lettered after their second attempt", &|rows| {
+        rows.len() == 2
+            && rows
+                .iter()
+                .all(|row| row.len() == 6 && row[3].starts_with("dead_letter"))
+    })
+    .await;
+    for row in &dead {
+        assert_eq!((row[2].as_str(), row[5].as_str()), ("2", "–"), "{row:?}");
+        assert!(row[4].contains("gave up after 2 attempts"), "{row:?}");
+    }
+    let _ = simulate.kill();
+    let _ = simulate.wait();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restart_the_page_shows_the_dead_letters_the_store_keeps() {
+    const DEAD: u64 = 5;
+    let dir = tempfile::tempdir().expect("dir");
+    // A downstream nobody listens on, one attempt each: every event is dead-lettered.
+    let config = closed_downstream(dir.path(), "max_attempts = 1");
     let stats = |serve: &Serve| {
         let admin = serve.admin.clone();
         async move {

@@ -228,6 +228,9 @@ async fn status_page() -> Response {
 
 /// What the status page polls every second: counters and states this gateway holds in
 /// memory, without a call to the store (many open pages must cost nothing).
+/// Failing deliveries the status page lists.
+const FAILING_SHOWN: usize = 20;
+
 async fn live<S: Store>(State(shared): State<Arc<Shared<S>>>, headers: HeaderMap) -> Response {
     if let Err(denied) = authorized(&shared, &headers) {
         return denied;
@@ -262,6 +265,9 @@ async fn live<S: Store>(State(shared): State<Arc<Shared<S>>>, headers: HeaderMap
         "queue": crate::admin::queue_view::live_json(&shared),
         "drops": drops,
         "long_connections": long_connections,
+        // The deliveries that failed lately, for the status page: which, how often, why, and
+        // when the next attempt is due.
+        "failing": shared.attempts.latest(FAILING_SHOWN),
     }))
     .into_response()
 }

@@ -35,9 +35,46 @@ pub(crate) struct Attempt {
     pub(crate) next_at_ms: Option<u64>,
 }
 
+/// Which event a key's attempts were of: for the list of failing deliveries.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Of {
+    pub(crate) platform: std::sync::Arc<str>,
+    pub(crate) app: std::sync::Arc<str>,
+    pub(crate) event_id: std::sync::Arc<str>,
+    pub(crate) event_type: std::sync::Arc<str>,
+}
+
+impl Of {
+    pub(crate) fn event(event: &oncegate_core::Event) -> Self {
+        Self {
+            platform: event.platform.clone(),
+            app: event.app.clone(),
+            event_id: event.event_id.clone(),
+            event_type: event.event_type.clone(),
+        }
+    }
+}
+
+/// One event's kept attempts.
+struct Entry {
+    of: Of,
+    attempts: VecDeque<Attempt>,
+}
+
+/// An event that failed at least once, as the status page lists it.
+#[derive(Debug, Serialize)]
+pub(crate) struct Failing {
+    #[serde(flatten)]
+    pub(crate) of: Of,
+    /// Attempts made (as far as this gateway saw them).
+    pub(crate) attempts: u32,
+    /// The latest attempt.
+    pub(crate) last: Attempt,
+}
+
 #[derive(Default)]
 struct Kept {
-    by_key: HashMap<KeyHash, VecDeque<Attempt>>,
+    by_key: HashMap<KeyHash, Entry>,
     order: VecDeque<KeyHash>,
 }
 
@@ -75,8 +112,8 @@ impl Attempts {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Notes a failed attempt of `key`.
-    pub(crate) fn failed(&self, key: KeyHash, mut attempt: Attempt) {
+    /// Notes a failed attempt of `key`, an attempt of `of`.
+    pub(crate) fn failed(&self, key: KeyHash, of: &oncegate_core::Event, mut attempt: Attempt) {
         if let Some(error) = &mut attempt.error
             && error.chars().count() > ERROR_CHARS
         {
@@ -91,7 +128,11 @@ impl Attempts {
             }
             kept.order.push_back(key);
         }
-        push(kept.by_key.entry(key).or_default(), attempt);
+        let entry = kept.by_key.entry(key).or_insert_with(|| Entry {
+            of: Of::event(of),
+            attempts: VecDeque::new(),
+        });
+        push(&mut entry.attempts, attempt);
         let (word, bit) = slot(&key);
         self.filter[word].fetch_or(bit, Ordering::Relaxed);
     }
@@ -102,8 +143,8 @@ impl Attempts {
         if self.filter[word].load(Ordering::Relaxed) & bit == 0 {
             return;
         }
-        if let Some(attempts) = self.lock().by_key.get_mut(&key) {
-            push(attempts, attempt);
+        if let Some(entry) = self.lock().by_key.get_mut(&key) {
+            push(&mut entry.attempts, attempt);
         }
     }
 
@@ -117,7 +158,7 @@ impl Attempts {
         self.lock()
             .by_key
             .get(key)
-            .and_then(|attempts| attempts.front())
+            .and_then(|entry| entry.attempts.front())
             .filter(|first| first.attempt == 0)
             .map(|first| first.at_ms)
     }
@@ -127,8 +168,33 @@ impl Attempts {
         self.lock()
             .by_key
             .get(key)
-            .map(|attempts| attempts.iter().cloned().collect())
+            .map(|entry| entry.attempts.iter().cloned().collect())
             .unwrap_or_default()
+    }
+
+    /// The `limit` events whose latest attempt came last, that one first.
+    pub(crate) fn latest(&self, limit: usize) -> Vec<Failing> {
+        let kept = self.lock();
+        let mut latest: Vec<&Entry> = kept
+            .by_key
+            .values()
+            .filter(|entry| !entry.attempts.is_empty())
+            .collect();
+        latest.sort_unstable_by_key(|entry| {
+            std::cmp::Reverse(entry.attempts.back().map_or(0, |last| last.at_ms))
+        });
+        latest
+            .into_iter()
+            .take(limit)
+            .filter_map(|entry| {
+                let last = entry.attempts.back()?.clone();
+                Some(Failing {
+                    of: entry.of.clone(),
+                    attempts: last.attempt.saturating_add(1),
+                    last,
+                })
+            })
+            .collect()
     }
 }
 
@@ -155,17 +221,48 @@ mod tests {
         }
     }
 
+    fn event(id: &str) -> oncegate_core::Event {
+        oncegate_core::Event {
+            platform: "feishu".into(),
+            app: "cli_a".into(),
+            tenant: None,
+            event_id: id.into(),
+            event_type: "im.message.receive_v1".into(),
+            created_at_ms: 0,
+            order_key: None,
+            payload: bytes::Bytes::new(),
+        }
+    }
+
+    #[test]
+    fn the_latest_failing_events_come_first_with_their_last_attempt() {
+        let attempts = Attempts::default();
+        for (n, id) in ["a", "b", "c"].iter().enumerate() {
+            let n = u32::try_from(n).expect("small");
+            attempts.failed(KeyHash::of(&[id]), &event(id), attempt(n * 10, "retry"));
+        }
+        // `a` fails again, later than the others.
+        attempts.failed(KeyHash::of(&["a"]), &event("a"), attempt(30, "dead_letter"));
+        let latest = attempts.latest(2);
+        let shown: Vec<(&str, u32, &str)> = latest
+            .iter()
+            .map(|f| (&*f.of.event_id, f.attempts, f.last.outcome))
+            .collect();
+        assert_eq!(shown, [("a", 31, "dead_letter"), ("c", 21, "retry")]);
+    }
+
     #[test]
     fn only_events_that_failed_are_kept_within_the_bounds() {
         let attempts = Attempts::default();
         let key = KeyHash::of(&["k"]);
+        let event = event("k");
         attempts.delivered(key, attempt(0, "delivered"));
         assert!(
             attempts.of(&key).is_empty(),
             "a first-time delivery costs nothing"
         );
         for n in 0..40 {
-            attempts.failed(key, attempt(n, "retry"));
+            attempts.failed(key, &event, attempt(n, "retry"));
         }
         attempts.delivered(key, attempt(40, "delivered"));
         let kept = attempts.of(&key);
@@ -184,7 +281,7 @@ mod tests {
                 .is_some_and(|e| e.chars().count() <= ERROR_CHARS + 1)
         );
         for n in 0..(KEYS + 5) {
-            attempts.failed(KeyHash::of(&[&n.to_string()]), attempt(0, "retry"));
+            attempts.failed(KeyHash::of(&[&n.to_string()]), &event, attempt(0, "retry"));
         }
         assert!(attempts.of(&key).is_empty(), "the oldest key was forgotten");
         assert_eq!(attempts.lock().by_key.len(), KEYS);

@@ -429,6 +429,7 @@ async fn handle<S: Store>(
             tracing::warn!(key = %delivery.key, platform = %event.platform, app = %event.app, tenant = event.tenant.as_deref().unwrap_or("-"), event_id = %event.event_id, %reason, "dead-lettered");
             shared.attempts.failed(
                 delivery.key,
+                event,
                 attempt("dead_letter", Some(reason.clone()), None),
             );
             stats.bump(&stats.dead_letters, "oncegate_dead_letters_total");
@@ -469,6 +470,7 @@ async fn retry<S: Store>(
     let next_at_ms = shared.now_ms().saturating_add(delay_ms);
     shared.attempts.failed(
         delivery.key,
+        event,
         attempt("retry", Some(reason), Some(next_at_ms)),
     );
     insist(&shared.summaries, "retry", || {
