@@ -2,17 +2,29 @@
 
 use super::*;
 
-/// Answers every `POST /webhook/{source}` with the gateway's success body, and nothing more.
+/// Answers every `POST /webhook/{source}` with the gateway's success body, and nothing more;
+/// and takes OTLP/HTTP trace exports (`POST /v1/traces`), answering them as a collector does,
+/// for a benchmark of the gateway with traces on.
 pub(crate) fn bare_server(address: &str) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(THREADS as usize)
         .enable_all()
         .build()?;
     runtime.block_on(async {
-        let app = axum::Router::new().route(
-            "/webhook/{source}",
-            axum::routing::post(|_body: axum::body::Bytes| async { "{\"msg\":\"success\"}" }),
-        );
+        let app = axum::Router::new()
+            .route(
+                "/webhook/{source}",
+                axum::routing::post(|_body: axum::body::Bytes| async { "{\"msg\":\"success\"}" }),
+            )
+            .route(
+                "/v1/traces",
+                axum::routing::post(|_body: axum::body::Bytes| async {
+                    (
+                        [(axum::http::header::CONTENT_TYPE, "application/x-protobuf")],
+                        Vec::<u8>::new(),
+                    )
+                }),
+            );
         let listener = tokio::net::TcpListener::bind(address).await?;
         println!("bare server on http://{}", listener.local_addr()?);
         axum::serve(listener, app).await?;

@@ -19,6 +19,7 @@ mod simulate_aibot;
 mod simulate_api;
 mod simulate_ws;
 mod store_files;
+mod telemetry;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

@@ -125,6 +125,13 @@ async fn run<S: Store>(
 ) -> anyhow::Result<()> {
     say_durability(&store);
     let mut gateway = Gateway::from_config(config, store).await?.metrics(render)?;
+    let exporting = match crate::telemetry::start(&config.telemetry)? {
+        Some((traces, exporting)) => {
+            gateway = gateway.traces(traces)?;
+            Some(exporting)
+        }
+        None => None,
+    };
     if let Some(clock) = clock {
         gateway = gateway.with_clock(clock)?;
     }
@@ -184,6 +191,12 @@ async fn run<S: Store>(
         .context("the dispatcher stopped abnormally")?;
     if let Some(api) = api {
         api.await.context("the API listener stopped abnormally")??;
+    }
+    if let Some(exporting) = exporting {
+        // The exporter's own thread blocks while it sends the last batch.
+        tokio::task::spawn_blocking(move || exporting.stop())
+            .await
+            .ok();
     }
     served?;
     dispatched?;

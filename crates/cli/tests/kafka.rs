@@ -362,6 +362,6 @@ async fn events_reach_the_topic_once_in_chat_order_and_a_kill_after_the_ack_only
 /// The README's Kafka route passes `check-config`, every setting it shows read by the gateway.
 #[test]
 fn the_readme_kafka_route_is_valid() {
-    let route = readme_route("**Kafka** (", &[("KAFKA_PASSWORD", "s3cret")]);
+    let route = readme_block("**Kafka** (", &[("KAFKA_PASSWORD", "s3cret")]);
     assert!(route.contains("sink = \"kafka\""), "{route}");
 }

@@ -434,7 +434,7 @@ async fn a_failing_event_holds_its_chat_no_longer_than_the_route_allows() {
 /// the settings it names are the ones the gateway reads (a misspelt one would be refused).
 #[test]
 fn the_readme_retry_example_is_a_valid_route() {
-    let route = readme_route("**Retries over hours", &[("ROUTE_SECRET", SECRET)]);
+    let route = readme_block("**Retries over hours", &[("ROUTE_SECRET", SECRET)]);
     assert!(
         route.contains("retry_schedule = \"standard-webhooks\""),
         "{route}"

@@ -15,6 +15,7 @@ mod route;
 mod server;
 mod source;
 mod store;
+mod telemetry;
 mod validate;
 
 use std::time::Duration;
@@ -33,6 +34,7 @@ pub use route::*;
 pub use server::*;
 pub use source::*;
 pub use store::*;
+pub use telemetry::TelemetryConfig;
 pub use validate::validate;
 
 /// How long Feishu keeps re-delivering an event it got no answer for: retries after 15 s, 5 min,
@@ -65,6 +67,8 @@ pub struct Config {
     pub api: ApiConfig,
     /// The log's format and instance name.
     pub log: LogConfig,
+    /// Where traces go (OTLP); none by default.
+    pub telemetry: TelemetryConfig,
 }
 
 impl Config {

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::StoreConfig;
 use crate::checks::{Problem, Severity, human};
-use crate::{Config, api, dedup, dispatcher, route, server, source, store};
+use crate::{Config, api, dedup, dispatcher, route, server, source, store, telemetry};
 
 /// The largest value each numeric setting may take: beyond these a setting is a typo, and some
 /// (a concurrency of 3e18) would make the gateway fail at run time instead of at start.
@@ -196,6 +196,7 @@ pub fn validate(config: &Config) -> Vec<Problem> {
         );
     }
     route::check(config, &mut report);
+    telemetry::check(config, &mut report);
     problems.sort_by_key(|p| std::cmp::Reverse(p.severity));
     problems
 }

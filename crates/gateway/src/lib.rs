@@ -91,6 +91,7 @@ pub use base::recorder::SECONDS_BUCKETS;
 pub use base::recorder::{MetricsRecorder, MetricsRender};
 pub use base::stats::{self, Stats, StatsSnapshot};
 pub use base::summary::Summaries;
+pub use base::traces::{EventTrace, Traces, parse_traceparent};
 pub use dispatch::retries::Retries;
 pub use server::ServerLimits;
 #[cfg(feature = "http-sink")]
@@ -231,6 +232,8 @@ pub(crate) struct Shared<S> {
     pub(crate) queued: AtomicU64,
     /// The attempts of events that failed at least once, for `/admin/record`.
     pub(crate) attempts: base::attempts::Attempts,
+    /// Where spans go (`[telemetry]`), if anywhere.
+    pub(crate) traces: base::traces::Traces,
     /// Set when a background task ended early: readiness fails from then on.
     pub(crate) failure: OnceLock<String>,
     /// What this configuration can lose by design beyond the store's own promise, said in
@@ -402,6 +405,7 @@ impl<S: Store> Gateway<S> {
                 max_queued: parts.max_queued,
                 queued: AtomicU64::new(0),
                 attempts: base::attempts::Attempts::default(),
+                traces: base::traces::Traces::default(),
                 failure: OnceLock::new(),
                 at_risk: Vec::new(),
                 meters,
@@ -472,6 +476,12 @@ impl<S: Store> Gateway<S> {
         shared
             .routes
             .push(Route::new(patterns, sink, StaleEvents::Deliver, true));
+        Ok(self)
+    }
+
+    /// Records one trace per event (and spans of `/send` and `/keys` calls) with `traces`.
+    pub fn traces(mut self, traces: Traces) -> Result<Self, GatewayError> {
+        self.shared_mut()?.traces = traces;
         Ok(self)
     }
 

@@ -73,6 +73,7 @@ async fn deliver(url: &str, wants_answer: bool) -> Result<Option<Bytes>, SinkErr
         attempt: 0,
         wants_answer,
         updates: None,
+        traceparent: None,
     })
     .await
 }
@@ -177,6 +178,7 @@ async fn while_a_secret_rotates_both_secrets_verify_every_delivery() {
         attempt: 0,
         wants_answer: false,
         updates: None,
+        traceparent: None,
     })
     .await
     .expect("delivered");
@@ -291,6 +293,7 @@ async fn a_v1a_signature_verifies_with_the_public_key_only() {
         attempt: 0,
         wants_answer: false,
         updates: None,
+        traceparent: None,
     })
     .await
     .expect("delivered");

@@ -31,6 +31,8 @@ pub(crate) struct Got {
     pub(crate) order_key: Option<String>,
     pub(crate) attempt: u64,
     pub(crate) signed: bool,
+    /// The W3C `traceparent` it came with, if any.
+    pub(crate) traceparent: String,
 }
 
 /// How the downstream answers.
@@ -185,6 +187,11 @@ pub(crate) async fn receive(
         order_key: doc["order_key"].as_str().map(str::to_owned),
         attempt: doc["attempt"].as_u64().unwrap_or(0),
         signed: verify(&headers, &body),
+        traceparent: headers
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned(),
     });
     let late = state.behavior.lock().expect("behavior").answer_late;
     if !late.is_zero() {
@@ -209,6 +216,7 @@ pub(crate) async fn card(
         order_key: None,
         attempt: 0,
         signed: true,
+        traceparent: String::new(),
     });
     axum::Json(serde_json::json!({"toast": {"type": "success", "content": format!("answer {n}")}}))
 }
@@ -797,10 +805,10 @@ impl Replicated {
     }
 }
 
-/// The first TOML block of the README after `marker`, a `[[route]]`: it passes `check-config`
+/// The first TOML block of the README after `marker` (a `[[route]]` or a table): it passes `check-config`
 /// beside the test configuration (with `env` set), and the same block with its last setting
 /// misspelt is refused naming it — so every setting it shows is one the gateway reads.
-pub(crate) fn readme_route(marker: &str, env: &[(&str, &str)]) -> String {
+pub(crate) fn readme_block(marker: &str, env: &[(&str, &str)]) -> String {
     let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
         .expect("README");
     let route = readme

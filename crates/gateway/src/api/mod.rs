@@ -93,7 +93,48 @@ pub(crate) fn router<S: Store>(shared: Arc<Shared<S>>) -> Router {
             shared.clone(),
             crate::api::callers::gate::<S>,
         ))
+        .layer(axum::middleware::from_fn_with_state(shared.clone(), traced::<S>))
         .with_state(shared)
+}
+
+/// A span for each API call, in the caller's trace when it sends a W3C `traceparent`: a
+/// service's "send this reply" or "claim this key" shows inside the trace of what made it.
+async fn traced<S: Store>(
+    axum::extract::State(shared): axum::extract::State<Arc<Shared<S>>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if !shared.traces.on() {
+        return next.run(request).await;
+    }
+    let parent = request
+        .headers()
+        .get("traceparent")
+        .and_then(|value| value.to_str().ok())
+        .and_then(crate::base::traces::parse_traceparent);
+    let route = request
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or_else(
+            || request.uri().path().to_owned(),
+            |path| path.as_str().to_owned(),
+        );
+    let method = request.method().to_string();
+    let started = std::time::SystemTime::now();
+    let response = next.run(request).await;
+    let status = response.status();
+    let span = crate::base::traces::Finished::new(
+        format!("{method} {route}"),
+        started,
+        std::time::SystemTime::now(),
+    )
+    .kind(opentelemetry::trace::SpanKind::Server)
+    .with("http.request.method", method)
+    .with("http.route", route)
+    .with("http.response.status_code", i64::from(status.as_u16()))
+    .failed(status.is_server_error().then(|| status.to_string()));
+    shared.traces.under(parent, span);
+    response
 }
 
 /// The API's OpenAPI document (its routes are checked against this router in a test).

@@ -7,3 +7,4 @@ pub(crate) mod recorder;
 pub mod stats;
 pub(crate) mod summary;
 pub(crate) mod timed_store;
+pub(crate) mod traces;

@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::Shared;
 use crate::base::meters::ClaimOutcome;
+use crate::base::traces::{self, EventTrace};
 use crate::sink::{Outgoing, SinkError};
 
 /// How long an idle partition waits before looking again (retries become due without a wake).
@@ -350,12 +351,24 @@ async fn handle<S: Store>(
     lock(held).insert(delivery.id, key.clone());
     shared.meters.lag(event.created_at_ms, shared.now_ms());
     let id = delivery.key.delivery_id();
+    // This attempt's span, named to the downstream before it is recorded.
+    let traced = shared.traces.on().then(|| {
+        let trace = EventTrace::of(&delivery.key);
+        let span = traces::span_id();
+        (
+            trace,
+            span,
+            trace.traceparent(span),
+            std::time::SystemTime::now(),
+        )
+    });
     let outgoing = Outgoing {
         id: id.as_str(),
         event,
         attempt: delivery.attempt,
         wants_answer: false,
         updates: None,
+        traceparent: traced.as_ref().map(|(_, _, header, _)| header.as_str()),
     };
     let started = std::time::Instant::now();
     let started_ms = shared.now_ms();
@@ -377,6 +390,9 @@ async fn handle<S: Store>(
         }
     };
     lock(held).remove(&delivery.id);
+    if let Some((trace, span, _, began)) = &traced {
+        record_attempt(shared, &delivery, trace, *span, *began, &result);
+    }
     match result {
         Ok(_) => {
             // Nobody reads an event's answer: keeping it would only hold memory for the whole
@@ -440,6 +456,45 @@ async fn handle<S: Store>(
             crate::ingress::admission::left_queue(shared);
         }
     }
+}
+
+/// The spans of one delivery attempt: its wait in the queue (the first attempt's, from the
+/// event's creation) and the attempt itself, in the event's trace.
+fn record_attempt<S: Store>(
+    shared: &Shared<S>,
+    delivery: &Delivery,
+    trace: &EventTrace,
+    span: opentelemetry::trace::SpanId,
+    began: std::time::SystemTime,
+    result: &Result<Option<bytes::Bytes>, SinkError>,
+) {
+    let event = &delivery.event;
+    if delivery.attempt == 0 {
+        let created = std::time::UNIX_EPOCH + Duration::from_millis(event.created_at_ms);
+        shared.traces.child(
+            trace,
+            traces::Finished::new("oncegate.queue", created.min(began), began)
+                .with("oncegate.partition", i64::from(delivery.id.partition)),
+        );
+    }
+    let error = result.as_ref().err().map(ToString::to_string);
+    shared.traces.child(
+        trace,
+        traces::Finished::new("oncegate.deliver", began, std::time::SystemTime::now())
+            .kind(opentelemetry::trace::SpanKind::Client)
+            .id(span)
+            .with("oncegate.attempt", i64::from(delivery.attempt))
+            .with("oncegate.event_type", event.event_type.to_string())
+            .with(
+                "oncegate.outcome",
+                if error.is_none() {
+                    "delivered"
+                } else {
+                    "failed"
+                },
+            )
+            .failed(error),
+    );
 }
 
 /// Puts a failed event back for `delay`, its attempt in the history with when the next is due.

@@ -160,6 +160,7 @@ async fn callback<S: Store>(
     body: axum::body::Body,
 ) -> Response {
     let stats = &shared.stats;
+    let received = shared.traces.on().then(std::time::SystemTime::now);
     let method = match parts.method {
         axum::http::Method::GET => Method::Get,
         axum::http::Method::POST => Method::Post,
@@ -243,9 +244,23 @@ async fn callback<S: Store>(
                 window_ms: millis(limits.nonce_window()),
                 timestamp_secs: stamp.timestamp_secs,
             });
-        crate::ingress::admission::admit(shared, admit)
-            .await
-            .map(|how| source.decoder.accepted(how))
+        let traced = received.and_then(|received| {
+            let key = admit.keys.as_slice().first().copied()?;
+            Some((
+                key,
+                admit.event.clone(),
+                received,
+                std::time::SystemTime::now(),
+            ))
+        });
+        let admitted = crate::ingress::admission::admit(shared, admit).await;
+        if let Some((key, event, received, decoded)) = traced {
+            let outcome = admitted.as_ref();
+            shared
+                .traces
+                .ingress(&key, &event, received, decoded, outcome);
+        }
+        admitted.map(|how| source.decoder.accepted(how))
     };
     match answered {
         Ok(answer) => {

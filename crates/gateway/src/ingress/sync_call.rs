@@ -192,6 +192,7 @@ async fn run_call<S: Store>(
         attempt: 0,
         wants_answer: true,
         updates: how.updates,
+        traceparent: None,
     };
     let ran = async {
         held.run(route.sink.deliver(outgoing))

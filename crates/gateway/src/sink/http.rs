@@ -145,6 +145,9 @@ impl Sink for HttpSink {
             if let Some(signatures) = self.signer.signatures(outgoing.id, timestamp, &body) {
                 request = request.header("webhook-signature", signatures);
             }
+            if let Some(traceparent) = outgoing.traceparent {
+                request = request.header("traceparent", traceparent);
+            }
             let response = request.body(body).send().await.map_err(|error| {
                 if error.is_timeout() {
                     SinkError::Transient(format!("no answer within {:?}", self.timeout))
@@ -260,6 +263,7 @@ mod tests {
                 attempt: 2,
                 wants_answer: false,
                 updates: None,
+                traceparent: None,
             };
             serde_json::from_slice(&envelope(&outgoing)).expect("json")
         };

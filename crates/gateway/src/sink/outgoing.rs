@@ -24,6 +24,9 @@ pub struct Outgoing<'a> {
     /// Where the pieces of a streamed answer go as they come (an AI bot's streamed reply);
     /// `None`: a stream is read whole like any answer.
     pub updates: Option<&'a oncegate_core::Updates>,
+    /// The W3C `traceparent` of this attempt's span, when traces are recorded: an HTTP sink
+    /// sends it, so that the downstream's spans join the event's trace.
+    pub traceparent: Option<&'a str>,
 }
 
 impl std::fmt::Debug for Outgoing<'_> {
@@ -34,6 +37,7 @@ impl std::fmt::Debug for Outgoing<'_> {
             .field("attempt", &self.attempt)
             .field("wants_answer", &self.wants_answer)
             .field("streamed", &self.updates.is_some())
+            .field("traceparent", &self.traceparent)
             .finish()
     }
 }
