@@ -468,6 +468,16 @@ otlp_endpoint = "{endpoint}"
         409,
         "held: the second claim is in flight"
     );
+    // A caller the gateway does not know puts nothing in the trace it names.
+    let stranger = client()
+        .post(format!("{api}/keys/claim"))
+        .bearer_auth("not-a-caller-token-000")
+        .header("traceparent", format!("00-{caller_trace}-{caller_span}-01"))
+        .json(&serde_json::json!({"key": "order-8"}))
+        .send()
+        .await
+        .expect("claim");
+    assert_eq!(stranger.status().as_u16(), 401);
     let mut serve = serve;
     serve.signal("TERM");
     serve.wait_exit(Duration::from_secs(20));

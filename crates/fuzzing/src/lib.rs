@@ -38,7 +38,22 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("journal_file", journal_file),
     ("spool_entry", spool_entry),
     ("aibot_frames", aibot_frames),
+    ("traceparent", traceparent),
 ];
+
+/// A W3C `traceparent` header from an API caller: parsed or refused, never a panic, and what
+/// parses names a valid trace and span that print back as they were read.
+pub fn traceparent(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    if let Some(context) = oncegate_gateway::parse_traceparent(&text) {
+        assert!(context.is_valid() && context.is_remote());
+        let printed = format!("{}-{}", context.trace_id(), context.span_id());
+        assert!(
+            text.to_ascii_lowercase().contains(&printed),
+            "{text:?} parsed as {printed}"
+        );
+    }
+}
 
 /// An entry of the outage spool as it lies on disk (either layout, damaged or foreign): it
 /// decodes or is refused, never panics, and what decodes is written back as it was read.

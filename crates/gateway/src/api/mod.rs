@@ -89,11 +89,12 @@ pub(crate) fn router<S: Store>(shared: Arc<Shared<S>>) -> Router {
             )
         })
         .layer(axum::extract::DefaultBodyLimit::max(crate::api::callers::BODY_LIMIT))
+        // Inside the gate: a caller that is not authenticated puts no span in anyone's trace.
+        .layer(axum::middleware::from_fn_with_state(shared.clone(), traced::<S>))
         .layer(axum::middleware::from_fn_with_state(
             shared.clone(),
             crate::api::callers::gate::<S>,
         ))
-        .layer(axum::middleware::from_fn_with_state(shared.clone(), traced::<S>))
         .with_state(shared)
 }
 
