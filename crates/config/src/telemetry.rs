@@ -17,6 +17,9 @@ pub struct TelemetryConfig {
     pub otlp_endpoint: Option<String>,
     /// The `service.name` of the spans.
     pub service_name: String,
+    /// The share of events traced (0 to 1], chosen by their key, so that every gateway traces
+    /// the same events whole; 1 traces all.
+    pub sample_ratio: f64,
     /// The longest one export may take.
     #[serde(with = "duration")]
     pub timeout: Duration,
@@ -27,6 +30,7 @@ impl Default for TelemetryConfig {
         Self {
             otlp_endpoint: None,
             service_name: "oncegate".into(),
+            sample_ratio: 1.0,
             timeout: Duration::from_secs(10),
         }
     }
@@ -40,6 +44,17 @@ pub(crate) fn check(config: &Config, report: &mut impl FnMut(Severity, &str, Str
             Severity::Error,
             "telemetry.service_name",
             "name the service the spans come from, e.g. \"oncegate\"".into(),
+        );
+    }
+    if !(telemetry.sample_ratio > 0.0 && telemetry.sample_ratio <= 1.0) {
+        report(
+            Severity::Error,
+            "telemetry.sample_ratio",
+            format!(
+                "{} is not a share of events: use a number above 0 and at most 1 (0.1 traces one \
+                 event in ten); to trace nothing, leave otlp_endpoint out",
+                telemetry.sample_ratio
+            ),
         );
     }
     let Some(endpoint) = &telemetry.otlp_endpoint else {
@@ -112,6 +127,11 @@ mod tests {
             problems("[telemetry]\notlp_endpoint = \"collector:4317\""),
             [(Severity::Error, field)]
         );
+        assert_eq!(
+            problems("[telemetry]\nsample_ratio = 0.0"),
+            [(Severity::Error, "telemetry.sample_ratio".to_owned())]
+        );
+        assert_eq!(problems("[telemetry]\nsample_ratio = 0.05"), []);
         assert_eq!(
             problems("[telemetry]\nservice_name = \" \""),
             [(Severity::Error, "telemetry.service_name".to_owned())]

@@ -171,6 +171,8 @@ impl Finished {
 #[derive(Default)]
 pub struct Traces {
     tracer: Option<BoxedTracer>,
+    /// Events whose trace id's low 64 bits are at most this are traced.
+    threshold: u64,
 }
 
 impl std::fmt::Debug for Traces {
@@ -182,20 +184,50 @@ impl std::fmt::Debug for Traces {
 }
 
 impl Traces {
-    /// Spans go to `tracer`.
+    /// Spans of every event go to `tracer`.
     pub fn new(tracer: BoxedTracer) -> Self {
         Self {
             tracer: Some(tracer),
+            threshold: u64::MAX,
         }
     }
 
-    /// Whether spans are recorded: checked before anything is measured for them.
+    /// Traces only this share of the events (0 to 1), chosen by their key: every gateway
+    /// traces the same events, whole. API calls that bring a `traceparent` follow its
+    /// sampled flag instead.
+    pub fn sampled(mut self, ratio: f64) -> Self {
+        let ratio = if ratio.is_finite() {
+            ratio.clamp(0.0, 1.0)
+        } else {
+            1.0
+        };
+        self.threshold = if ratio >= 1.0 {
+            u64::MAX
+        } else {
+            // Exact below 2^53; the share is a setting, not a count.
+            (ratio * (u64::MAX as f64)) as u64
+        };
+        self
+    }
+
+    /// Whether spans may be recorded: checked before anything is measured for them.
     pub(crate) fn on(&self) -> bool {
         self.tracer.is_some()
     }
 
+    /// Whether the event of `trace` is traced.
+    pub(crate) fn keeps(&self, trace: &EventTrace) -> bool {
+        let bytes = trace.trace_id.to_bytes();
+        let mut low = [0u8; 8];
+        low.copy_from_slice(&bytes[8..]);
+        self.on() && u64::from_be_bytes(low) <= self.threshold && self.threshold > 0
+    }
+
     /// Records `span` in `trace`, under its root.
     pub(crate) fn child(&self, trace: &EventTrace, span: Finished) {
+        if !self.keeps(trace) {
+            return;
+        }
         if let Some(tracer) = &self.tracer {
             let mut span = tracer.build_with_context(span.builder(), &trace.parent());
             // The builder set the end time; `end` keeps it.
@@ -205,6 +237,9 @@ impl Traces {
 
     /// Records the root span of `trace`: the one that admitted the event.
     pub(crate) fn root(&self, trace: &EventTrace, span: Finished) {
+        if !self.keeps(trace) {
+            return;
+        }
         if let Some(tracer) = &self.tracer {
             let mut builder = span.id(trace.root).builder();
             builder.trace_id = Some(trace.trace_id);
@@ -226,6 +261,9 @@ impl Traces {
         outcome: Result<&oncegate_core::Accepted, &oncegate_core::Refusal>,
     ) {
         let trace = EventTrace::of(key);
+        if !self.keeps(&trace) {
+            return;
+        }
         let now = SystemTime::now();
         let span = Finished::new("oncegate.ingress", received, now)
             .kind(SpanKind::Server)
@@ -258,6 +296,13 @@ impl Traces {
 
     /// Records `span` under `parent` (a caller's `traceparent`), or as a root of its own.
     pub(crate) fn under(&self, parent: Option<SpanContext>, span: Finished) {
+        let kept = match &parent {
+            Some(parent) => parent.is_sampled(),
+            None => fastrand::u64(..) <= self.threshold && self.threshold > 0,
+        };
+        if !kept {
+            return;
+        }
         if let Some(tracer) = &self.tracer {
             let context = match parent {
                 Some(parent) => Context::new().with_remote_span_context(parent),
@@ -285,6 +330,35 @@ mod tests {
         let parsed = parse_traceparent(&header).expect("ours parses");
         assert_eq!(parsed.trace_id(), trace.trace_id);
         assert!(parsed.is_remote() && parsed.is_sampled());
+    }
+
+    #[test]
+    fn a_share_of_events_is_traced_the_same_on_every_gateway() {
+        let traces = Traces::new(opentelemetry::global::BoxedTracer::new(Box::new(
+            opentelemetry::trace::noop::NoopTracer::new(),
+        )))
+        .sampled(0.25);
+        let keys: Vec<KeyHash> = (0..4000).map(|n| KeyHash::of(&[&n.to_string()])).collect();
+        let kept = keys
+            .iter()
+            .filter(|key| traces.keeps(&EventTrace::of(key)))
+            .count();
+        assert!((800..1200).contains(&kept), "about a quarter: {kept}");
+        let again = Traces::new(opentelemetry::global::BoxedTracer::new(Box::new(
+            opentelemetry::trace::noop::NoopTracer::new(),
+        )))
+        .sampled(0.25);
+        assert!(
+            keys.iter()
+                .all(|key| traces.keeps(&EventTrace::of(key)) == again.keeps(&EventTrace::of(key))),
+            "the same events on every gateway"
+        );
+        let none = Traces::new(opentelemetry::global::BoxedTracer::new(Box::new(
+            opentelemetry::trace::noop::NoopTracer::new(),
+        )))
+        .sampled(0.0);
+        assert!(!keys.iter().any(|key| none.keeps(&EventTrace::of(key))));
+        assert!(!Traces::default().keeps(&EventTrace::of(&keys[0])), "off");
     }
 
     #[test]

@@ -352,16 +352,17 @@ async fn handle<S: Store>(
     shared.meters.lag(event.created_at_ms, shared.now_ms());
     let id = delivery.key.delivery_id();
     // This attempt's span, named to the downstream before it is recorded.
-    let traced = shared.traces.on().then(|| {
-        let trace = EventTrace::of(&delivery.key);
-        let span = traces::span_id();
-        (
-            trace,
-            span,
-            trace.traceparent(span),
-            std::time::SystemTime::now(),
-        )
-    });
+    let traced = Some(EventTrace::of(&delivery.key))
+        .filter(|trace| shared.traces.keeps(trace))
+        .map(|trace| {
+            let span = traces::span_id();
+            (
+                trace,
+                span,
+                trace.traceparent(span),
+                std::time::SystemTime::now(),
+            )
+        });
     let outgoing = Outgoing {
         id: id.as_str(),
         event,

@@ -244,14 +244,14 @@ async fn callback<S: Store>(
                 window_ms: millis(limits.nonce_window()),
                 timestamp_secs: stamp.timestamp_secs,
             });
+        // Only an event that is traced (its share, by its key) pays for its copy.
         let traced = received.and_then(|received| {
             let key = admit.keys.as_slice().first().copied()?;
-            Some((
-                key,
-                admit.event.clone(),
-                received,
-                std::time::SystemTime::now(),
-            ))
+            let decoded = std::time::SystemTime::now();
+            shared
+                .traces
+                .keeps(&crate::EventTrace::of(&key))
+                .then(|| (key, admit.event.clone(), received, decoded))
         });
         let admitted = crate::ingress::admission::admit(shared, admit).await;
         if let Some((key, event, received, decoded)) = traced {

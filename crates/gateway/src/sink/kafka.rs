@@ -137,7 +137,7 @@ impl Sink for KafkaSink {
             let body = envelope(&outgoing);
             // The chat: one chat's events land on one partition, in the order they come.
             let key = event.order_key.as_deref().unwrap_or(outgoing.id);
-            let headers = OwnedHeaders::new()
+            let mut headers = OwnedHeaders::new()
                 .insert(Header {
                     key: "idempotency-key",
                     value: Some(outgoing.id),
@@ -150,6 +150,13 @@ impl Sink for KafkaSink {
                     key: "platform",
                     value: Some(&*event.platform),
                 });
+            // The event's trace goes on with its consumers' spans.
+            if let Some(traceparent) = outgoing.traceparent {
+                headers = headers.insert(Header {
+                    key: "traceparent",
+                    value: Some(traceparent),
+                });
+            }
             let record = FutureRecord::to(&self.topic)
                 .key(key)
                 .payload(&body)
