@@ -77,7 +77,20 @@ pub fn parse_traceparent(header: &str) -> Option<SpanContext> {
     let mut parts = header.trim().split('-');
     let (version, trace, span, flags) =
         (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
-    if version != "00" || parts.next().is_some() || trace.len() != 32 || span.len() != 16 {
+    // The W3C grammar: lowercase hex digits, each field its exact length (a number parser
+    // alone would also take a sign or fewer digits).
+    let hex = |field: &str, len: usize| {
+        field.len() == len
+            && field
+                .bytes()
+                .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    };
+    if version != "00"
+        || parts.next().is_some()
+        || !hex(trace, 32)
+        || !hex(span, 16)
+        || !hex(flags, 2)
+    {
         return None;
     }
     let trace_id = TraceId::from_hex(trace).ok()?;
@@ -372,6 +385,10 @@ mod tests {
             "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-zz",
             "00-0af7651916cd43dd8448eb211c80319cff-b7ad6b71692033-01",
             "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-extra",
+            // Found by the fuzzer: a sign, a one-digit flags field.
+            "00-+af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-0",
+            "00-0AF7651916CD43DD8448EB211C80319C-B7AD6B7169203331-01",
         ] {
             assert!(parse_traceparent(bad).is_none(), "{bad:?}");
         }
