@@ -346,6 +346,7 @@ async fn one_trace_per_event_from_callback_to_downstream_and_across_a_restart() 
         "oncegate.decode",
         "oncegate.admit",
         "oncegate.queue",
+        "oncegate.claim",
         "oncegate.deliver",
     ] {
         let found = named(&spans, name);
@@ -363,6 +364,10 @@ async fn one_trace_per_event_from_callback_to_downstream_and_across_a_restart() 
             repeat.attributes["oncegate.outcome"].as_str()
         ),
         (root.span.as_str(), "duplicate")
+    );
+    assert_eq!(
+        named(&spans, "oncegate.claim")[0].attributes["oncegate.claim"],
+        "acquired"
     );
     let deliver = named(&spans, "oncegate.deliver")[0];
     assert_eq!(

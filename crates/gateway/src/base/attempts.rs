@@ -70,6 +70,8 @@ pub(crate) struct Failing {
     pub(crate) attempts: u32,
     /// The latest attempt.
     pub(crate) last: Attempt,
+    /// Every attempt kept (the first and the latest ones), oldest first.
+    pub(crate) history: Vec<Attempt>,
 }
 
 #[derive(Default)]
@@ -192,6 +194,7 @@ impl Attempts {
                     of: entry.of.clone(),
                     attempts: last.attempt.saturating_add(1),
                     last,
+                    history: entry.attempts.iter().cloned().collect(),
                 })
             })
             .collect()
@@ -249,6 +252,8 @@ mod tests {
             .map(|f| (&*f.of.event_id, f.attempts, f.last.outcome))
             .collect();
         assert_eq!(shown, [("a", 31, "dead_letter"), ("c", 21, "retry")]);
+        let history: Vec<u32> = latest[0].history.iter().map(|a| a.attempt).collect();
+        assert_eq!(history, [0, 30], "a's attempts, oldest first");
     }
 
     #[test]

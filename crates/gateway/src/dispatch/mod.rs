@@ -244,6 +244,7 @@ async fn handle<S: Store>(
     let store = &shared.store;
     let timing = &shared.timing;
     let summaries = &shared.summaries;
+    let handed = shared.traces.on().then(std::time::SystemTime::now);
     let key = match claim {
         Ok(Claimed::Run(key)) => {
             shared.meters.claim(ClaimOutcome::Acquired);
@@ -251,6 +252,7 @@ async fn handle<S: Store>(
         }
         Ok(Claimed::Done(_)) => {
             shared.meters.claim(ClaimOutcome::Done);
+            claim_span(shared, &delivery, handed, "done");
             // Completed before a crash that came before the ack.
             stats.bump(&stats.already_done, "oncegate_already_done_total");
             insist(&shared.summaries, "ack", || store.ack(delivery.id)).await;
@@ -259,6 +261,7 @@ async fn handle<S: Store>(
         }
         Ok(Claimed::InFlight { until_ms }) => {
             shared.meters.claim(ClaimOutcome::InFlight);
+            claim_span(shared, &delivery, handed, "in_flight");
             insist(&shared.summaries, "retry", || {
                 store.retry(delivery.id, until_ms)
             })
@@ -392,6 +395,7 @@ async fn handle<S: Store>(
     };
     lock(held).remove(&delivery.id);
     if let Some((trace, span, _, began)) = &traced {
+        claim_span(shared, &delivery, handed, "acquired");
         record_attempt(shared, &delivery, trace, *span, *began, &result);
     }
     match result {
@@ -456,6 +460,25 @@ async fn handle<S: Store>(
             .await;
             crate::ingress::admission::left_queue(shared);
         }
+    }
+}
+
+/// The span of a hand-out's claim of the event's key (made in the pull's own round trip), from
+/// the hand-out to what it decided: run it, it was done already, or someone holds it.
+fn claim_span<S: Store>(
+    shared: &Shared<S>,
+    delivery: &Delivery,
+    handed: Option<std::time::SystemTime>,
+    outcome: &'static str,
+) {
+    if let Some(handed) = handed {
+        let trace = EventTrace::of(&delivery.key);
+        shared.traces.child(
+            &trace,
+            traces::Finished::new("oncegate.claim", handed, std::time::SystemTime::now())
+                .with("oncegate.claim", outcome)
+                .with("oncegate.attempt", i64::from(delivery.attempt)),
+        );
     }
 }
 
