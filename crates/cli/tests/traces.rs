@@ -507,3 +507,91 @@ fn the_readme_telemetry_example_is_valid() {
     let block = readme_block("**Traces** (OpenTelemetry", &[]);
     assert!(block.contains("otlp_endpoint"), "{block}");
 }
+
+/// An event that came over Feishu's long connection has its trace's root too: every transport
+/// admits through the traced admission.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_connection_event_has_its_root() {
+    use oncegate_feishu_ws::local::{self, LocalFeishu, PartOrder};
+    const APP: &str = "cli_trace_ws";
+    let dir = tempfile::tempdir().expect("dir");
+    let (receiver, endpoint) = Receiver::start().await;
+    let quick = oncegate_feishu_ws::ClientConfig {
+        reconnect_count: -1,
+        reconnect_interval: 1,
+        reconnect_nonce: 1,
+        ping_interval: 2,
+    };
+    let feishu = LocalFeishu::start(APP, "trace-ws-secret", quick)
+        .await
+        .expect("local feishu");
+    let config = format!(
+        r#"
+[store]
+backend = "memory"
+
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[[source]]
+name = "ws"
+platform = "feishu"
+app_id = "{APP}"
+transport = "websocket"
+app_secret = "trace-ws-secret"
+domain = "{}"
+
+{}
+[telemetry]
+otlp_endpoint = "{endpoint}"
+"#,
+        feishu.domain(),
+        support::file_route(dir.path(), "")
+    );
+    let mut serve = support::Serve::start_with(dir.path(), &config);
+    assert!(
+        feishu
+            .wait_for_connections(1, Duration::from_secs(15))
+            .await,
+        "{}",
+        serve.stderr()
+    );
+    let connection = feishu.connections()[0];
+    let created_ms = now_ns() / 1_000_000;
+    feishu
+        .push(
+            connection,
+            "m-trace-1",
+            &local::message_event(APP, "ev-ws-trace", "oc_ws_trace", created_ms),
+            1,
+            PartOrder::InOrder,
+        )
+        .expect("pushed");
+    assert!(feishu.wait_all_acked(Duration::from_secs(15)).await);
+    support::wait_until("the event delivered", Duration::from_secs(15), || {
+        support::lines(dir.path()).len() == 1
+    })
+    .await;
+    serve.signal("TERM");
+    serve.wait_exit(Duration::from_secs(20));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let root = loop {
+        let spans = receiver.spans.lock().expect("spans").clone();
+        if let Some(root) = spans.into_iter().find(|s| {
+            s.name == "oncegate.ingress"
+                && s.attributes.get("oncegate.event_id").map(String::as_str) == Some("ev-ws-trace")
+        }) {
+            break root;
+        }
+        assert!(Instant::now() < deadline, "no ingress span for the event");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(root.parent.is_empty(), "the root: {root:#?}");
+    assert_eq!(root.attributes["oncegate.outcome"], "admitted");
+    let spans = wait_for_spans(&receiver, &root.trace, |spans| {
+        !named(spans, "oncegate.deliver").is_empty()
+    })
+    .await;
+    assert_eq!(named(&spans, "oncegate.deliver")[0].parent, root.span);
+}

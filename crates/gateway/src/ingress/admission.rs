@@ -57,6 +57,32 @@ pub(crate) async fn admit<S: Store>(
     }
 }
 
+/// [`admit`], with its spans when traces are on: `received` is when its transport got the
+/// event (its decoding and checks lie between that and the admission). Every transport admits
+/// through here, so that every event's trace has its root.
+pub(crate) async fn admit_traced<S: Store>(
+    shared: &Shared<S>,
+    admit: Admit,
+    received: Option<std::time::SystemTime>,
+) -> Result<Accepted, Refusal> {
+    // Only an event that is traced (its share, by its key) pays for its copy.
+    let traced = received.and_then(|received| {
+        let key = admit.keys.as_slice().first().copied()?;
+        let decoded = std::time::SystemTime::now();
+        shared
+            .traces
+            .keeps(&crate::EventTrace::of(&key))
+            .then(|| (key, admit.event.clone(), received, decoded))
+    });
+    let admitted = self::admit(shared, admit).await;
+    if let Some((key, event, received, decoded)) = traced {
+        shared
+            .traces
+            .ingress(&key, &event, received, decoded, admitted.as_ref());
+    }
+    admitted
+}
+
 /// Hands one admission to the store and counts what it says: every path that admits (ingress,
 /// the spool drain, later the WebSocket client) ends here.
 pub(crate) async fn to_store<S: Store>(

@@ -103,7 +103,9 @@ struct GatewayInlet<S>(Arc<Shared<S>>);
 
 impl<S: Store> Inlet for GatewayInlet<S> {
     async fn admit(&self, admit: Admit) -> Result<Accepted, Refusal> {
-        crate::ingress::admission::admit(&self.0, admit).await
+        // The frame was decoded just before: its trace starts here.
+        let received = self.0.traces.on().then(std::time::SystemTime::now);
+        crate::ingress::admission::admit_traced(&self.0, admit, received).await
     }
 
     /// A card with no answer is acked with Feishu's empty answer, `{}`.

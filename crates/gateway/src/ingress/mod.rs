@@ -244,23 +244,9 @@ async fn callback<S: Store>(
                 window_ms: millis(limits.nonce_window()),
                 timestamp_secs: stamp.timestamp_secs,
             });
-        // Only an event that is traced (its share, by its key) pays for its copy.
-        let traced = received.and_then(|received| {
-            let key = admit.keys.as_slice().first().copied()?;
-            let decoded = std::time::SystemTime::now();
-            shared
-                .traces
-                .keeps(&crate::EventTrace::of(&key))
-                .then(|| (key, admit.event.clone(), received, decoded))
-        });
-        let admitted = crate::ingress::admission::admit(shared, admit).await;
-        if let Some((key, event, received, decoded)) = traced {
-            let outcome = admitted.as_ref();
-            shared
-                .traces
-                .ingress(&key, &event, received, decoded, outcome);
-        }
-        admitted.map(|how| source.decoder.accepted(how))
+        crate::ingress::admission::admit_traced(shared, admit, received)
+            .await
+            .map(|how| source.decoder.accepted(how))
     };
     match answered {
         Ok(answer) => {
