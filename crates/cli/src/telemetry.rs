@@ -43,7 +43,7 @@ pub(crate) fn start(config: &TelemetryConfig) -> anyhow::Result<Option<(Traces, 
         )
         .build();
     let tracer = provider.tracer("oncegate");
-    tracing::info!(endpoint = %endpoint, share = config.sample_ratio, "traces: one per event (its id is the event's key), exported over OTLP/HTTP");
+    tracing::info!(endpoint = %oncegate_core::redact::url(endpoint), share = config.sample_ratio, "traces: one per event (its id is the event's key), exported over OTLP/HTTP");
     let traces = Traces::new(opentelemetry::global::BoxedTracer::new(Box::new(tracer)))
         .sampled(config.sample_ratio);
     Ok(Some((traces, Exporting { provider })))

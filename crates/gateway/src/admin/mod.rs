@@ -226,11 +226,11 @@ async fn status_page() -> Response {
         .into_response()
 }
 
-/// What the status page polls every second: counters and states this gateway holds in
-/// memory, without a call to the store (many open pages must cost nothing).
 /// Failing deliveries the status page lists.
 const FAILING_SHOWN: usize = 20;
 
+/// What the status page polls every second: counters and states this gateway holds in
+/// memory, without a call to the store (many open pages must cost nothing).
 async fn live<S: Store>(State(shared): State<Arc<Shared<S>>>, headers: HeaderMap) -> Response {
     if let Err(denied) = authorized(&shared, &headers) {
         return denied;

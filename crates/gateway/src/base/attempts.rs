@@ -177,14 +177,19 @@ impl Attempts {
     /// The `limit` events whose latest attempt came last, that one first.
     pub(crate) fn latest(&self, limit: usize) -> Vec<Failing> {
         let kept = self.lock();
+        let last_at = |entry: &&Entry| entry.attempts.back().map_or(0, |last| last.at_ms);
         let mut latest: Vec<&Entry> = kept
             .by_key
             .values()
             .filter(|entry| !entry.attempts.is_empty())
             .collect();
-        latest.sort_unstable_by_key(|entry| {
-            std::cmp::Reverse(entry.attempts.back().map_or(0, |last| last.at_ms))
-        });
+        // The dispatcher takes this lock on every failure: pick the few in linear time and
+        // order only them, rather than sorting up to `KEYS` entries per page per second.
+        if latest.len() > limit && limit > 0 {
+            latest.select_nth_unstable_by_key(limit - 1, |entry| std::cmp::Reverse(last_at(entry)));
+            latest.truncate(limit);
+        }
+        latest.sort_unstable_by_key(|entry| std::cmp::Reverse(last_at(entry)));
         latest
             .into_iter()
             .take(limit)

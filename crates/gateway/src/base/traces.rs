@@ -65,11 +65,8 @@ impl EventTrace {
 /// A new span id, for a span whose id must be known before it is recorded (a delivery names
 /// it in its `traceparent`).
 pub(crate) fn span_id() -> SpanId {
-    let mut id = fastrand::u64(1..);
-    if id == 0 {
-        id = 1;
-    }
-    SpanId::from_bytes(id.to_be_bytes())
+    // Never 0, the invalid id.
+    SpanId::from_bytes(fastrand::u64(1..).to_be_bytes())
 }
 
 /// A W3C `traceparent` header's span context (version 00), if it is one.
@@ -230,10 +227,10 @@ impl Traces {
 
     /// Whether the event of `trace` is traced.
     pub(crate) fn keeps(&self, trace: &EventTrace) -> bool {
-        let bytes = trace.trace_id.to_bytes();
-        let mut low = [0u8; 8];
-        low.copy_from_slice(&bytes[8..]);
-        self.on() && u64::from_be_bytes(low) <= self.threshold && self.threshold > 0
+        // The root's id is the key's low half: the share is taken on it.
+        self.on()
+            && self.threshold > 0
+            && u64::from_be_bytes(trace.root.to_bytes()) <= self.threshold
     }
 
     /// Records `span` in `trace`, under its root.
@@ -280,10 +277,10 @@ impl Traces {
         let now = SystemTime::now();
         let span = Finished::new("oncegate.ingress", received, now)
             .kind(SpanKind::Server)
-            .with("oncegate.platform", event.platform.to_string())
-            .with("oncegate.app", event.app.to_string())
-            .with("oncegate.event_id", event.event_id.to_string())
-            .with("oncegate.event_type", event.event_type.to_string());
+            .with("oncegate.platform", event.platform.clone())
+            .with("oncegate.app", event.app.clone())
+            .with("oncegate.event_id", event.event_id.clone())
+            .with("oncegate.event_type", event.event_type.clone());
         match outcome {
             // A spooled event is admitted when the store answers again: its root is this.
             Ok(how @ (oncegate_core::Accepted::Admitted | oncegate_core::Accepted::Spooled)) => {

@@ -508,7 +508,7 @@ fn record_attempt<S: Store>(
             .kind(opentelemetry::trace::SpanKind::Client)
             .id(span)
             .with("oncegate.attempt", i64::from(delivery.attempt))
-            .with("oncegate.event_type", event.event_type.to_string())
+            .with("oncegate.event_type", event.event_type.clone())
             .with(
                 "oncegate.outcome",
                 if error.is_none() {
