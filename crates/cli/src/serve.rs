@@ -18,7 +18,7 @@ pub(crate) async fn serve(config_path: Option<&Path>) -> anyhow::Result<()> {
     for problem in &problems {
         match problem.severity {
             Severity::Error => tracing::error!("{problem}"),
-            Severity::Warning => tracing::warn!("{problem}"),
+            Severity::Warning | Severity::AtRisk => tracing::warn!("{problem}"),
         }
     }
     if problems.iter().any(|p| p.severity == Severity::Error) {

@@ -495,3 +495,113 @@ fn primaries(nodes: &[OwnRedis]) -> Vec<usize> {
         .filter(|&i| nodes[i].cli(&["ROLE"]).starts_with("master"))
         .collect()
 }
+
+/// What a configuration can lose or expose beyond the store (a platform domain, a route and a
+/// source in clear, a route anyone could forge) is said by check-config, at start and in
+/// `/readyz`, each by its setting; the same gateway configured safely says none. Nothing is sent
+/// to the `.invalid` hosts: no event is posted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_configuration_exposes_is_said_by_check_config_and_readyz() {
+    let dir = tempfile::tempdir().expect("dir");
+    let write = |safe: bool| {
+        let (domain, aes_key, url, secret) = if safe {
+            (
+                "https://open.feishu.cn",
+                "encoding_aes_key = \"jWmYm7qr5nMoAUwZRjGtBxmz3KA1tkAj3ykkR6q2B2C\"",
+                "https://hooks.invalid/events",
+                "secret = \"whsec_c2VjcmV0\"",
+            )
+        } else {
+            (
+                "http://open.feishu.invalid",
+                "",
+                "http://hooks.invalid:9/events",
+                "",
+            )
+        };
+        let config = dir.path().join(format!("risk-{safe}.toml"));
+        std::fs::write(
+            &config,
+            format!(
+                r#"
+[store]
+path = "{store}"
+
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[[source]]
+name = "main"
+platform = "feishu"
+app_id = "{APP_ID}"
+encrypt_key = "{ENCRYPT_KEY}"
+verification_token = "{TOKEN}"
+domain = "{domain}"
+
+[[source]]
+name = "oa"
+platform = "wechat"
+app_id = "wx0123456789abcdef"
+token = "oa-token"
+{aes_key}
+
+[[route]]
+events = ["*"]
+sink = "http"
+url = "{url}"
+{secret}
+"#,
+                store = dir.path().join(format!("store-{safe}")).display(),
+            ),
+        )
+        .expect("write config");
+        config
+    };
+    let exposed = [
+        "source[main].domain",
+        "source[oa].encoding_aes_key",
+        "route[0].url",
+        "route[0].secret",
+    ];
+    let risky = write(false);
+    let (ok, out) = check_config(&risky);
+    assert!(ok, "a risk is said, not refused: {out}");
+    for setting in exposed {
+        assert!(
+            out.contains(&format!("at risk: {setting}: ")),
+            "{setting}: {out}"
+        );
+    }
+    let gateway = Gateway::run(&risky);
+    let (status, ready) = readyz(&gateway).await;
+    assert_eq!(status, 200, "{ready}");
+    let said: Vec<String> = ready["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .filter(|check| check["check"] == "configuration")
+        .filter_map(|check| check["at_risk"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(said.len(), exposed.len(), "{said:#?}");
+    for (setting, risk) in exposed.iter().zip(&said) {
+        assert!(risk.starts_with(&format!("{setting}: ")), "{risk}");
+    }
+    assert!(said[2].contains("unencrypted"), "{}", said[2]);
+    drop(gateway);
+
+    let safe = write(true);
+    let (ok, out) = check_config(&safe);
+    assert!(ok && !out.contains("at risk"), "{out}");
+    let gateway = Gateway::run(&safe);
+    let (status, ready) = readyz(&gateway).await;
+    assert_eq!(status, 200, "{ready}");
+    assert!(
+        !ready["checks"]
+            .as_array()
+            .expect("checks")
+            .iter()
+            .any(|check| check["check"] == "configuration"),
+        "{ready}"
+    );
+}

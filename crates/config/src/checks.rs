@@ -9,6 +9,10 @@ use std::time::Duration;
 pub enum Severity {
     /// Works, but probably not as meant.
     Warning,
+    /// Works, but can lose or expose what it carries (a transport in clear, a source anyone
+    /// can send to, a callback with no second chance): said at start, by `check-config` and
+    /// in `/readyz`, so that nobody runs it unaware.
+    AtRisk,
     /// The gateway refuses to start.
     Error,
 }
@@ -29,6 +33,7 @@ impl fmt::Display for Problem {
         let label = match self.severity {
             Severity::Error => "error",
             Severity::Warning => "warning",
+            Severity::AtRisk => "at risk",
         };
         write!(f, "{label}: {}: {}", self.setting, self.message)
     }

@@ -68,7 +68,7 @@ pub(crate) fn check(
             let remote = remote_brokers(brokers);
             if matches!(protocol.as_str(), "plaintext" | "sasl_plaintext") && !remote.is_empty() {
                 report(
-                    Severity::Warning,
+                    Severity::AtRisk,
                     &at("brokers"),
                     format!(
                         "events (decrypted messages) travel to {} unencrypted: set \
@@ -163,7 +163,7 @@ mod tests {
                 "brokers = \"kafka-1:9092,127.0.0.1:9092\"\ntopic = \"t\"\n\
                  kafka = { \"security.protocol\" = \"SASL_PLAINTEXT\" }"
             ),
-            [(Severity::Warning, "brokers".to_owned())]
+            [(Severity::AtRisk, "brokers".to_owned())]
         );
         assert_eq!(
             problems(

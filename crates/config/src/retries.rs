@@ -27,6 +27,9 @@ const STANDARD_WEBHOOKS: &str = "standard-webhooks";
 /// The longest wait one schedule entry may name: beyond it an event outlives the retention of
 /// the keys that catch its repeats.
 const LONGEST_WAIT: Duration = Duration::from_secs(7 * 24 * 3600);
+/// The most waits a schedule may list: `dispatcher.max_attempts`'s bound, since every wait is
+/// an attempt (and each failure walks the waits before it).
+const MOST_WAITS: usize = 1_000;
 
 /// A route's retry schedule: the wait after each failed attempt, in order. An event is tried
 /// once more than the schedule has entries, then dead-lettered. Written as a list of durations
@@ -134,6 +137,17 @@ pub(crate) fn check(
                     .into(),
             );
         }
+        if schedule.0.len() > MOST_WAITS {
+            report(
+                Severity::Error,
+                &at("retry_schedule"),
+                format!(
+                    "{} waits: a schedule lists at most {MOST_WAITS} (as max_attempts is \
+                     bounded); longer retrying wants longer waits, not more of them",
+                    schedule.0.len()
+                ),
+            );
+        }
         if let Some(wait) = schedule
             .0
             .iter()
@@ -225,11 +239,17 @@ mod tests {
                 "{bad}: {error}"
             );
         }
+        // One wait more than the bound (1 s each, so only the count is wrong).
+        let too_long = format!(
+            "retry_schedule = [{}]",
+            vec!["\"1s\""; MOST_WAITS + 1].join(", ")
+        );
         let mut problems = Vec::new();
         for extra in [
             "retry_schedule = []",
             "retry_schedule = [\"0s\"]",
             "retry_schedule = [\"30d\"]",
+            too_long.as_str(),
             "hold_chat = \"0s\"",
         ] {
             let route = route(extra).expect(extra);
@@ -252,6 +272,7 @@ mod tests {
                 ("retry_schedule = []", "retry_schedule"),
                 ("retry_schedule = [\"0s\"]", "retry_schedule"),
                 ("retry_schedule = [\"30d\"]", "retry_schedule"),
+                (too_long.as_str(), "retry_schedule"),
                 ("hold_chat = \"0s\"", "hold_chat"),
             ]
         );

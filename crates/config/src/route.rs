@@ -6,7 +6,7 @@ use std::time::Duration;
 use oncegate_core::redact::url as redact_url;
 use serde::{Deserialize, Serialize};
 
-use crate::checks::{Severity, scheme_of};
+use crate::checks::{Severity, plain_http_off_host, scheme_of};
 use crate::duration;
 use crate::*;
 
@@ -141,6 +141,13 @@ pub(crate) fn check(config: &Config, report: &mut impl FnMut(Severity, &str, Str
         }
         match route.sink {
             crate::SinkKind::Http => match &route.url {
+                Some(url) if plain_http_off_host(url) => report(
+                    Severity::AtRisk,
+                    &at("url"),
+                    "events (decrypted messages) travel to another host unencrypted: use \
+                     https:// (http:// is meant for a receiver on this machine)"
+                        .into(),
+                ),
                 Some(url) if url.starts_with("http://") || url.starts_with("https://") => {}
                 Some(url) => report(
                     Severity::Error,
@@ -224,7 +231,7 @@ pub(crate) fn check(config: &Config, report: &mut impl FnMut(Severity, &str, Str
             && route.signing_key.is_none()
         {
             report(
-                Severity::Warning,
+                Severity::AtRisk,
                 &at("secret"),
                 "an http route without a secret sends unsigned requests: the receiver cannot \
                  tell them from forgeries. Set secret = \"whsec_...\""

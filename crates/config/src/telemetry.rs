@@ -78,7 +78,7 @@ pub(crate) fn check(config: &Config, report: &mut impl FnMut(Severity, &str, Str
         );
     } else if plain_http_off_host(endpoint) {
         report(
-            Severity::Warning,
+            Severity::AtRisk,
             "telemetry.otlp_endpoint",
             "spans (event ids, event types, chat partitions; never payloads or secrets) travel \
              unencrypted to another host: prefer a collector agent on loopback"
@@ -117,7 +117,7 @@ mod tests {
         let field = "telemetry.otlp_endpoint".to_owned();
         assert_eq!(
             problems("[telemetry]\notlp_endpoint = \"http://collector:4318/v1/traces\""),
-            [(Severity::Warning, field.clone())]
+            [(Severity::AtRisk, field.clone())]
         );
         assert_eq!(
             problems("[telemetry]\notlp_endpoint = \"https://collector/v1/traces\""),

@@ -484,7 +484,7 @@ mod tests {
             validate(&config)
                 .iter()
                 .any(|p| p.setting == "source[main].allow_unsigned"
-                    && p.severity == Severity::Warning)
+                    && p.severity == Severity::AtRisk)
         );
         feishu_settings(&mut config).verification_token = Some(Secret::Inline("t".into()));
         assert_eq!(errors(&config), ["source[main].allow_unsigned"]);
@@ -541,11 +541,28 @@ mod tests {
             topic: None,
             kafka: Default::default(),
         });
-        assert!(
-            validate(&config)
-                .iter()
-                .any(|p| p.setting == "route[0].secret" && p.severity == Severity::Warning)
+        let said = |config: &Config| -> Vec<(Severity, String)> {
+            validate(config)
+                .into_iter()
+                .filter(|p| p.setting.starts_with("route[0]"))
+                .map(|p| (p.severity, p.setting))
+                .collect()
+        };
+        assert_eq!(
+            said(&config),
+            [(Severity::AtRisk, "route[0].secret".to_owned())]
         );
+        // Signed, to this machine: nothing said. Signed, to another host in clear: the events
+        // travel readable, said as a risk.
+        config.routes[0].secret = Some(Secret::Inline("whsec_c2VjcmV0".into()));
+        assert_eq!(said(&config), []);
+        config.routes[0].url = Some("http://hooks.example/x".into());
+        assert_eq!(
+            said(&config),
+            [(Severity::AtRisk, "route[0].url".to_owned())]
+        );
+        config.routes[0].url = Some("https://hooks.example/x".into());
+        assert_eq!(said(&config), []);
     }
 
     #[test]
@@ -563,7 +580,7 @@ mod tests {
                 .map(|p| (p.severity, p.setting))
                 .collect()
         };
-        let new = "secret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\n";
+        let new = "secret = \"whsec_c2VjcmV0\"\n";
         assert_eq!(
             problems(&format!("{new}previous_secrets = [\"whsec_b2xk\"]")),
             Vec::new()
@@ -593,7 +610,7 @@ mod tests {
             .expect("parses");
             validate(&config).iter().any(|p| {
                 p.setting == "source[bot]"
-                    && p.severity == Severity::Warning
+                    && p.severity == Severity::AtRisk
                     && p.message.contains("store.spool")
             })
         };
@@ -636,7 +653,7 @@ mod tests {
         );
         assert_eq!(
             problems("secret = \"s\"\ndomain = \"ws://openws.example\""),
-            vec![(Severity::Warning, "source[bot].domain".to_owned())]
+            vec![(Severity::AtRisk, "source[bot].domain".to_owned())]
         );
         assert_eq!(
             problems("secret = \"s\"\ndomain = \"ws://127.0.0.1:9\""),
@@ -708,7 +725,7 @@ mod tests {
         );
         assert!(
             said.iter()
-                .all(|(severity, _, _)| *severity == Severity::Warning)
+                .all(|(severity, _, _)| *severity == Severity::AtRisk)
         );
         assert!(said[1].2.contains("in clear"), "{}", said[1].2);
     }

@@ -57,7 +57,13 @@ impl<S: Store> Gateway<S> {
             .collect::<Result<Vec<_>, GatewayError>>()?;
         let mut gateway = Self::new(store, parts);
         let shared = gateway.shared_mut()?;
-        hold_long_connections(shared, config, long_sources);
+        hold_long_connections(shared, long_sources);
+        // The checks that said it at start and in check-config are the one place that knows.
+        shared.at_risk = oncegate_config::validate(config)
+            .into_iter()
+            .filter(|problem| problem.severity == oncegate_config::Severity::AtRisk)
+            .map(|problem| format!("{}: {}", problem.setting, problem.message))
+            .collect();
         shared.api.callers = callers;
         shared.api.key_limits = api::callers::KeyLimits {
             max_lease: config.api.max_lease,
@@ -98,40 +104,19 @@ impl<S: Store> Gateway<S> {
     }
 }
 
-/// Holds `long_sources` (this build has long connections), and says what an AI bot can lose.
+/// Holds `long_sources` (this build has long connections).
 #[cfg(feature = "long-connection")]
 fn hold_long_connections<S: Store>(
     shared: &mut crate::Shared<base::timed_store::Timed<S>>,
-    config: &Config,
     long_sources: Vec<ingress::longconn::LongSource>,
 ) {
     shared.ingress.long_sources = long_sources;
-    // WeCom sends an AI bot's callback once, with no ack to withhold: on Redis without a
-    // spool, one that arrives during an outage longer than the retries is lost.
-    let spooled = matches!(&config.store, oncegate_config::StoreConfig::Redis(redis) if redis.spool.is_some());
-    let remote = matches!(&config.store, oncegate_config::StoreConfig::Redis(_));
-    if remote && !spooled {
-        shared.at_risk = shared
-            .ingress
-            .long_sources
-            .iter()
-            .filter(|source| matches!(source.link, ingress::longconn::Link::AiBot { .. }))
-            .map(|source| {
-                format!(
-                    "WeCom AI bot {}: a callback arriving while Redis cannot admit it (an \
-                     outage longer than about a minute) is lost; set store.spool",
-                    source.name
-                )
-            })
-            .collect();
-    }
 }
 
 /// Nothing to hold: a build without long connections refused every such source before.
 #[cfg(not(feature = "long-connection"))]
 fn hold_long_connections<S: Store>(
     _: &mut crate::Shared<base::timed_store::Timed<S>>,
-    _: &Config,
     long_sources: Vec<std::convert::Infallible>,
 ) {
     drop(long_sources);

@@ -236,8 +236,9 @@ pub(crate) struct Shared<S> {
     pub(crate) traces: base::traces::Traces,
     /// Set when a background task ended early: readiness fails from then on.
     pub(crate) failure: OnceLock<String>,
-    /// What this configuration can lose by design beyond the store's own promise, said in
-    /// `/readyz` (check-config and the start say it too).
+    /// What this configuration can lose or expose by design beyond the store's own promise
+    /// (the configuration checks' `AtRisk` findings, each "setting: why"), said in `/readyz`
+    /// (check-config and the start say it too).
     pub(crate) at_risk: Vec<String>,
     /// Per-event metrics, their handles registered once.
     pub(crate) meters: Arc<base::meters::Meters>,

@@ -92,7 +92,7 @@ pub(crate) fn check(config: &Config, report: &mut impl FnMut(Severity, &str, Str
                     && redis.spool.is_none()
                 {
                     report(
-                        Severity::Warning,
+                        Severity::AtRisk,
                         &label,
                         format!(
                             "source {:?} is a WeCom AI bot: WeCom sends each callback once over \
@@ -177,7 +177,7 @@ pub(crate) fn plain_transport(
         PlatformConfig::Wechat(wechat) => {
             if wechat.encoding_aes_key.is_none() {
                 report(
-                    Severity::Warning,
+                    Severity::AtRisk,
                     &at("encoding_aes_key"),
                     "plain mode: the account's callbacks travel and are stored in clear, and \
                      their signature covers only the timestamp and nonce, not the message (a \
@@ -204,7 +204,7 @@ pub(crate) fn plain_transport(
     };
     if let Some(domain) = domain.filter(|domain| plain_http_off_host(domain)) {
         report(
-            Severity::Warning,
+            Severity::AtRisk,
             &at("domain"),
             format!(
                 "{}: the app secret and every access token go to it in clear; use https:// \
@@ -289,7 +289,7 @@ fn check_feishu_secrets(
         );
     } else if !secured {
         report(
-            Severity::Warning,
+            Severity::AtRisk,
             &at("allow_unsigned"),
             format!(
                 "source {name:?} accepts unauthenticated events: anyone who knows the URL can send \

@@ -144,7 +144,9 @@ async fn readyz<S: Store>(State(shared): State<Arc<Shared<S>>>) -> Response {
     }));
     // What the configuration can lose beyond the store's promise: said, the gateway ready.
     for risk in &shared.at_risk {
-        checks.push(json!({"check": "callbacks", "ok": true, "detail": "taking callbacks", "at_risk": risk}));
+        checks.push(
+            json!({"check": "configuration", "ok": true, "detail": "in force", "at_risk": risk}),
+        );
     }
     let status = if ready {
         StatusCode::OK
