@@ -272,6 +272,7 @@ fn check_config(file: &Path) -> anyhow::Result<bool> {
     let config = load(Some(file))?;
     let mut problems = oncegate_config::validate(&config);
     problems.extend(machine::problems(&config));
+    problems.extend(oncegate_gateway::left_out(&config));
     let mut guarantee = None;
     if let oncegate_config::StoreConfig::Redis(settings) = &config.store
         && !problems.iter().any(|p| p.severity == Severity::Error)

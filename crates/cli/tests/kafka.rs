@@ -360,8 +360,63 @@ async fn events_reach_the_topic_once_in_chat_order_and_a_kill_after_the_ack_only
 }
 
 /// The README's Kafka route passes `check-config`, every setting it shows read by the gateway.
+/// It speaks TLS and SCRAM (`kafka-tls`); a build with `kafka` alone checks it with SASL/PLAIN
+/// in clear instead, and refuses it as written — `check-config` as `serve` does, naming the
+/// feature (before, check-config passed it and only serve refused).
 #[test]
 fn the_readme_kafka_route_is_valid() {
-    let route = readme_block("**Kafka** (", &[("KAFKA_PASSWORD", "s3cret")]);
+    let env = [("KAFKA_PASSWORD", "s3cret")];
+    #[cfg(feature = "kafka-tls")]
+    let route = readme_block("**Kafka** (", &env);
+    #[cfg(not(feature = "kafka-tls"))]
+    let route = readme_block_as("**Kafka** (", &env, |block| {
+        block
+            .replace("\"SASL_SSL\"", "\"SASL_PLAINTEXT\"")
+            .replace("\"SCRAM-SHA-512\"", "\"PLAIN\"")
+    });
     assert!(route.contains("sink = \"kafka\""), "{route}");
+    #[cfg(not(feature = "kafka-tls"))]
+    {
+        let dir = tempfile::tempdir().expect("dir");
+        let store = format!("path = \"{}\"", dir.path().join("store").display());
+        let unused: std::net::SocketAddr = "127.0.0.1:1".parse().expect("addr");
+        let config = write_config(dir.path(), unused, false, &store, "30s", "5s");
+        let text = std::fs::read_to_string(&config).expect("config") + &route;
+        std::fs::write(&config, text).expect("config");
+        let checked = std::process::Command::new(env!("CARGO_BIN_EXE_oncegate"))
+            .arg("check-config")
+            .arg(&config)
+            .envs(env)
+            .output()
+            .expect("check-config");
+        let said = String::from_utf8_lossy(&checked.stdout);
+        assert!(!checked.status.success(), "{said}");
+        assert!(
+            said.contains(
+                "error: route[2].kafka: TLS to the brokers needs the `kafka-tls` feature"
+            ),
+            "{said}"
+        );
+        let mut serve = std::process::Command::new(env!("CARGO_BIN_EXE_oncegate"))
+            .args(["serve", "--config"])
+            .arg(&config)
+            .envs(env)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("serve");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let status = loop {
+            if let Some(status) = serve.try_wait().expect("wait") {
+                break status;
+            }
+            assert!(Instant::now() < deadline, "serve took the route");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let mut refused = String::new();
+        std::io::Read::read_to_string(&mut serve.stderr.take().expect("stderr"), &mut refused)
+            .expect("stderr");
+        assert!(!status.success(), "{refused}");
+        assert!(refused.to_lowercase().contains("ssl"), "{refused}");
+    }
 }

@@ -221,11 +221,54 @@ fn kafka_sink(route: &oncegate_config::RouteConfig) -> Result<SharedSink, Gatewa
 /// A build without the Kafka sink refuses `kafka` routes.
 #[cfg(not(feature = "kafka"))]
 fn kafka_sink(_: &oncegate_config::RouteConfig) -> Result<SharedSink, GatewayError> {
-    Err(GatewayError::Config(
-        "sink = \"kafka\" needs the `kafka` feature, which this build leaves out (librdkafka \
-         is a C build): cargo install --features kafka, or build with --features kafka"
-            .into(),
-    ))
+    Err(GatewayError::Config(KAFKA_LEFT_OUT.into()))
+}
+
+#[cfg(not(feature = "kafka"))]
+const KAFKA_LEFT_OUT: &str = "sink = \"kafka\" needs the `kafka` feature, which this build \
+     leaves out (librdkafka is a C build): cargo install --features kafka, or build with \
+     --features kafka";
+
+/// What `config` asks of this build that its features leave out, each an error naming the
+/// setting and the feature: `serve` refuses these, and `check-config` (which validates the file
+/// alone, `oncegate_config::validate`) says them before a deployment meets them.
+pub fn left_out(config: &Config) -> Vec<oncegate_config::Problem> {
+    let mut found = Vec::new();
+    for (i, route) in config.routes.iter().enumerate() {
+        if route.sink != SinkKind::Kafka {
+            continue;
+        }
+        #[cfg(not(feature = "kafka"))]
+        found.push(oncegate_config::Problem {
+            severity: oncegate_config::Severity::Error,
+            setting: format!("route[{i}].sink"),
+            message: KAFKA_LEFT_OUT.into(),
+        });
+        #[cfg(all(feature = "kafka", not(feature = "kafka-tls")))]
+        {
+            let protocol = route
+                .kafka
+                .get("security.protocol")
+                .and_then(|value| value.resolve().ok())
+                .unwrap_or_default()
+                .to_ascii_lowercase();
+            if matches!(protocol.as_str(), "ssl" | "sasl_ssl")
+                || route.kafka.keys().any(|name| name.starts_with("ssl."))
+            {
+                found.push(oncegate_config::Problem {
+                    severity: oncegate_config::Severity::Error,
+                    setting: format!("route[{i}].kafka"),
+                    message: "TLS to the brokers needs the `kafka-tls` feature, which this \
+                              build leaves out (it links the system's OpenSSL): build with \
+                              --features kafka-tls"
+                        .into(),
+                });
+            }
+        }
+        #[cfg(feature = "kafka-tls")]
+        let _ = (i, route);
+    }
+    found
 }
 
 /// A configured secret's value, if set (never empty: resolution refuses that).

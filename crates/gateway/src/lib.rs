@@ -87,6 +87,7 @@ use oncegate_once::Once;
 pub use oncegate_spool::Spool;
 use tokio::sync::Notify;
 
+pub use assemble::left_out;
 pub use base::recorder::SECONDS_BUCKETS;
 pub use base::recorder::{MetricsRecorder, MetricsRender};
 pub use base::stats::{self, Stats, StatsSnapshot};

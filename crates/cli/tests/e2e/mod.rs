@@ -809,15 +809,26 @@ impl Replicated {
 /// beside the test configuration (with `env` set), and the same block with its last setting
 /// misspelt is refused naming it — so every setting it shows is one the gateway reads.
 pub(crate) fn readme_block(marker: &str, env: &[(&str, &str)]) -> String {
+    readme_block_as(marker, env, |block| block.to_owned())
+}
+
+/// [`readme_block`], the block first changed by `edit` (a setting this build cannot take
+/// swapped for one it can); the block is returned as the README has it.
+pub(crate) fn readme_block_as(
+    marker: &str,
+    env: &[(&str, &str)],
+    edit: impl Fn(&str) -> String,
+) -> String {
     let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
         .expect("README");
-    let route = readme
+    let shown = readme
         .split_once(marker)
         .and_then(|(_, rest)| rest.split_once("```toml\n"))
         .and_then(|(_, rest)| rest.split_once("```"))
         .unwrap_or_else(|| panic!("no toml block after {marker:?} in the README"))
         .0
         .to_owned();
+    let route = edit(&shown);
     let dir = tempfile::tempdir().expect("dir");
     let store = format!("path = \"{}\"", dir.path().join("store").display());
     let unused: SocketAddr = "127.0.0.1:1".parse().expect("addr");
@@ -845,5 +856,5 @@ pub(crate) fn readme_block(marker: &str, env: &[(&str, &str)]) -> String {
     let misspelt = text.replacen(&format!("\n{last} = "), &format!("\n{last}_x = "), 1);
     let (ok, said) = check(&misspelt);
     assert!(!ok && said.contains(&format!("{last}_x")), "{said}");
-    route
+    shown
 }
