@@ -381,22 +381,28 @@ fn the_readme_kafka_route_is_valid() {
         let store = format!("path = \"{}\"", dir.path().join("store").display());
         let unused: std::net::SocketAddr = "127.0.0.1:1".parse().expect("addr");
         let config = write_config(dir.path(), unused, false, &store, "30s", "5s");
-        let text = std::fs::read_to_string(&config).expect("config") + &route;
-        std::fs::write(&config, text).expect("config");
-        let checked = std::process::Command::new(env!("CARGO_BIN_EXE_oncegate"))
-            .arg("check-config")
-            .arg(&config)
-            .envs(env)
-            .output()
-            .expect("check-config");
-        let said = String::from_utf8_lossy(&checked.stdout);
-        assert!(!checked.status.success(), "{said}");
-        assert!(
-            said.contains(
-                "error: route[2].kafka: TLS to the brokers needs the `kafka-tls` feature"
-            ),
-            "{said}"
-        );
+        let base = std::fs::read_to_string(&config).expect("config");
+        let check = |route: &str| {
+            std::fs::write(&config, format!("{base}{route}")).expect("config");
+            let checked = std::process::Command::new(env!("CARGO_BIN_EXE_oncegate"))
+                .arg("check-config")
+                .arg(&config)
+                .envs(env)
+                .output()
+                .expect("check-config");
+            let said = String::from_utf8_lossy(&checked.stdout).into_owned();
+            assert!(!checked.status.success(), "{said}");
+            assert!(
+                said.contains(
+                    "error: route[2].kafka: TLS to the brokers and SASL/SCRAM need the \
+                     `kafka-tls` feature"
+                ),
+                "{said}"
+            );
+        };
+        // SCRAM in clear is built with TLS only, too.
+        check(&route.replace("\"SASL_SSL\"", "\"SASL_PLAINTEXT\""));
+        check(&route);
         let mut serve = std::process::Command::new(env!("CARGO_BIN_EXE_oncegate"))
             .args(["serve", "--config"])
             .arg(&config)
