@@ -464,6 +464,15 @@ pub(crate) async fn status(args: StatusArgs) -> anyhow::Result<bool> {
     } else {
         out!("ready        false ({})", failed.join("; "))?;
     }
+    // What the store's mode or the configuration can lose, as /readyz says it: never silent.
+    for check in &checks {
+        if let Some(risk) = check["at_risk"].as_str() {
+            out!(
+                "at risk      {}: {risk}",
+                check["check"].as_str().unwrap_or("")
+            )?;
+        }
+    }
     let gateway = &stats["gateway"];
     let n = |v: &Value, name: &str| v[name].as_u64().unwrap_or(0);
     out!(

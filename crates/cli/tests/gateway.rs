@@ -518,6 +518,13 @@ async fn transient_failures_retry_and_permanent_ones_are_dead_lettered() {
     let (ok, status) = cli(&gateway, &["status"]);
     assert!(ok, "{status}");
     assert!(status.contains("ready        true"), "{status}");
+    // The test configuration's first route is unsigned: said, as /readyz says it.
+    assert!(
+        status.contains(
+            "at risk      configuration: route[0].secret: an http route without a secret"
+        ),
+        "{status}"
+    );
     // What the store keeps (both were replayed or purged) beside what this run dead-lettered.
     assert!(status.contains("dead letters kept 0"), "{status}");
     assert!(
