@@ -315,6 +315,15 @@ async fn the_status_page_shows_a_gateway_under_load_and_its_charts_move() {
         .eval("document.getElementById('ready').textContent")
         .await;
     assert_eq!(ready, "ready");
+    // The memory store keeps nothing across a restart: said on the page, as in /readyz.
+    let risk = page
+        .eval("(() => { const r = document.getElementById('at-risk'); return r.hidden ? '' : r.textContent; })()")
+        .await;
+    assert!(
+        risk.as_str()
+            .is_some_and(|r| r.starts_with("at risk: durability: ")),
+        "{risk}"
+    );
     let drops = page
         .eval("document.getElementById('drops').textContent")
         .await;

@@ -257,11 +257,21 @@ async fn live<S: Store>(State(shared): State<Arc<Shared<S>>>, headers: HeaderMap
         .map(|(layer, n)| (layer.to_owned(), json!(n)))
         .collect();
     let long_connections = long_connections(&shared);
+    // What can be lost, as /readyz says it (the store's promise is read from memory).
+    let at_risk: Vec<String> = shared
+        .store
+        .durability()
+        .at_risk
+        .map(|risk| format!("durability: {risk}"))
+        .into_iter()
+        .chain(shared.at_risk.iter().cloned())
+        .collect();
     axum::Json(json!({
         "at_ms": shared.now_ms(),
         "ready": not_ready.is_empty(),
         "not_ready": not_ready,
         "degraded": degraded,
+        "at_risk": at_risk,
         "gateway": shared.stats.snapshot(),
         "queued": shared.queued.load(std::sync::atomic::Ordering::Relaxed),
         "queue": crate::admin::queue_view::live_json(&shared),
