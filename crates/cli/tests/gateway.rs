@@ -1035,8 +1035,11 @@ async fn one_of_three_gateways_killed_midway_loses_nothing() {
     });
     let (downstream, addr) = Downstream::start().await;
     downstream.behavior.lock().expect("behavior").delay = Duration::from_millis(2);
+    // The killed gateway's partitions wait for its ownership to run out, and their entries
+    // one ownership more before they go out again: 2 × 4 s, well inside the 20 s the test
+    // waits for every event (with the default 10 s, a loaded CI machine missed it once).
     let store = format!(
-        "backend = \"redis\"\nurl = \"{url}\"\nprefix = \"kill{}\"\npartitions = 8",
+        "backend = \"redis\"\nurl = \"{url}\"\nprefix = \"kill{}\"\npartitions = 8\nownership = \"4s\"",
         std::process::id()
     );
     let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().expect("dir")).collect();
