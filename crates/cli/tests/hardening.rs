@@ -783,3 +783,35 @@ async fn a_full_disk_stops_the_gateway_and_a_restart_delivers_what_was_acknowled
         delivered.saturating_sub(acknowledged.len())
     );
 }
+
+/// A crash between the file sink's write and its sync can leave the last line half-written.
+/// The next start cuts it off (its events were never acknowledged, so they come again), and the
+/// next line starts on a line of its own; before, it was appended to the torn bytes and the
+/// two made one line no reader could parse.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_line_torn_by_a_crash_is_cut_off_at_the_next_start() {
+    let dir = tempfile::tempdir().expect("dir");
+    let out = dir.path().join("out");
+    std::fs::create_dir_all(&out).expect("out");
+    std::fs::write(
+        out.join("events.jsonl"),
+        "{\"kept\":1}\n{\"id\":\"msg_torn\",\"platform\":\"fei",
+    )
+    .expect("seed");
+    let gateway = Serve::start(dir.path(), "", &file_route(dir.path(), ""));
+    let (status, body) = post_signed(&client(), &gateway.url(), &message("m1", "oc", "1")).await;
+    assert_eq!(status, 200, "{body}");
+    wait_until("the event's line", Duration::from_secs(10), || {
+        lines(dir.path()).len() == 2
+    })
+    .await;
+    let written = std::fs::read_to_string(out.join("events.jsonl")).expect("read");
+    assert!(written.ends_with('\n'), "{written}");
+    let parsed: Vec<serde_json::Value> = written
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .collect();
+    assert_eq!(parsed[0]["kept"], 1);
+    assert!(!written.contains("msg_torn"), "{written}");
+    assert_eq!(parsed[1]["event_id"], "m1", "{written}");
+}

@@ -52,6 +52,48 @@ impl FileLines {
     }
 }
 
+/// Cuts off a line that a crash left half-written at the end of the file at `path` (the
+/// process killed, or the machine lost, between a batch's write and its sync): the bytes after
+/// the last newline. Its events were never answered (a batch is answered after its sync), so
+/// they are delivered again; appended after the torn bytes instead, the first of them would
+/// share its line with them and break every reader of the file. Returns the bytes cut (0 for a
+/// file that ends in a newline, an empty one, or none).
+pub(crate) fn cut_torn_tail(path: &std::path::Path) -> io::Result<u64> {
+    use std::io::{Read, Seek, SeekFrom};
+    const CHUNK: u64 = 64 * 1024;
+    let mut file = match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+    {
+        Ok(file) => file,
+        Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(0),
+        Err(error) => return Err(error),
+    };
+    let length = file.metadata()?.len();
+    let mut end = length;
+    let mut chunk = Vec::new();
+    // Backwards from the end, a chunk at a time, to the last newline (or the file's start).
+    let keep = loop {
+        if end == 0 {
+            break 0;
+        }
+        let start = end.saturating_sub(CHUNK);
+        chunk.resize(usize::try_from(end - start).unwrap_or(0), 0);
+        file.seek(SeekFrom::Start(start))?;
+        file.read_exact(&mut chunk)?;
+        if let Some(at) = chunk.iter().rposition(|&b| b == b'\n') {
+            break start + at as u64 + 1;
+        }
+        end = start;
+    };
+    if keep < length {
+        file.set_len(keep)?;
+        file.sync_data()?;
+    }
+    Ok(length - keep)
+}
+
 /// The writer thread: a batch is whatever waits when the previous sync ends, plus, when more
 /// than one line waited, what comes within `GATHER_WAIT` while it is small.
 fn write_batches(mut file: File, mut length: u64, name: &str, batches: &mpsc::Receiver<Waiting>) {
@@ -153,6 +195,37 @@ mod tests {
             .collect();
         seen.sort_unstable();
         assert_eq!(seen, (0..400).collect::<Vec<u64>>());
+    }
+
+    /// What a crash between a batch's write and its sync leaves (a last line without its
+    /// newline) is cut off before anything is appended; whole lines stay, and a file without
+    /// any newline, an empty one or none is handled. The tail is longer than one read chunk
+    /// in one case, so the backwards search crosses chunks.
+    #[test]
+    fn a_torn_last_line_is_cut_off_and_whole_ones_kept() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("events.jsonl");
+        let long_tail = format!("{{\"torn\":\"{}", "x".repeat(200_000));
+        for (before, after) in [
+            ("{\"a\":1}\n{\"b\":2}\n{\"c\":", "{\"a\":1}\n{\"b\":2}\n"),
+            ("{\"a\":1}\n", "{\"a\":1}\n"),
+            ("{\"only\":", ""),
+            ("", ""),
+            (&format!("{{\"a\":1}}\n{long_tail}"), "{\"a\":1}\n"),
+        ] {
+            std::fs::write(&path, before).expect("seed");
+            let cut = cut_torn_tail(&path).expect("cut");
+            assert_eq!(std::fs::read_to_string(&path).expect("read"), after);
+            assert_eq!(cut, (before.len() - after.len()) as u64);
+        }
+        assert_eq!(
+            cut_torn_tail(&dir.path().join("none.jsonl")).expect("none"),
+            0
+        );
+        assert!(
+            !dir.path().join("none.jsonl").exists(),
+            "nothing is created"
+        );
     }
 
     /// A write that fails answers every delivery of its batch with the reason, and leaves no

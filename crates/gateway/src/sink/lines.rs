@@ -31,6 +31,19 @@ impl LinesSink {
 
     /// Lines appended to `path`.
     pub async fn file(path: &Path) -> Result<Self, SinkSetupError> {
+        let cut =
+            crate::sink::file::cut_torn_tail(path).map_err(|source| SinkSetupError::File {
+                path: path.display().to_string(),
+                source,
+            })?;
+        if cut > 0 {
+            tracing::warn!(
+                path = %path.display(),
+                bytes = cut,
+                "the file sink's last line was cut off half-written (a crash before its sync); \
+                 its events were not acknowledged and are delivered again"
+            );
+        }
         // 0600 in a 0700 folder when created: the lines hold decrypted messages.
         let file = oncegate_files::open_append(path).map_err(|source| SinkSetupError::File {
             path: path.display().to_string(),
