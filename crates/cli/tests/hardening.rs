@@ -814,4 +814,50 @@ async fn a_line_torn_by_a_crash_is_cut_off_at_the_next_start() {
     assert_eq!(parsed[0]["kept"], 1);
     assert!(!written.contains("msg_torn"), "{written}");
     assert_eq!(parsed[1]["event_id"], "m1", "{written}");
+    drop(gateway);
+
+    // A path that names some other file (its end no line of this sink): not cut, not written;
+    // serve refuses to start, saying why.
+    let other = "#!/bin/sh\necho hi";
+    std::fs::write(out.join("events.jsonl"), other).expect("seed");
+    let config = dir.path().join("other.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[store]\nbackend = \"memory\"\n[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n{}",
+            file_route(dir.path(), "")
+        ),
+    )
+    .expect("config");
+    let mut serve = oncegate()
+        .args(["serve", "--config"])
+        .arg(&config)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("serve");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = serve.try_wait().expect("wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = serve.kill();
+            panic!("serve started on some other file");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut said = String::new();
+    serve
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut said)
+        .expect("stderr");
+    assert!(!status.success(), "{said}");
+    assert!(said.contains("is this the events file?"), "{said}");
+    assert_eq!(
+        std::fs::read_to_string(out.join("events.jsonl")).expect("read"),
+        other
+    );
 }

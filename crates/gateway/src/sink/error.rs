@@ -43,7 +43,7 @@ pub enum SinkSetupError {
     #[error("cannot start the HTTP client: {0}")]
     Client(String),
     /// The output file cannot be opened.
-    #[error("cannot open {path}: {source}")]
+    #[error("cannot open {path}")]
     File {
         /// The path.
         path: String,

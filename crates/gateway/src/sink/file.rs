@@ -57,10 +57,15 @@ impl FileLines {
 /// the last newline. Its events were never answered (a batch is answered after its sync), so
 /// they are delivered again; appended after the torn bytes instead, the first of them would
 /// share its line with them and break every reader of the file. Returns the bytes cut (0 for a
-/// file that ends in a newline, an empty one, or none).
+/// file that ends in a newline, an empty one, or none). A tail that is not the start of one of
+/// this sink's lines (`{"id":`), or longer than any batch, is not this sink's to cut: an error
+/// (the path names some other file), and nothing is changed.
 pub(crate) fn cut_torn_tail(path: &std::path::Path) -> io::Result<u64> {
     use std::io::{Read, Seek, SeekFrom};
     const CHUNK: u64 = 64 * 1024;
+    /// Longer than a batch (`MOST_BYTES` and the line that passed it) can be.
+    const LONGEST_TAIL: u64 = 64 << 20;
+    const LINE_START: &[u8] = b"{\"id\":";
     let mut file = match std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -78,6 +83,9 @@ pub(crate) fn cut_torn_tail(path: &std::path::Path) -> io::Result<u64> {
         if end == 0 {
             break 0;
         }
+        if length - end > LONGEST_TAIL {
+            return Err(not_ours(length - end));
+        }
         let start = end.saturating_sub(CHUNK);
         chunk.resize(usize::try_from(end - start).unwrap_or(0), 0);
         file.seek(SeekFrom::Start(start))?;
@@ -88,10 +96,33 @@ pub(crate) fn cut_torn_tail(path: &std::path::Path) -> io::Result<u64> {
         end = start;
     };
     if keep < length {
+        let mut start = vec![
+            0;
+            LINE_START
+                .len()
+                .min(usize::try_from(length - keep).unwrap_or(0))
+        ];
+        file.seek(SeekFrom::Start(keep))?;
+        file.read_exact(&mut start)?;
+        if !LINE_START.starts_with(&start) {
+            return Err(not_ours(length - keep));
+        }
         file.set_len(keep)?;
         file.sync_data()?;
     }
     Ok(length - keep)
+}
+
+/// A file whose last `tail` bytes are no torn line of this sink.
+fn not_ours(tail: u64) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!(
+            "it ends in {tail} bytes or more without a line end that are no line of this sink \
+             (each starts with {{\"id\":): is this the events file? Move it away, or end it \
+             with a newline"
+        ),
+    )
 }
 
 /// The writer thread: a batch is whatever waits when the previous sync ends, plus, when more
@@ -200,32 +231,43 @@ mod tests {
     /// What a crash between a batch's write and its sync leaves (a last line without its
     /// newline) is cut off before anything is appended; whole lines stay, and a file without
     /// any newline, an empty one or none is handled. The tail is longer than one read chunk
-    /// in one case, so the backwards search crosses chunks.
+    /// in one case, so the backwards search crosses chunks. A file whose end is no line of
+    /// this sink is not cut: its path names some other file.
     #[test]
     fn a_torn_last_line_is_cut_off_and_whole_ones_kept() {
         let dir = tempfile::tempdir().expect("dir");
         let path = dir.path().join("events.jsonl");
-        let long_tail = format!("{{\"torn\":\"{}", "x".repeat(200_000));
+        let long_tail = format!("{{\"id\":\"msg_{}", "x".repeat(200_000));
         for (before, after) in [
-            ("{\"a\":1}\n{\"b\":2}\n{\"c\":", "{\"a\":1}\n{\"b\":2}\n"),
-            ("{\"a\":1}\n", "{\"a\":1}\n"),
-            ("{\"only\":", ""),
+            (
+                "{\"id\":1}\n{\"id\":2}\n{\"id\":\"ms",
+                "{\"id\":1}\n{\"id\":2}\n",
+            ),
+            ("{\"id\":1}\n", "{\"id\":1}\n"),
+            ("{\"id\":1}\n{\"i", "{\"id\":1}\n"),
+            ("{\"id\":", ""),
             ("", ""),
-            (&format!("{{\"a\":1}}\n{long_tail}"), "{\"a\":1}\n"),
+            (&format!("{{\"id\":1}}\n{long_tail}"), "{\"id\":1}\n"),
         ] {
             std::fs::write(&path, before).expect("seed");
             let cut = cut_torn_tail(&path).expect("cut");
             assert_eq!(std::fs::read_to_string(&path).expect("read"), after);
             assert_eq!(cut, (before.len() - after.len()) as u64);
         }
-        assert_eq!(
-            cut_torn_tail(&dir.path().join("none.jsonl")).expect("none"),
-            0
-        );
-        assert!(
-            !dir.path().join("none.jsonl").exists(),
-            "nothing is created"
-        );
+        let none = dir.path().join("none.jsonl");
+        assert_eq!(cut_torn_tail(&none).expect("none"), 0);
+        assert!(!none.exists(), "nothing is created");
+        // Some other file (no line of ours at its end): refused, and left as it was.
+        for other in ["#!/bin/sh\necho hi", "binary\u{0}data"] {
+            std::fs::write(&path, other).expect("seed");
+            let error = cut_torn_tail(&path).expect_err(other);
+            assert_eq!(error.kind(), io::ErrorKind::InvalidData);
+            assert!(
+                error.to_string().contains("is this the events file"),
+                "{error}"
+            );
+            assert_eq!(std::fs::read_to_string(&path).expect("read"), other);
+        }
     }
 
     /// A write that fails answers every delivery of its batch with the reason, and leaves no
