@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 
 mod e2e;
 use e2e::*;
+mod support;
+use support::refused_start;
 
 /// Deliveries per event id at the receiver.
 fn deliveries(downstream: &Downstream) -> HashMap<String, Vec<String>> {
@@ -55,32 +57,6 @@ fn check_config(config: &Path) -> (bool, String) {
     )
 }
 
-/// `oncegate serve` that must refuse to start: its output (within 20 s).
-fn refused_start(config: &Path) -> String {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_oncegate"))
-        .args(["serve", "--config"])
-        .arg(config)
-        .env("ONCEGATE_LOG", "warn")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("serve");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            assert!(!status.success(), "the gateway must not start");
-            let out = child.wait_with_output().expect("output");
-            return String::from_utf8_lossy(&out.stdout).into_owned()
-                + &String::from_utf8_lossy(&out.stderr);
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("the gateway started on a Redis that does not keep what it acknowledges");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_without_persistence_is_refused_by_fsync_and_said_by_memory() {
     let redis = OwnRedis::start_with(&["--appendonly", "no"]);
@@ -93,7 +69,7 @@ async fn a_redis_without_persistence_is_refused_by_fsync_and_said_by_memory() {
 
     // The default, fsync: refused at start and by check-config, naming what to change.
     let config = write_config(dir.path(), addr, false, &store, "30s", "5s");
-    let out = refused_start(&config);
+    let out = refused_start(&config, &[]);
     assert!(
         out.contains("appendonly yes and appendfsync always") && out.contains("appendonly no"),
         "{out}"

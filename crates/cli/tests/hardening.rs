@@ -15,7 +15,7 @@ const TOKEN: &str = "hardening-token";
 
 mod support;
 
-use support::{Serve, client, file_route, lines, oncegate, wait_until};
+use support::{Serve, client, file_route, lines, oncegate, refused_start, wait_until};
 
 impl Serve {
     /// Starts the gateway on `sections` and a Feishu source; the `[server]` section gets
@@ -829,32 +829,7 @@ async fn a_line_torn_by_a_crash_is_cut_off_at_the_next_start() {
         ),
     )
     .expect("config");
-    let mut serve = oncegate()
-        .args(["serve", "--config"])
-        .arg(&config)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("serve");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(status) = serve.try_wait().expect("wait") {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = serve.kill();
-            panic!("serve started on some other file");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let mut said = String::new();
-    serve
-        .stderr
-        .take()
-        .expect("stderr")
-        .read_to_string(&mut said)
-        .expect("stderr");
-    assert!(!status.success(), "{said}");
+    let said = refused_start(&config, &[]);
     assert!(said.contains("is this the events file?"), "{said}");
     assert_eq!(
         std::fs::read_to_string(out.join("events.jsonl")).expect("read"),

@@ -17,6 +17,8 @@ use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
 mod e2e;
 use e2e::*;
+mod support;
+use support::refused_start;
 
 const TOPIC: &str = "chat-events";
 const PARTITIONS: i32 = 4;
@@ -403,26 +405,7 @@ fn the_readme_kafka_route_is_valid() {
         // SCRAM in clear is built with TLS only, too.
         check(&route.replace("\"SASL_SSL\"", "\"SASL_PLAINTEXT\""));
         check(&route);
-        let mut serve = std::process::Command::new(env!("CARGO_BIN_EXE_oncegate"))
-            .args(["serve", "--config"])
-            .arg(&config)
-            .envs(env)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("serve");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let status = loop {
-            if let Some(status) = serve.try_wait().expect("wait") {
-                break status;
-            }
-            assert!(Instant::now() < deadline, "serve took the route");
-            std::thread::sleep(Duration::from_millis(50));
-        };
-        let mut refused = String::new();
-        std::io::Read::read_to_string(&mut serve.stderr.take().expect("stderr"), &mut refused)
-            .expect("stderr");
-        assert!(!status.success(), "{refused}");
+        let refused = refused_start(&config, &env);
         assert!(refused.to_lowercase().contains("ssl"), "{refused}");
     }
 }

@@ -11,6 +11,35 @@ pub(crate) fn oncegate() -> Command {
     Command::new(env!("CARGO_BIN_EXE_oncegate"))
 }
 
+/// `oncegate serve --config config` (with `env` set) that must refuse to start: its output,
+/// standard output and error. Panics when it is still running after 20 s.
+pub(crate) fn refused_start(config: &Path, env: &[(&str, &str)]) -> String {
+    let mut child = oncegate()
+        .args(["serve", "--config"])
+        .arg(config)
+        .env("ONCEGATE_LOG", "warn")
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("serve");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            let out = child.wait_with_output().expect("output");
+            let said = String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr);
+            assert!(!status.success(), "the gateway must not start: {said}");
+            return said;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the gateway started where it must refuse to");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// A running `oncegate serve`, with its stderr collected.
 pub(crate) struct Serve {
     pub(crate) child: Child,
