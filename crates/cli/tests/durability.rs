@@ -506,6 +506,7 @@ path = "{store}"
 [server]
 listen = "127.0.0.1:0"
 admin_listen = "127.0.0.1:0"
+admin_token = "admin-t0ken"
 
 [[source]]
 name = "main"
@@ -550,15 +551,35 @@ url = "{url}"
         );
     }
     let gateway = Gateway::run(&risky);
+    let configuration = |ready: &serde_json::Value| -> Vec<String> {
+        ready["checks"]
+            .as_array()
+            .expect("checks")
+            .iter()
+            .filter(|check| check["check"] == "configuration")
+            .filter_map(|check| check["at_risk"].as_str().map(str::to_owned))
+            .collect()
+    };
+    // A probe without the admin token learns that there are findings, not what is open.
     let (status, ready) = readyz(&gateway).await;
     assert_eq!(status, 200, "{ready}");
-    let said: Vec<String> = ready["checks"]
-        .as_array()
-        .expect("checks")
-        .iter()
-        .filter(|check| check["check"] == "configuration")
-        .filter_map(|check| check["at_risk"].as_str().map(str::to_owned))
-        .collect();
+    let told = configuration(&ready);
+    assert_eq!(told.len(), 1, "{told:#?}");
+    assert!(told[0].starts_with("4 settings can lose"), "{}", told[0]);
+    for setting in exposed {
+        assert!(!ready.to_string().contains(setting), "{setting}: {ready}");
+    }
+    // With it, each finding by its setting.
+    let ready: serde_json::Value = client()
+        .get(format!("{}/readyz", gateway.admin))
+        .bearer_auth("admin-t0ken")
+        .send()
+        .await
+        .expect("readyz")
+        .json()
+        .await
+        .expect("json");
+    let said = configuration(&ready);
     assert_eq!(said.len(), exposed.len(), "{said:#?}");
     for (setting, risk) in exposed.iter().zip(&said) {
         assert!(risk.starts_with(&format!("{setting}: ")), "{risk}");

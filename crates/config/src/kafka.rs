@@ -36,6 +36,29 @@ fn remote_brokers(brokers: &str) -> Vec<&str> {
         .collect()
 }
 
+impl RouteConfig {
+    /// A `kafka` client setting's value, resolved and in lower case (librdkafka reads its
+    /// enumerations without regard to case); `None` when unset or its secret does not resolve.
+    pub fn kafka_value(&self, name: &str) -> Option<String> {
+        self.kafka
+            .get(name)
+            .and_then(|value| value.resolve().ok())
+            .map(|value| value.to_ascii_lowercase())
+    }
+
+    /// Whether the Kafka client settings need librdkafka's TLS (OpenSSL, the `kafka-tls`
+    /// build): an SSL protocol, an `ssl.*` setting, or SASL/SCRAM, which librdkafka builds
+    /// with OpenSSL only.
+    pub fn kafka_needs_tls(&self) -> bool {
+        let protocol = self.kafka_value("security.protocol").unwrap_or_default();
+        matches!(protocol.as_str(), "ssl" | "sasl_ssl")
+            || self.kafka.keys().any(|name| name.starts_with("ssl."))
+            || ["sasl.mechanism", "sasl.mechanisms"]
+                .iter()
+                .any(|name| self.kafka_value(name).is_some_and(|m| m.contains("scram")))
+    }
+}
+
 /// A route's Kafka settings: needed where `sink = "kafka"`, refused elsewhere.
 pub(crate) fn check(
     route: &RouteConfig,
@@ -60,11 +83,8 @@ pub(crate) fn check(
         ),
         Some(brokers) => {
             let protocol = route
-                .kafka
-                .get("security.protocol")
-                .and_then(|value| value.resolve().ok())
-                .unwrap_or_else(|| "plaintext".into())
-                .to_ascii_lowercase();
+                .kafka_value("security.protocol")
+                .unwrap_or_else(|| "plaintext".into());
             let remote = remote_brokers(brokers);
             if matches!(protocol.as_str(), "plaintext" | "sasl_plaintext") && !remote.is_empty() {
                 report(
@@ -135,6 +155,36 @@ mod tests {
             found.push((severity, field.to_owned()))
         });
         found
+    }
+
+    /// What needs the `kafka-tls` build: the SSL protocols in any case, an `ssl.*` setting,
+    /// SCRAM (librdkafka has it with OpenSSL only); PLAINTEXT, SASL_PLAINTEXT with PLAIN and
+    /// nothing set do not.
+    #[test]
+    fn tls_and_scram_need_the_tls_build() {
+        let needs = |kafka: &str| {
+            let route: RouteConfig = toml::from_str(&format!(
+                "events = [\"*\"]\nsink = \"kafka\"\nkafka = {{ {kafka} }}"
+            ))
+            .expect("route");
+            route.kafka_needs_tls()
+        };
+        for tls in [
+            "\"security.protocol\" = \"SSL\"",
+            "\"security.protocol\" = \"sasl_ssl\"",
+            "\"ssl.ca.location\" = \"/etc/ca.pem\"",
+            "\"security.protocol\" = \"SASL_PLAINTEXT\", \"sasl.mechanism\" = \"SCRAM-SHA-512\"",
+            "\"sasl.mechanisms\" = \"scram-sha-256\"",
+        ] {
+            assert!(needs(tls), "{tls}");
+        }
+        for plain in [
+            "",
+            "\"security.protocol\" = \"PLAINTEXT\"",
+            "\"security.protocol\" = \"SASL_PLAINTEXT\", \"sasl.mechanism\" = \"PLAIN\"",
+        ] {
+            assert!(!needs(plain), "{plain}");
+        }
     }
 
     #[test]

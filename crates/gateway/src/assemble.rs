@@ -245,33 +245,15 @@ pub fn left_out(config: &Config) -> Vec<oncegate_config::Problem> {
             message: KAFKA_LEFT_OUT.into(),
         });
         #[cfg(all(feature = "kafka", not(feature = "kafka-tls")))]
-        {
-            let setting = |name: &str| {
-                route
-                    .kafka
-                    .get(name)
-                    .and_then(|value| value.resolve().ok())
-                    .unwrap_or_default()
-                    .to_ascii_lowercase()
-            };
-            let protocol = setting("security.protocol");
-            // librdkafka's SCRAM is built with its TLS (OpenSSL) only.
-            let scram = ["sasl.mechanism", "sasl.mechanisms"]
-                .iter()
-                .any(|name| setting(name).contains("scram"));
-            if matches!(protocol.as_str(), "ssl" | "sasl_ssl")
-                || scram
-                || route.kafka.keys().any(|name| name.starts_with("ssl."))
-            {
-                found.push(oncegate_config::Problem {
-                    severity: oncegate_config::Severity::Error,
-                    setting: format!("route[{i}].kafka"),
-                    message: "TLS to the brokers and SASL/SCRAM need the `kafka-tls` feature, \
-                              which this build leaves out (it links the system's OpenSSL): \
-                              build with --features kafka-tls"
-                        .into(),
-                });
-            }
+        if route.kafka_needs_tls() {
+            found.push(oncegate_config::Problem {
+                severity: oncegate_config::Severity::Error,
+                setting: format!("route[{i}].kafka"),
+                message: "TLS to the brokers and SASL/SCRAM need the `kafka-tls` feature, \
+                          which this build leaves out (it links the system's OpenSSL): build \
+                          with --features kafka-tls"
+                    .into(),
+            });
         }
         #[cfg(feature = "kafka-tls")]
         let _ = (i, route);
