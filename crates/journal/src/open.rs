@@ -294,11 +294,14 @@ pub fn check_file(bytes: &[u8]) -> Result<(u64, bool), String> {
             changes += 1;
             restore.apply(change).map_err(|e| e.to_string())
         }
-        Entry::End(_) => Ok(()),
+        Entry::End(_) | Entry::Batch(_) => Ok(()),
     })
     .map_err(|e| e.to_string())??;
     drop(restore.finish());
-    Ok((changes, matches!(ending, Ending::Torn(_))))
+    match ending {
+        Ending::Damaged { at, why } => Err(format!("damaged at byte {at}: {why}")),
+        ending => Ok((changes, matches!(ending, Ending::Torn { .. }))),
+    }
 }
 
 fn memory_config(config: &JournalConfig) -> MemoryConfig {
@@ -373,6 +376,9 @@ fn load<C: Clock, J: oncegate_memory::Journal>(
         let path = files.snapshot(number);
         match replay(&path, restore)? {
             (Ending::Clean, true) => {}
+            (Ending::Damaged { at, why }, _) => {
+                return Err(corrupt(&path, &format!("damaged at byte {at}: {why}")));
+            }
             _ => return Err(corrupt(&path, "the snapshot is incomplete")),
         }
     }
@@ -380,35 +386,86 @@ fn load<C: Clock, J: oncegate_memory::Journal>(
     for (position, number) in plan.replayed.iter().enumerate() {
         let path = files.segment(*number);
         bytes += std::fs::metadata(&path).map_err(io(&path))?.len();
-        match replay(&path, restore)? {
-            (Ending::Clean, _) => {}
+        let newest = position + 1 == plan.replayed.len();
+        match replay(&path, restore)?.0 {
+            Ending::Clean => {}
             // Room the writer zeroed ahead: the newest segment gives it back, an earlier one
             // (left so by a crash between a rotation and its trim) keeps it.
-            (Ending::Zeroed(at), _) if position + 1 == plan.replayed.len() && cut => {
-                let file = File::options().write(true).open(&path).map_err(io(&path))?;
-                file.set_len(at)
-                    .and_then(|()| file.sync_all())
-                    .map_err(io(&path))?;
-            }
-            (Ending::Zeroed(_), _) => {}
-            (Ending::Torn(at), _) if position + 1 == plan.replayed.len() => {
+            Ending::Zeroed(at) if newest && cut => truncate(&path, at)?,
+            Ending::Zeroed(_) => {}
+            // The process died while writing its last batch: nothing in it was answered.
+            Ending::Torn { at, bytes } if newest => {
                 if cut {
-                    // The process died while writing this frame: nothing after it was answered.
-                    let file = File::options().write(true).open(&path).map_err(io(&path))?;
-                    file.set_len(at)
-                        .and_then(|()| file.sync_all())
-                        .map_err(io(&path))?;
+                    keep_cut(&path, at, bytes)?;
+                    truncate(&path, at)?;
                 }
             }
-            (Ending::Torn(at), _) => {
+            Ending::Torn { at, .. } => {
                 return Err(corrupt(
                     &path,
                     &format!("damaged at byte {at}, before later segments"),
                 ));
             }
+            // Read while a gateway writes it: the batch being written stops the read.
+            Ending::Damaged { .. } if newest && !cut => {}
+            Ending::Damaged { at, why } => {
+                let remedy = if newest {
+                    format!(
+                        " (to start from what precedes it, losing the events after it: keep a \
+                         copy of the file, then `truncate -s {at}` it)"
+                    )
+                } else {
+                    String::new()
+                };
+                return Err(corrupt(
+                    &path,
+                    &format!("damaged at byte {at}: {why}{remedy}"),
+                ));
+            }
         }
     }
     Ok(bytes)
+}
+
+/// Cuts `path` back to `at` bytes, durably.
+fn truncate(path: &Path, at: u64) -> Result<(), OpenError> {
+    let file = File::options().write(true).open(path).map_err(io(path))?;
+    file.set_len(at)
+        .and_then(|()| file.sync_all())
+        .map_err(io(path))
+}
+
+/// Keeps the `bytes` of a torn tail at `at` of `path` beside it (`<name>.cut-at-<at>`, owner
+/// only: it may hold events) before they are cut, and says so: a cut is never silent.
+fn keep_cut(path: &Path, at: u64, bytes: u64) -> Result<(), OpenError> {
+    use std::io::{Read, Seek};
+    let name = path
+        .file_name()
+        .map_or_else(|| "segment".into(), |name| name.to_string_lossy());
+    let side = path.with_file_name(format!("{name}.cut-at-{at}"));
+    let copy = || -> std::io::Result<()> {
+        let mut from = File::open(path)?;
+        from.seek(std::io::SeekFrom::Start(at))?;
+        oncegate_files::create_private(&side)?;
+        let mut to = File::options().write(true).truncate(true).open(&side)?;
+        std::io::copy(&mut from.take(bytes), &mut to)?;
+        to.sync_all()?;
+        if let Some(dir) = side.parent() {
+            crate::writer::sync_dir(dir)?;
+        }
+        Ok(())
+    };
+    copy().map_err(io(&side))?;
+    tracing::warn!(
+        segment = %path.display(),
+        at,
+        bytes,
+        kept = %side.display(),
+        "the journal's last write was torn by a crash: its {bytes} bytes from byte {at} were never \
+         acknowledged and are cut (the platform sends those events again); the cut bytes are kept \
+         beside the segment"
+    );
+    Ok(())
 }
 
 /// Builds before segments were created under a temporary name could die between creating the
@@ -478,6 +535,7 @@ fn replay<C: Clock, J: oncegate_memory::Journal>(
         Entry::End(count) => Err(format!(
             "the snapshot says {count} changes but holds {changes}"
         )),
+        Entry::Batch(_) => Ok(()),
     })
     .map_err(io(path))?
     .map_err(|message| corrupt(path, &message))?;

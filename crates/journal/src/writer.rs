@@ -29,6 +29,9 @@ pub(crate) type SnapshotSource = Box<dyn Fn(&mut dyn FnMut(&Change<'_>)) -> bool
 struct Pending {
     bytes: Vec<u8>,
     closing: bool,
+    /// Batches begun: every batch starts with a mark of its number, so that opening can tell
+    /// the end of the last batch (what a crash can tear) from damage before it.
+    batches: u64,
 }
 
 /// What callers and the writer thread share.
@@ -250,6 +253,17 @@ impl Journal for FileJournal {
     fn append(&self, change: &Change<'_>) {
         let mut pending = lock(&self.inner.pending);
         let was_empty = pending.bytes.is_empty();
+        if was_empty {
+            // The writer takes everything pending as one batch: this change starts the next.
+            pending.batches += 1;
+            let mark = EntryRef::Batch(pending.batches);
+            if let Err(error) = frame::encode(&mark, &mut pending.bytes) {
+                drop(pending);
+                self.inner
+                    .fail(format!("a batch mark did not encode: {error}"));
+                return;
+            }
+        }
         if let Err(error) = frame::encode(&EntryRef::Change(change), &mut pending.bytes) {
             drop(pending);
             self.inner.fail(format!("a change did not encode: {error}"));
