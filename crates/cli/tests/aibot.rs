@@ -491,6 +491,57 @@ async fn a_streamed_reply_arrives_in_order_under_one_id_and_a_repeat_starts_noth
     );
 }
 
+/// A reply WeCom refused never reached the user: its event is left retryable, not completed,
+/// so that a repeat of the message runs the handler again and is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_that_never_reached_wecom_leaves_its_message_retryable() {
+    let server = LocalAiBot::start(BOT, SECRET).await.expect("server");
+    let calls = Arc::new(AtomicUsize::new(0));
+    let handler = streaming_handler(calls.clone()).await;
+    let dir = tempfile::tempdir().expect("dir");
+    let store = format!(
+        "backend = \"embedded\"\npath = \"{}\"",
+        dir.path().join("store").display()
+    );
+    let route = format!(
+        "[[route]]\nevents = [\"message.*\"]\nsink = \"http\"\nurl = \"{handler}\"\nreply = true\ntimeout = \"30s\"\n"
+    );
+    let config = config(dir.path(), &store, server.url())
+        .replace("[[route]]", &format!("{route}\n[[route]]"));
+    let gateway = Serve::start_with(dir.path(), &config);
+    assert!(
+        server.wait_for_subscribes(1, Duration::from_secs(15)).await,
+        "{}",
+        gateway.stderr()
+    );
+    server.refuse_commands(Some(846_605));
+    let body = message(7);
+    let first = server.push(frame::MESSAGE, &body);
+    wait_until("the refused reply", Duration::from_secs(20), || {
+        !sent(&server, &first).is_empty() && calls.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    // The handler's run ends (its stream refused at the first frame) and its event is settled.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    server.refuse_commands(None);
+    let repeat = server.push(frame::MESSAGE, &body);
+    wait_until("the repeat answered", Duration::from_secs(20), || {
+        sent(&server, &repeat)
+            .last()
+            .is_some_and(|f| f["body"]["stream"]["finish"] == true)
+    })
+    .await;
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "{}", gateway.stderr());
+    let (_, metrics) = gateway.admin_get("/metrics").await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("oncegate_ws_replies_total{")
+                && l.contains("result=\"reply_not_sent\"")),
+        "{metrics}"
+    );
+}
+
 const CALLER_TOKEN: &str = "e2e-caller-token";
 
 /// `POST /send/bot` with `key`: the status, the answer and whether it was a stored one.
@@ -582,4 +633,51 @@ async fn a_proactive_send_goes_out_once_over_the_leaders_connection() {
             .is_some_and(|e| e.contains("chatid")),
         "{answer}"
     );
+}
+
+/// `aibot_send_msg` has no key WeCom would drop a second copy by: a send whose answer never
+/// came is settled as unknown, and retries with its key send nothing and say so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_of_unknown_outcome_is_never_sent_again_by_its_key() {
+    let server = LocalAiBot::start(BOT, SECRET).await.expect("server");
+    let dir = tempfile::tempdir().expect("dir");
+    let store = format!(
+        "backend = \"embedded\"\npath = \"{}\"",
+        dir.path().join("store").display()
+    );
+    let caller = format!(
+        "[api]\nlisten = \"127.0.0.1:0\"\n\n[[api.caller]]\nname = \"ops\"\ntoken = \"{CALLER_TOKEN}\"\n"
+    );
+    let gateway = Serve::start_with(
+        dir.path(),
+        &format!("{caller}{}", config(dir.path(), &store, server.url())),
+    );
+    assert!(server.wait_for_subscribes(1, Duration::from_secs(15)).await);
+    server.mute_commands(true);
+    let body = serde_json::json!({
+        "chatid": "wrchat1",
+        "chat_type": 2,
+        "msgtype": "markdown",
+        "markdown": {"content": "deploy **done**"},
+    });
+    let (status, answer, replayed) = send(&gateway, "unknown-1", &body).await;
+    assert_eq!((status, replayed), (504, false), "{answer}");
+    assert_eq!(answer["outcome"], "unknown", "{answer}");
+    server.mute_commands(false);
+    for _ in 0..2 {
+        let (status, again, replayed) = send(&gateway, "unknown-1", &body).await;
+        assert_eq!((status, replayed), (504, true), "{again}");
+        assert!(
+            again["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("never sends it again")),
+            "{again}"
+        );
+    }
+    let sends = server
+        .received()
+        .into_iter()
+        .filter(|frame| frame["cmd"] == "aibot_send_msg")
+        .count();
+    assert_eq!(sends, 1, "one message on the wire");
 }

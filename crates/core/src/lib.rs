@@ -30,9 +30,9 @@ pub use record::{
     StoreStats, WatermarkOutcome,
 };
 pub use source::{
-    Accepted, Admit, Callback, Decoded, Headers, Inlet, Keys, Method, Refusal, RefusalKind,
-    Replied, Reply, SealedRequest, Sealer, Stamp, SyntheticMembership, SyntheticMessage, Updates,
-    Versions, WebhookSource,
+    Accepted, Admit, Callback, Decoded, Deliver, Headers, Inlet, Keys, Method, Refusal,
+    RefusalKind, Replied, Reply, SealedRequest, Sealer, Sent, Stamp, SyntheticMembership,
+    SyntheticMessage, Updates, Versions, WebhookSource,
 };
 pub use store::{
     ClaimedDelivery, DedupStore, EventQueue, RateStore, Store, StoreError, WatermarkStore,

@@ -412,14 +412,17 @@ pub trait Inlet: Send + Sync + 'static {
     /// event run before, or running now, starts nothing: [`Replied::Repeat`]. The reply is
     /// counted in `budgets` (bucket names within the app, as `/send` names its own, and their
     /// rates: the platform's per-conversation limit, which sends share) before the handler runs.
+    /// The handler's answer goes to `deliver`, and the event is settled by what it says: done
+    /// once the answer reached the platform (or may have), retryable when it did not.
     fn reply(
         &self,
         admit: Admit,
         deadline: std::time::Duration,
         budgets: Vec<(String, crate::Rate)>,
         updates: Updates,
+        deliver: Deliver,
     ) -> impl Future<Output = Result<Replied, Refusal>> + Send {
-        let _ = (admit, deadline, budgets, updates);
+        let _ = (admit, deadline, budgets, updates, deliver);
         async {
             Err(Refusal::new(
                 RefusalKind::Unavailable,
@@ -435,6 +438,25 @@ pub trait Inlet: Send + Sync + 'static {
 
 /// Where the pieces of a streamed answer go as they come (each a piece of content to append).
 pub type Updates = std::sync::Arc<dyn Fn(Bytes) + Send + Sync>;
+
+/// Sends a replying event's whole answer (after its pieces went to [`Updates`]) over the
+/// transport and says whether it reached the platform; called at most once, after the handler
+/// answered and before the event's claim is settled.
+pub type Deliver =
+    Box<dyn FnOnce(Option<Bytes>) -> std::pin::Pin<Box<dyn Future<Output = Sent> + Send>> + Send>;
+
+/// Whether a replying event's answer reached the platform: how its claim is settled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sent {
+    /// The platform took it: the event is done.
+    Yes,
+    /// It went out and no answer came: it may be on the user's screen, so it is not sent
+    /// again and the event is done (said in the log).
+    Unknown,
+    /// It never reached the platform (no connection took it, or the platform refused it): the
+    /// event stays retryable, so that a repeat of it is answered.
+    No,
+}
 
 /// How a replying event's handler run ended.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -36,6 +36,11 @@ pub struct Prepared {
     /// started at least this long after the previous one's answer, so that they arrive that
     /// far apart however late each was.
     pub pace: Option<(String, std::time::Duration)>,
+    /// Whether the platform drops a second copy of this message (Feishu's `uuid`, WeCom's
+    /// duplicate check): after an unknown outcome, a retry with the same key may call again.
+    /// Without it (an AI bot's `aibot_send_msg` has no such key), an unknown outcome settles
+    /// the key: a retry would put a second message on the user's screen.
+    pub repeat_safe: bool,
     outgoing: Outgoing,
 }
 
@@ -123,6 +128,7 @@ impl Api {
                 ]);
                 Ok(Prepared {
                     payload,
+                    repeat_safe: true,
                     pace: Some((bucket.clone(), FEISHU_PACE)),
                     budgets: vec![(bucket, FEISHU_RECEIVER), ("app".into(), FEISHU_APP)],
                     edit_of: message.update_of.clone(),
@@ -136,8 +142,13 @@ impl Api {
                     .map(|member| (format!("member:{member}"), WECOM_MEMBER))
                     .collect();
                 budgets.push(("app".into(), WECOM_APP));
+                let checked = message
+                    .body
+                    .get("enable_duplicate_check")
+                    .is_some_and(|on| on.as_i64() == Some(1) || on.as_bool() == Some(true));
                 Ok(Prepared {
                     payload: message.body.clone(),
+                    repeat_safe: checked,
                     budgets,
                     edit_of: None,
                     // WeCom counts per minute: the budget's slack covers arrival jitter.
@@ -149,6 +160,7 @@ impl Api {
                 let message = api.prepare(body)?;
                 Ok(Prepared {
                     payload: message.body.clone(),
+                    repeat_safe: false,
                     budgets: AiBotApi::budgets(&message),
                     edit_of: None,
                     pace: None,

@@ -69,6 +69,8 @@ impl<I: Inlet> AiBotConnection<I> {
                 inlet,
                 status: Arc::new(Status::default()),
                 outbound: Arc::new(crate::Outbound::default()),
+                replies: connection::Replies::default(),
+                held: Arc::new(tokio::sync::Semaphore::new(connection::HELD_BYTES)),
             }),
         })
     }

@@ -20,12 +20,14 @@ use crate::{Inlet, Settings, Status};
 
 /// Commands waiting for the socket.
 const OUTBOX: usize = 1024;
-/// Callbacks waiting in one lane.
-const LANE_DEPTH: usize = 256;
 /// A write that takes longer is a dead connection.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Replies being answered at once per connection.
+/// Replies being answered at once per bot.
 const REPLIES_AT_ONCE: usize = 64;
+/// The bytes of callbacks read from the bot's sockets and not yet admitted or answered: the
+/// reader reads on (pongs, other chats' messages) while handlers and the store are slow, and
+/// waits only past this.
+pub(crate) const HELD_BYTES: usize = 64 << 20;
 /// Attempts at admitting a callback while the store is unavailable: WeCom is not known to send
 /// a callback again, so one that is not admitted is lost.
 const ADMIT_ATTEMPTS: u32 = 8;
@@ -46,13 +48,17 @@ pub(crate) enum End {
     },
 }
 
-/// What one bot's connections share with their lanes.
+/// What one bot's connections share with their lanes and replies (which outlive the
+/// connection their callback came on).
 pub(crate) struct Context<I> {
     pub(crate) bot: AiBot,
     pub(crate) settings: Settings,
     pub(crate) inlet: Arc<I>,
     pub(crate) status: Arc<Status>,
     pub(crate) outbound: Arc<crate::Outbound>,
+    pub(crate) replies: Replies,
+    /// Bytes of callbacks held ([`HELD_BYTES`]).
+    pub(crate) held: Arc<tokio::sync::Semaphore>,
 }
 
 impl<I: Inlet> Context<I> {
@@ -87,27 +93,21 @@ where
     }
     context.status.opened();
     let (outbox, letters) = mpsc::channel::<String>(OUTBOX);
-    let missed = Arc::new(AtomicU32::new(0));
+    let watchdog = Arc::new(Watchdog::default());
     let ended = CancellationToken::new();
     let writer = tokio::spawn(write(
         sink,
         letters,
         context.settings.clone(),
-        missed.clone(),
+        watchdog.clone(),
         ended.clone(),
     ));
-    let replying = Replying {
-        outbox: outbox.clone(),
-        pending: Arc::new(Pending::default()),
-        permits: Arc::new(tokio::sync::Semaphore::new(REPLIES_AT_ONCE)),
-        turns: std::sync::Mutex::default(),
-    };
-    let held = context
-        .outbound
-        .hold(outbox.clone(), replying.pending.clone());
-    let lanes: Vec<mpsc::Sender<Admit>> = (0..context.settings.lanes.max(1))
+    let pending = Arc::new(Pending::default());
+    let held = context.outbound.hold(outbox.clone(), pending.clone());
+    // Bounded by the bytes they hold (`held`), not by a count the reader would wait on.
+    let lanes: Vec<mpsc::UnboundedSender<Taken>> = (0..context.settings.lanes.max(1))
         .map(|_| {
-            let (lane, work) = mpsc::channel(LANE_DEPTH);
+            let (lane, work) = mpsc::unbounded_channel();
             tokio::spawn(admit_in_order(context.clone(), work));
             lane
         })
@@ -122,6 +122,10 @@ where
                 detail: "a write failed or timed out".into(),
             },
         };
+        if let Some(Ok(_)) = &message {
+            // Any frame read shows the connection alive, a pong or not.
+            watchdog.alive();
+        }
         let text = match message {
             None => break lost("closed", "the server ended the stream".into()),
             Some(Err(error)) => break lost("socket_error", error.to_string()),
@@ -155,11 +159,11 @@ where
             break End::Kicked;
         }
         if frame.is_callback() {
-            callback(&context, &frame, &lanes, &replying).await;
+            callback(&context, &frame, &lanes, &watchdog).await;
             continue;
         }
         if frame.cmd.is_none() {
-            if let Some(end) = answered(&context, frame, &missed, &replying.pending) {
+            if let Some(end) = answered(&context, frame, &pending) {
                 break end;
             }
             continue;
@@ -172,6 +176,9 @@ where
     context.outbound.release(held);
     ended.cancel();
     drop(outbox);
+    // Commands awaiting an answer on this connection will get none: told at once, so that a
+    // reply goes out again on the next connection instead of waiting out its answer time.
+    reply::lock(&pending).clear();
     let end = match writer.await {
         Ok(Some(why)) if matches!(end, End::Lost { .. }) => why,
         _ => end,
@@ -247,20 +254,28 @@ where
     }
 }
 
-/// What a connection answers replying events with.
-struct Replying {
-    outbox: mpsc::Sender<String>,
-    pending: Arc<Pending>,
+/// Replies of one bot in flight: bounded in number, one conversation's in the order its
+/// messages came, on whichever connection is subscribed when they are answered.
+pub(crate) struct Replies {
     permits: Arc<tokio::sync::Semaphore>,
     /// Per conversation, when its latest reply is done: the next one waits for it, so that one
     /// conversation's answers go out in the order its messages came.
     turns: std::sync::Mutex<std::collections::HashMap<u64, tokio::sync::oneshot::Receiver<()>>>,
 }
 
+impl Default for Replies {
+    fn default() -> Self {
+        Self {
+            permits: Arc::new(tokio::sync::Semaphore::new(REPLIES_AT_ONCE)),
+            turns: std::sync::Mutex::default(),
+        }
+    }
+}
+
 /// Conversations whose turns are remembered before finished ones are swept.
 const TURNS: usize = 4_096;
 
-impl Replying {
+impl Replies {
     /// The turn of a new reply in conversation `chat`: what to wait for (the reply before it),
     /// and what to drop when done.
     fn turn(
@@ -287,15 +302,37 @@ impl Replying {
     }
 }
 
+/// Whether the connection is alive: pings unanswered since the last frame read, and whether
+/// the reader is waiting on this gateway (the bytes it holds) rather than on the socket, when
+/// silence is no sign of a dead connection.
+#[derive(Default)]
+struct Watchdog {
+    missed: AtomicU32,
+    paused: std::sync::atomic::AtomicBool,
+}
+
+impl Watchdog {
+    fn alive(&self) {
+        self.missed.store(0, Ordering::Relaxed);
+    }
+
+    /// A ping goes out: the pings unanswered before it (none while the reader is paused).
+    fn ping(&self) -> u32 {
+        if self.paused.load(Ordering::Relaxed) {
+            self.missed.store(0, Ordering::Relaxed);
+            return 0;
+        }
+        self.missed.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// A callback taken from the socket, with the bytes it holds.
+type Taken = (Admit, tokio::sync::OwnedSemaphorePermit);
+
 /// An answer to a command of ours: a ping's clears the watchdog, a reply's goes to the reply
 /// waiting for it; "not subscribed" ends the connection, so that it is dialled and subscribed
 /// anew.
-fn answered<I: Inlet>(
-    context: &Context<I>,
-    frame: Incoming,
-    missed: &AtomicU32,
-    pending: &Pending,
-) -> Option<End> {
+fn answered<I: Inlet>(context: &Context<I>, frame: Incoming, pending: &Pending) -> Option<End> {
     let waiting = pending
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -319,20 +356,20 @@ fn answered<I: Inlet>(
     }
     if frame.headers.req_id.starts_with(frame::PING) {
         context.count("pong");
-        if frame.errcode == Some(0) {
-            missed.store(0, Ordering::Relaxed);
-        }
         return None;
     }
     context.count("answer");
     None
 }
 
+/// Parses a callback and hands it on without waiting for handlers or the store: to its
+/// chat's lane, or to a reply task of its own. The reader waits only when the callbacks held
+/// reach [`HELD_BYTES`], and the watchdog knows it.
 async fn callback<I: Inlet>(
     context: &Arc<Context<I>>,
     frame: &Incoming,
-    lanes: &[mpsc::Sender<Admit>],
-    replying: &Replying,
+    lanes: &[mpsc::UnboundedSender<Taken>],
+    watchdog: &Watchdog,
 ) {
     context.count(if frame.cmd.as_deref() == Some(frame::MESSAGE) {
         "message"
@@ -343,46 +380,56 @@ async fn callback<I: Inlet>(
         Ok(body) => body,
         Err(error) => return context.garbage(error.label(), &error.to_string()),
     };
-    match context.bot.admit(Bytes::copy_from_slice(body.as_bytes())) {
-        Ok(admit) if context.inlet.replies(&admit.event.event_type) => {
-            // Answered by its handler, which may take minutes: beside the lanes, bounded, and
-            // after the conversation's reply before it.
-            let Ok(permit) = replying.permits.clone().acquire_owned().await else {
+    let admit = match context.bot.admit(Bytes::copy_from_slice(body.as_bytes())) {
+        Ok(admit) => admit,
+        Err(error) => return context.garbage("bad_callback", &error.to_string()),
+    };
+    let size = u32::try_from(body.len().clamp(1, HELD_BYTES)).unwrap_or(u32::MAX);
+    let bytes = match context.held.clone().try_acquire_many_owned(size) {
+        Ok(bytes) => bytes,
+        Err(_) => {
+            watchdog.paused.store(true, Ordering::Relaxed);
+            let bytes = context.held.clone().acquire_many_owned(size).await;
+            watchdog.paused.store(false, Ordering::Relaxed);
+            watchdog.alive();
+            match bytes {
+                Ok(bytes) => bytes,
+                Err(_) => return,
+            }
+        }
+    };
+    if context.inlet.replies(&admit.event.event_type) {
+        // Answered by its handler, which may take minutes: beside the lanes, bounded, and
+        // after the conversation's reply before it.
+        let context = context.clone();
+        let req_id = frame.headers.req_id.clone();
+        let (before, done) = context.replies.turn(admit.event.order_hash());
+        tokio::spawn(async move {
+            if let Some(before) = before {
+                let _ = before.await;
+            }
+            let Ok(permit) = context.replies.permits.clone().acquire_owned().await else {
                 return;
             };
-            let (context, outbox, pending) = (
-                context.clone(),
-                replying.outbox.clone(),
-                replying.pending.clone(),
-            );
-            let req_id = frame.headers.req_id.clone();
-            let (before, done) = replying.turn(admit.event.order_hash());
-            tokio::spawn(async move {
-                // One conversation's replies one after another, in the order its messages came.
-                if let Some(before) = before {
-                    let _ = before.await;
-                }
-                reply::answer(context, admit, req_id, outbox, pending).await;
-                drop(done);
-                drop(permit);
-            });
-        }
-        Ok(admit) => {
-            let lane = (admit.event.order_hash() % lanes.len() as u64) as usize;
-            // A full lane holds the reader back: backpressure, not loss.
-            let _ = lanes[lane].send(admit).await;
-        }
-        Err(error) => context.garbage("bad_callback", &error.to_string()),
+            reply::answer(context, admit, req_id).await;
+            drop((done, permit, bytes));
+        });
+    } else {
+        let lane = (admit.event.order_hash() % lanes.len() as u64) as usize;
+        let _ = lanes[lane].send((admit, bytes));
     }
 }
 
 /// Admits one lane's callbacks one after another. The store's outage is waited out for a while
 /// (the gateway spools what it cannot admit); a callback still refused is counted and said.
-async fn admit_in_order<I: Inlet>(context: Arc<Context<I>>, mut work: mpsc::Receiver<Admit>) {
+async fn admit_in_order<I: Inlet>(
+    context: Arc<Context<I>>,
+    mut work: mpsc::UnboundedReceiver<Taken>,
+) {
     let source = context.settings.source.clone();
     let admitted =
         metrics::counter!("oncegate_ws_acks_total", "source" => source.clone(), "code" => "200");
-    while let Some(admit) = work.recv().await {
+    while let Some((admit, _bytes)) = work.recv().await {
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -420,7 +467,7 @@ async fn write<W>(
     mut sink: W,
     mut letters: mpsc::Receiver<String>,
     settings: Settings,
-    missed: Arc<AtomicU32>,
+    watchdog: Arc<Watchdog>,
     ended: CancellationToken,
 ) -> Option<End>
 where
@@ -436,7 +483,7 @@ where
             },
             _ = tokio::time::sleep_until(next_ping) => {
                 next_ping = tokio::time::Instant::now() + settings.ping_every;
-                let unanswered = missed.fetch_add(1, Ordering::Relaxed);
+                let unanswered = watchdog.ping();
                 if unanswered >= settings.missed_pings {
                     break Some(lost("silent", format!(
                         "{unanswered} pings in a row unanswered: taken for half-open"

@@ -50,6 +50,9 @@ pub struct Settings {
     /// How long a replying message's handler may run: WeCom ends a stream 6 minutes after its
     /// first frame, and the last frames need their time.
     pub stream_limit: Duration,
+    /// How long a reply whose connection ended waits for the next subscribed connection to go
+    /// out on; past it, the reply is not sent and its event stays retryable.
+    pub reply_wait: Duration,
 }
 
 impl std::fmt::Debug for Settings {
@@ -73,6 +76,7 @@ impl Settings {
             lanes: 64,
             connect_timeout: Duration::from_secs(15),
             stream_limit: STREAM_LIMIT,
+            reply_wait: Duration::from_secs(60),
         }
     }
 }

@@ -41,6 +41,10 @@ struct State {
     /// Connections whose subscription WeCom lost while their sockets live: every command of
     /// theirs is answered 846609.
     forgotten: std::collections::HashSet<u64>,
+    /// The errcode every command but subscribes and pings is answered with, when set.
+    refusing: Option<i64>,
+    /// Commands but subscribes and pings are recorded and never answered.
+    mute: bool,
 }
 
 struct Inner {
@@ -222,6 +226,18 @@ impl LocalAiBot {
         }
     }
 
+    /// Answers every command but subscribes and pings (replies, sends) with errcode `code`
+    /// (recording it all the same), or, with `None`, with success again.
+    pub fn refuse_commands(&self, code: Option<i64>) {
+        self.inner.state().refusing = code;
+    }
+
+    /// Records every command but subscribes and pings and leaves it unanswered (WeCom slow
+    /// beyond the client's wait), or answers them again.
+    pub fn mute_commands(&self, mute: bool) {
+        self.inner.state().mute = mute;
+    }
+
     /// Waits until `n` subscribes succeeded in all, or `within` passed.
     pub async fn wait_for_subscribes(&self, n: usize, within: Duration) -> bool {
         let deadline = tokio::time::Instant::now() + within;
@@ -396,6 +412,12 @@ fn command(
                 state.received.push(value);
             }
             inner.changed.notify_waiters();
+            if state.mute {
+                return None;
+            }
+            if let Some(code) = state.refusing {
+                return Some(frame::answer(req_id, code, "refused by the local server"));
+            }
             Some(match subscribed {
                 true => frame::answer(req_id, 0, "ok"),
                 false => frame::answer(

@@ -2,10 +2,11 @@
 //! the connection registers itself while it lives; a send without one is refused at once, so
 //! that the caller retries (with the same key) where the connection is held.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::Value;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use crate::frame;
 use crate::reply::{Pending, send_awaited};
@@ -32,17 +33,26 @@ pub enum OutboundError {
     Unknown(String),
 }
 
-struct Holder {
-    generation: u64,
-    outbox: mpsc::Sender<String>,
-    pending: Arc<Pending>,
+#[derive(Clone)]
+pub(crate) struct Holder {
+    pub(crate) generation: u64,
+    pub(crate) outbox: mpsc::Sender<String>,
+    pub(crate) pending: Arc<Pending>,
 }
 
 /// Where a bot's own commands go: the subscribed connection, if any.
-#[derive(Default)]
 pub struct Outbound {
-    holder: Mutex<Option<Holder>>,
+    holder: watch::Sender<Option<Holder>>,
     generations: std::sync::atomic::AtomicU64,
+}
+
+impl Default for Outbound {
+    fn default() -> Self {
+        Self {
+            holder: watch::Sender::new(None),
+            generations: std::sync::atomic::AtomicU64::default(),
+        }
+    }
 }
 
 impl std::fmt::Debug for Outbound {
@@ -54,15 +64,9 @@ impl std::fmt::Debug for Outbound {
 }
 
 impl Outbound {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Holder>> {
-        self.holder
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
     /// Whether a connection is subscribed now.
     pub fn is_held(&self) -> bool {
-        self.lock().is_some()
+        self.holder.borrow().is_some()
     }
 
     /// A subscribed connection takes the commands; the number it returns lets it go.
@@ -70,27 +74,47 @@ impl Outbound {
         let generation = self
             .generations
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        *self.lock() = Some(Holder {
+        self.holder.send_replace(Some(Holder {
             generation,
             outbox,
             pending,
-        });
+        }));
         generation
     }
 
     /// The connection `generation` ended.
     pub(crate) fn release(&self, generation: u64) {
-        let mut holder = self.lock();
-        if holder.as_ref().is_some_and(|h| h.generation == generation) {
-            *holder = None;
+        self.holder.send_if_modified(|holder| {
+            let ended = holder.as_ref().is_some_and(|h| h.generation == generation);
+            if ended {
+                *holder = None;
+            }
+            ended
+        });
+    }
+
+    /// The subscribed connection, other than `not` (one a command just failed on), waiting up
+    /// to `wait` for one: a reply that outlived its connection goes out on the next.
+    pub(crate) async fn current(&self, not: Option<u64>, wait: Duration) -> Option<Holder> {
+        let mut watching = self.holder.subscribe();
+        let found = tokio::time::timeout(
+            wait,
+            watching.wait_for(|holder| holder.as_ref().is_some_and(|h| Some(h.generation) != not)),
+        )
+        .await;
+        match found {
+            Ok(Ok(holder)) => holder.clone(),
+            _ => None,
         }
     }
 
     /// Sends command `cmd` with `body` and waits for WeCom's answer.
     pub async fn send(&self, cmd: &str, body: Value) -> Result<Value, OutboundError> {
-        let (outbox, pending) = match &*self.lock() {
-            Some(holder) => (holder.outbox.clone(), holder.pending.clone()),
-            None => return Err(OutboundError::NotHeld),
+        let Some(Holder {
+            outbox, pending, ..
+        }) = self.holder.borrow().clone()
+        else {
+            return Err(OutboundError::NotHeld);
         };
         let req_id = frame::req_id(cmd);
         let text = frame::command(cmd, &req_id, Some(body));
@@ -100,7 +124,9 @@ impl Outbound {
                 Err(OutboundError::Refused { code, message })
             }
             Err(crate::reply::NotAnswered::NotSent(_)) => Err(OutboundError::NotHeld),
-            Err(crate::reply::NotAnswered::Unknown(why)) => Err(OutboundError::Unknown(why)),
+            Err(crate::reply::NotAnswered::Unknown(why) | crate::reply::NotAnswered::Cut(why)) => {
+                Err(OutboundError::Unknown(why))
+            }
         }
     }
 }

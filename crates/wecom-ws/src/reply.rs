@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use oncegate_core::{Admit, KeyHash, Rate, Replied, Updates};
+use oncegate_core::{Admit, Deliver, KeyHash, Rate, Replied, Sent, Updates};
 use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 
@@ -43,6 +43,9 @@ pub const CONVERSATION_BUDGETS: [Rate; 2] = [
     },
 ];
 
+/// Connections a reply frame is tried on.
+const FRAME_TRIES: u32 = 3;
+
 /// Why a command got no success answer.
 #[derive(Debug, Clone)]
 pub(crate) enum NotAnswered {
@@ -50,14 +53,19 @@ pub(crate) enum NotAnswered {
     NotSent(String),
     /// WeCom answered with an error.
     Refused { code: i64, message: String },
-    /// It went out and no answer came (in time, or before the connection ended).
+    /// It went out and no answer came in time.
     Unknown(String),
+    /// It was handed to a connection that ended before WeCom answered: it may not have gone
+    /// out.
+    Cut(String),
 }
 
 impl std::fmt::Display for NotAnswered {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            NotAnswered::NotSent(why) | NotAnswered::Unknown(why) => f.write_str(why),
+            NotAnswered::NotSent(why) | NotAnswered::Unknown(why) | NotAnswered::Cut(why) => {
+                f.write_str(why)
+            }
             NotAnswered::Refused { code, message } => {
                 write!(f, "WeCom answered errcode {code}: {message:?}")
             }
@@ -93,7 +101,7 @@ pub(crate) async fn send_awaited(
     match tokio::time::timeout(ANSWER_WAIT, told).await {
         Ok(Ok((0, _))) => Ok(()),
         Ok(Ok((code, message))) => Err(NotAnswered::Refused { code, message }),
-        Ok(Err(_)) => Err(NotAnswered::Unknown(
+        Ok(Err(_)) => Err(NotAnswered::Cut(
             "the connection ended before WeCom answered".into(),
         )),
         Err(_) => {
@@ -105,7 +113,7 @@ pub(crate) async fn send_awaited(
     }
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -121,10 +129,41 @@ fn kind_of(event_type: &str, stream_limit: Duration) -> (&'static str, Duration)
     }
 }
 
+/// Sends one reply frame over whichever connection is subscribed, waiting for one while there
+/// is none. A frame that never went out is sent on the next connection; one whose connection
+/// ended before WeCom answered is sent again only when `repeatable` (a stream frame: WeCom
+/// replaces the content under its id, so a second copy changes nothing).
+async fn send_reply_frame(
+    outbound: &crate::Outbound,
+    wait: Duration,
+    req_id: &str,
+    text: &str,
+    repeatable: bool,
+) -> Result<(), NotAnswered> {
+    let mut failed_on = None;
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let Some(holder) = outbound.current(failed_on, wait).await else {
+            return Err(NotAnswered::NotSent(format!(
+                "no connection of the bot was subscribed within {} ms",
+                wait.as_millis()
+            )));
+        };
+        match send_awaited(&holder.outbox, &holder.pending, req_id, text.to_owned()).await {
+            Err(NotAnswered::NotSent(_)) if tries < FRAME_TRIES => {}
+            Err(NotAnswered::Cut(_)) if repeatable && tries < FRAME_TRIES => {}
+            other => return other,
+        }
+        failed_on = Some(holder.generation);
+    }
+}
+
 /// One stream's frames, pushed one at a time.
 struct Stream<'a> {
-    outbox: &'a mpsc::Sender<String>,
-    pending: &'a Pending,
+    outbound: &'a crate::Outbound,
+    /// How long a frame waits for a subscribed connection.
+    wait: Duration,
     req_id: &'a str,
     id: String,
     content: String,
@@ -145,7 +184,8 @@ impl Stream<'_> {
         });
         let text = frame::command(frame::RESPOND, self.req_id, Some(body));
         self.frames += 1;
-        if let Err(why) = send_awaited(self.outbox, self.pending, self.req_id, text).await {
+        if let Err(why) = send_reply_frame(self.outbound, self.wait, self.req_id, &text, true).await
+        {
             self.failed = Some(why);
         }
     }
@@ -159,16 +199,39 @@ impl Stream<'_> {
         }
         self.content.push_str(&piece[..cut]);
     }
+
+    /// Sends the handler's whole answer (`cmd`'s frame, or the last frame of the stream) and
+    /// says whether it reached WeCom.
+    async fn finish(&mut self, cmd: &str, answer: Option<Bytes>) -> Sent {
+        if self.frames > 0 {
+            self.push(true).await;
+        } else if let Some(answer) = answer {
+            match whole_answer(cmd, self.req_id, &answer) {
+                Some(text) => {
+                    if let Err(why) =
+                        send_reply_frame(self.outbound, self.wait, self.req_id, &text, false).await
+                    {
+                        self.failed = Some(why);
+                    }
+                }
+                None => {
+                    self.append(&answer);
+                    self.push(true).await;
+                }
+            }
+        }
+        match &self.failed {
+            None => Sent::Yes,
+            Some(NotAnswered::NotSent(_) | NotAnswered::Refused { .. }) => Sent::No,
+            Some(NotAnswered::Unknown(_) | NotAnswered::Cut(_)) => Sent::Unknown,
+        }
+    }
 }
 
-/// Answers one replying event: runs its handler through the inlet and sends what it answered.
-pub(crate) async fn answer<I: Inlet>(
-    context: Arc<Context<I>>,
-    admit: Admit,
-    req_id: String,
-    outbox: mpsc::Sender<String>,
-    pending: Arc<Pending>,
-) {
+/// Answers one replying event: runs its handler through the inlet and sends what it answered,
+/// on the bot's subscribed connection (the next one, if the callback's has ended meanwhile).
+/// The handler's claim is settled by whether the answer reached WeCom.
+pub(crate) async fn answer<I: Inlet>(context: Arc<Context<I>>, admit: Admit, req_id: String) {
     let source = context.settings.source.clone();
     let (cmd, deadline) = kind_of(&admit.event.event_type, context.settings.stream_limit);
     let budgets = admit
@@ -182,11 +245,23 @@ pub(crate) async fn answer<I: Inlet>(
     let updates: Updates = Arc::new(move |piece| {
         let _ = pieces.send(piece);
     });
+    let (answered, mut answer) = oneshot::channel::<Option<Bytes>>();
+    let (tell_sent, sent) = oneshot::channel::<Sent>();
+    let deliver: Deliver = Box::new(move |whole| {
+        Box::pin(async move {
+            if answered.send(whole).is_err() {
+                return Sent::No;
+            }
+            sent.await.unwrap_or(Sent::No)
+        })
+    });
     let event_id = admit.event.event_id.clone();
-    let run = context.inlet.reply(admit, deadline, budgets, updates);
+    let run = context
+        .inlet
+        .reply(admit, deadline, budgets, updates, deliver);
     let mut stream = Stream {
-        outbox: &outbox,
-        pending: &pending,
+        outbound: &context.outbound,
+        wait: context.settings.reply_wait,
         req_id: &req_id,
         id: stream_id,
         content: String::new(),
@@ -194,45 +269,40 @@ pub(crate) async fn answer<I: Inlet>(
         failed: None,
     };
     // The pieces are pushed while the handler runs; those that come while a frame waits for
-    // WeCom's answer go out together in the next.
+    // WeCom's answer go out together in the next. The whole answer follows its pieces.
     let push = async {
-        while let Some(piece) = taken.recv().await {
-            stream.append(&piece);
-            while let Ok(more) = taken.try_recv() {
-                stream.append(&more);
+        let mut open = true;
+        let whole = loop {
+            tokio::select! {
+                biased;
+                piece = taken.recv(), if open => match piece {
+                    Some(piece) => {
+                        stream.append(&piece);
+                        while let Ok(more) = taken.try_recv() {
+                            stream.append(&more);
+                        }
+                        stream.push(false).await;
+                    }
+                    None => open = false,
+                },
+                whole = &mut answer => break whole.ok(),
             }
-            stream.push(false).await;
+        };
+        while let Ok(more) = taken.try_recv() {
+            stream.append(&more);
+        }
+        if let Some(whole) = whole {
+            let _ = tell_sent.send(stream.finish(cmd, whole).await);
         }
     };
     let (replied, ()) = tokio::join!(run, push);
-    let streamed = stream.frames > 0;
     let outcome = match replied {
         Ok(Replied::Repeat) => "repeat",
-        Ok(Replied::Answer(answer)) => {
-            if streamed {
-                stream.push(true).await;
-            } else if let Some(answer) = answer {
-                match whole_answer(cmd, &req_id, &answer) {
-                    Some(text) => {
-                        if let Err(why) = send_awaited(&outbox, &pending, &req_id, text).await {
-                            stream.failed = Some(why);
-                        }
-                    }
-                    None => {
-                        stream.append(&answer);
-                        stream.push(true).await;
-                    }
-                }
-            }
-            if stream.failed.is_some() {
-                "send_failed"
-            } else {
-                "sent"
-            }
-        }
+        Ok(Replied::Answer(_)) if stream.failed.is_some() => "send_failed",
+        Ok(Replied::Answer(_)) => "sent",
         Err(refusal) => {
             // What came is kept on the user's screen, finished rather than left spinning.
-            if streamed {
+            if stream.frames > 0 && stream.failed.is_none() {
                 stream.push(true).await;
             }
             context.inlet.note(
@@ -303,11 +373,10 @@ mod tests {
 
     #[test]
     fn content_is_cut_at_the_limit_on_a_character_boundary() {
-        let (outbox, _letters) = mpsc::channel(1);
-        let pending = Pending::default();
+        let outbound = crate::Outbound::default();
         let mut stream = Stream {
-            outbox: &outbox,
-            pending: &pending,
+            outbound: &outbound,
+            wait: Duration::ZERO,
             req_id: "R",
             id: "s".into(),
             content: String::new(),

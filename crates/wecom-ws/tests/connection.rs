@@ -255,6 +255,7 @@ impl Inlet for Streamer {
         deadline: Duration,
         budgets: Vec<(String, oncegate_core::Rate)>,
         updates: oncegate_core::Updates,
+        _: oncegate_core::Deliver,
     ) -> Result<oncegate_core::Replied, Refusal> {
         // The user's own conversation (a single chat), by the names /send counts under too.
         let names: Vec<&str> = budgets.iter().map(|(name, _)| name.as_str()).collect();
@@ -412,15 +413,21 @@ impl Inlet for Slow {
         _: Duration,
         _: Vec<(String, oncegate_core::Rate)>,
         updates: oncegate_core::Updates,
+        deliver: oncegate_core::Deliver,
     ) -> Result<oncegate_core::Replied, Refusal> {
         if &*admit.event.event_id == "slow" {
             updates(Bytes::from_static(b"thinking "));
             tokio::time::sleep(Duration::from_millis(400)).await;
         }
-        Ok(oncegate_core::Replied::Answer(Some(Bytes::from(format!(
-            "answer to {}",
-            admit.event.event_id
-        )))))
+        let answer = Bytes::from(format!("answer to {}", admit.event.event_id));
+        match deliver(Some(answer.clone())).await {
+            oncegate_core::Sent::No => Err(Refusal::new(
+                RefusalKind::Unavailable,
+                "reply_not_sent",
+                "not sent",
+            )),
+            _ => Ok(oncegate_core::Replied::Answer(Some(answer))),
+        }
     }
 
     fn note(&self, _: &'static str, _: &str) {}
@@ -475,4 +482,184 @@ async fn a_conversations_replies_go_out_in_the_order_of_its_messages() {
     );
     assert!(other < slow, "another conversation does not wait for wrA");
     stop.cancel();
+}
+
+/// Replies to every message once `open` says so; records what it admitted and what each
+/// answer's delivery said.
+#[derive(Default)]
+struct Gate {
+    open: tokio::sync::Notify,
+    opened: std::sync::atomic::AtomicBool,
+    running: std::sync::atomic::AtomicUsize,
+    admitted: Mutex<Vec<String>>,
+    sent: Mutex<Vec<(String, oncegate_core::Sent)>>,
+}
+
+impl Gate {
+    fn release(&self) {
+        self.opened.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.open.notify_waiters();
+    }
+
+    fn sent(&self) -> Vec<(String, oncegate_core::Sent)> {
+        self.sent.lock().expect("lock").clone()
+    }
+}
+
+impl Inlet for Gate {
+    async fn admit(&self, admit: Admit) -> Result<Accepted, Refusal> {
+        self.admitted
+            .lock()
+            .expect("lock")
+            .push(admit.event.event_id.to_string());
+        Ok(Accepted::Admitted)
+    }
+
+    async fn call(&self, _: Admit, _: Duration) -> Result<Option<Bytes>, Refusal> {
+        Ok(None)
+    }
+
+    fn replies(&self, event_type: &str) -> bool {
+        event_type.starts_with("message.")
+    }
+
+    async fn reply(
+        &self,
+        admit: Admit,
+        _: Duration,
+        _: Vec<(String, oncegate_core::Rate)>,
+        _: oncegate_core::Updates,
+        deliver: oncegate_core::Deliver,
+    ) -> Result<oncegate_core::Replied, Refusal> {
+        self.running
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        loop {
+            let opened = self.open.notified();
+            if self.opened.load(std::sync::atomic::Ordering::SeqCst) {
+                break;
+            }
+            opened.await;
+        }
+        let id = admit.event.event_id.to_string();
+        let answer = Bytes::from(format!("answer to {id}"));
+        let sent = deliver(Some(answer.clone())).await;
+        self.sent.lock().expect("lock").push((id, sent));
+        Ok(oncegate_core::Replied::Answer(Some(answer)))
+    }
+
+    fn note(&self, _: &'static str, _: &str) {}
+}
+
+fn gated(server: &LocalAiBot, inlet: Arc<Gate>, reply_wait: Duration) -> CancellationToken {
+    let mut settings = settings(server, SECRET);
+    settings.reply_wait = reply_wait;
+    let connection =
+        AiBotConnection::new(AiBot::new(BOT).expect("bot"), settings, inlet).expect("settings");
+    let stop = CancellationToken::new();
+    tokio::spawn({
+        let stop = stop.clone();
+        async move { connection.run(stop).await }
+    });
+    stop
+}
+
+/// The finished reply frames WeCom received for `req_id`.
+fn finished(server: &LocalAiBot, req_id: &str) -> usize {
+    server
+        .received()
+        .iter()
+        .filter(|f| f["headers"]["req_id"] == req_id && f["body"]["stream"]["finish"] == true)
+        .count()
+}
+
+/// 70 replies whose handlers all wait (more than the 64 that run at once): the socket is read
+/// on — another chat's event is admitted at once, pongs keep the connection alive — and when
+/// the connection is cut meanwhile, every answer goes out once on the next connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_replies_leave_the_socket_read_and_go_out_on_the_next_connection() {
+    let server = LocalAiBot::start(BOT, SECRET).await.expect("server");
+    let inlet = Arc::new(Gate::default());
+    let stop = gated(&server, inlet.clone(), Duration::from_secs(10));
+    assert!(server.wait_for_subscribes(1, Duration::from_secs(5)).await);
+    let req_ids: Vec<String> = (0..70)
+        .map(|n| {
+            let chat = format!("wr{n:03}");
+            let body = local::text_message(BOT, &format!("S{n:03}"), Some(&chat), "u", "hi");
+            server.push(frame::MESSAGE, &body)
+        })
+        .collect();
+    server.push(frame::EVENT, &local::enter_chat(BOT, "E-after", "v"));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    while !inlet
+        .admitted
+        .lock()
+        .expect("lock")
+        .contains(&"E-after".to_owned())
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "an event behind 70 waiting replies was not read"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Ten ping intervals with every reply waiting: the connection stays the one subscribed.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(server.subscribes().len(), 1, "taken for half-open");
+    assert_eq!(
+        inlet.running.load(std::sync::atomic::Ordering::SeqCst),
+        64,
+        "64 handlers at once"
+    );
+    server.drop_connection();
+    assert!(server.wait_for_subscribes(2, Duration::from_secs(5)).await);
+    inlet.release();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while inlet.sent().len() < 70 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} answers delivered",
+            inlet.sent().len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for (id, sent) in inlet.sent() {
+        assert_eq!(sent, oncegate_core::Sent::Yes, "{id}");
+    }
+    for req_id in &req_ids {
+        assert_eq!(finished(&server, req_id), 1, "{req_id} answered once");
+    }
+    stop.cancel();
+}
+
+/// A reply whose connection ended with no other subscribed in time is not sent, and says so:
+/// the gateway then leaves its event retryable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_with_no_connection_to_go_out_on_says_not_sent() {
+    let server = LocalAiBot::start(BOT, SECRET).await.expect("server");
+    let inlet = Arc::new(Gate::default());
+    let _stop = gated(&server, inlet.clone(), Duration::from_millis(300));
+    assert!(server.wait_for_subscribes(1, Duration::from_secs(5)).await);
+    let req_id = server.push(
+        frame::MESSAGE,
+        &local::text_message(BOT, "N1", None, "u", "hi"),
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while inlet.running.load(std::sync::atomic::Ordering::SeqCst) < 1 {
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Taken over from elsewhere: this gateway holds no connection any more.
+    server.take_over_from_elsewhere();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    inlet.release();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while inlet.sent().is_empty() {
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        inlet.sent(),
+        vec![("N1".to_owned(), oncegate_core::Sent::No)]
+    );
+    assert_eq!(finished(&server, &req_id), 0);
 }

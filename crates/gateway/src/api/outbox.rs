@@ -303,11 +303,23 @@ pub(crate) async fn send<S: Store>(
                 422,
                 json!({"error": format!("refused by the platform: {message}"), "code": code}),
             ),
-            Err(error @ SendError::Unknown(_)) => {
+            Err(error @ SendError::Unknown(_)) if prepared.repeat_safe => {
                 return Err(
                     give_back(NotSent::Unknown(error.to_string()), "unknown_outcome").await,
                 );
             }
+            // The platform keeps no key that would drop a second copy: the key is settled as
+            // unknown, and a retry sends nothing and gets this answer.
+            Err(SendError::Unknown(why)) => (
+                504,
+                json!({
+                    "error": format!(
+                        "outcome unknown: {why}; the message may be out, and this platform \
+                         drops no second copy, so this key never sends it again"
+                    ),
+                    "outcome": "unknown",
+                }),
+            ),
             // This gateway cannot send it now (an AI bot's socket is held elsewhere or being
             // dialled): within the send's wait, try again; then "not here", nothing sent, the
             // key free for a retry here or on the gateway that can.
@@ -326,7 +338,14 @@ pub(crate) async fn send<S: Store>(
         if let Err(error) = held.complete(Some(stored(status, &answer))).await {
             tracing::warn!(source, "send answered but not stored: {error}");
         }
-        count(source, if status == 200 { "sent" } else { "refused" });
+        count(
+            source,
+            match status {
+                200 => "sent",
+                504 => "unknown_outcome",
+                _ => "refused",
+            },
+        );
         return Ok(Sent {
             status,
             body: answer,

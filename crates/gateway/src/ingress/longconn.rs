@@ -130,12 +130,14 @@ impl<S: Store> Inlet for GatewayInlet<S> {
         deadline: Duration,
         budgets: Vec<(String, oncegate_core::Rate)>,
         updates: oncegate_core::Updates,
+        deliver: oncegate_core::Deliver,
     ) -> Result<oncegate_core::Replied, Refusal> {
         let budgets: Vec<(oncegate_core::KeyHash, oncegate_core::Rate)> = budgets
             .iter()
             .map(|(name, rate)| (crate::api::budget::bucket(&admit.event.app, name), *rate))
             .collect();
-        crate::ingress::sync_call::reply(&self.0, admit, deadline, &budgets, &updates).await
+        crate::ingress::sync_call::reply(&self.0, admit, deadline, &budgets, &updates, deliver)
+            .await
     }
 
     fn note(&self, label: &'static str, message: &str) {

@@ -5,7 +5,9 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use oncegate_core::{Admit, KeyHash, Rate, Refusal, RefusalKind, Replied, Store, Updates};
+use oncegate_core::{
+    Admit, Deliver, KeyHash, Rate, Refusal, RefusalKind, Replied, Sent, Store, Updates,
+};
 use oncegate_once::{Claimed, OnceKey, Panicked};
 
 use crate::Shared;
@@ -67,6 +69,7 @@ pub(crate) async fn call<S: Store>(
         repeats: Repeats::Wait,
         updates: None,
         budgets: &[],
+        deliver: None,
     };
     match run_call(shared, admit, deadline, how).await? {
         Replied::Answer(answer) => Ok(answer),
@@ -77,7 +80,8 @@ pub(crate) async fn call<S: Store>(
 /// Runs a replying event's handler once over a long connection (an AI bot's reply): a repeat
 /// starts nothing, since the answer went out over the socket once; the reply is counted in the
 /// conversation's `budgets` before the handler runs; a streamed answer's pieces go to
-/// `updates` as they come.
+/// `updates` as they come, and its whole answer to `deliver` before the event is settled: an
+/// answer that never reached the platform leaves the event retryable.
 #[cfg(feature = "long-connection")]
 pub(crate) async fn reply<S: Store>(
     shared: &Shared<S>,
@@ -85,11 +89,13 @@ pub(crate) async fn reply<S: Store>(
     deadline: Duration,
     budgets: &[(KeyHash, Rate)],
     updates: &Updates,
+    deliver: Deliver,
 ) -> Result<Replied, Refusal> {
     let how = How {
         repeats: Repeats::Skip,
         updates: Some(updates),
         budgets,
+        deliver: Some(deliver),
     };
     run_call(shared, admit, deadline, how).await
 }
@@ -109,6 +115,9 @@ struct How<'a> {
     repeats: Repeats,
     updates: Option<&'a Updates>,
     budgets: &'a [(KeyHash, Rate)],
+    /// Where the answer goes before the claim is settled (a connection's reply); without it,
+    /// the answer is the call's response.
+    deliver: Option<Deliver>,
 }
 
 async fn run_call<S: Store>(
@@ -202,6 +211,20 @@ async fn run_call<S: Store>(
     // A repeat that waited for a first run which then gave up has only what is left.
     match tokio::time::timeout(deadline.saturating_sub(started.elapsed()), ran).await {
         Ok(Ok(outcome)) => {
+            if let Some(deliver) = how.deliver {
+                // Settled by whether the answer reached the platform (the lease renewed while
+                // a connection is waited for): completed before it went out, an answer lost
+                // on a dead connection would never be sent again.
+                let sent = held.run(deliver(outcome.clone())).await.unwrap_or(Sent::No);
+                if sent == Sent::No {
+                    let _ = held.release().await;
+                    return Err(Refusal::new(
+                        RefusalKind::Unavailable,
+                        "reply_not_sent",
+                        "the answer did not reach the platform; the event stays retryable",
+                    ));
+                }
+            }
             // No answer stays no answer: each platform says what that is (Feishu `{}`, WeCom
             // the empty 200, WeChat `success`), for the first call and its repeats alike.
             let _ = held.complete(outcome.clone()).await;
