@@ -55,6 +55,21 @@ pub fn key(id: &str) -> KeyHash {
     key_for("feishu", "cli_contract", "event_id", id)
 }
 
+/// Generates one `#[test]` per case of the shared-state contract ([`oncegate_core::StateStore`])
+/// for the store built by `$make`.
+#[macro_export]
+macro_rules! state_suite {
+    ($make:expr) => {
+        $crate::contract_suite!(@cases $make;
+            state_changes_are_compare_and_set,
+            state_names_are_opaque_and_bounded,
+            state_values_expire,
+            state_lists_in_pages,
+            racing_state_writers_lose_no_update,
+        );
+    };
+}
+
 /// Generates one `#[test]` per contract case for the store built by `$make` (a closure from
 /// `ManualClock` to the store).
 #[macro_export]

@@ -15,6 +15,7 @@ pub mod redact;
 pub mod replay;
 pub mod seqwindow;
 pub mod source;
+pub mod state;
 pub mod store;
 pub mod transition;
 pub mod typed;
@@ -34,6 +35,7 @@ pub use source::{
     RefusalKind, Replied, Reply, SealedRequest, Sealer, Sent, Stamp, SyntheticMembership,
     SyntheticMessage, Updates, Versions, WebhookSource,
 };
+pub use state::{Changed, Expect, StateStore, Versioned};
 pub use store::{
     ClaimedDelivery, DedupStore, EventQueue, RateStore, Store, StoreError, WatermarkStore,
 };

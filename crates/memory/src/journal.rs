@@ -110,6 +110,21 @@ pub enum Change<'a> {
         /// Its next seq.
         next: u64,
     },
+    /// A shared value written (`value`) or removed (`None`), and its namespace's generation
+    /// after the change (a written value's version). An empty `name` only carries the
+    /// generation (snapshots: removals leave no trace otherwise).
+    State {
+        /// The namespace.
+        namespace: Cow<'a, str>,
+        /// The name.
+        name: Cow<'a, str>,
+        /// The value written, or `None`: removed.
+        value: Option<bytes::Bytes>,
+        /// The namespace's generation after the change.
+        version: u64,
+        /// When the value expires, unix ms; 0: never.
+        expires_at_ms: u64,
+    },
 }
 
 /// Where a store's changes go to become durable.

@@ -14,6 +14,7 @@ pub mod journal;
 mod queue;
 mod restore;
 mod shard;
+mod state;
 mod table;
 
 use std::collections::HashMap;
@@ -81,6 +82,7 @@ pub struct Tables<C: Clock, J: Journal> {
     next_token: AtomicU64,
     evicted_early: AtomicU64,
     rates: oncegate_core::rates::LocalRates,
+    states: Mutex<state::States>,
 }
 
 /// Takes a lock even if a holder panicked: every critical section leaves the data consistent
@@ -155,6 +157,7 @@ impl<C: Clock, J: Journal> Tables<C, J> {
             evicted_early: AtomicU64::new(0),
             clock,
             rates: oncegate_core::rates::LocalRates::default(),
+            states: Mutex::default(),
         }
     }
 

@@ -109,6 +109,13 @@ impl<C: Clock, J: Journal> Restore<C, J> {
                 value,
                 deadline_ms,
             } => self.mark(&scope, value, deadline_ms),
+            Change::State {
+                namespace,
+                name,
+                value,
+                version,
+                expires_at_ms,
+            } => lock(&self.store.states).apply(&namespace, &name, value, version, expires_at_ms),
             Change::NextSeq { partition, next } => {
                 let slot = self.next.get_mut(usize::from(partition)).ok_or_else(|| {
                     StoreError::Corrupt(format!("the journal names partition {partition}"))
@@ -300,5 +307,7 @@ impl<C: Clock, J: Journal> Tables<C, J> {
                 letter: Cow::Borrowed(letter),
             });
         }
+        drop(dead);
+        lock(&self.states).snapshot(now_ms, emit);
     }
 }

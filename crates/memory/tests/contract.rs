@@ -10,3 +10,12 @@ oncegate_contract::contract_suite!(|clock| MemoryStore::with_clock(
     },
     clock
 ));
+
+mod state {
+    use oncegate_memory::{MemoryConfig, MemoryStore};
+
+    oncegate_contract::state_suite!(|clock| MemoryStore::with_clock(
+        MemoryConfig::default(),
+        clock
+    ));
+}

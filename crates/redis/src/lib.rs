@@ -68,6 +68,7 @@ mod reply;
 mod sentinel;
 mod server_clock;
 mod share;
+mod state;
 mod view;
 
 pub use server_clock::CLOCK_SYNC_EVERY;
@@ -142,6 +143,9 @@ struct Scripts {
     /// The owner's retry.
     retry: Script,
     complete_ack: Script,
+    /// Shared values: a write or removal, and a page of a listing.
+    state_change: Script,
+    state_list: Script,
 }
 
 /// How long a pull may go without reading its stream when this instance appended nothing to
@@ -438,6 +442,8 @@ impl<C: Clock> RedisStore<C> {
                     include_str!("../lua/owns.lua"),
                     include_str!("../lua/retry.lua")
                 )),
+                state_change: Script::new(include_str!("../lua/state_change.lua")),
+                state_list: Script::new(include_str!("../lua/state_list.lua")),
                 complete_ack: Script::new(COMPLETE_ACK_LUA),
             },
             breaker: Breaker::default(),

@@ -26,3 +26,16 @@ fn fastrand_u64() -> u64 {
     use std::hash::{BuildHasher, RandomState};
     RandomState::new().hash_one(std::time::SystemTime::now())
 }
+
+mod state {
+    use super::*;
+
+    oncegate_contract::state_suite!(|clock| {
+        let config = RedisConfig {
+            prefix: format!("state{:016x}", fastrand_u64()),
+            partitions: 4,
+            ..RedisConfig::at(&url())
+        };
+        RedisStore::connect_with_clock(config, clock).expect("connect to the test redis")
+    });
+}

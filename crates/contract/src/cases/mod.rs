@@ -7,6 +7,7 @@ mod operators;
 mod queue;
 mod races;
 mod rates;
+mod state;
 
 pub use admit::*;
 pub use claim::*;
@@ -15,6 +16,7 @@ pub use operators::*;
 pub use queue::*;
 pub use races::*;
 pub use rates::*;
+pub use state::*;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Barrier, Mutex};
