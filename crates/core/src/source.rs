@@ -282,6 +282,14 @@ pub trait WebhookSource: Send + Sync + 'static {
     /// The answer to an accepted event (Feishu: `{"msg":"success"}`, WeCom: an empty body).
     fn accepted(&self, how: Accepted) -> Reply;
 
+    /// The answer to an accepted event of `event_type`, for a source that answers its kinds of
+    /// events differently (a WeCom suite: `success` to its own pushes, the empty 200 to its
+    /// corps' callbacks).
+    fn accepted_as(&self, how: Accepted, event_type: &str) -> Reply {
+        let _ = event_type;
+        self.accepted(how)
+    }
+
     /// The event's place in its chat's version chain, if its platform keeps one.
     fn versions(&self, event: &Event) -> Option<Versions> {
         let _ = event;

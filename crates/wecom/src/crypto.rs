@@ -120,6 +120,20 @@ pub fn decrypt_for(
     ciphertext: &str,
     receive_ids: &[&str],
 ) -> Result<Vec<u8>, WecomError> {
+    let (message, receiver) = decrypt_any(key, ciphertext)?;
+    if !receive_ids.contains(&receiver.as_str()) {
+        return Err(WecomError::WrongReceiver {
+            expected: receive_ids.first().copied().unwrap_or_default().to_owned(),
+            got: receiver,
+        });
+    }
+    Ok(message)
+}
+
+/// `decrypt` for a source that serves many receivers (a suite's corps): the message and the
+/// receive id it was encrypted for, which the caller checks — as an opaque, case-sensitive
+/// string (an encrypted corp id is case-sensitive).
+pub fn decrypt_any(key: &AesKey, ciphertext: &str) -> Result<(Vec<u8>, String), WecomError> {
     let raw = STANDARD
         .decode(ciphertext.trim())
         .map_err(|error| WecomError::BadCiphertext(format!("not base64: {error}")))?;
@@ -129,19 +143,21 @@ pub fn decrypt_for(
             raw.len()
         )));
     }
+    let (message, receiver) = open_raw(key, &raw)?;
+    let receiver = String::from_utf8(receiver)
+        .map_err(|_| WecomError::BadCiphertext("the receive id is not UTF-8".into()))?;
+    Ok((message, receiver))
+}
+
+/// Decrypts whole blocks and splits the layout: (message, receive id).
+fn open_raw(key: &AesKey, raw: &[u8]) -> Result<(Vec<u8>, Vec<u8>), WecomError> {
     let plain = key
         .decryptor()
-        .decrypt_padded_vec_mut::<NoPadding>(&raw)
+        .decrypt_padded_vec_mut::<NoPadding>(raw)
         .map_err(|_| WecomError::BadCiphertext("not whole AES blocks".into()))?;
     let unpadded = unpad(&plain)?;
     let (message, receiver) = split_layout(unpadded)?;
-    if !receive_ids.iter().any(|id| id.as_bytes() == receiver) {
-        return Err(WecomError::WrongReceiver {
-            expected: receive_ids.first().copied().unwrap_or_default().to_owned(),
-            got: String::from_utf8_lossy(receiver).into_owned(),
-        });
-    }
-    Ok(message.to_vec())
+    Ok((message.to_vec(), receiver.to_vec()))
 }
 
 /// Strips PKCS#7 padding to a 32-byte block: the last byte is 1..=32 and so are the bytes it

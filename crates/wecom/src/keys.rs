@@ -63,6 +63,21 @@ pub(crate) const XML: Names = Names {
     tenant: "AgentID",
 };
 
+/// A third-party suite's own pushes (`InfoType`: tickets, authorisations): they name no
+/// message, sender or agent; the corp they concern is `AuthCorpId` (absent from tickets and
+/// `create_auth`), which orders one corp's authorisation changes.
+pub(crate) const SUITE: Names = Names {
+    message_id: &[],
+    from: "FromUserName",
+    kind: "MsgType",
+    event: "Event",
+    change: None,
+    info: Some("InfoType"),
+    order: &["AuthCorpId"],
+    created: &["TimeStamp", "CreateTime"],
+    tenant: "AuthCorpId",
+};
+
 /// WeCom's AI-bot JSON.
 pub(crate) const JSON: Names = Names {
     message_id: &["msgid"],

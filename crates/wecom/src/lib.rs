@@ -13,10 +13,12 @@ pub mod events;
 mod keys;
 mod query;
 mod source;
+mod suite;
 pub mod xml;
 
 pub use aibot::AiBot;
 pub use crypto::AesKey;
+pub use suite::{SUITE_EVENTS, SuiteTenants, WecomSuite};
 
 /// Why a callback or a configuration was refused.
 #[derive(Debug, thiserror::Error)]

@@ -35,14 +35,14 @@ impl WecomError {
 }
 
 /// The signed query parameters every callback carries.
-struct Signed<'q> {
+pub(crate) struct Signed<'q> {
     signature: &'q str,
     timestamp: &'q str,
     nonce: &'q str,
 }
 
 impl<'q> Signed<'q> {
-    fn from(query: &'q Query, signature: &str) -> Result<Self, WecomError> {
+    pub(crate) fn from(query: &'q Query, signature: &str) -> Result<Self, WecomError> {
         match (
             query.get(signature),
             query.get("timestamp"),
@@ -58,7 +58,7 @@ impl<'q> Signed<'q> {
     }
 
     /// Verifies the signature over the token, the timestamp, the nonce and `extra`.
-    fn verify(&self, token: &str, extra: Option<&str>) -> Result<(), WecomError> {
+    pub(crate) fn verify(&self, token: &str, extra: Option<&str>) -> Result<(), WecomError> {
         let mut parts = vec![token, self.timestamp, self.nonce];
         parts.extend(extra);
         if crypto::verify(self.signature, &parts) {
@@ -72,7 +72,7 @@ impl<'q> Signed<'q> {
     /// not unique per request, and their retries repeat the request byte for byte: the stamp
     /// names the request by its body's digest too (the plain-mode signature does not cover the
     /// body, so the signature alone would not do).
-    fn stamp(&self, body: &[u8]) -> Result<Stamp, WecomError> {
+    pub(crate) fn stamp(&self, body: &[u8]) -> Result<Stamp, WecomError> {
         let timestamp_secs = self
             .timestamp
             .parse()
@@ -87,13 +87,13 @@ impl<'q> Signed<'q> {
 
 /// How the callback came: the XML envelope, or WeCom's AI-bot JSON `{"encrypt": …}`.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Dialect {
+pub(crate) enum Dialect {
     Xml,
     Json,
 }
 
 impl Dialect {
-    fn names(self) -> &'static Names {
+    pub(crate) fn names(self) -> &'static Names {
         match self {
             Dialect::Xml => &XML,
             Dialect::Json => &JSON,
@@ -110,7 +110,7 @@ impl Dialect {
 
 /// The `Encrypt` of an envelope and its dialect, read before the signature is checked: any
 /// failure is the signature's, so a forger learns nothing.
-fn envelope_encrypt(body: &[u8]) -> Result<(String, Dialect), WecomError> {
+pub(crate) fn envelope_encrypt(body: &[u8]) -> Result<(String, Dialect), WecomError> {
     let json = body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
     if json {
         // An AI bot's `{"encrypt": …}`, read as that one borrowed field: whatever else an
@@ -159,7 +159,7 @@ fn open_encrypted(
 
 /// An event for `origin` (and `agent`, when the source names one; addressed to `to`, when the
 /// source knows what its messages' `ToUserName` is) from its decrypted document.
-fn admit(
+pub(crate) fn admit(
     origin: &Origin<'_>,
     agent: Option<&str>,
     to: Option<&str>,

@@ -205,6 +205,7 @@ async fn callback<S: Store>(
         }
         Decoded::Sync { admit, stamp } => (admit, stamp, true),
     };
+    let event_type = admit.event.event_type.clone();
     // The replay guard runs after the signature: unauthenticated requests never take nonce
     // memory. A nonce is remembered only once its event is admitted (or known), so a nonce can
     // never make the gateway drop an event it has not admitted.
@@ -222,7 +223,7 @@ async fn callback<S: Store>(
         {
             None
         }
-        Err(refusal) => return refused_by(shared, source, peer, refusal),
+        Err(refusal) => return refused_by(shared, source, &event_type, peer, refusal),
     };
     let answered = if sync {
         crate::ingress::sync_call::call(shared, admit, source.decoder.sync_deadline())
@@ -246,7 +247,7 @@ async fn callback<S: Store>(
             });
         crate::ingress::admission::admit_traced(shared, admit, received)
             .await
-            .map(|how| source.decoder.accepted(how))
+            .map(|how| source.decoder.accepted_as(how, &event_type))
     };
     match answered {
         Ok(answer) => {
@@ -255,7 +256,7 @@ async fn callback<S: Store>(
             }
             reply(answer)
         }
-        Err(refusal) => refused_by(shared, source, peer, refusal),
+        Err(refusal) => refused_by(shared, source, &event_type, peer, refusal),
     }
 }
 
@@ -264,6 +265,7 @@ async fn callback<S: Store>(
 fn refused_by<S>(
     shared: &Shared<S>,
     source: &Source,
+    event_type: &str,
     peer: Option<SocketAddr>,
     refusal: Refusal,
 ) -> Response {
@@ -271,7 +273,11 @@ fn refused_by<S>(
         let stats = &shared.stats;
         stats.bump(&stats.replays_rejected, "oncegate_guard_refused_total");
         shared.meters.dropped(Layer::Nonce);
-        return reply(source.decoder.accepted(oncegate_core::Accepted::Duplicate));
+        return reply(
+            source
+                .decoder
+                .accepted_as(oncegate_core::Accepted::Duplicate, event_type),
+        );
     }
     crate::refusal::counted(shared, peer, refusal)
 }
