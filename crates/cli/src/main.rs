@@ -20,6 +20,7 @@ mod simulate_api;
 mod simulate_ws;
 mod store_files;
 mod telemetry;
+mod tenants_cmd;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -74,6 +75,9 @@ enum Command {
     /// A running gateway's queue: every partition's depth and oldest event, or one
     /// partition's events in queue order.
     Queue(queue_cmd::QueueArgs),
+    /// A running gateway's tenant registries (a WeCom suite's corps): list, add or remove;
+    /// every gateway on the same store follows within a second.
+    Tenants(tenants_cmd::TenantsArgs),
 }
 
 #[derive(Debug, Args)]
@@ -182,6 +186,7 @@ fn main() -> ExitCode {
         Command::Status(args) => runtime().and_then(|rt| rt.block_on(remote::status(args))),
         Command::Ready(args) => runtime().and_then(|rt| rt.block_on(remote::ready(args))),
         Command::Queue(args) => runtime().and_then(|rt| rt.block_on(queue_cmd::queue(args))),
+        Command::Tenants(args) => runtime().and_then(|rt| rt.block_on(tenants_cmd::tenants(args))),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

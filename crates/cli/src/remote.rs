@@ -208,6 +208,29 @@ impl Client {
             .await
     }
 
+    /// `method` on the path made of `segments`, each percent-encoded (ids that go into a URL),
+    /// with `body` as JSON when given.
+    pub(crate) async fn at(
+        &self,
+        method: reqwest::Method,
+        segments: &[&str],
+        query: &[(&str, &str)],
+        body: Option<&Value>,
+    ) -> anyhow::Result<(u16, Value)> {
+        let mut url = reqwest::Url::parse(&self.base)
+            .with_context(|| format!("the admin URL {:?}", self.base))?;
+        url.path_segments_mut()
+            .map_err(|()| anyhow::anyhow!("the admin URL {:?} takes no path", self.base))?
+            .pop_if_empty()
+            .extend(segments);
+        let request = self.http.request(method, url).query(query);
+        let request = match body {
+            Some(body) => request.json(body),
+            None => request,
+        };
+        self.call(request).await
+    }
+
     async fn post(&self, path: &str, body: &Value) -> anyhow::Result<Value> {
         let (status, answer) = self
             .call(self.http.post(format!("{}{path}", self.base)).json(body))

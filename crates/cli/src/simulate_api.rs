@@ -125,7 +125,9 @@ pub(crate) async fn serve(source: &SourceConfig) -> anyhow::Result<()> {
                 api.busy()
             );
         }
-        PlatformConfig::Wechat(_) | PlatformConfig::WecomAibot(_) => bail!(
+        PlatformConfig::Wechat(_)
+        | PlatformConfig::WecomAibot(_)
+        | PlatformConfig::WecomSuite(_) => bail!(
             "source {:?}: /send sends as Feishu, Lark and WeCom apps only",
             source.name
         ),

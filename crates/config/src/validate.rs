@@ -671,6 +671,47 @@ mod tests {
     }
 
     #[test]
+    fn a_wecom_suite_needs_its_token_and_key_and_a_short_name() {
+        let problems = |name: &str, extra: &str| -> Vec<(Severity, String)> {
+            let config = crate::load_str(
+                &format!(
+                    "[[source]]\nname = \"{name}\"\nplatform = \"wecom-suite\"\nsuite_id = \"ww4a\"\n{extra}"
+                ),
+                std::path::Path::new("t.toml"),
+                Vec::new(),
+            )
+            .expect("parses");
+            assert_eq!(config.sources[0].platform(), crate::Platform::WecomSuite);
+            assert_eq!(config.sources[0].app_id(), "ww4a");
+            validate(&config)
+                .into_iter()
+                .filter(|p| p.setting.starts_with("source["))
+                .map(|p| (p.severity, p.setting))
+                .collect()
+        };
+        let keyed = "token = \"t\"\nencoding_aes_key = \"k\"\nprovider_corp_id = \"wwp\"";
+        assert_eq!(problems("suite", keyed), Vec::new());
+        assert_eq!(
+            problems("suite", ""),
+            vec![
+                (Severity::Error, "source[suite].token".to_owned()),
+                (Severity::Error, "source[suite].encoding_aes_key".to_owned()),
+            ]
+        );
+        let long = "s".repeat(49);
+        assert_eq!(
+            problems(&long, keyed),
+            vec![(Severity::Error, format!("source[{long}].name"))]
+        );
+        let unknown = crate::load_str(
+            "[[source]]\nname = \"s\"\nplatform = \"wecom-suite\"\nsuite_id = \"w\"\ncorp_id = \"x\"\n",
+            std::path::Path::new("t.toml"),
+            Vec::new(),
+        );
+        assert!(unknown.is_err(), "corp_id is not a suite's setting");
+    }
+
+    #[test]
     fn an_original_id_must_be_one() {
         let at = |field: &str| format!("source[oa].{field}");
         for (original_id, refused) in [("wx0123456789abcdef", true), ("gh_0123456789ab", false)] {

@@ -296,6 +296,13 @@ pub trait WebhookSource: Send + Sync + 'static {
         None
     }
 
+    /// The tenants this source serves, when it serves many (a WeCom suite's corps) and takes
+    /// callbacks only from those: the gateway keeps the set current from the store's registry
+    /// (`tenants:<source>`).
+    fn tenants(&self) -> Option<std::sync::Arc<dyn TenantSet>> {
+        None
+    }
+
     /// Whether the platform's own retries repeat a request byte for byte, nonce included
     /// (WeCom and WeChat): then a replayed nonce is answered like a duplicate instead of
     /// refused, so that a retry of an admitted event stops the retries. Nothing is admitted
@@ -319,6 +326,24 @@ pub trait WebhookSource: Send + Sync + 'static {
     /// less the way back (Feishu waits 3 s for a card, WeCom and WeChat 5 s for a reply).
     fn sync_deadline(&self) -> std::time::Duration {
         std::time::Duration::from_millis(2_500)
+    }
+}
+
+/// The set of tenants a source takes callbacks from, replaced whole by whoever keeps the
+/// registry. Tenant ids are opaque and case-sensitive: never normalised.
+pub trait TenantSet: Send + Sync {
+    /// Replaces the set.
+    fn replace(&self, tenants: Vec<String>);
+
+    /// Whether `tenant` is in the set.
+    fn contains(&self, tenant: &str) -> bool;
+
+    /// How many tenants the set holds.
+    fn len(&self) -> usize;
+
+    /// Whether the set is empty.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 

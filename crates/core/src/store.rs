@@ -11,6 +11,7 @@ use crate::record::{
     Admission, Claim, DeadLetter, Delivery, FenceCheck, Fingerprint, Lease, Nonce, PartitionOwner,
     QueueId, QueueSummary, QueuedEvent, Record, StoreStats, WatermarkOutcome,
 };
+use crate::state::StateStore;
 
 /// Why a store could not answer. Every variant means "nothing was changed".
 #[derive(Debug, Clone, thiserror::Error)]
@@ -320,9 +321,9 @@ pub trait RateStore: Send + Sync + 'static {
 }
 
 /// A complete backend.
-pub trait Store: DedupStore + EventQueue + WatermarkStore + RateStore {}
+pub trait Store: DedupStore + EventQueue + WatermarkStore + RateStore + StateStore {}
 
-impl<T: DedupStore + EventQueue + WatermarkStore + RateStore> Store for T {}
+impl<T: DedupStore + EventQueue + WatermarkStore + RateStore + StateStore> Store for T {}
 
 /// The check every backend's `admit` starts with: at least one key.
 pub fn require_keys(keys: &[KeyHash]) -> Result<(), StoreError> {

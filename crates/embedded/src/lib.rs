@@ -344,3 +344,57 @@ impl<C: Clock> oncegate_core::RateStore for EmbeddedStore<C> {
             .take(bucket, rate, self.clock.now_ms().saturating_mul(1000)))
     }
 }
+
+/// The earlier embedded format (one redb file) keeps no shared state: it stays readable for
+/// `oncegate migrate-store` and benchmarks, and what needs shared state (tenants, tickets,
+/// tokens) runs on the folder format (`oncegate_journal`), memory or Redis. Every call says so.
+impl<C: Clock> oncegate_core::StateStore for EmbeddedStore<C> {
+    async fn state_get(
+        &self,
+        _: &str,
+        _: &str,
+    ) -> Result<Option<oncegate_core::Versioned>, StoreError> {
+        Err(no_state())
+    }
+
+    async fn state_put(
+        &self,
+        _: &str,
+        _: &str,
+        _: Bytes,
+        _: oncegate_core::Expect,
+        _: Option<Duration>,
+    ) -> Result<oncegate_core::Changed, StoreError> {
+        Err(no_state())
+    }
+
+    async fn state_remove(
+        &self,
+        _: &str,
+        _: &str,
+        _: oncegate_core::Expect,
+    ) -> Result<oncegate_core::Changed, StoreError> {
+        Err(no_state())
+    }
+
+    async fn state_list(
+        &self,
+        _: &str,
+        _: Option<&str>,
+        _: usize,
+    ) -> Result<Vec<(String, oncegate_core::Versioned)>, StoreError> {
+        Err(no_state())
+    }
+
+    async fn state_generation(&self, _: &str) -> Result<u64, StoreError> {
+        Err(no_state())
+    }
+}
+
+fn no_state() -> StoreError {
+    StoreError::Invalid(
+        "the earlier embedded format (one redb file) keeps no shared state (tenants, tickets, \
+         tokens): move to the folder format with `oncegate migrate-store`"
+            .into(),
+    )
+}

@@ -68,7 +68,7 @@ impl<S: Store> Gateway<S> {
     }
 
     /// The work beside the listeners until `shutdown`: metrics registered, the queue's depth
-    /// and history sampled, summaries logged, long connections held.
+    /// and history sampled, summaries logged, long connections held, tenant registries read.
     pub async fn background(&self, shutdown: CancellationToken) {
         let shared = &self.shared;
         shared.meters.register();
@@ -83,6 +83,7 @@ impl<S: Store> Gateway<S> {
             admin::history::watch(shared.clone(), shutdown.clone()),
             shared.summaries.run(shutdown.clone()),
             long_connections(shared, shutdown.clone()),
+            ingress::tenants::sync(shared.clone(), shutdown.clone()),
         );
     }
 

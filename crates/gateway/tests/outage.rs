@@ -139,6 +139,47 @@ impl oncegate_core::RateStore for Switchable {
     }
 }
 
+impl oncegate_core::StateStore for Switchable {
+    async fn state_get(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<oncegate_core::Versioned>, StoreError> {
+        self.inner.state_get(namespace, name).await
+    }
+    async fn state_put(
+        &self,
+        namespace: &str,
+        name: &str,
+        value: bytes::Bytes,
+        expect: oncegate_core::Expect,
+        ttl: Option<Duration>,
+    ) -> Result<oncegate_core::Changed, StoreError> {
+        self.inner
+            .state_put(namespace, name, value, expect, ttl)
+            .await
+    }
+    async fn state_remove(
+        &self,
+        namespace: &str,
+        name: &str,
+        expect: oncegate_core::Expect,
+    ) -> Result<oncegate_core::Changed, StoreError> {
+        self.inner.state_remove(namespace, name, expect).await
+    }
+    async fn state_list(
+        &self,
+        namespace: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, oncegate_core::Versioned)>, StoreError> {
+        self.inner.state_list(namespace, after, limit).await
+    }
+    async fn state_generation(&self, namespace: &str) -> Result<u64, StoreError> {
+        self.inner.state_generation(namespace).await
+    }
+}
+
 /// A gateway serving and dispatching on loopback, until `shutdown`.
 struct Running {
     webhooks: String,

@@ -13,7 +13,8 @@ use std::sync::{Arc, RwLock};
 
 use bytes::Bytes;
 use oncegate_core::{
-    Accepted, Callback, Decoded, Method, Refusal, RefusalKind, Reply, Stamp, WebhookSource,
+    Accepted, Callback, Decoded, Method, Refusal, RefusalKind, Reply, Stamp, TenantSet,
+    WebhookSource,
 };
 
 use crate::keys::{Origin, SUITE, XML};
@@ -34,34 +35,29 @@ pub struct SuiteTenants {
 }
 
 impl SuiteTenants {
-    /// Replaces the set of known corps.
-    pub fn replace(&self, corps: impl IntoIterator<Item = String>) {
-        let corps = Arc::new(corps.into_iter().collect());
+    fn corps(&self) -> Arc<HashSet<String>> {
+        self.corps
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+}
+
+impl TenantSet for SuiteTenants {
+    fn replace(&self, tenants: Vec<String>) {
+        let corps = Arc::new(tenants.into_iter().collect());
         *self
             .corps
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner()) = corps;
     }
 
-    /// Whether `corp` authorised the suite.
-    pub fn contains(&self, corp: &str) -> bool {
-        self.corps
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .contains(corp)
+    fn contains(&self, tenant: &str) -> bool {
+        self.corps().contains(tenant)
     }
 
-    /// How many corps are known.
-    pub fn len(&self) -> usize {
-        self.corps
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .len()
-    }
-
-    /// Whether no corp is known.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
+    fn len(&self) -> usize {
+        self.corps().len()
     }
 }
 
@@ -265,5 +261,9 @@ impl WebhookSource for WecomSuite {
     /// Retries reuse the query, as a corp's own callbacks do.
     fn retries_repeat_the_request(&self) -> bool {
         true
+    }
+
+    fn tenants(&self) -> Option<Arc<dyn TenantSet>> {
+        Some(self.tenants.clone())
     }
 }

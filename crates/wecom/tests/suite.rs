@@ -3,7 +3,9 @@
 //! from the documentation's sample documents: the suite's pushes encrypted for the SuiteId or for
 //! the ISV's own corp id, and corps' messages encrypted for their case-sensitive corp ids.
 
-use oncegate_core::{Accepted, Callback, Decoded, Headers, Method, RefusalKind, WebhookSource};
+use oncegate_core::{
+    Accepted, Callback, Decoded, Headers, Method, RefusalKind, TenantSet, WebhookSource,
+};
 use oncegate_wecom::WecomSuite;
 
 struct NoHeaders;
@@ -110,7 +112,7 @@ fn a_corps_callback_is_taken_only_from_a_known_corp_named_exactly() {
     );
     // Known as its encrypted id, case and all: corp B, the same letters in lower case, is
     // another corp.
-    source.tenants().replace([CORP_A.to_owned()]);
+    source.tenants().replace(vec![CORP_A.to_owned()]);
     let a = admitted(&source, CORP_A_QUERY, CORP_A_BODY);
     assert_eq!(
         (
@@ -127,14 +129,14 @@ fn a_corps_callback_is_taken_only_from_a_known_corp_named_exactly() {
     assert_eq!(b.label, "unknown_tenant");
     source
         .tenants()
-        .replace([CORP_A.to_owned(), CORP_B.to_owned()]);
+        .replace(vec![CORP_A.to_owned(), CORP_B.to_owned()]);
     let b = admitted(&source, CORP_B_QUERY, CORP_B_BODY);
     assert_eq!(&*b.event.app, CORP_B);
     // The same message text, user and id in two corps: two events, two chats.
     assert_ne!(a.keys.primary(), b.keys.primary());
     assert_ne!(a.event.order_hash(), b.event.order_hash());
     // Removed again: refused again.
-    source.tenants().replace([CORP_B.to_owned()]);
+    source.tenants().replace(vec![CORP_B.to_owned()]);
     assert!(
         source
             .decode(&call(Method::Post, CORP_A_QUERY, CORP_A_BODY.as_bytes()))

@@ -39,6 +39,7 @@ pub(crate) fn check(config: &Config, report: &mut impl FnMut(Severity, &str, Str
         let id_field = match source.platform {
             PlatformConfig::Wecom(_) => "corp_id",
             PlatformConfig::WecomAibot(_) => "bot_id",
+            PlatformConfig::WecomSuite(_) => "suite_id",
             _ => "app_id",
         };
         if source.app_id().trim().is_empty() {
@@ -74,6 +75,11 @@ pub(crate) fn check(config: &Config, report: &mut impl FnMut(Severity, &str, Str
                 token,
                 encoding_aes_key,
                 ..
+            })
+            | PlatformConfig::WecomSuite(crate::SuiteSettings {
+                token,
+                encoding_aes_key,
+                ..
             }) => vec![("token", token), ("encoding_aes_key", encoding_aes_key)],
             PlatformConfig::WecomAibot(aibot) => vec![("secret", &aibot.secret)],
         };
@@ -104,6 +110,9 @@ pub(crate) fn check(config: &Config, report: &mut impl FnMut(Severity, &str, Str
                         ),
                     );
                 }
+            }
+            PlatformConfig::WecomSuite(suite) => {
+                check_suite(report, &label, &source.name, suite);
             }
             PlatformConfig::Wecom(crate::WecomSettings { token, .. })
             | PlatformConfig::Wechat(crate::WechatSettings { token, .. }) => {
@@ -147,6 +156,44 @@ pub(crate) fn check(config: &Config, report: &mut impl FnMut(Severity, &str, Str
     }
 }
 
+/// A suite's callbacks are all signed and encrypted; its tenants live in the store, under a
+/// namespace named by the source.
+fn check_suite(
+    report: &mut impl FnMut(Severity, &str, String),
+    label: &str,
+    name: &str,
+    suite: &crate::SuiteSettings,
+) {
+    let at = |field: &str| format!("{label}.{field}");
+    if suite.token.is_none() {
+        report(
+            Severity::Error,
+            &at("token"),
+            "WeCom signs every suite callback with the token; set it".into(),
+        );
+    }
+    if suite.encoding_aes_key.is_none() {
+        report(
+            Severity::Error,
+            &at("encoding_aes_key"),
+            "WeCom encrypts every suite callback; set the suite's EncodingAESKey".into(),
+        );
+    }
+    if name.len() > MAX_SUITE_NAME {
+        report(
+            Severity::Error,
+            &at("name"),
+            format!(
+                "{} characters: a suite's name keys its tenant registry, at most {MAX_SUITE_NAME}",
+                name.len()
+            ),
+        );
+    }
+}
+
+/// The longest name of a source with a tenant registry (`tenants:<name>` is a store namespace).
+const MAX_SUITE_NAME: usize = 48;
+
 /// How problems name the source at `i`: `source[<name>]` when its name is usable and its own,
 /// else by its place in the file (`source[0]`), which is all a nameless or doubled one has.
 fn source_label(sources: &[crate::SourceConfig], i: usize) -> String {
@@ -174,6 +221,7 @@ pub(crate) fn plain_transport(
         PlatformConfig::Feishu(feishu) | PlatformConfig::Lark(feishu) => feishu.domain.as_deref(),
         PlatformConfig::Wecom(wecom) => wecom.domain.as_deref(),
         PlatformConfig::WecomAibot(aibot) => aibot.domain.as_deref(),
+        PlatformConfig::WecomSuite(_) => None,
         PlatformConfig::Wechat(wechat) => {
             if wechat.encoding_aes_key.is_none() {
                 report(

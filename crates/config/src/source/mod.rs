@@ -29,6 +29,9 @@ pub enum Platform {
     /// A WeCom AI bot (智能机器人) on its long connection.
     #[serde(rename = "wecom-aibot")]
     WecomAibot,
+    /// A WeCom third-party suite (第三方应用, 代开发 template) for every corp that authorised it.
+    #[serde(rename = "wecom-suite")]
+    WecomSuite,
 }
 
 /// A secret: inline, from an environment variable, or from a file. Its `Debug` never shows
@@ -113,6 +116,9 @@ pub enum PlatformConfig {
     /// A WeCom AI bot (智能机器人) on its long connection: oncegate dials WeCom.
     #[serde(rename = "wecom-aibot")]
     WecomAibot(AibotSettings),
+    /// A WeCom third-party suite: one source for its own pushes and every authorising corp.
+    #[serde(rename = "wecom-suite")]
+    WecomSuite(SuiteSettings),
 }
 
 /// A Feishu or Lark app.
@@ -236,6 +242,23 @@ pub struct AibotSettings {
     pub domain: Option<String>,
 }
 
+/// A WeCom third-party application (第三方应用) or 代开发 template: its command URL (the suite's
+/// own pushes) and data URL (its corps' callbacks) both point at `/webhook/<name>`; the corps it
+/// takes callbacks from are the tenant registry's (`oncegate tenants`, `/admin/tenants`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SuiteSettings {
+    /// The SuiteId (`ww…`; a 代开发 template's starts with `dk`).
+    pub suite_id: String,
+    /// The ISV's own corp id: WeCom encrypts the URL verification for it (and some
+    /// `create_auth` pushes, as seen).
+    pub provider_corp_id: Option<String>,
+    /// The callback token of the suite's callback configuration.
+    pub token: Option<Secret>,
+    /// The suite's 43-character EncodingAESKey.
+    pub encoding_aes_key: Option<Secret>,
+}
+
 impl SourceConfig {
     /// The platform.
     pub fn platform(&self) -> Platform {
@@ -245,6 +268,7 @@ impl SourceConfig {
             PlatformConfig::Wecom(_) => Platform::Wecom,
             PlatformConfig::Wechat(_) => Platform::Wechat,
             PlatformConfig::WecomAibot(_) => Platform::WecomAibot,
+            PlatformConfig::WecomSuite(_) => Platform::WecomSuite,
         }
     }
 
@@ -264,6 +288,7 @@ impl SourceConfig {
             PlatformConfig::Wecom(s) => &s.corp_id,
             PlatformConfig::Wechat(s) => &s.app_id,
             PlatformConfig::WecomAibot(s) => &s.bot_id,
+            PlatformConfig::WecomSuite(s) => &s.suite_id,
         }
     }
 }
@@ -286,8 +311,8 @@ impl<'de> Deserialize<'de> for SourceConfig {
             Some(toml::Value::String(platform)) => platform,
             _ => {
                 return Err(D::Error::custom(format!(
-                    "source {name:?}: set platform = \"feishu\", \"lark\", \"wecom\", \"wecom-aibot\" \
-                     or \"wechat\""
+                    "source {name:?}: set platform = \"feishu\", \"lark\", \"wecom\", \"wecom-aibot\", \
+                     \"wecom-suite\" or \"wechat\""
                 )));
             }
         };
@@ -299,10 +324,11 @@ impl<'de> Deserialize<'de> for SourceConfig {
             "wecom" => variant(settings, &context).map(PlatformConfig::Wecom),
             "wechat" => variant(settings, &context).map(PlatformConfig::Wechat),
             "wecom-aibot" => variant(settings, &context).map(PlatformConfig::WecomAibot),
+            "wecom-suite" => variant(settings, &context).map(PlatformConfig::WecomSuite),
             other => {
                 return Err(D::Error::custom(format!(
                     "source {name:?}: platform = {other:?}: expected \"feishu\", \"lark\", \
-                     \"wecom\", \"wecom-aibot\" or \"wechat\""
+                     \"wecom\", \"wecom-aibot\", \"wecom-suite\" or \"wechat\""
                 )));
             }
         }?;

@@ -60,14 +60,16 @@ pub(crate) fn authorized_query<S, Q: serde::de::DeserializeOwned>(
         })
 }
 
-/// The admin listener's gate: a POST is authorized (401 before the body is read), and every
-/// body arrives within `server.body_timeout`.
+/// The admin listener's gate: every request that changes something (POST, PUT, DELETE) is
+/// authorized (401 before the body is read), and every body arrives within
+/// `server.body_timeout`.
 pub(crate) async fn gate<S: Store>(
     State(shared): State<Arc<Shared<S>>>,
     request: Request,
     next: Next,
 ) -> Response {
-    if request.method() == Method::POST
+    if request.method() != Method::GET
+        && request.method() != Method::HEAD
         && let Err(denied) = authorized(&shared, request.headers())
     {
         return denied;

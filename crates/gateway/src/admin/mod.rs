@@ -5,6 +5,7 @@ pub(crate) mod dlq;
 pub(crate) mod history;
 pub(crate) mod queue_view;
 mod routes;
+mod tenants;
 
 use std::sync::Arc;
 
@@ -12,7 +13,7 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post, put};
 use oncegate_core::{KeyHash, RecordState, Store};
 use serde::Deserialize;
 use serde_json::json;
@@ -64,6 +65,18 @@ pub(crate) fn router<S: Store>(shared: Arc<Shared<S>>) -> Router {
         .route(
             "/admin/routes/{index}/resume",
             post(crate::admin::routes::resume::<S>),
+        )
+        .route(
+            "/admin/tenants/{source}",
+            get(crate::admin::tenants::list::<S>),
+        )
+        .route(
+            "/admin/tenants/{source}/{tenant}",
+            put(crate::admin::tenants::put::<S>),
+        )
+        .route(
+            "/admin/tenants/{source}/{tenant}",
+            delete(crate::admin::tenants::remove::<S>),
         )
         .layer(axum::middleware::from_fn_with_state(
             shared.clone(),

@@ -41,9 +41,10 @@ enum Op {
     QueuedEvents,
     Watermark,
     Rate,
+    State,
 }
 
-const OPS: [&str; 21] = [
+const OPS: [&str; 22] = [
     "admit",
     "claim",
     "renew",
@@ -65,6 +66,7 @@ const OPS: [&str; 21] = [
     "queued_events",
     "watermark",
     "rate",
+    "state",
 ];
 
 /// A store whose calls are measured.
@@ -334,6 +336,57 @@ impl<S: Store> WatermarkStore for Timed<S> {
 impl<S: Store> RateStore for Timed<S> {
     async fn take_rate(&self, bucket: &KeyHash, rate: Rate) -> Result<RateVerdict, StoreError> {
         self.time(Op::Rate, self.inner.take_rate(bucket, rate))
+            .await
+    }
+}
+
+impl<S: Store> oncegate_core::StateStore for Timed<S> {
+    async fn state_get(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<oncegate_core::Versioned>, StoreError> {
+        self.time(Op::State, self.inner.state_get(namespace, name))
+            .await
+    }
+
+    async fn state_put(
+        &self,
+        namespace: &str,
+        name: &str,
+        value: bytes::Bytes,
+        expect: oncegate_core::Expect,
+        ttl: Option<Duration>,
+    ) -> Result<oncegate_core::Changed, StoreError> {
+        self.time(
+            Op::State,
+            self.inner.state_put(namespace, name, value, expect, ttl),
+        )
+        .await
+    }
+
+    async fn state_remove(
+        &self,
+        namespace: &str,
+        name: &str,
+        expect: oncegate_core::Expect,
+    ) -> Result<oncegate_core::Changed, StoreError> {
+        self.time(Op::State, self.inner.state_remove(namespace, name, expect))
+            .await
+    }
+
+    async fn state_list(
+        &self,
+        namespace: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, oncegate_core::Versioned)>, StoreError> {
+        self.time(Op::State, self.inner.state_list(namespace, after, limit))
+            .await
+    }
+
+    async fn state_generation(&self, namespace: &str) -> Result<u64, StoreError> {
+        self.time(Op::State, self.inner.state_generation(namespace))
             .await
     }
 }

@@ -6,6 +6,7 @@ pub(crate) mod admission;
 pub(crate) mod longconn;
 pub(crate) mod spooling;
 pub(crate) mod sync_call;
+pub(crate) mod tenants;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -68,6 +68,8 @@ enum App {
     Wecom(oncegate_wecom::WecomApp),
     #[cfg(feature = "wecom")]
     Wechat(oncegate_wecom::WechatApp),
+    #[cfg(feature = "wecom")]
+    Suite(oncegate_wecom::WecomSuite),
 }
 
 /// The configured app of `source`.
@@ -79,6 +81,8 @@ fn app(source: &SourceConfig) -> Result<App, GatewayError> {
         PlatformConfig::Wecom(settings) => wecom::wecom(source, settings).map(App::Wecom),
         #[cfg(feature = "wecom")]
         PlatformConfig::Wechat(settings) => wecom::wechat(source, settings).map(App::Wechat),
+        #[cfg(feature = "wecom")]
+        PlatformConfig::WecomSuite(settings) => wecom::suite(source, settings).map(App::Suite),
         PlatformConfig::WecomAibot(_) => Err(platform_error(
             source,
             "a WeCom AI bot comes over its long connection and takes no webhook",
@@ -86,7 +90,9 @@ fn app(source: &SourceConfig) -> Result<App, GatewayError> {
         #[cfg(not(feature = "feishu"))]
         PlatformConfig::Feishu(_) | PlatformConfig::Lark(_) => Err(not_built(source, "feishu")),
         #[cfg(not(feature = "wecom"))]
-        PlatformConfig::Wecom(_) | PlatformConfig::Wechat(_) => Err(not_built(source, "wecom")),
+        PlatformConfig::Wecom(_) | PlatformConfig::Wechat(_) | PlatformConfig::WecomSuite(_) => {
+            Err(not_built(source, "wecom"))
+        }
     }
 }
 
@@ -98,7 +104,9 @@ pub fn is_long_connection(config: &SourceConfig) -> bool {
             settings.transport == Transport::Websocket
         }
         PlatformConfig::WecomAibot(_) => true,
-        PlatformConfig::Wecom(_) | PlatformConfig::Wechat(_) => false,
+        PlatformConfig::Wecom(_) | PlatformConfig::Wechat(_) | PlatformConfig::WecomSuite(_) => {
+            false
+        }
     }
 }
 
@@ -159,6 +167,8 @@ pub fn source(config: &SourceConfig) -> Result<SharedSource, GatewayError> {
         App::Wecom(app) => Arc::new(app),
         #[cfg(feature = "wecom")]
         App::Wechat(app) => Arc::new(app),
+        #[cfg(feature = "wecom")]
+        App::Suite(suite) => Arc::new(suite),
     })
 }
 
@@ -175,5 +185,13 @@ pub fn sealer(config: &SourceConfig) -> Result<Arc<dyn Sealer>, GatewayError> {
         App::Wecom(app) => Arc::new(app),
         #[cfg(feature = "wecom")]
         App::Wechat(app) => Arc::new(app),
+        #[cfg(feature = "wecom")]
+        App::Suite(_) => {
+            return Err(platform_error(
+                config,
+                "oncegate simulate does not play a WeCom suite's callbacks yet; simulate one of \
+                 its corps as a platform = \"wecom\" source",
+            ));
+        }
     })
 }

@@ -1,7 +1,7 @@
 //! WeCom and WeChat sources: the webhook apps, the AI bot's long connection, the sender.
 
 use oncegate_config::SourceConfig;
-use oncegate_wecom::{WechatApp, WecomApp};
+use oncegate_wecom::{WechatApp, WecomApp, WecomSuite};
 
 use super::{platform_error, required, resolve};
 use crate::GatewayError;
@@ -21,6 +21,22 @@ pub(super) fn wecom(
         Some(agent) => app.for_agent(agent),
         None => app,
     })
+}
+
+/// A WeCom third-party suite, for every corp of its tenant registry.
+pub(super) fn suite(
+    source: &SourceConfig,
+    settings: &oncegate_config::SuiteSettings,
+) -> Result<WecomSuite, GatewayError> {
+    let token = required(source, &settings.token, "token")?;
+    let key = required(source, &settings.encoding_aes_key, "encoding_aes_key")?;
+    WecomSuite::new(
+        &settings.suite_id,
+        settings.provider_corp_id.as_deref(),
+        &token,
+        &key,
+    )
+    .map_err(|error| platform_error(source, error))
 }
 
 /// A WeChat Official Account.

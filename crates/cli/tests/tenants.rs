@@ -1,0 +1,256 @@
+//! Many tenants on one gateway URL: a WeCom suite source takes callbacks only from the corps of
+//! its tenant registry, which lives in the store. Added or removed with `oncegate tenants` on
+//! one gateway, a corp's callbacks are taken or refused by every gateway on the same Redis
+//! within a second, without a restart; corps are named exactly (case-sensitive); the suite's own
+//! pushes are answered `success`.
+
+mod support;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use oncegate_core::{SealedRequest, Sealer, SyntheticMessage};
+use oncegate_wecom::WecomApp;
+use support::{Serve, client, file_route, lines, oncegate, redis_store, wait_until};
+
+const SUITE_ID: &str = "ww4asffe99e54c0f4c";
+const PROVIDER: &str = "wwprovider00000001";
+const TOKEN: &str = "suite-e2e-token";
+const KEY: &str = "jWmYm7qr5nMoAUwZRjGtBxmz3KA1tkAj3ykkR6q2B2C";
+/// An encrypted corp id, and another corp whose id differs only in case.
+const CORP_A: &str = "wpAbCdEf0123456789ZzYy";
+const CORP_B: &str = "wpabcdef0123456789zzyy";
+
+/// The README's section on suites.
+fn readme_section() -> String {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
+        .expect("README");
+    readme
+        .split_once("### Many tenants: WeCom third-party suites")
+        .expect("the README's section on suites")
+        .1
+        .to_owned()
+}
+
+/// The section's first block in `language`.
+fn readme_block(language: &str) -> String {
+    readme_section()
+        .split_once(&format!("```{language}\n"))
+        .and_then(|(_, rest)| rest.split_once("```"))
+        .unwrap_or_else(|| panic!("a {language} block in the README's section on suites"))
+        .0
+        .to_owned()
+}
+
+/// The README's suite source, its secrets given inline, with a file route.
+fn config(dir: &Path, store: &str) -> String {
+    let source = readme_block("toml")
+        .replace(r#"{ env = "SUITE_TOKEN" }"#, &format!("\"{TOKEN}\""))
+        .replace(r#"{ env = "SUITE_AES_KEY" }"#, &format!("\"{KEY}\""));
+    assert!(
+        source.contains(SUITE_ID) && source.contains(PROVIDER) && source.contains(TOKEN),
+        "{source}"
+    );
+    format!(
+        "[store]\n{store}\n\n[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n\n{source}\n{}",
+        file_route(dir, "")
+    )
+}
+
+/// The README's `oncegate tenants …` command that starts with `oncegate tenants <what>`, as
+/// arguments (single quotes kept together, the comment dropped), pointed at `admin`.
+fn readme_command(what: &str, admin: &str) -> Vec<String> {
+    let block = readme_block("sh");
+    let line = block
+        .lines()
+        .find(|line| line.starts_with(&format!("oncegate tenants {what} ")))
+        .unwrap_or_else(|| panic!("the README's `oncegate tenants {what}`"));
+    let line = line.split(" #").next().unwrap_or(line);
+    let mut args = Vec::new();
+    let mut quoted = false;
+    let mut current = String::new();
+    for c in line.chars() {
+        match c {
+            '\'' => quoted = !quoted,
+            ' ' if !quoted => {
+                if !current.is_empty() {
+                    args.push(std::mem::take(&mut current));
+                }
+            }
+            c => current.push(c),
+        }
+    }
+    if !current.is_empty() {
+        args.push(current);
+    }
+    args.into_iter()
+        .skip(1)
+        .map(|arg| arg.replace("http://127.0.0.1:9090", admin))
+        .collect()
+}
+
+/// A corp's message as WeCom posts it to the suite's data URL: encrypted for the corp with the
+/// suite's token and key, stamped now.
+fn corp_message(corp: &str, id: &str) -> SealedRequest {
+    let sealer = WecomApp::new(corp, TOKEN, KEY).expect("sealer");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
+    let plain = sealer.message(&SyntheticMessage {
+        id: id.to_owned(),
+        chat: format!("chat-{id}"),
+        sender: "zhangsan".into(),
+        text: "hello".into(),
+        created_ms: now * 1000,
+    });
+    sealer.seal(&plain, now, &format!("n{id}"), [9; 16])
+}
+
+async fn post(gateway: &Serve, sealed: &SealedRequest) -> (u16, String) {
+    let url = format!(
+        "{}/webhook/suite?{}",
+        gateway.base,
+        sealed.query.as_deref().unwrap_or_default()
+    );
+    let response = client()
+        .post(url)
+        .body(sealed.body.clone())
+        .send()
+        .await
+        .expect("post");
+    let status = response.status().as_u16();
+    (status, response.text().await.unwrap_or_default())
+}
+
+/// `oncegate tenants …` against `gateway`'s admin listener: its output, or why it failed.
+fn tenants(gateway: &Serve, args: &[&str]) -> Result<String, String> {
+    let mut all: Vec<String> = std::iter::once("tenants".to_owned())
+        .chain(args.iter().map(|arg| (*arg).to_owned()))
+        .collect();
+    all.extend(["--admin".to_owned(), gateway.admin.clone()]);
+    run(&all)
+}
+
+/// `oncegate <args>`: its output, or why it failed.
+fn run(args: &[String]) -> Result<String, String> {
+    let output = oncegate().args(args).output().expect("oncegate");
+    let text = String::from_utf8_lossy(&output.stdout).into_owned()
+        + &String::from_utf8_lossy(&output.stderr);
+    if output.status.success() {
+        Ok(text)
+    } else {
+        Err(text)
+    }
+}
+
+/// Posts `sealed` to `gateway` until it is answered `status` (a second at most): how long the
+/// change took to reach it.
+async fn until_answered(gateway: &Serve, sealed: &SealedRequest, status: u16) -> Duration {
+    let started = Instant::now();
+    loop {
+        let (got, body) = post(gateway, sealed).await;
+        if got == status {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "still {got} ({body}) a second after the change; {}",
+            gateway.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_added_and_removed_reach_every_gateway_within_a_second() {
+    let store = redis_store("tenants");
+    let (a_dir, b_dir) = (
+        tempfile::tempdir().expect("dir"),
+        tempfile::tempdir().expect("dir"),
+    );
+    let a = Serve::start_with(a_dir.path(), &config(a_dir.path(), &store));
+    let b = Serve::start_with(b_dir.path(), &config(b_dir.path(), &store));
+    // No corp yet: authentic, but refused for WeCom to retry (503), on both.
+    let first = corp_message(CORP_A, "m1");
+    for gateway in [&a, &b] {
+        let (status, body) = post(gateway, &first).await;
+        assert_eq!(status, 503, "{body}");
+        assert!(
+            body.contains("unknown_tenant") || body.contains("has not authorised"),
+            "{body}"
+        );
+    }
+    // Added on A: B takes the corp's callbacks within a second, no restart.
+    let add = readme_command("add", &a.admin);
+    assert!(add.contains(&CORP_A.to_owned()), "{add:?}");
+    let said = run(&add).expect("the README's tenants add");
+    assert!(said.contains(CORP_A), "{said}");
+    let took = until_answered(&b, &first, 200).await;
+    eprintln!("a tenant added on one gateway reached the other in {took:?}");
+    let (status, _) = post(&a, &corp_message(CORP_A, "m2")).await;
+    assert_eq!(status, 200);
+    // The same letters in lower case are another corp: still refused.
+    let (status, _) = post(&b, &corp_message(CORP_B, "m3")).await;
+    assert_eq!(status, 503);
+    // Each message once, as the corp's event (its corp id the app).
+    wait_until("both delivered", Duration::from_secs(10), || {
+        lines(a_dir.path()).len() + lines(b_dir.path()).len() >= 2
+    })
+    .await;
+    let mut delivered: Vec<serde_json::Value> = lines(a_dir.path());
+    delivered.extend(lines(b_dir.path()));
+    assert_eq!(delivered.len(), 2, "{delivered:?}");
+    for line in &delivered {
+        assert_eq!(line["app"], CORP_A, "{line}");
+    }
+    let listed = run(&readme_command("list", &b.admin)).expect("the README's tenants list");
+    assert!(
+        listed.contains(CORP_A) && listed.contains("Acme") && listed.contains("1 tenant"),
+        "{listed}"
+    );
+    // Removed on B: A refuses the corp within a second.
+    tenants(&b, &["remove", "suite", CORP_A]).expect("tenants remove");
+    until_answered(&a, &corp_message(CORP_A, "m4"), 503).await;
+    // Removing it again, or a bad id, or a source that serves one tenant: refused clearly.
+    let again = tenants(&b, &["remove", "suite", CORP_A]).expect_err("gone already");
+    assert!(again.contains("404"), "{again}");
+    let bad = tenants(&a, &["add", "suite", " wpSpaced"]).expect_err("spaces");
+    assert!(bad.contains("400"), "{bad}");
+    let nothing = tenants(&a, &["list", "nosuch"]).expect_err("no source");
+    assert!(nothing.contains("404"), "{nothing}");
+}
+
+/// The suite's own pushes (here a `suite_ticket`, encrypted for the SuiteId) are answered the
+/// plain `success` WeCom wants, and admitted once: a retry is a duplicate, answered the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_suites_own_pushes_are_answered_success_and_admitted_once() {
+    let dir = tempfile::tempdir().expect("dir");
+    let store = format!(
+        "backend = \"embedded\"\npath = \"{}\"",
+        dir.path().join("store").display()
+    );
+    let gateway = Serve::start_with(dir.path(), &config(dir.path(), &store));
+    let sealer = WecomApp::new(SUITE_ID, TOKEN, KEY).expect("sealer");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
+    let ticket = format!(
+        "<xml><SuiteId><![CDATA[{SUITE_ID}]]></SuiteId><InfoType><![CDATA[suite_ticket]]></InfoType><TimeStamp>{now}</TimeStamp><SuiteTicket><![CDATA[t-{now}]]></SuiteTicket></xml>"
+    );
+    let sealed = sealer.seal(ticket.as_bytes(), now, "ticket-nonce", [3; 16]);
+    for _ in 0..2 {
+        let (status, body) = post(&gateway, &sealed).await;
+        assert_eq!((status, body.as_str()), (200, "success"));
+    }
+    wait_until("the ticket delivered", Duration::from_secs(10), || {
+        !lines(dir.path()).is_empty()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let delivered = lines(dir.path());
+    assert_eq!(delivered.len(), 1, "{delivered:?}");
+    assert_eq!(delivered[0]["event_type"], "suite.suite_ticket");
+    assert_eq!(delivered[0]["app"], SUITE_ID);
+}

@@ -1,0 +1,93 @@
+//! The tenant registry: the tenants of a source that serves many (a WeCom suite's corps) live
+//! in the store, under `tenants:<source>`, changed by the admin API (`/admin/tenants`,
+//! `oncegate tenants`) or by the platform's lifecycle events, and read by every gateway on the
+//! store. Each gateway polls the namespace's generation (one O(1) call per source and poll)
+//! and reads the registry again only when it moved: a change reaches every gateway within a
+//! poll, without a restart.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use oncegate_core::state::MAX_LIST;
+use oncegate_core::{StateStore, Store, StoreError, TenantSet};
+use tokio_util::sync::CancellationToken;
+
+use crate::Shared;
+
+/// How often each gateway asks whether a registry changed.
+pub(crate) const POLL: Duration = Duration::from_millis(250);
+
+/// The store namespace of `source`'s tenants.
+pub(crate) fn namespace(source: &str) -> String {
+    format!("tenants:{source}")
+}
+
+/// Every tenant of `namespace`, page by page.
+pub(crate) async fn all<S: StateStore>(
+    store: &S,
+    namespace: &str,
+) -> Result<Vec<String>, StoreError> {
+    let mut tenants = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let page = store
+            .state_list(namespace, after.as_deref(), MAX_LIST)
+            .await?;
+        let full = page.len() == MAX_LIST;
+        after = page.last().map(|(name, _)| name.clone());
+        tenants.extend(page.into_iter().map(|(name, _)| name));
+        if !full {
+            return Ok(tenants);
+        }
+    }
+}
+
+/// Keeps every multi-tenant source's set current until `shutdown`; a registry that cannot be
+/// read keeps its last set (said in the summary log) and is read again at the next poll.
+pub(crate) async fn sync<S: Store>(shared: Arc<Shared<S>>, shutdown: CancellationToken) {
+    let sets: Vec<(String, Arc<dyn TenantSet>)> = shared
+        .ingress
+        .sources
+        .iter()
+        .filter_map(|(name, source)| Some((namespace(name), source.decoder.tenants()?)))
+        .collect();
+    if sets.is_empty() {
+        return;
+    }
+    let mut loaded: HashMap<&str, u64> = HashMap::new();
+    let mut every = tokio::time::interval(POLL);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            _ = every.tick() => {}
+        }
+        for (namespace, set) in &sets {
+            let read = async {
+                let generation = shared.store.state_generation(namespace).await?;
+                if loaded.get(namespace.as_str()) == Some(&generation) {
+                    return Ok(None);
+                }
+                Ok::<_, StoreError>(Some((generation, all(&*shared.store, namespace).await?)))
+            };
+            match read.await {
+                Ok(Some((generation, tenants))) => {
+                    metrics::gauge!("oncegate_tenants", "registry" => namespace.clone())
+                        .set(tenants.len() as f64);
+                    set.replace(tenants);
+                    loaded.insert(namespace, generation);
+                }
+                Ok(None) => {}
+                Err(error) => shared.summaries.note(
+                    "tenants_unreadable",
+                    None,
+                    &format!(
+                        "the tenant registry {namespace} could not be read ({error}); its last \
+                         tenants stay in force"
+                    ),
+                ),
+            }
+        }
+    }
+}
