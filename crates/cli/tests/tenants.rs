@@ -254,3 +254,102 @@ async fn the_suites_own_pushes_are_answered_success_and_admitted_once() {
     assert_eq!(delivered[0]["event_type"], "suite.suite_ticket");
     assert_eq!(delivered[0]["app"], SUITE_ID);
 }
+
+/// A push to the suite as WeCom sends it: `document` encrypted for the SuiteId.
+fn suite_push(document: &str, nonce: &str) -> SealedRequest {
+    let sealer = WecomApp::new(SUITE_ID, TOKEN, KEY).expect("sealer");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
+    sealer.seal(document.as_bytes(), now, nonce, [5; 16])
+}
+
+fn ticket(value: &str, issued_secs: u64) -> String {
+    format!(
+        "<xml><SuiteId><![CDATA[{SUITE_ID}]]></SuiteId><InfoType><![CDATA[suite_ticket]]></InfoType><TimeStamp>{issued_secs}</TimeStamp><SuiteTicket><![CDATA[{value}]]></SuiteTicket></xml>"
+    )
+}
+
+/// The suite's pushes change the shared state before they go to their route: the newest
+/// `suite_ticket` is kept in the store for every gateway (an older one pushed later does not
+/// replace it), and a `cancel_auth` takes its corp out of the registry — every gateway refuses
+/// it within a second — while the pushes themselves are delivered too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tickets_are_shared_newest_first_and_a_cancelled_corp_is_refused_everywhere() {
+    let url = std::env::var("ONCEGATE_TEST_REDIS_URL").expect("scripts/test starts redis-server");
+    let prefix = format!("suites{}", fastrand::u32(..));
+    let store =
+        format!("backend = \"redis\"\nurl = \"{url}\"\nprefix = \"{prefix}\"\npartitions = 4");
+    let (a_dir, b_dir) = (
+        tempfile::tempdir().expect("dir"),
+        tempfile::tempdir().expect("dir"),
+    );
+    let a = Serve::start_with(a_dir.path(), &config(a_dir.path(), &store));
+    let b = Serve::start_with(b_dir.path(), &config(b_dir.path(), &store));
+    tenants(&a, &["add", "suite", CORP_A]).expect("tenants add");
+    until_answered(&b, &corp_message(CORP_A, "c1"), 200).await;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
+    for (gateway, value, issued, nonce) in [
+        (&a, "ticket-older", now - 600, "t1"),
+        (&b, "ticket-newest", now, "t2"),
+        (&a, "ticket-oldest", now - 1200, "t3"),
+    ] {
+        let (status, body) = post(gateway, &suite_push(&ticket(value, issued), nonce)).await;
+        assert_eq!((status, body.as_str()), (200, "success"));
+        // Each applied before the next comes: the dispatcher takes them in turn.
+        wait_until("the push delivered", Duration::from_secs(10), || {
+            lines(a_dir.path())
+                .iter()
+                .chain(lines(b_dir.path()).iter())
+                .filter(|line| line["event_type"] == "suite.suite_ticket")
+                .count()
+                >= usize::from(nonce.as_bytes()[1] - b'0')
+        })
+        .await;
+    }
+    let shared = oncegate_redis::RedisStore::connect_async(oncegate_redis::RedisConfig {
+        prefix: prefix.clone(),
+        partitions: 4,
+        ..oncegate_redis::RedisConfig::at(&url)
+    })
+    .await
+    .expect("the gateways' Redis");
+    let kept = oncegate_core::StateStore::state_get(&shared, "tickets:suite", "ticket")
+        .await
+        .expect("read")
+        .expect("a ticket kept");
+    let doc: serde_json::Value = serde_json::from_slice(&kept.value).expect("json");
+    assert_eq!(doc["ticket"], "ticket-newest", "{doc}");
+    let left_ms = kept.expires_at_ms.expect("a ticket expires") as i64
+        - std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_millis() as i64;
+    assert!(
+        (25 * 60_000..=30 * 60_000).contains(&left_ms),
+        "{left_ms} ms left"
+    );
+    // The corp cancels on A: B refuses it within a second; what was admitted was delivered.
+    let cancel = format!(
+        "<xml><SuiteId><![CDATA[{SUITE_ID}]]></SuiteId><InfoType><![CDATA[cancel_auth]]></InfoType><TimeStamp>{now}</TimeStamp><AuthCorpId><![CDATA[{CORP_A}]]></AuthCorpId></xml>"
+    );
+    let (status, body) = post(&a, &suite_push(&cancel, "cancel")).await;
+    assert_eq!((status, body.as_str()), (200, "success"));
+    until_answered(&b, &corp_message(CORP_A, "c2"), 503).await;
+    let listed = tenants(&b, &["list", "suite"]).expect("list");
+    assert!(listed.contains("0 tenants"), "{listed}");
+    let delivered: Vec<serde_json::Value> = lines(a_dir.path())
+        .into_iter()
+        .chain(lines(b_dir.path()))
+        .collect();
+    assert!(
+        delivered
+            .iter()
+            .any(|line| line["event_id"].is_string() && line["app"] == CORP_A),
+        "the corp's message admitted before was delivered: {delivered:?}"
+    );
+}

@@ -33,7 +33,7 @@ pub use record::{
 pub use source::{
     Accepted, Admit, Callback, Decoded, Deliver, Headers, Inlet, Keys, Method, Refusal,
     RefusalKind, Replied, Reply, SealedRequest, Sealer, Sent, Stamp, SyntheticMembership,
-    SyntheticMessage, TenantSet, Updates, Versions, WebhookSource,
+    SyntheticMessage, TenancyChange, TenantSet, Updates, Versions, WebhookSource,
 };
 pub use state::{Changed, Expect, StateStore, Versioned};
 pub use store::{

@@ -303,6 +303,14 @@ pub trait WebhookSource: Send + Sync + 'static {
         None
     }
 
+    /// What an admitted event of this source changes in its tenancy, as the platform says it
+    /// (a WeCom suite's `suite_ticket` and `cancel_auth`): the gateway applies it to the store
+    /// before the event goes to its route. `None` for every other event.
+    fn tenancy(&self, event: &Event) -> Option<TenancyChange> {
+        let _ = event;
+        None
+    }
+
     /// Whether the platform's own retries repeat a request byte for byte, nonce included
     /// (WeCom and WeChat): then a replayed nonce is answered like a duplicate instead of
     /// refused, so that a retry of an admitted event stops the retries. Nothing is admitted
@@ -327,6 +335,25 @@ pub trait WebhookSource: Send + Sync + 'static {
     fn sync_deadline(&self) -> std::time::Duration {
         std::time::Duration::from_millis(2_500)
     }
+}
+
+/// A change to a multi-tenant source's state that one of its platform's pushes makes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TenancyChange {
+    /// The platform's latest ticket for the app (WeCom's `suite_ticket`, pushed every 10
+    /// minutes, valid 30): kept in the store and shared by every gateway, the newest winning.
+    Ticket {
+        /// The ticket.
+        ticket: String,
+        /// When the platform issued it, unix seconds.
+        issued_secs: u64,
+    },
+    /// A tenant left (WeCom's `cancel_auth`): its callbacks are refused from then on; what
+    /// was admitted is still delivered.
+    Left {
+        /// The tenant.
+        tenant: String,
+    },
 }
 
 /// The set of tenants a source takes callbacks from, replaced whole by whoever keeps the

@@ -381,7 +381,7 @@ impl<S: Store> Gateway<S> {
                     },
                 )
             })
-            .collect();
+            .collect::<std::collections::HashMap<String, Source>>();
         let store = Arc::new(base::timed_store::Timed::new(store));
         let stats = Arc::new(Stats::default());
         let meters = Arc::new(base::meters::Meters::default());
@@ -412,6 +412,11 @@ impl<S: Store> Gateway<S> {
                 at_risk: Vec::new(),
                 meters,
                 ingress: ingress::IngressState {
+                    multi_tenant: sources
+                        .iter()
+                        .filter(|(_, source)| source.decoder.tenants().is_some())
+                        .map(|(name, _)| name.clone())
+                        .collect(),
                     sources,
                     replay: parts.replay,
                     secondary_keys: parts.secondary_keys,

@@ -13,8 +13,8 @@ use std::sync::{Arc, RwLock};
 
 use bytes::Bytes;
 use oncegate_core::{
-    Accepted, Callback, Decoded, Method, Refusal, RefusalKind, Reply, Stamp, TenantSet,
-    WebhookSource,
+    Accepted, Callback, Decoded, Event, Method, Refusal, RefusalKind, Reply, Stamp, TenancyChange,
+    TenantSet, WebhookSource,
 };
 
 use crate::keys::{Origin, SUITE, XML};
@@ -265,5 +265,24 @@ impl WebhookSource for WecomSuite {
 
     fn tenants(&self) -> Option<Arc<dyn TenantSet>> {
         Some(self.tenants.clone())
+    }
+
+    /// A `suite_ticket` is the suite's newest ticket; a `cancel_auth` takes its corp out of the
+    /// registry. Other pushes change nothing here (their routes act on them).
+    fn tenancy(&self, event: &Event) -> Option<TenancyChange> {
+        if *event.app != *self.suite_id || !event.event_type.starts_with(SUITE_EVENTS) {
+            return None;
+        }
+        let fields = Fields::parse(&event.payload).ok()?;
+        match fields.text("InfoType")? {
+            "suite_ticket" => Some(TenancyChange::Ticket {
+                ticket: fields.text("SuiteTicket")?.to_owned(),
+                issued_secs: fields.text("TimeStamp")?.parse().ok()?,
+            }),
+            "cancel_auth" => Some(TenancyChange::Left {
+                tenant: fields.text("AuthCorpId")?.to_owned(),
+            }),
+            _ => None,
+        }
     }
 }

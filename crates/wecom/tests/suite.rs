@@ -4,7 +4,8 @@
 //! the ISV's own corp id, and corps' messages encrypted for their case-sensitive corp ids.
 
 use oncegate_core::{
-    Accepted, Callback, Decoded, Headers, Method, RefusalKind, TenantSet, WebhookSource,
+    Accepted, Callback, Decoded, Headers, Method, RefusalKind, TenancyChange, TenantSet,
+    WebhookSource,
 };
 use oncegate_wecom::WecomSuite;
 
@@ -91,6 +92,21 @@ fn the_suites_own_pushes_are_events_answered_success() {
         admitted(&source, TICKET_QUERY, TICKET_BODY).keys,
         ticket.keys
     );
+    // What the gateway keeps of them: the newest ticket, and a corp that left.
+    assert_eq!(
+        source.tenancy(&ticket.event),
+        Some(TenancyChange::Ticket {
+            ticket: "asdfasfdasdfasdf".into(),
+            issued_secs: 1_700_000_000
+        })
+    );
+    assert_eq!(
+        source.tenancy(&cancel.event),
+        Some(TenancyChange::Left {
+            tenant: CORP_A.into()
+        })
+    );
+    assert_eq!(source.tenancy(&create.event), None);
     for how in [Accepted::Admitted, Accepted::Duplicate] {
         assert_eq!(
             &source.accepted_as(how, "suite.suite_ticket").body[..],
@@ -132,6 +148,11 @@ fn a_corps_callback_is_taken_only_from_a_known_corp_named_exactly() {
         .replace(vec![CORP_A.to_owned(), CORP_B.to_owned()]);
     let b = admitted(&source, CORP_B_QUERY, CORP_B_BODY);
     assert_eq!(&*b.event.app, CORP_B);
+    assert_eq!(
+        source.tenancy(&b.event),
+        None,
+        "a corp's message changes no tenancy"
+    );
     // The same message text, user and id in two corps: two events, two chats.
     assert_ne!(a.keys.primary(), b.keys.primary());
     assert_ne!(a.event.order_hash(), b.event.order_hash());

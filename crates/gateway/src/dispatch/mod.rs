@@ -293,6 +293,12 @@ async fn handle<S: Store>(
         }
     };
     let event = &delivery.event;
+    // A multi-tenant source's push (a ticket, a tenant leaving) changes the store first; the
+    // event then goes to its route as any other.
+    if let Err(error) = crate::ingress::tenants::apply(shared, event).await {
+        summaries.note("tenancy_failed", None, &error.to_string());
+        return release_and_retry(shared, &delivery, &key).await;
+    }
     let Some(route) = shared.route_for(&event.event_type) else {
         stats.bump(&stats.unrouted, "oncegate_unrouted_total");
         finish(shared, &delivery, &key).await;

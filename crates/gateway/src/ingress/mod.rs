@@ -44,6 +44,8 @@ pub(crate) struct IngressState {
     pub(crate) long_sources: Vec<longconn::LongSource>,
     /// The largest callback body.
     pub(crate) body_limit: usize,
+    /// The sources that serve many tenants (a registry each), by name.
+    pub(crate) multi_tenant: Vec<String>,
 }
 
 pub(crate) fn router<S: Store>(shared: Arc<Shared<S>>) -> Router {

@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use oncegate_core::state::MAX_LIST;
-use oncegate_core::{StateStore, Store, StoreError, TenantSet};
+use oncegate_core::{
+    Changed, Event, Expect, StateStore, Store, StoreError, TenancyChange, TenantSet,
+};
 use tokio_util::sync::CancellationToken;
 
 use crate::Shared;
@@ -90,4 +92,100 @@ pub(crate) async fn sync<S: Store>(shared: Arc<Shared<S>>, shutdown: Cancellatio
             }
         }
     }
+}
+
+/// The store namespace of `source`'s platform tickets.
+pub(crate) fn tickets(source: &str) -> String {
+    format!("tickets:{source}")
+}
+
+/// How long a ticket is kept: WeCom's `suite_ticket` is valid 30 minutes.
+const TICKET_LIFE: Duration = Duration::from_secs(30 * 60);
+
+/// Applies what `event` changes in the tenancy of the multi-tenant source it came from, before
+/// it goes to its route; an error leaves the event to be retried. Nothing for other events.
+pub(crate) async fn apply<S: Store>(shared: &Shared<S>, event: &Event) -> Result<(), StoreError> {
+    for name in &shared.ingress.multi_tenant {
+        let Some(source) = shared.ingress.sources.get(name) else {
+            continue;
+        };
+        if let Some(change) = source.decoder.tenancy(event) {
+            return change_tenancy(shared, name, change).await;
+        }
+    }
+    Ok(())
+}
+
+async fn change_tenancy<S: Store>(
+    shared: &Shared<S>,
+    source: &str,
+    change: TenancyChange,
+) -> Result<(), StoreError> {
+    match change {
+        TenancyChange::Ticket {
+            ticket,
+            issued_secs,
+        } => keep_ticket(&*shared.store, &tickets(source), &ticket, issued_secs).await,
+        TenancyChange::Left { tenant } => {
+            let namespace = namespace(source);
+            shared
+                .store
+                .state_remove(&namespace, &tenant, Expect::Any)
+                .await?;
+            tracing::info!(source, tenant = %tenant, "a tenant left: its callbacks are refused from now on");
+            if let Some(set) = shared
+                .ingress
+                .sources
+                .get(source)
+                .and_then(|found| found.decoder.tenants())
+            {
+                set.replace(all(&*shared.store, &namespace).await?);
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Keeps `ticket` as the newest, unless a newer one is kept already (a late retry of an older
+/// push, or another gateway's newer one): compare-and-set, so two gateways never both win.
+pub(crate) async fn keep_ticket<S: StateStore>(
+    store: &S,
+    namespace: &str,
+    ticket: &str,
+    issued_secs: u64,
+) -> Result<(), StoreError> {
+    let value = bytes::Bytes::from(
+        serde_json::json!({"ticket": ticket, "issued_secs": issued_secs}).to_string(),
+    );
+    for _ in 0..8 {
+        let expect = match store.state_get(namespace, "ticket").await? {
+            Some(kept) => {
+                let kept_secs = serde_json::from_slice::<serde_json::Value>(&kept.value)
+                    .ok()
+                    .and_then(|doc| doc["issued_secs"].as_u64())
+                    .unwrap_or(0);
+                if kept_secs > issued_secs {
+                    return Ok(());
+                }
+                Expect::Version(kept.version)
+            }
+            None => Expect::Absent,
+        };
+        match store
+            .state_put(
+                namespace,
+                "ticket",
+                value.clone(),
+                expect,
+                Some(TICKET_LIFE),
+            )
+            .await?
+        {
+            Changed::Done(_) => return Ok(()),
+            Changed::Stale(_) => continue,
+        }
+    }
+    Err(StoreError::Unavailable(
+        "the ticket kept changing under eight writes in a row".into(),
+    ))
 }
