@@ -313,6 +313,37 @@ async fn a_reused_nonce_with_another_event_is_admitted_not_taken_for_a_replay() 
     );
 }
 
+/// Plain mode signs the query, not the body: a captured query posted again with another
+/// message is a replay, answered as WeChat's duplicates are and never admitted; the account's
+/// own retry of the first (the same query and body) stays the duplicate it is.
+#[tokio::test]
+async fn a_captured_plain_mode_query_admits_no_forged_message() {
+    let plain = Arc::new(WechatApp::new("wx_plain", "plain-token", None).expect("app"));
+    let gateway = gateway(vec![("plain", plain.clone())]);
+    let first = plain.seal(
+        &plain.message(&message("genuine", "user-1")),
+        START_MS / 1000,
+        "captured-nonce",
+        [5; 16],
+    );
+    let (status, _) = call(&gateway, to_request("plain", first.clone())).await;
+    assert_eq!(status, StatusCode::OK);
+    for forged in ["forged-1", "forged-2", "forged-3"] {
+        let mut request = first.clone();
+        request.body = plain.message(&message(forged, "user-1"));
+        let (status, body) = call(&gateway, to_request("plain", request)).await;
+        assert_eq!((status, body.as_slice()), (StatusCode::OK, &b"success"[..]));
+    }
+    let (status, _) = call(&gateway, to_request("plain", first)).await;
+    assert_eq!(status, StatusCode::OK);
+    let stats = gateway.stats();
+    assert_eq!(
+        (stats.admitted, stats.replays_rejected),
+        (1, 4),
+        "only the genuine message admitted"
+    );
+}
+
 /// Collects what the dispatcher hands over.
 #[derive(Clone, Default)]
 struct Collect(Arc<std::sync::Mutex<Vec<oncegate_core::Event>>>);

@@ -72,6 +72,16 @@ impl<'q> Signed<'q> {
     /// not unique per request, and their retries repeat the request byte for byte: the stamp
     /// names the request by its body's digest too (the plain-mode signature does not cover the
     /// body, so the signature alone would not do).
+    /// The replay stamp of plain mode, whose signature covers the timestamp and nonce but not
+    /// the body: the signed query is the request, so that a captured query posted with another
+    /// body is the replay it is (never admitted), while WeChat's retries — the same query and
+    /// body — stay duplicates.
+    pub(crate) fn plain_stamp(&self) -> Result<Stamp, WecomError> {
+        let mut stamp = self.stamp(b"")?;
+        stamp.request = Some(self.signature.to_ascii_lowercase());
+        Ok(stamp)
+    }
+
     pub(crate) fn stamp(&self, body: &[u8]) -> Result<Stamp, WecomError> {
         let timestamp_secs = self
             .timestamp
@@ -329,7 +339,7 @@ impl WechatApp {
             (Method::Post, false, None) => {
                 let signed = Signed::from(&query, "signature")?;
                 signed.verify(&self.token, None)?;
-                let stamp = signed.stamp(callback.body)?;
+                let stamp = signed.plain_stamp()?;
                 let dialect = Dialect::Xml;
                 admit(
                     &self.origin(dialect),
