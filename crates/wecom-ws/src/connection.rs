@@ -39,7 +39,7 @@ pub(crate) enum End {
     Shutdown,
     /// WeCom said another subscribe took the bot over (`disconnected_event`).
     Kicked,
-    /// WeCom refused the subscribe.
+    /// WeCom refused the subscribe for the bot's credentials.
     Refused(String),
     /// The server closed it, or the socket failed; `reason` is a metric label.
     Lost {
@@ -246,13 +246,27 @@ where
     })??;
     match frame.errcode {
         Some(0) => Ok(()),
-        code => Err(End::Refused(format!(
-            "the subscribe was refused: errcode {}, {:?}; check bot_id and secret (智能机器人 → API 模式 → 长连接)",
-            code.map_or_else(|| "missing".to_owned(), |c| c.to_string()),
+        Some(code) if CREDENTIAL_ERRORS.contains(&code) => Err(End::Refused(format!(
+            "the subscribe was refused: errcode {code}, {:?}; check bot_id and secret (智能机器人 → API 模式 → 长连接)",
             frame.errmsg.unwrap_or_default()
         ))),
+        // A rate limit, a busy server, a code not known to be about the credentials: backed
+        // off and tried again, never a reason to stop for good.
+        code => Err(lost(
+            "subscribe_refused",
+            format!(
+                "the subscribe was refused: errcode {}, {:?}; subscribing again after the backoff",
+                code.map_or_else(|| "missing".to_owned(), |c| c.to_string()),
+                frame.errmsg.unwrap_or_default()
+            ),
+        )),
     }
 }
+
+/// The subscribe's answers that say the bot's id or secret is wrong (WeCom's invalid
+/// credential, corp and token codes; 600017 as seen for a wrong bot secret): a few in a row
+/// stop the connection until the configuration is fixed. Every other refusal is retried.
+const CREDENTIAL_ERRORS: [i64; 4] = [40_001, 40_013, 40_014, 600_017];
 
 /// Replies of one bot in flight: bounded in number, one conversation's in the order its
 /// messages came, on whichever connection is subscribed when they are answered.

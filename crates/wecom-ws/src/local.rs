@@ -45,6 +45,8 @@ struct State {
     refusing: Option<i64>,
     /// Commands but subscribes and pings are recorded and never answered.
     mute: bool,
+    /// The errcode every subscribe is refused with, when set (a rate limit, say).
+    refusing_subscribes: Option<i64>,
 }
 
 struct Inner {
@@ -232,6 +234,12 @@ impl LocalAiBot {
         self.inner.state().refusing = code;
     }
 
+    /// Refuses every subscribe with errcode `code` (WeCom protecting its subscribe rate:
+    /// 45009), or, with `None`, takes them again.
+    pub fn refuse_subscribes(&self, code: Option<i64>) {
+        self.inner.state().refusing_subscribes = code;
+    }
+
     /// Records every command but subscribes and pings and leaves it unanswered (WeCom slow
     /// beyond the client's wait), or answers them again.
     pub fn mute_commands(&self, mute: bool) {
@@ -377,6 +385,10 @@ fn command(
                 .as_deref()
                 .and_then(|body| serde_json::from_str(body.get()).ok())
                 .unwrap_or(Value::Null);
+            if let Some(code) = state.refusing_subscribes {
+                state.refused += 1;
+                return Some(frame::answer(req_id, code, "api freq out of limit"));
+            }
             if body["bot_id"] != inner.bot_id.as_str() || body["secret"] != inner.secret.as_str() {
                 state.refused += 1;
                 return Some(frame::answer(req_id, 600_017, "invalid bot_id or secret"));

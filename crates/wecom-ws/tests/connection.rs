@@ -663,3 +663,45 @@ async fn a_reply_with_no_connection_to_go_out_on_says_not_sent() {
     );
     assert_eq!(finished(&server, &req_id), 0);
 }
+
+/// A subscribe refused for its rate (45009), again and again, is backed off and tried again —
+/// never a stop until a restart — and once WeCom takes it, messages flow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_that_are_not_about_the_credentials_never_stop_the_bot() {
+    let server = LocalAiBot::start(BOT, SECRET).await.expect("server");
+    server.refuse_subscribes(Some(45_009));
+    let inlet = Arc::new(Recorder::default());
+    let bot = AiBot::new(BOT).expect("bot");
+    let connection =
+        AiBotConnection::new(bot, settings(&server, SECRET), inlet.clone()).expect("settings");
+    let status = connection.status();
+    let stop = CancellationToken::new();
+    let run = tokio::spawn({
+        let stop = stop.clone();
+        async move { connection.run(stop).await }
+    });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while server.refused() < 4 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} refusals",
+            server.refused()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        !run.is_finished(),
+        "still trying after {} refusals",
+        server.refused()
+    );
+    assert!(status.fatal().is_none());
+    server.refuse_subscribes(None);
+    assert!(server.wait_for_subscribes(1, Duration::from_secs(40)).await);
+    server.push(
+        frame::MESSAGE,
+        &local::text_message(BOT, "after-limit", None, "u", "x"),
+    );
+    assert!(inlet.wait_for(1, Duration::from_secs(5)).await);
+    stop.cancel();
+    assert_eq!(run.await.expect("run"), Ended::Shutdown);
+}
