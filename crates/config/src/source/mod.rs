@@ -74,9 +74,9 @@ impl Secret {
                 format!("environment variable {env}"),
             ),
             Secret::File { file } => (
-                std::fs::read_to_string(file)
-                    .map(|text| text.trim_end_matches(['\n', '\r']).to_owned())
-                    .map_err(|error| format!("cannot read {}: {error}", file.display()))?,
+                read_secret_file(file)?
+                    .trim_end_matches(['\n', '\r'])
+                    .to_owned(),
                 format!("file {}", file.display()),
             ),
         };
@@ -88,6 +88,30 @@ impl Secret {
         }
         Ok(value)
     }
+}
+
+/// The most a secret file holds: keys and tokens are bytes to a few kilobytes; a path to
+/// something else (`/dev/zero`, a log) is refused before it fills memory.
+pub const MAX_SECRET_FILE: u64 = 64 << 10;
+
+/// Reads a secret file, at most [`MAX_SECRET_FILE`] bytes of UTF-8.
+fn read_secret_file(file: &std::path::Path) -> Result<String, String> {
+    use std::io::Read;
+    let cannot = |error: std::io::Error| format!("cannot read {}: {error}", file.display());
+    let mut bytes = Vec::new();
+    std::fs::File::open(file)
+        .map_err(cannot)?
+        .take(MAX_SECRET_FILE + 1)
+        .read_to_end(&mut bytes)
+        .map_err(cannot)?;
+    if bytes.len() as u64 > MAX_SECRET_FILE {
+        return Err(format!(
+            "{} holds more than {} KiB: a secret file holds the secret only",
+            file.display(),
+            MAX_SECRET_FILE >> 10
+        ));
+    }
+    String::from_utf8(bytes).map_err(|_| format!("{} is not UTF-8 text", file.display()))
 }
 
 /// `[[source]]`: one app on one platform. `platform` picks the variant; each platform has its
@@ -333,5 +357,39 @@ impl<'de> Deserialize<'de> for SourceConfig {
             }
         }?;
         Ok(SourceConfig { name, platform })
+    }
+}
+
+#[cfg(test)]
+mod secret_tests {
+    use super::*;
+
+    #[test]
+    fn a_secret_file_is_read_whole_and_bounded() {
+        let dir = tempfile::tempdir().expect("dir");
+        let good = dir.path().join("token");
+        std::fs::write(&good, "s3cr3t\n").expect("write");
+        let secret = Secret::File { file: good };
+        assert_eq!(secret.resolve(), Ok("s3cr3t".to_owned()));
+        let big = dir.path().join("big");
+        std::fs::write(&big, vec![b'a'; MAX_SECRET_FILE as usize + 1]).expect("write");
+        let refused = Secret::File { file: big }.resolve().expect_err("too big");
+        assert!(refused.contains("more than 64 KiB"), "{refused}");
+        // A device that never ends is refused as quickly.
+        if std::path::Path::new("/dev/zero").exists() {
+            let zero = Secret::File {
+                file: "/dev/zero".into(),
+            };
+            assert!(zero.resolve().is_err());
+        }
+        let missing = Secret::File {
+            file: dir.path().join("missing"),
+        };
+        assert!(
+            missing
+                .resolve()
+                .expect_err("missing")
+                .contains("cannot read")
+        );
     }
 }

@@ -59,7 +59,14 @@ pub(crate) fn router<S: Store>(shared: Arc<Shared<S>>) -> Router {
 fn reply(reply: Reply) -> Response {
     (
         StatusCode::OK,
-        [(header::CONTENT_TYPE, content_type(reply.content_type))],
+        [
+            (header::CONTENT_TYPE, content_type(reply.content_type)),
+            // An echoed string (a URL verification's echostr) is never read as anything else.
+            (
+                header::X_CONTENT_TYPE_OPTIONS,
+                header::HeaderValue::from_static("nosniff"),
+            ),
+        ],
         reply.body,
     )
         .into_response()
