@@ -12,6 +12,7 @@ pub mod crypto;
 pub mod events;
 mod keys;
 mod query;
+mod signed;
 mod source;
 mod suite;
 pub mod xml;

@@ -19,7 +19,8 @@ use oncegate_core::{
 
 use crate::keys::{Origin, SUITE, XML};
 use crate::query::Query;
-use crate::source::{Dialect, Signed, admit, envelope_encrypt};
+use crate::signed::Signed;
+use crate::source::{Dialect, admit, envelope_encrypt};
 use crate::xml::Fields;
 use crate::{AesKey, WecomError, crypto};
 
