@@ -330,6 +330,13 @@ pub trait WebhookSource: Send + Sync + 'static {
         )
     }
 
+    /// [`WebhookSource::sync_reply`] for an event of app `app`, for a source whose apps differ by
+    /// event (a WeCom suite seals each corp's reply for that corp).
+    fn sync_reply_for(&self, result: Option<Bytes>, request: Option<&Stamp>, app: &str) -> Reply {
+        let _ = app;
+        self.sync_reply(result, request)
+    }
+
     /// How long a synchronous call may take before its answer is late: the platform's wait,
     /// less the way back (Feishu waits 3 s for a card, WeCom and WeChat 5 s for a reply).
     fn sync_deadline(&self) -> std::time::Duration {

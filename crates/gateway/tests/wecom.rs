@@ -566,6 +566,48 @@ async fn a_replying_route_answers_with_the_encrypted_reply_once() {
     assert_eq!(gateway.stats().admitted, 0);
 }
 
+/// A suite serves many corps at one URL: a corp's passive reply is encrypted for that corp
+/// (with the suite's token and key), as a self-built app's is for its own — another corp of
+/// the same suite could not read it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_suite_corps_passive_reply_is_sealed_for_that_corp() {
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let url = replier(calls.clone()).await;
+    let sink = oncegate_gateway::HttpSink::new(&url, None, std::time::Duration::from_secs(3))
+        .expect("sink");
+    let suite = Arc::new(
+        oncegate_wecom::WecomSuite::new("ww4asffe99e54c0f4c", None, "suite-token", KEY)
+            .expect("suite"),
+    );
+    oncegate_core::WebhookSource::tenants(suite.as_ref())
+        .expect("a registry")
+        .replace(vec!["wpCorpA".to_owned(), "wpCorpB".to_owned()]);
+    let gateway = gateway(vec![("suite", suite)])
+        .replying_route(&["message.text"], Arc::new(sink))
+        .expect("route");
+    let corp_a = WecomApp::new("wpCorpA", "suite-token", KEY).expect("sealer");
+    let request = corp_a.seal(
+        &corp_a.message(&message("801", "zhangsan")),
+        START_MS / 1000,
+        "suite-reply",
+        [7; 16],
+    );
+    let (status, body) = call(&gateway, to_request("suite", request)).await;
+    assert_eq!(status, StatusCode::OK);
+    let envelope = String::from_utf8(body).expect("utf8");
+    let encrypt = field(&envelope, "Encrypt");
+    let timestamp = (START_MS / 1000).to_string();
+    assert!(oncegate_wecom::crypto::verify(
+        field(&envelope, "MsgSignature"),
+        &["suite-token", &timestamp, "suite-reply", encrypt]
+    ));
+    let key = oncegate_wecom::AesKey::from_encoding_aes_key(KEY).expect("key");
+    let reply = oncegate_wecom::crypto::decrypt(&key, encrypt, "wpCorpA").expect("for corp A");
+    assert!(String::from_utf8_lossy(&reply).contains("reply 1"));
+    assert!(oncegate_wecom::crypto::decrypt(&key, encrypt, "wpCorpB").is_err());
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
 /// A downstream that has nothing to reply answers 204 or an empty 200: WeCom gets the empty
 /// 200 and an Official Account `success`, as the README says, never an encrypted `{}`; a retry
 /// gets the same.

@@ -344,11 +344,11 @@ impl WebhookSource for WechatApp {
 }
 
 /// Both platforms wait 5 s for an answer; leave room for the way back.
-const REPLY_DEADLINE: std::time::Duration = std::time::Duration::from_millis(4_000);
+pub(crate) const REPLY_DEADLINE: std::time::Duration = std::time::Duration::from_millis(4_000);
 
 /// A passive reply, encrypted and signed with the request's timestamp and nonce: XML, or JSON
 /// when the handler answered JSON (an AI bot, whose receive id is empty).
-fn passive_reply(sealing: Sealing<'_>, answer: &[u8], request: Option<&Stamp>) -> Reply {
+pub(crate) fn passive_reply(sealing: Sealing<'_>, answer: &[u8], request: Option<&Stamp>) -> Reply {
     let json = answer.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
     let receive_id = if json { "" } else { sealing.receive_id };
     let encrypt = crypto::encrypt(sealing.key, answer, receive_id, random_prefix(answer));
@@ -401,10 +401,10 @@ fn text_message(to: &str, message: &SyntheticMessage, agent: Option<&str>) -> Ve
 }
 
 /// Who seals: the token, the key and the receive id.
-struct Sealing<'a> {
-    token: &'a str,
-    key: &'a AesKey,
-    receive_id: &'a str,
+pub(crate) struct Sealing<'a> {
+    pub(crate) token: &'a str,
+    pub(crate) key: &'a AesKey,
+    pub(crate) receive_id: &'a str,
 }
 
 fn encoded(nonce: &str) -> percent_encoding::PercentEncode<'_> {

@@ -20,7 +20,7 @@ use oncegate_core::{
 use crate::keys::{Origin, SUITE, XML};
 use crate::query::Query;
 use crate::signed::Signed;
-use crate::source::{Dialect, admit, envelope_encrypt};
+use crate::source::{Dialect, REPLY_DEADLINE, Sealing, admit, envelope_encrypt, passive_reply};
 use crate::xml::Fields;
 use crate::{AesKey, WecomError, crypto};
 
@@ -262,6 +262,28 @@ impl WebhookSource for WecomSuite {
     /// Retries reuse the query, as a corp's own callbacks do.
     fn retries_repeat_the_request(&self) -> bool {
         true
+    }
+
+    /// A corp's passive reply, encrypted for that corp with the suite's token and key (the
+    /// suite's own pushes take none: `success` only); no answer is the empty 200.
+    fn sync_reply_for(&self, result: Option<Bytes>, request: Option<&Stamp>, app: &str) -> Reply {
+        match result.filter(|answer| !answer.is_empty()) {
+            Some(answer) if app != self.suite_id => passive_reply(
+                Sealing {
+                    token: &self.token,
+                    key: &self.key,
+                    receive_id: app,
+                },
+                &answer,
+                request,
+            ),
+            _ => Reply::text(Bytes::new()),
+        }
+    }
+
+    /// WeCom waits 5 s for a corp's reply.
+    fn sync_deadline(&self) -> std::time::Duration {
+        REPLY_DEADLINE
     }
 
     fn tenants(&self) -> Option<Arc<dyn TenantSet>> {

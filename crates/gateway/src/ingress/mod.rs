@@ -216,6 +216,7 @@ async fn callback<S: Store>(
         Decoded::Sync { admit, stamp } => (admit, stamp, true),
     };
     let event_type = admit.event.event_type.clone();
+    let app = admit.event.app.clone();
     // The replay guard runs after the signature: unauthenticated requests never take nonce
     // memory. A nonce is remembered only once its event is admitted (or known), so a nonce can
     // never make the gateway drop an event it has not admitted.
@@ -238,7 +239,11 @@ async fn callback<S: Store>(
     let answered = if sync {
         crate::ingress::sync_call::call(shared, admit, source.decoder.sync_deadline())
             .await
-            .map(|result| source.decoder.sync_reply(result, request.as_ref()))
+            .map(|result| {
+                source
+                    .decoder
+                    .sync_reply_for(result, request.as_ref(), &app)
+            })
     } else {
         // The nonce goes to the store too: a store shared by several gateways refuses a
         // replay that reaches another gateway.
