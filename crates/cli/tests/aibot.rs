@@ -274,6 +274,51 @@ async fn a_bot_taken_over_twice_from_elsewhere_stops_and_says_why() {
     assert!(why.contains("outside"), "{why}");
 }
 
+/// `/readyz` tells a probe without the admin token what fails, not why: WeCom's refusal of a
+/// wrong secret, the store's and Redis's details are the token holder's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_says_why_only_to_the_admin_tokens_holder() {
+    let server = LocalAiBot::start(BOT, SECRET).await.expect("server");
+    let dir = tempfile::tempdir().expect("dir");
+    let config = config(dir.path(), "backend = \"memory\"", server.url())
+        .replace(SECRET, "a-wrong-secret")
+        .replace(
+            "admin_listen = \"127.0.0.1:0\"",
+            "admin_listen = \"127.0.0.1:0\"\nadmin_token = \"ready-t0ken\"",
+        );
+    let gateway = Serve::start_with(dir.path(), &config);
+    // Refused three times: the connection stops for good, and readiness fails saying why.
+    let privy = || async {
+        support::client()
+            .get(format!("{}/readyz", gateway.admin))
+            .bearer_auth("ready-t0ken")
+            .send()
+            .await
+            .expect("readyz")
+            .text()
+            .await
+            .expect("body")
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let body = privy().await;
+        if body.contains("600017") {
+            assert!(!body.contains("a-wrong-secret"), "{body}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{body}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (status, anonymous) = gateway.admin_get("/readyz").await;
+    assert_eq!(status, 503, "{anonymous}");
+    assert!(anonymous.contains("long_connection bot"), "{anonymous}");
+    assert!(
+        !anonymous.contains("600017") && !anonymous.contains("bot_id"),
+        "no refusal text without the token: {anonymous}"
+    );
+    assert!(anonymous.contains("admin token"), "{anonymous}");
+}
+
 /// The README's AI-bot source, with `oncegate simulate` playing WeCom as the README says: every
 /// message delivered once, through a takeover from elsewhere halfway.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -94,8 +94,16 @@ fn long_connections_gate<S>(shared: &Shared<S>) -> bool {
 
 /// Every readiness check with its verdict: 200 when all pass, else 503, with what failed.
 async fn readyz<S: Store>(State(shared): State<Arc<Shared<S>>>, headers: HeaderMap) -> Response {
+    // Probes call /readyz without the admin token: they learn what fails, not why (a store's
+    // path and OS error, Redis's settings, a platform's refusal are the token holder's).
+    let privy = authorized(&shared, &headers).is_ok();
     let mut checks = Vec::new();
     let mut check = |name: String, ok: bool, detail: String| {
+        let detail = if ok || privy {
+            detail
+        } else {
+            WHY_WITH_TOKEN.to_owned()
+        };
         checks.push(json!({"check": name, "ok": ok, "detail": detail}));
         ok
     };
@@ -138,9 +146,14 @@ async fn readyz<S: Store>(State(shared): State<Arc<Shared<S>>>, headers: HeaderM
     let store = match (shared.store.ping().await, &shared.ingress.spool) {
         (Ok(()), _) => (true, "answering".to_owned()),
         // Requests are still taken (into the spool), so stay in the load balancer.
-        (Err(error), Some(spool)) if spool.has_room() => {
-            (true, format!("spooling: store: {error}"))
-        }
+        (Err(error), Some(spool)) if spool.has_room() => (
+            true,
+            if privy {
+                format!("spooling: store: {error}")
+            } else {
+                "spooling: the store does not answer".to_owned()
+            },
+        ),
         (Err(error), _) => (false, format!("store: {error}")),
     };
     ready &= check("store".into(), store.0, store.1);
@@ -152,13 +165,13 @@ async fn readyz<S: Store>(State(shared): State<Arc<Shared<S>>>, headers: HeaderM
         "check": "durability",
         "ok": durability.holds,
         "mode": durability.mode,
-        "detail": durability.detail,
+        "detail": if privy { durability.detail.clone() } else { WHY_WITH_TOKEN.to_owned() },
         "at_risk": durability.at_risk,
     }));
     // What the configuration can lose beyond the store's promise: said, the gateway ready.
-    // Probes call /readyz without the admin token: to them the count only, since a finding
-    // names what is open to whom (a source taking unsigned events, a broker's host).
-    if authorized(&shared, &headers).is_ok() {
+    // To probes the count only, since a finding names what is open to whom (a source taking
+    // unsigned events, a broker's host).
+    if privy {
         for risk in &shared.at_risk {
             checks.push(
                 json!({"check": "configuration", "ok": true, "detail": "in force", "at_risk": risk}),
@@ -187,6 +200,10 @@ async fn readyz<S: Store>(State(shared): State<Arc<Shared<S>>>, headers: HeaderM
     )
         .into_response()
 }
+
+/// What `/readyz` says instead of a detail to a caller without the admin token.
+const WHY_WITH_TOKEN: &str =
+    "details for the admin token's holder: send it (oncegate status), or read the gateway's log";
 
 async fn metrics<S: Store>(State(shared): State<Arc<Shared<S>>>) -> Response {
     match &shared.admin.metrics_render {
