@@ -92,6 +92,14 @@ fn the_suites_own_pushes_are_events_answered_success() {
         admitted(&source, TICKET_QUERY, TICKET_BODY).keys,
         ticket.keys
     );
+    // A replying route on the suite's pushes still answers them `success`, never its own body.
+    let routed = source.sync_reply_for(
+        Some(bytes::Bytes::from_static(b"{\"x\":1}")),
+        None,
+        SUITE_ID,
+    );
+    assert_eq!(&routed.body[..], b"success");
+    assert_eq!(&source.sync_reply_for(None, None, CORP_A).body[..], b"");
     // What the gateway keeps of them: the newest ticket, and a corp that left.
     assert_eq!(
         source.tenancy(&ticket.event),
