@@ -9,44 +9,27 @@ mod support;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use oncegate_core::{SealedRequest, Sealer, SyntheticMessage};
+use oncegate_core::{SealedRequest, Sealer};
 use oncegate_wecom::WecomApp;
-use support::{Serve, client, file_route, lines, oncegate, redis_store, wait_until};
+use support::suite::{
+    KEY, SUITE_ID, TOKEN, corp_message, post, readme_block, readme_source, suite_push, ticket,
+};
+use support::{Serve, file_route, lines, oncegate, redis_store, wait_until};
 
-const SUITE_ID: &str = "ww4asffe99e54c0f4c";
 const PROVIDER: &str = "wwprovider00000001";
-const TOKEN: &str = "suite-e2e-token";
-const KEY: &str = "jWmYm7qr5nMoAUwZRjGtBxmz3KA1tkAj3ykkR6q2B2C";
 /// An encrypted corp id, and another corp whose id differs only in case.
 const CORP_A: &str = "wpAbCdEf0123456789ZzYy";
 const CORP_B: &str = "wpabcdef0123456789zzyy";
 
-/// The README's section on suites.
-fn readme_section() -> String {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
-        .expect("README");
-    readme
-        .split_once("### Many tenants: WeCom third-party suites")
-        .expect("the README's section on suites")
-        .1
-        .to_owned()
-}
-
-/// The section's first block in `language`.
-fn readme_block(language: &str) -> String {
-    readme_section()
-        .split_once(&format!("```{language}\n"))
-        .and_then(|(_, rest)| rest.split_once("```"))
-        .unwrap_or_else(|| panic!("a {language} block in the README's section on suites"))
-        .0
-        .to_owned()
-}
-
 /// The README's suite source, its secrets given inline, with a file route.
 fn config(dir: &Path, store: &str) -> String {
-    let source = readme_block("toml")
-        .replace(r#"{ env = "SUITE_TOKEN" }"#, &format!("\"{TOKEN}\""))
-        .replace(r#"{ env = "SUITE_AES_KEY" }"#, &format!("\"{KEY}\""));
+    let source = readme_source()
+        // Corps added by hand here: no secret, so nothing calls WeCom (tests/suites.rs does,
+        // on loopback).
+        .lines()
+        .filter(|line| !line.starts_with("suite_secret"))
+        .collect::<Vec<_>>()
+        .join("\n");
     assert!(
         source.contains(SUITE_ID) && source.contains(PROVIDER) && source.contains(TOKEN),
         "{source}"
@@ -87,40 +70,6 @@ fn readme_command(what: &str, admin: &str) -> Vec<String> {
         .skip(1)
         .map(|arg| arg.replace("http://127.0.0.1:9090", admin))
         .collect()
-}
-
-/// A corp's message as WeCom posts it to the suite's data URL: encrypted for the corp with the
-/// suite's token and key, stamped now.
-fn corp_message(corp: &str, id: &str) -> SealedRequest {
-    let sealer = WecomApp::new(corp, TOKEN, KEY).expect("sealer");
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_secs();
-    let plain = sealer.message(&SyntheticMessage {
-        id: id.to_owned(),
-        chat: format!("chat-{id}"),
-        sender: "zhangsan".into(),
-        text: "hello".into(),
-        created_ms: now * 1000,
-    });
-    sealer.seal(&plain, now, &format!("n{id}"), [9; 16])
-}
-
-async fn post(gateway: &Serve, sealed: &SealedRequest) -> (u16, String) {
-    let url = format!(
-        "{}/webhook/suite?{}",
-        gateway.base,
-        sealed.query.as_deref().unwrap_or_default()
-    );
-    let response = client()
-        .post(url)
-        .body(sealed.body.clone())
-        .send()
-        .await
-        .expect("post");
-    let status = response.status().as_u16();
-    (status, response.text().await.unwrap_or_default())
 }
 
 /// `oncegate tenants …` against `gateway`'s admin listener: its output, or why it failed.
@@ -253,22 +202,6 @@ async fn the_suites_own_pushes_are_answered_success_and_admitted_once() {
     assert_eq!(delivered.len(), 1, "{delivered:?}");
     assert_eq!(delivered[0]["event_type"], "suite.suite_ticket");
     assert_eq!(delivered[0]["app"], SUITE_ID);
-}
-
-/// A push to the suite as WeCom sends it: `document` encrypted for the SuiteId.
-fn suite_push(document: &str, nonce: &str) -> SealedRequest {
-    let sealer = WecomApp::new(SUITE_ID, TOKEN, KEY).expect("sealer");
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_secs();
-    sealer.seal(document.as_bytes(), now, nonce, [5; 16])
-}
-
-fn ticket(value: &str, issued_secs: u64) -> String {
-    format!(
-        "<xml><SuiteId><![CDATA[{SUITE_ID}]]></SuiteId><InfoType><![CDATA[suite_ticket]]></InfoType><TimeStamp>{issued_secs}</TimeStamp><SuiteTicket><![CDATA[{value}]]></SuiteTicket></xml>"
-    )
 }
 
 /// The suite's pushes change the shared state before they go to their route: the newest

@@ -345,7 +345,7 @@ pub trait WebhookSource: Send + Sync + 'static {
 }
 
 /// A change to a multi-tenant source's state that one of its platform's pushes makes.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub enum TenancyChange {
     /// The platform's latest ticket for the app (WeCom's `suite_ticket`, pushed every 10
     /// minutes, valid 30): kept in the store and shared by every gateway, the newest winning.
@@ -361,6 +361,32 @@ pub enum TenancyChange {
         /// The tenant.
         tenant: String,
     },
+    /// A tenant authorised the app, or asked for a new secret (WeCom's `create_auth`,
+    /// `reset_permanent_code`): its one-use code is exchanged for the tenant's permanent
+    /// credential, which adds (or renews) the tenant. Done from the queue, never inside the
+    /// platform's answer deadline (1000 ms).
+    Authorised {
+        /// The temporary authorisation code (10 minutes, one use). A secret: never logged.
+        auth_code: String,
+    },
+}
+
+/// Tickets and codes are secrets: shown as their kind only.
+impl std::fmt::Debug for TenancyChange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TenancyChange::Ticket { issued_secs, .. } => f
+                .debug_struct("Ticket")
+                .field("issued_secs", issued_secs)
+                .finish_non_exhaustive(),
+            TenancyChange::Left { tenant } => {
+                f.debug_struct("Left").field("tenant", tenant).finish()
+            }
+            TenancyChange::Authorised { .. } => {
+                f.debug_struct("Authorised").finish_non_exhaustive()
+            }
+        }
+    }
 }
 
 /// The set of tenants a source takes callbacks from, replaced whole by whoever keeps the

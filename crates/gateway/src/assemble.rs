@@ -135,6 +135,23 @@ fn add_senders<S: Store>(
         if let Some(sender) = registry::sender(source, config.api.send_timeout)? {
             shared.api.senders.insert(source.name.clone(), sender);
         }
+        // A suite sends as each of its corps, with credentials kept in the store.
+        #[cfg(feature = "wecom")]
+        if let oncegate_config::PlatformConfig::WecomSuite(settings) = &source.platform
+            && let Some(api) =
+                registry::wecom::suite_api(source, settings, config.api.send_timeout)?
+        {
+            let keeper = crate::credentials::SuiteKeeper::new(
+                &source.name,
+                api,
+                shared.store.clone(),
+                config.api.send_timeout,
+            );
+            shared
+                .api
+                .suites
+                .insert(source.name.clone(), std::sync::Arc::new(keeper));
+        }
     }
     // An AI bot sends over its connection, through the gateway that holds it.
     #[cfg(feature = "long-connection")]

@@ -67,6 +67,8 @@ pub mod api;
 mod assemble;
 mod base;
 pub mod bot;
+#[cfg(all(feature = "send", feature = "wecom"))]
+mod credentials;
 mod dispatch;
 mod gate;
 mod ingress;

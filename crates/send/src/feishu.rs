@@ -133,15 +133,8 @@ impl FeishuApi {
                 message: "the app secret is empty".into(),
             });
         }
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let http = reqwest::Client::builder()
-            .timeout(timeout)
-            .connect_timeout(timeout.min(Duration::from_secs(5)))
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .map_err(|error| SendError::Transient(error.to_string()))?;
         Ok(Self {
-            http,
+            http: crate::wecom::client(timeout)?,
             domain: domain.trim_end_matches('/').to_owned(),
             app_id: app_id.to_owned(),
             app_secret: app_secret.to_owned(),

@@ -14,6 +14,7 @@ pub mod local;
 pub mod local_wecom;
 mod token;
 pub mod wecom;
+pub mod wecom_suite;
 
 use std::time::Duration;
 
@@ -21,7 +22,8 @@ pub use aibot::{AiBotApi, AiBotMessage};
 pub use api::{Api, Prepared};
 pub use feishu::{FeishuApi, Message, RECEIVE_ID_TYPES};
 pub use oncegate_core::Rate as Budget;
-pub use wecom::{WecomApi, WecomMessage};
+pub use wecom::{TokenSource, WecomApi, WecomMessage};
+pub use wecom_suite::{Authorisation, WecomSuiteApi};
 
 /// The platforms' published limits, kept a little inside them.
 pub mod limits {

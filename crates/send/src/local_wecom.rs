@@ -1,6 +1,9 @@
 //! A WeCom-like message API on loopback, for tests: tokens (40014 for a stale one), a cap on
 //! calls in flight (45033), WeCom's silent drop past 30 messages per minute to one member, and
-//! a count of what it really delivered.
+//! a count of what it really delivered. With [`LocalWecomApi::serve_suite`] it is also a
+//! suite's ISV API (`shared/protocols/tenants.md` §1.3): suite tokens for the ticket it issued
+//! last, one-use authorisation codes exchanged for permanent codes, and each corp's tokens,
+//! each send recorded with the corp whose token it carried.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -16,13 +19,32 @@ use tokio::net::TcpListener;
 
 #[derive(Default)]
 struct Inner {
-    token: Option<String>,
+    /// Live tokens, each with its corp.
+    tokens: HashMap<String, String>,
     tokens_issued: u64,
     delivered: Vec<(String, Instant)>,
-    /// Each accepted call's body, in order.
-    bodies: Vec<String>,
+    /// Each accepted call's body, in order, with the corp whose token it carried.
+    bodies: Vec<(String, String)>,
     dropped: u64,
     busy: u64,
+    suite: Option<Suite>,
+}
+
+/// A suite served by the same server.
+#[derive(Default)]
+struct Suite {
+    id: String,
+    secret: String,
+    /// The ticket pushed last: the only one `get_suite_token` takes.
+    ticket: Option<String>,
+    tickets: u64,
+    suite_tokens: Vec<String>,
+    /// Authorisation codes not yet exchanged: code → (corp, agent).
+    codes: HashMap<String, (String, i64)>,
+    /// Permanent codes: code → corp.
+    permanent: HashMap<String, String>,
+    /// Calls to each of the suite's endpoints, by path.
+    calls: HashMap<&'static str, u64>,
 }
 
 struct Shared {
@@ -78,6 +100,9 @@ impl LocalWecomApi {
         let router = axum::Router::new()
             .route("/cgi-bin/gettoken", get(token))
             .route("/cgi-bin/message/send", post(send))
+            .route("/cgi-bin/service/get_suite_token", post(suite_token))
+            .route("/cgi-bin/service/get_permanent_code", post(permanent_code))
+            .route("/cgi-bin/service/get_corp_token", post(corp_token))
             .with_state(shared.clone());
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, router).await;
@@ -95,9 +120,59 @@ impl LocalWecomApi {
         self.shared.lock().tokens_issued
     }
 
-    /// Makes the current token invalid.
+    /// Makes every current token invalid.
     pub fn expire_token(&self) {
-        self.shared.lock().token = None;
+        self.shared.lock().tokens.clear();
+    }
+
+    /// Serves suite `suite_id` with `secret` too.
+    pub fn serve_suite(&self, suite_id: &str, secret: &str) {
+        self.shared.lock().suite = Some(Suite {
+            id: suite_id.to_owned(),
+            secret: secret.to_owned(),
+            ..Suite::default()
+        });
+    }
+
+    /// A new suite ticket, the only one taken from now on: what WeCom pushes every 10 minutes.
+    pub fn issue_ticket(&self) -> String {
+        let mut inner = self.shared.lock();
+        let suite = inner.suite.get_or_insert_with(Suite::default);
+        suite.tickets += 1;
+        let ticket = format!("ticket-{}", suite.tickets);
+        suite.ticket = Some(ticket.clone());
+        ticket
+    }
+
+    /// Corp `corp_id` authorises the suite (its agent `agent_id`): the one-use code its
+    /// `create_auth` push carries.
+    pub fn authorise(&self, corp_id: &str, agent_id: i64) -> String {
+        let mut inner = self.shared.lock();
+        let suite = inner.suite.get_or_insert_with(Suite::default);
+        let code = format!(
+            "auth-{corp_id}-{}",
+            suite.codes.len() + suite.permanent.len()
+        );
+        suite
+            .codes
+            .insert(code.clone(), (corp_id.to_owned(), agent_id));
+        code
+    }
+
+    /// Calls made to the suite endpoint `path` (`get_suite_token`, `get_permanent_code`,
+    /// `get_corp_token`).
+    pub fn suite_calls(&self, path: &str) -> u64 {
+        self.shared
+            .lock()
+            .suite
+            .as_ref()
+            .and_then(|suite| suite.calls.get(path).copied())
+            .unwrap_or(0)
+    }
+
+    /// Every accepted send, in order: the corp whose token it carried and its body.
+    pub fn sends(&self) -> Vec<(String, String)> {
+        self.shared.lock().bodies.clone()
     }
 
     /// Messages delivered to `member`.
@@ -117,7 +192,7 @@ impl LocalWecomApi {
             .bodies
             .iter()
             .skip(from)
-            .cloned()
+            .map(|(_, body)| body.clone())
             .collect()
     }
 
@@ -137,16 +212,121 @@ async fn token(
     State(shared): State<Arc<Shared>>,
     Query(query): Query<HashMap<String, String>>,
 ) -> Json<Value> {
-    if query.get("corpid") != Some(&shared.corp_id)
-        || query.get("corpsecret") != Some(&shared.secret)
-    {
-        return Json(json!({"errcode": 40001, "errmsg": "invalid credential"}));
-    }
     let mut inner = shared.lock();
+    let (corp, secret) = (query.get("corpid"), query.get("corpsecret"));
+    // A 代开发 app's secret is its permanent code.
+    let permanent = inner
+        .suite
+        .as_ref()
+        .and_then(|suite| suite.permanent.get(secret?))
+        .is_some_and(|owner| Some(owner) == corp);
+    let own = corp == Some(&shared.corp_id) && secret == Some(&shared.secret);
+    match (own || permanent, corp) {
+        (true, Some(corp)) => Json(issue(&mut inner, corp.clone())),
+        _ => Json(json!({"errcode": 40001, "errmsg": "invalid credential"})),
+    }
+}
+
+/// A new token for `corp`, valid until `expire_token`.
+fn issue(inner: &mut Inner, corp: String) -> Value {
     inner.tokens_issued += 1;
     let token = format!("wecom-token-{}", inner.tokens_issued);
-    inner.token = Some(token.clone());
-    Json(json!({"errcode": 0, "errmsg": "ok", "access_token": token, "expires_in": 7200}))
+    inner.tokens.insert(token.clone(), corp);
+    json!({"errcode": 0, "errmsg": "ok", "access_token": token, "expires_in": 7200})
+}
+
+/// The suite, counting the call to `path`, or WeCom's refusal when none is served.
+fn suite_of<'a>(inner: &'a mut Inner, path: &'static str) -> Result<&'a mut Suite, Value> {
+    let suite = inner
+        .suite
+        .as_mut()
+        .ok_or_else(|| json!({"errcode": 40001, "errmsg": "no suite here"}))?;
+    *suite.calls.entry(path).or_default() += 1;
+    Ok(suite)
+}
+
+async fn suite_token(State(shared): State<Arc<Shared>>, Json(body): Json<Value>) -> Json<Value> {
+    let mut inner = shared.lock();
+    let suite = match suite_of(&mut inner, "get_suite_token") {
+        Ok(suite) => suite,
+        Err(refusal) => return Json(refusal),
+    };
+    if body["suite_id"].as_str() != Some(&suite.id)
+        || body["suite_secret"].as_str() != Some(&suite.secret)
+    {
+        return Json(json!({"errcode": 40001, "errmsg": "invalid suite credential"}));
+    }
+    if suite.ticket.is_none() || body["suite_ticket"].as_str() != suite.ticket.as_deref() {
+        return Json(json!({"errcode": 40085, "errmsg": "invalid suite ticket"}));
+    }
+    let token = format!("suite-token-{}", suite.suite_tokens.len() + 1);
+    suite.suite_tokens.push(token.clone());
+    // As WeCom: no errcode on success.
+    Json(json!({"suite_access_token": token, "expires_in": 7200}))
+}
+
+/// Whether `query` carries a suite token the suite issued.
+fn suite_token_of(suite: &Suite, query: &HashMap<String, String>) -> bool {
+    query
+        .get("suite_access_token")
+        .is_some_and(|token| suite.suite_tokens.contains(token))
+}
+
+async fn permanent_code(
+    State(shared): State<Arc<Shared>>,
+    Query(query): Query<HashMap<String, String>>,
+    Json(body): Json<Value>,
+) -> Json<Value> {
+    let mut inner = shared.lock();
+    let suite = match suite_of(&mut inner, "get_permanent_code") {
+        Ok(suite) => suite,
+        Err(refusal) => return Json(refusal),
+    };
+    if !suite_token_of(suite, &query) {
+        return Json(json!({"errcode": 42009, "errmsg": "suite_access_token expired"}));
+    }
+    // One use: a second exchange of the same code is refused.
+    let Some((corp, agent)) = body["auth_code"]
+        .as_str()
+        .and_then(|code| suite.codes.remove(code))
+    else {
+        return Json(json!({"errcode": 40078, "errmsg": "invalid auth_code"}));
+    };
+    let permanent = format!("permanent-{corp}-{}", suite.permanent.len() + 1);
+    suite.permanent.insert(permanent.clone(), corp.clone());
+    Json(json!({
+        "access_token": "unused",
+        "expires_in": 7200,
+        "permanent_code": permanent,
+        "auth_corp_info": {"corpid": corp, "corp_name": format!("Corp {corp}")},
+        "auth_info": {"agent": [{"agentid": agent, "name": "app"}]},
+    }))
+}
+
+async fn corp_token(
+    State(shared): State<Arc<Shared>>,
+    Query(query): Query<HashMap<String, String>>,
+    Json(body): Json<Value>,
+) -> Json<Value> {
+    let mut inner = shared.lock();
+    let corp = {
+        let suite = match suite_of(&mut inner, "get_corp_token") {
+            Ok(suite) => suite,
+            Err(refusal) => return Json(refusal),
+        };
+        if !suite_token_of(suite, &query) {
+            return Json(json!({"errcode": 42009, "errmsg": "suite_access_token expired"}));
+        }
+        let corp = body["auth_corpid"].as_str().unwrap_or_default();
+        let owner = body["permanent_code"]
+            .as_str()
+            .and_then(|code| suite.permanent.get(code));
+        if owner.map(String::as_str) != Some(corp) {
+            return Json(json!({"errcode": 40084, "errmsg": "invalid permanent_code"}));
+        }
+        corp.to_owned()
+    };
+    Json(issue(&mut inner, corp))
 }
 
 async fn send(
@@ -173,13 +353,15 @@ async fn answer(
     // Every call takes a little while, so that concurrency shows.
     tokio::time::sleep(Duration::from_millis(20)).await;
     let mut inner = shared.lock();
-    if query.get("access_token").map(String::as_str) != inner.token.as_deref()
-        || inner.token.is_none()
-    {
+    let Some(corp) = query
+        .get("access_token")
+        .and_then(|token| inner.tokens.get(token))
+        .cloned()
+    else {
         return json!({"errcode": 40014, "errmsg": "invalid access_token"});
-    }
+    };
     let now = Instant::now();
-    inner.bodies.push(body.to_string());
+    inner.bodies.push((corp, body.to_string()));
     for member in body["touser"]
         .as_str()
         .unwrap_or("")

@@ -2,6 +2,9 @@
 //! with WeCom's duplicate check, a cap on calls in flight (45033 is a concurrency limit, not
 //! only a rate), and failures classed by what a retry may do.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -38,15 +41,35 @@ impl WecomMessage {
     }
 }
 
+/// A future a [`TokenSource`] answers with.
+pub type TokenFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Where an app's access token comes from when it is not its own secret's (`gettoken`): a
+/// third-party suite's corp token, fetched with the suite's credentials and shared by every
+/// gateway. It is asked before every call and told when WeCom refused what it gave.
+pub trait TokenSource: Send + Sync {
+    /// The current token.
+    fn token(&self) -> TokenFuture<'_, Result<String, SendError>>;
+    /// WeCom refused `token` (expired, revoked): the next `token` fetches another.
+    fn refused<'a>(&'a self, token: &'a str) -> TokenFuture<'a, ()>;
+}
+
+/// How an app gets its token.
+enum Tokens {
+    /// Its own secret, at `gettoken`, cached here.
+    Own { secret: String, cache: TokenCache },
+    /// Someone else's (a suite's corp token).
+    Supplied(Arc<dyn TokenSource>),
+}
+
 /// One WeCom app (a corp's agent).
 pub struct WecomApi {
     http: reqwest::Client,
     domain: String,
     corp_id: String,
-    secret: String,
     agent_id: i64,
     duplicate_check_interval: Duration,
-    token: TokenCache,
+    tokens: Tokens,
     in_flight: Semaphore,
 }
 
@@ -62,11 +85,15 @@ impl std::fmt::Debug for WecomApi {
 
 #[derive(Deserialize)]
 struct TokenAnswer {
+    /// "在调用失败时才返回errcode": absent is success.
+    #[serde(default)]
     errcode: i64,
     #[serde(default)]
     errmsg: String,
     access_token: Option<String>,
     expires_in: Option<u64>,
+    #[serde(flatten)]
+    others: serde_json::Map<String, Value>,
 }
 
 /// How a `WecomApi` behaves.
@@ -117,23 +144,41 @@ impl WecomApi {
                 message: "the app secret is empty".into(),
             });
         }
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let http = reqwest::Client::builder()
-            .timeout(options.timeout)
-            .connect_timeout(options.timeout.min(Duration::from_secs(5)))
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .map_err(|error| SendError::Transient(error.to_string()))?;
+        let tokens = Tokens::Own {
+            secret: secret.to_owned(),
+            cache: TokenCache::default(),
+        };
+        Self::build(domain, corp_id, agent_id, tokens, options)
+    }
+
+    /// A client for agent `agent_id` of corp `corp_id` whose token comes from `tokens` (a
+    /// suite's corp token): never fetched with a secret here.
+    pub fn with_tokens(
+        domain: &str,
+        corp_id: &str,
+        agent_id: i64,
+        tokens: Arc<dyn TokenSource>,
+        options: WecomOptions,
+    ) -> Result<Self, SendError> {
+        Self::build(domain, corp_id, agent_id, Tokens::Supplied(tokens), options)
+    }
+
+    fn build(
+        domain: &str,
+        corp_id: &str,
+        agent_id: i64,
+        tokens: Tokens,
+        options: WecomOptions,
+    ) -> Result<Self, SendError> {
         Ok(Self {
-            http,
+            http: client(options.timeout)?,
             domain: domain.trim_end_matches('/').to_owned(),
             corp_id: corp_id.to_owned(),
-            secret: secret.to_owned(),
             agent_id,
             duplicate_check_interval: options
                 .duplicate_check_interval
                 .min(Duration::from_secs(4 * 3600)),
-            token: TokenCache::default(),
+            tokens,
             in_flight: Semaphore::new(options.max_in_flight.max(1)),
         })
     }
@@ -163,37 +208,21 @@ impl WecomApi {
         Ok(WecomMessage { body })
     }
 
-    async fn fetch_token(&self) -> Result<(String, Duration), SendError> {
-        let url = format!("{}/cgi-bin/gettoken", self.domain);
-        let sent = self
-            .http
-            .get(url)
-            .query(&[("corpid", &self.corp_id), ("corpsecret", &self.secret)])
-            .send()
-            .await
-            .map_err(|error| {
-                SendError::Transient(format!(
-                    "token: {}",
-                    oncegate_core::redact::causes(&error.without_url())
-                ))
-            })?;
-        let body = crate::feishu::read(sent)
-            .await
-            .map_err(SendError::Transient)?;
-        let answer: TokenAnswer = serde_json::from_slice(&body)
-            .map_err(|error| SendError::Transient(format!("token answer: {error}")))?;
-        match (answer.errcode, answer.access_token, answer.expires_in) {
-            (0, Some(token), Some(expires)) if !token.is_empty() => {
-                Ok((token, Duration::from_secs(expires)))
+    async fn token(&self) -> Result<String, SendError> {
+        match &self.tokens {
+            Tokens::Own { secret, cache } => {
+                cache
+                    .get(async || gettoken(&self.http, &self.domain, &self.corp_id, secret).await)
+                    .await
             }
-            (BUSY, _, _) => Err(SendError::Transient("WeCom is busy (token)".into())),
-            (code, _, _) => Err(SendError::Permanent {
-                code,
-                message: format!(
-                    "access_token refused: {}; check corp_id and the app's secret",
-                    answer.errmsg.chars().take(200).collect::<String>()
-                ),
-            }),
+            Tokens::Supplied(source) => source.token().await,
+        }
+    }
+
+    async fn refused(&self, token: &str) {
+        match &self.tokens {
+            Tokens::Own { cache, .. } => cache.invalidate(token).await,
+            Tokens::Supplied(source) => source.refused(token).await,
         }
     }
 
@@ -205,7 +234,7 @@ impl WecomApi {
             .await
             .map_err(|_| SendError::Transient("the client is closing".into()))?;
         for attempt in 0..2 {
-            let token = self.token.get(async || self.fetch_token().await).await?;
+            let token = self.token().await?;
             let url = format!("{}/cgi-bin/message/send", self.domain);
             let sent = self
                 .http
@@ -237,7 +266,7 @@ impl WecomApi {
             match code {
                 0 => return Ok(answer),
                 code if BAD_TOKEN.contains(&code) && attempt == 0 => {
-                    self.token.invalidate(&token).await;
+                    self.refused(&token).await;
                 }
                 FREQUENCY => {
                     return Err(SendError::RetryAfter {
@@ -263,5 +292,73 @@ impl WecomApi {
         Err(SendError::Transient(
             "WeCom refused a freshly fetched token".into(),
         ))
+    }
+}
+
+/// An HTTP client for a platform's API: `timeout` per call, no redirects followed.
+pub(crate) fn client(timeout: Duration) -> Result<reqwest::Client, SendError> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+        .timeout(timeout)
+        .connect_timeout(timeout.min(Duration::from_secs(5)))
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .map_err(|error| SendError::Transient(error.to_string()))
+}
+
+/// A corp app's token from `gettoken` with its secret (a 代开发 app's secret is its permanent
+/// code): the token and its lifetime.
+pub(crate) async fn gettoken(
+    http: &reqwest::Client,
+    domain: &str,
+    corp_id: &str,
+    secret: &str,
+) -> Result<(String, Duration), SendError> {
+    let url = format!("{domain}/cgi-bin/gettoken");
+    let sent = http
+        .get(url)
+        .query(&[("corpid", corp_id), ("corpsecret", secret)])
+        .send()
+        .await
+        .map_err(|error| {
+            SendError::Transient(format!(
+                "token: {}",
+                oncegate_core::redact::causes(&error.without_url())
+            ))
+        })?;
+    let body = crate::feishu::read(sent)
+        .await
+        .map_err(SendError::Transient)?;
+    token_answer(&body, "access_token", "check corp_id and the app's secret")
+}
+
+/// A token from a WeCom answer (`field` and `expires_in`), or WeCom's refusal, with `hint`.
+pub(crate) fn token_answer(
+    body: &[u8],
+    field: &str,
+    hint: &str,
+) -> Result<(String, Duration), SendError> {
+    let answer: TokenAnswer = serde_json::from_slice(body)
+        .map_err(|error| SendError::Transient(format!("token answer: {error}")))?;
+    let token = match field {
+        "access_token" => answer.access_token,
+        _ => answer
+            .others
+            .get(field)
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+    };
+    match (answer.errcode, token, answer.expires_in) {
+        (0, Some(token), Some(expires)) if !token.is_empty() => {
+            Ok((token, Duration::from_secs(expires)))
+        }
+        (BUSY, _, _) => Err(SendError::Transient(format!("WeCom is busy ({field})"))),
+        (code, _, _) => Err(SendError::Permanent {
+            code,
+            message: format!(
+                "{field} refused: {}; {hint}",
+                answer.errmsg.chars().take(200).collect::<String>()
+            ),
+        }),
     }
 }

@@ -295,7 +295,8 @@ impl WebhookSource for WecomSuite {
     }
 
     /// A `suite_ticket` is the suite's newest ticket; a `cancel_auth` takes its corp out of the
-    /// registry. Other pushes change nothing here (their routes act on them).
+    /// registry; a `create_auth` or `reset_permanent_code` carries a code to exchange for the
+    /// corp's permanent code. Other pushes change nothing here (their routes act on them).
     fn tenancy(&self, event: &Event) -> Option<TenancyChange> {
         if *event.app != *self.suite_id || !event.event_type.starts_with(SUITE_EVENTS) {
             return None;
@@ -308,6 +309,9 @@ impl WebhookSource for WecomSuite {
             }),
             "cancel_auth" => Some(TenancyChange::Left {
                 tenant: fields.text("AuthCorpId")?.to_owned(),
+            }),
+            "create_auth" | "reset_permanent_code" => Some(TenancyChange::Authorised {
+                auth_code: fields.text("AuthCode")?.to_owned(),
             }),
             _ => None,
         }

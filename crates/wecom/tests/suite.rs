@@ -114,7 +114,13 @@ fn the_suites_own_pushes_are_events_answered_success() {
             tenant: CORP_A.into()
         })
     );
-    assert_eq!(source.tenancy(&create.event), None);
+    // A create_auth's code is what the gateway exchanges for the corp's permanent code.
+    assert_eq!(
+        source.tenancy(&create.event),
+        Some(TenancyChange::Authorised {
+            auth_code: "AUTHCODE".into()
+        })
+    );
     for how in [Accepted::Admitted, Accepted::Duplicate] {
         assert_eq!(
             &source.accepted_as(how, "suite.suite_ticket").body[..],

@@ -1,6 +1,8 @@
 //! The `oncegate serve` harness the binary-level tests share.
 #![allow(dead_code)] // each test crate uses a part of it
 
+pub(crate) mod suite;
+
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};

@@ -75,12 +75,12 @@ pub(crate) fn check(config: &Config, report: &mut impl FnMut(Severity, &str, Str
                 token,
                 encoding_aes_key,
                 ..
-            })
-            | PlatformConfig::WecomSuite(crate::SuiteSettings {
-                token,
-                encoding_aes_key,
-                ..
             }) => vec![("token", token), ("encoding_aes_key", encoding_aes_key)],
+            PlatformConfig::WecomSuite(suite) => vec![
+                ("token", &suite.token),
+                ("encoding_aes_key", &suite.encoding_aes_key),
+                ("suite_secret", &suite.suite_secret),
+            ],
             PlatformConfig::WecomAibot(aibot) => vec![("secret", &aibot.secret)],
         };
         for (field, secret) in &secrets {
@@ -221,7 +221,7 @@ pub(crate) fn plain_transport(
         PlatformConfig::Feishu(feishu) | PlatformConfig::Lark(feishu) => feishu.domain.as_deref(),
         PlatformConfig::Wecom(wecom) => wecom.domain.as_deref(),
         PlatformConfig::WecomAibot(aibot) => aibot.domain.as_deref(),
-        PlatformConfig::WecomSuite(_) => None,
+        PlatformConfig::WecomSuite(suite) => suite.domain.as_deref(),
         PlatformConfig::Wechat(wechat) => {
             if wechat.encoding_aes_key.is_none() {
                 report(

@@ -281,6 +281,12 @@ pub struct SuiteSettings {
     pub token: Option<Secret>,
     /// The suite's 43-character EncodingAESKey.
     pub encoding_aes_key: Option<Secret>,
+    /// The suite's Secret: with it the gateway exchanges each `create_auth`'s code for the
+    /// corp's permanent code (the corp joins the registry by itself) and `/send/<source>` sends
+    /// as each corp. Without it corps are added by hand and nothing is sent.
+    pub suite_secret: Option<Secret>,
+    /// WeCom's API address: `https://qyapi.weixin.qq.com` unless set (a local server, a proxy).
+    pub domain: Option<String>,
 }
 
 impl SourceConfig {

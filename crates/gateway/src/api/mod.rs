@@ -35,6 +35,9 @@ pub(crate) struct ApiState {
     /// The apps `/send/<source>` can send as, by source name.
     #[cfg(feature = "send")]
     pub(crate) senders: std::collections::HashMap<String, outbox::Sender>,
+    /// The suites `/send/<source>/<corp>` sends as each corp of, by source name.
+    #[cfg(all(feature = "send", feature = "wecom"))]
+    pub(crate) suites: std::collections::HashMap<String, Arc<crate::credentials::SuiteKeeper>>,
     /// One platform API call's deadline.
     #[cfg(feature = "send")]
     pub(crate) send_timeout: std::time::Duration,
@@ -60,6 +63,8 @@ impl Default for ApiState {
             key_limits: callers::KeyLimits::default(),
             #[cfg(feature = "send")]
             senders: std::collections::HashMap::new(),
+            #[cfg(all(feature = "send", feature = "wecom"))]
+            suites: std::collections::HashMap::new(),
             #[cfg(feature = "send")]
             send_timeout: std::time::Duration::from_secs(10),
             sends_waiting: budget::Waiting::default(),
@@ -76,7 +81,12 @@ impl Default for ApiState {
 pub(crate) fn router<S: Store>(shared: Arc<Shared<S>>) -> Router {
     let router = Router::new();
     #[cfg(feature = "send")]
-    let router = router.route("/send/{source}", post(crate::api::send::send::<S>));
+    let router = router
+        .route("/send/{source}", post(crate::api::send::send::<S>))
+        .route(
+            "/send/{source}/{tenant}",
+            post(crate::api::send::send_for_tenant::<S>),
+        );
     router
         .route("/keys/claim", post(crate::api::keys::claim::<S>))
         .route("/keys/renew", post(crate::api::keys::renew::<S>))

@@ -40,6 +40,8 @@ impl Sender {
 pub(crate) struct Sending<'a> {
     /// The source that sends (`/send/<source>`).
     pub(crate) source: &'a str,
+    /// The tenant it sends as, for a source that serves many (`/send/<source>/<tenant>`).
+    pub(crate) tenant: Option<&'a str>,
     /// Whose keys: callers of one namespace share them.
     pub(crate) namespace: &'a str,
     /// The caller's idempotency key.
@@ -70,9 +72,12 @@ pub struct Sent {
 pub enum NotSent {
     /// No source of that name can send.
     #[error(
-        "no such source that can send: a Feishu or Lark [[source]] with app_secret, a WeCom one with secret and agent_id, or a WeCom AI bot"
+        "no such source that can send: a Feishu or Lark [[source]] with app_secret, a WeCom one with secret and agent_id, a WeCom suite with suite_secret, or a WeCom AI bot"
     )]
     NoSuchSource,
+    /// The source serves no such tenant (or cannot send as it).
+    #[error("{0}")]
+    NoSuchTenant(String),
     /// The request is not a send of this platform.
     #[error("{0}")]
     BadRequest(String),
@@ -139,6 +144,55 @@ fn replayed(result: Option<bytes::Bytes>) -> Sent {
     }
 }
 
+/// The sender of `tenant` of a source that serves many (a WeCom suite's corp); `None` for a
+/// source of one tenant, which names none.
+async fn tenant_sender<S: Store>(
+    shared: &Shared<S>,
+    source: &str,
+    tenant: Option<&str>,
+) -> Result<Option<std::sync::Arc<Sender>>, NotSent> {
+    let serves_many = shared
+        .ingress
+        .multi_tenant
+        .iter()
+        .any(|name| name == source);
+    let Some(tenant) = tenant else {
+        if serves_many {
+            return Err(NotSent::BadRequest(format!(
+                "source {source:?} serves many tenants: name the one to send as                  (/send/{source}/<tenant>, or the Oncegate-Tenant header)"
+            )));
+        }
+        return Ok(None);
+    };
+    if !serves_many {
+        return Err(NotSent::BadRequest(format!(
+            "source {source:?} serves one tenant: send to /send/{source} without one"
+        )));
+    }
+    let known = shared
+        .ingress
+        .sources
+        .get(source)
+        .and_then(|found| found.decoder.tenants())
+        .is_some_and(|set| set.contains(tenant));
+    if !known {
+        return Err(NotSent::NoSuchTenant(format!(
+            "source {source:?} has no tenant {tenant:?} (oncegate tenants list {source})"
+        )));
+    }
+    #[cfg(feature = "wecom")]
+    if let Some(keeper) = shared.api.suites.get(source) {
+        return match keeper.sender(tenant).await {
+            Ok(sender) => Ok(Some(sender)),
+            Err(SendError::Permanent { message, .. }) => Err(NotSent::NoSuchTenant(message)),
+            Err(other) => Err(NotSent::Transient(other.to_string())),
+        };
+    }
+    Err(NotSent::NoSuchTenant(format!(
+        "source {source:?} cannot send (a WeCom suite sends with its suite_secret)"
+    )))
+}
+
 /// Sends once.
 pub(crate) async fn send<S: Store>(
     shared: &Shared<S>,
@@ -147,6 +201,7 @@ pub(crate) async fn send<S: Store>(
     let started = Instant::now();
     let Sending {
         source,
+        tenant,
         namespace,
         key,
         request,
@@ -161,11 +216,15 @@ pub(crate) async fn send<S: Store>(
             "a send's key (Idempotency-Key) is 1 to {KEY_LIMIT} bytes, the same for every retry"
         )));
     }
-    let sender = shared
-        .api
-        .senders
-        .get(source)
-        .ok_or(NotSent::NoSuchSource)?;
+    let tenant_sender = tenant_sender(shared, source, tenant).await?;
+    let sender: &Sender = match &tenant_sender {
+        Some(sender) => sender,
+        None => shared
+            .api
+            .senders
+            .get(source)
+            .ok_or(NotSent::NoSuchSource)?,
+    };
     // Replies go first unless the caller says otherwise.
     let replying = request.get("reply_to").is_some_and(|to| !to.is_null());
     let lane = lane.unwrap_or(if replying { Lane::High } else { Lane::Bulk });
@@ -178,7 +237,12 @@ pub(crate) async fn send<S: Store>(
         .map_err(NotSent::BadRequest)?;
     // The payload that a reuse of the key must match: the send itself, not how long it waits.
     let payload = &prepared.payload;
-    let hash = key_for("send", namespace, source, key);
+    // A tenant's keys are its own: the same key for two corps is two sends.
+    let scope = match tenant {
+        Some(tenant) => format!("{source}\n{tenant}"),
+        None => source.to_owned(),
+    };
+    let hash = key_for("send", namespace, &scope, key);
     let claiming = OnceKey::new(hash, hash.home(shared.store.partitions()))
         .lease(shared.api.send_timeout * 3 + wait)
         .payload(payload.to_string().as_bytes());

@@ -46,13 +46,52 @@ fn retry_after(after: Duration, message: String) -> Response {
         .into_response()
 }
 
+/// The header naming the tenant a send goes out as (or `/send/<source>/<tenant>`).
+const TENANT_HEADER: &str = "oncegate-tenant";
+
 pub(crate) async fn send<S: Store>(
     State(shared): State<Arc<Shared<S>>>,
     Path(source): Path<String>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    match send_once(&shared, &source, &headers, &body).await {
+    let tenant = match headers.get(TENANT_HEADER).map(|value| value.to_str()) {
+        None => None,
+        Some(Ok(tenant)) => Some(tenant.to_owned()),
+        Some(Err(_)) => {
+            return Refused::new(
+                RefusalKind::BadInput,
+                "bad_request",
+                "the Oncegate-Tenant header is not visible ASCII",
+            )
+            .into_response();
+        }
+    };
+    match send_once(&shared, &source, tenant.as_deref(), &headers, &body).await {
+        Ok(response) => response,
+        Err(refused) => refused.into_response(),
+    }
+}
+
+/// `/send/<source>/<tenant>`: a send as one tenant of a source that serves many.
+pub(crate) async fn send_for_tenant<S: Store>(
+    State(shared): State<Arc<Shared<S>>>,
+    Path((source, tenant)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let named = headers
+        .get(TENANT_HEADER)
+        .is_some_and(|value| value.as_bytes() != tenant.as_bytes());
+    if named {
+        return Refused::new(
+            RefusalKind::BadInput,
+            "bad_request",
+            "the path and the Oncegate-Tenant header name different tenants",
+        )
+        .into_response();
+    }
+    match send_once(&shared, &source, Some(&tenant), &headers, &body).await {
         Ok(response) => response,
         Err(refused) => refused.into_response(),
     }
@@ -61,6 +100,7 @@ pub(crate) async fn send<S: Store>(
 async fn send_once<S: Store>(
     shared: &Shared<S>,
     source: &str,
+    tenant: Option<&str>,
     headers: &HeaderMap,
     body: &Bytes,
 ) -> Result<Response, Refused> {
@@ -128,6 +168,7 @@ async fn send_once<S: Store>(
     };
     let sending = Sending {
         source,
+        tenant,
         namespace: &caller.namespace,
         key,
         request,
@@ -157,7 +198,9 @@ fn answer(not_sent: NotSent) -> Response {
     let message = not_sent.to_string();
     let refused = |kind, label| Refused::new(kind, label, message.clone()).into_response();
     match not_sent {
-        NotSent::NoSuchSource => refused(RefusalKind::NotFound, "not_found"),
+        NotSent::NoSuchSource | NotSent::NoSuchTenant(_) => {
+            refused(RefusalKind::NotFound, "not_found")
+        }
         NotSent::BadRequest(_) => refused(RefusalKind::BadInput, "bad_request"),
         // Named as the caller knows the key.
         NotSent::InFlight => Refused::new(

@@ -47,6 +47,7 @@ pub(crate) async fn send<S: Store>(
 ) -> Result<Sent, NotSent> {
     let sending = Sending {
         source,
+        tenant: None,
         namespace: options.namespace.as_deref().unwrap_or(RUST_NAMESPACE),
         key,
         request,

@@ -126,12 +126,17 @@ async fn change_tenancy<S: Store>(
             ticket,
             issued_secs,
         } => keep_ticket(&*shared.store, &tickets(source), &ticket, issued_secs).await,
+        TenancyChange::Authorised { auth_code } => authorise(shared, source, &auth_code).await,
         TenancyChange::Left { tenant } => {
             let namespace = namespace(source);
             shared
                 .store
                 .state_remove(&namespace, &tenant, Expect::Any)
                 .await?;
+            #[cfg(all(feature = "send", feature = "wecom"))]
+            if let Some(keeper) = shared.api.suites.get(source) {
+                keeper.forget(&tenant).await?;
+            }
             tracing::info!(source, tenant = %tenant, "a tenant left: its callbacks are refused from now on");
             if let Some(set) = shared
                 .ingress
@@ -144,6 +149,57 @@ async fn change_tenancy<S: Store>(
             Ok(())
         }
     }
+}
+
+/// Exchanges a tenant's authorisation code for its permanent credential (which adds it to the
+/// registry): an error WeCom may answer otherwise later (no ticket yet, a busy API) retries the
+/// event; a refusal for good (the code used or expired) is said, and the event still goes to
+/// its route, whose handler may act on it.
+async fn authorise<S: Store>(
+    shared: &Shared<S>,
+    source: &str,
+    auth_code: &str,
+) -> Result<(), StoreError> {
+    #[cfg(all(feature = "send", feature = "wecom"))]
+    if let Some(keeper) = shared.api.suites.get(source) {
+        use oncegate_send::SendError;
+        return match keeper.authorise(auth_code).await {
+            Ok(authorised) => {
+                metrics::counter!("oncegate_tenancy_changes_total", "source" => source.to_owned(), "change" => "authorised").increment(1);
+                tracing::info!(source, tenant = %authorised.corp_id, agent = ?authorised.agent_id, "a tenant authorised the suite: its callbacks are taken and /send sends as it");
+                if let Some(set) = shared
+                    .ingress
+                    .sources
+                    .get(source)
+                    .and_then(|found| found.decoder.tenants())
+                {
+                    set.replace(all(&*shared.store, &namespace(source)).await?);
+                }
+                Ok(())
+            }
+            Err(SendError::Permanent { code, message }) => {
+                metrics::counter!("oncegate_tenancy_changes_total", "source" => source.to_owned(), "change" => "authorisation_refused").increment(1);
+                tracing::error!(
+                    source,
+                    code,
+                    "WeCom refused to exchange an authorisation code ({message}): the corp was not added; it can be added with oncegate tenants add, or authorise again"
+                );
+                Ok(())
+            }
+            Err(other) => Err(StoreError::Unavailable(format!(
+                "the authorisation of a tenant of {source:?} waits: {other}"
+            ))),
+        };
+    }
+    let _ = auth_code;
+    shared.summaries.note(
+        "authorisation_unexchanged",
+        None,
+        &format!(
+            "source {source:?} received an authorisation (create_auth) but has no suite_secret              to exchange it: add the corp with oncegate tenants add, or set suite_secret"
+        ),
+    );
+    Ok(())
 }
 
 /// Keeps `ticket` as the newest, unless a newer one is kept already (a late retry of an older

@@ -5,7 +5,7 @@
 #[cfg(feature = "feishu")]
 mod feishu;
 #[cfg(feature = "wecom")]
-mod wecom;
+pub(crate) mod wecom;
 
 use std::sync::Arc;
 

@@ -117,3 +117,23 @@ pub(super) fn sender(
     };
     Ok(crate::api::send::Sender::of(api))
 }
+
+/// A suite's own API, when its `suite_secret` is set: what exchanges authorisation codes and
+/// fetches each corp's token.
+#[cfg(feature = "send")]
+pub(crate) fn suite_api(
+    config: &SourceConfig,
+    settings: &oncegate_config::SuiteSettings,
+    timeout: std::time::Duration,
+) -> Result<Option<oncegate_send::WecomSuiteApi>, GatewayError> {
+    let Some(secret) = resolve(config, &settings.suite_secret, "suite_secret")? else {
+        return Ok(None);
+    };
+    let domain = settings
+        .domain
+        .clone()
+        .unwrap_or_else(|| "https://qyapi.weixin.qq.com".to_owned());
+    oncegate_send::WecomSuiteApi::new(&domain, &settings.suite_id, &secret, timeout)
+        .map(Some)
+        .map_err(|error| platform_error(config, error))
+}

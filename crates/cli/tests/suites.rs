@@ -1,0 +1,303 @@
+//! A WeCom suite end to end against a local ISV API (`shared/protocols/tenants.md` §1.3): two
+//! gateways on one Redis; the ticket pushed to one is the one both fetch the suite token with;
+//! a `create_auth` pushed to either is answered `success` at once and its code exchanged from the
+//! queue, so that the corp's first message is taken within 2 s without a restart; `/send` as
+//! each corp carries that corp's token and no other's, the suite and corp tokens fetched once
+//! for both gateways; `cancel_auth` stops the corp's callbacks and sends.
+
+mod support;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use oncegate_core::SealedRequest;
+use oncegate_send::local_wecom::LocalWecomApi;
+use serde_json::json;
+use support::suite::{SUITE_ID, corp_message, now, post, readme_source, suite_push, ticket};
+use support::{Serve, client, file_route, lines, redis_store, wait_until};
+
+const SUITE_SECRET: &str = "suite-secret-e2e";
+const CALLER: &str = "caller-token-e2e-0123456789";
+
+/// The README's suite source (tests/tenants.rs checks its registry commands), its secrets given
+/// inline, pointed at the local ISV API, with an API caller and a file route.
+fn config(dir: &Path, store: &str, domain: &str) -> String {
+    let source = readme_source().replace(
+        r#"{ env = "SUITE_SECRET" }"#,
+        &format!("\"{SUITE_SECRET}\""),
+    );
+    assert!(
+        source.contains(SUITE_ID) && source.contains(SUITE_SECRET),
+        "{source}"
+    );
+    format!(
+        r#"[store]
+{store}
+
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[api]
+listen = "127.0.0.1:0"
+
+[[api.caller]]
+name = "isv"
+token = "{CALLER}"
+
+{source}domain = "{domain}"
+
+{}"#,
+        file_route(dir, "")
+    )
+}
+
+fn ticket_push(value: &str) -> SealedRequest {
+    suite_push(&ticket(value, now()), &format!("t-{value}"))
+}
+
+/// `create_auth` as WeCom documents it (path 90642): SuiteId, AuthCode, InfoType, TimeStamp.
+fn create_auth(code: &str) -> SealedRequest {
+    let now = now();
+    suite_push(
+        &format!(
+            "<xml><SuiteId><![CDATA[{SUITE_ID}]]></SuiteId><AuthCode><![CDATA[{code}]]></AuthCode><InfoType><![CDATA[create_auth]]></InfoType><TimeStamp>{now}</TimeStamp><State><![CDATA[]]></State></xml>"
+        ),
+        &format!("a-{code}"),
+    )
+}
+
+fn cancel_auth(corp: &str) -> SealedRequest {
+    let now = now();
+    suite_push(
+        &format!(
+            "<xml><SuiteId><![CDATA[{SUITE_ID}]]></SuiteId><InfoType><![CDATA[cancel_auth]]></InfoType><TimeStamp>{now}</TimeStamp><AuthCorpId><![CDATA[{corp}]]></AuthCorpId></xml>"
+        ),
+        &format!("c-{corp}"),
+    )
+}
+
+async fn send(gateway: &Serve, path: &str, key: &str, to: &str) -> (u16, serde_json::Value) {
+    let body = json!({"touser": to, "msgtype": "text", "text": {"content": key}, "wait_ms": 20000});
+    let response = client()
+        .post(format!(
+            "{}/send/{path}",
+            gateway.api.as_deref().expect("api")
+        ))
+        .bearer_auth(CALLER)
+        .header("idempotency-key", key)
+        .json(&body)
+        .send()
+        .await
+        .expect("send");
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or_default())
+}
+
+/// Posts `sealed` until it is answered `status`, `limit` at most: how long that took.
+async fn until_answered(
+    gateway: &Serve,
+    sealed: &SealedRequest,
+    status: u16,
+    limit: Duration,
+) -> Duration {
+    let started = Instant::now();
+    loop {
+        let (got, body) = post(gateway, sealed).await;
+        if got == status {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < limit,
+            "still {got} ({body}) after {limit:?}; {}",
+            gateway.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_corp_authorised_through_create_auth_is_served_and_sent_as_with_its_own_token() {
+    let platform = LocalWecomApi::start("wwisvcorp", "unused-secret", 64)
+        .await
+        .expect("api");
+    platform.serve_suite(SUITE_ID, SUITE_SECRET);
+    let store = redis_store("suites");
+    let (a_dir, b_dir) = (
+        tempfile::tempdir().expect("dir"),
+        tempfile::tempdir().expect("dir"),
+    );
+    let a = Serve::start_with(
+        a_dir.path(),
+        &config(a_dir.path(), &store, &platform.domain()),
+    );
+    let b = Serve::start_with(
+        b_dir.path(),
+        &config(b_dir.path(), &store, &platform.domain()),
+    );
+
+    // The ticket reaches A; B fetches the suite token with it.
+    let (status, body) = post(&a, &ticket_push(&platform.issue_ticket())).await;
+    assert_eq!((status, body.as_str()), (200, "success"));
+
+    // Corp 0 authorises; its create_auth reaches B, answered `success` within WeCom's 1000 ms.
+    let corps: Vec<String> = (0..50).map(|i| format!("wpCorp{i:02}Xy")).collect();
+    let code = platform.authorise(&corps[0], 1_000_002);
+    let authorised = Instant::now();
+    let (status, body) = post(&b, &create_auth(&code)).await;
+    let answered = authorised.elapsed();
+    assert_eq!((status, body.as_str()), (200, "success"), "{}", b.stderr());
+    assert!(answered < Duration::from_millis(1000), "{answered:?}");
+    // Its first message is taken by A within 2 s of the authorisation, without a restart.
+    let first = corp_message(&corps[0], "first");
+    until_answered(&a, &first, 200, Duration::from_secs(2)).await;
+    eprintln!(
+        "create_auth answered in {answered:?}; the corp's first message taken {:?} after it",
+        authorised.elapsed()
+    );
+    // The other 49 authorise, half through each gateway.
+    for (i, corp) in corps.iter().enumerate().skip(1) {
+        let code = platform.authorise(corp, 1_000_000 + i64::try_from(i).expect("i"));
+        let gateway = if i % 2 == 0 { &a } else { &b };
+        let (status, body) = post(gateway, &create_auth(&code)).await;
+        assert_eq!((status, body.as_str()), (200, "success"));
+    }
+    for corp in &corps {
+        until_answered(
+            &b,
+            &corp_message(corp, &format!("hello-{corp}")),
+            200,
+            Duration::from_secs(10),
+        )
+        .await;
+    }
+
+    // 200 concurrent sends across the 50 corps, on both gateways, by path and by header.
+    let mut sends = Vec::new();
+    for i in 0..200 {
+        let corp = corps[i % 50].clone();
+        let gateway = if i % 2 == 0 {
+            a.api.clone()
+        } else {
+            b.api.clone()
+        };
+        sends.push(tokio::spawn(async move {
+            let key = format!("k{i}-{corp}");
+            let body = json!({"touser": format!("member{i}"), "msgtype": "text",
+                              "text": {"content": key}, "wait_ms": 20000});
+            let api = gateway.expect("api");
+            let request = if i % 4 < 2 {
+                client().post(format!("{api}/send/suite/{corp}"))
+            } else {
+                client()
+                    .post(format!("{api}/send/suite"))
+                    .header("oncegate-tenant", &corp)
+            };
+            let response = request
+                .bearer_auth(CALLER)
+                .header("idempotency-key", &key)
+                .json(&body)
+                .send()
+                .await
+                .expect("send");
+            (response.status().as_u16(), key, corp)
+        }));
+    }
+    let mut expected: HashMap<String, String> = HashMap::new();
+    for sent in sends {
+        let (status, key, corp) = sent.await.expect("task");
+        assert_eq!(status, 200, "{key}: {}", a.stderr());
+        expected.insert(key, corp);
+    }
+    // Each message went out once, with its own corp's token.
+    let delivered = platform.sends();
+    assert_eq!(delivered.len(), 200, "{delivered:?}");
+    for (corp, body) in &delivered {
+        let body: serde_json::Value = serde_json::from_str(body).expect("body");
+        let key = body["text"]["content"].as_str().expect("content");
+        assert_eq!(
+            expected.get(key),
+            Some(corp),
+            "{key} went out with {corp}'s token"
+        );
+    }
+    // One suite token and one token per corp, for both gateways.
+    assert_eq!(platform.suite_calls("get_suite_token"), 1);
+    assert_eq!(platform.suite_calls("get_permanent_code"), 50);
+    assert_eq!(platform.suite_calls("get_corp_token"), 50);
+
+    // A key is the tenant's own: the same key for another corp is another send.
+    let (status, _) = send(&a, &format!("suite/{}", corps[1]), "shared-key", "u").await;
+    assert_eq!(status, 200);
+    let (status, _) = send(&a, &format!("suite/{}", corps[2]), "shared-key", "u").await;
+    assert_eq!(status, 200);
+    assert_eq!(platform.sends().len(), 202);
+
+    // Sends that name no tenant, or one the suite does not serve, are refused clearly.
+    let (status, body) = send(&a, "suite", "no-tenant", "u").await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.to_string().contains("name the one"), "{body}");
+    let (status, body) = send(&a, "suite/wpNobody", "nobody", "u").await;
+    assert_eq!(status, 404, "{body}");
+
+    // Corp 3 cancels: its callbacks are refused and nothing is sent as it, on both gateways.
+    let (status, body) = post(&a, &cancel_auth(&corps[3])).await;
+    assert_eq!((status, body.as_str()), (200, "success"));
+    // B may take it while the cancellation reaches it (within a second): then it is delivered,
+    // as every admitted event is.
+    let late = corp_message(&corps[3], "after-cancel");
+    let mut taken_meanwhile = 0;
+    let cancelled = Instant::now();
+    loop {
+        match post(&b, &late).await {
+            (503, _) => break,
+            (200, _) => taken_meanwhile = 1,
+            (status, body) => panic!("{status} {body}"),
+        }
+        assert!(
+            cancelled.elapsed() < Duration::from_secs(1),
+            "{}",
+            b.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (status, body) = send(&b, &format!("suite/{}", corps[3]), "after-cancel", "u").await;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(platform.sends().len(), 202);
+
+    // Every corp message admitted was delivered once, as its corp's.
+    wait_until(
+        "the corps' messages delivered",
+        Duration::from_secs(15),
+        || {
+            lines(a_dir.path())
+                .iter()
+                .chain(lines(b_dir.path()).iter())
+                .filter(|line| {
+                    line["event_type"]
+                        .as_str()
+                        .is_some_and(|t| !t.starts_with("suite."))
+                })
+                .count()
+                >= 51 + taken_meanwhile
+        },
+    )
+    .await;
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for line in lines(a_dir.path()).iter().chain(lines(b_dir.path()).iter()) {
+        if line["event_type"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("suite."))
+        {
+            continue;
+        }
+        *seen.entry(line["event_id"].to_string()).or_default() += 1;
+        assert!(
+            corps.iter().any(|corp| line["app"] == corp.as_str()),
+            "{line}"
+        );
+    }
+    assert_eq!(seen.len(), 51 + taken_meanwhile, "{seen:?}");
+    assert!(seen.values().all(|count| *count == 1), "{seen:?}");
+}

@@ -1,0 +1,288 @@
+//! A WeCom suite's credentials, kept in the store for every gateway: the suite token (fetched
+//! with the newest pushed ticket), each corp's permanent code (from its `create_auth`) and each
+//! corp's token — and the sender of each corp, whose token is that corp's and no other's.
+//! Facts: `shared/protocols/tenants.md` §1.3.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use bytes::Bytes;
+use oncegate_core::{Expect, StoreError};
+use oncegate_send::wecom::{TokenFuture, WecomOptions};
+use oncegate_send::wecom_suite::{SUITE_TOKEN_REFUSED, TICKET_REFUSED};
+use oncegate_send::{Api, Authorisation, SendError, TokenSource, WecomApi, WecomSuiteApi};
+use serde_json::{Value, json};
+
+use super::shared_state::SharedState;
+use super::tokens::SharedTokens;
+use crate::api::send::Sender;
+use crate::ingress::tenants;
+
+/// The store namespace of `source`'s permanent codes, by corp.
+pub(crate) fn codes(source: &str) -> String {
+    format!("credentials:{source}")
+}
+
+/// The store namespace of `source`'s tokens.
+fn token_namespace(source: &str) -> String {
+    format!("tokens:{source}")
+}
+
+/// A corp's kept credential.
+struct Credential {
+    permanent_code: String,
+    agent_id: Option<i64>,
+}
+
+fn unavailable(error: StoreError) -> SendError {
+    SendError::Transient(format!("the store cannot answer: {error}"))
+}
+
+/// One suite source's credentials and senders.
+pub(crate) struct SuiteKeeper {
+    source: String,
+    api: WecomSuiteApi,
+    store: Arc<dyn SharedState>,
+    tokens: SharedTokens,
+    timeout: Duration,
+    senders: Mutex<HashMap<String, Arc<Sender>>>,
+}
+
+impl SuiteKeeper {
+    /// The keeper of `source`'s credentials, calling `api`, keeping them in `store`.
+    pub(crate) fn new(
+        source: &str,
+        api: WecomSuiteApi,
+        store: Arc<dyn SharedState>,
+        timeout: Duration,
+    ) -> Self {
+        Self {
+            source: source.to_owned(),
+            tokens: SharedTokens::new(store.clone(), token_namespace(source)),
+            api,
+            store,
+            timeout,
+            senders: Mutex::default(),
+        }
+    }
+
+    /// The newest ticket WeCom pushed (kept by any gateway).
+    async fn ticket(&self) -> Result<String, SendError> {
+        let kept = self
+            .store
+            .get(&tenants::tickets(&self.source), "ticket")
+            .await
+            .map_err(unavailable)?;
+        kept.and_then(|kept| serde_json::from_slice::<Value>(&kept.value).ok())
+            .and_then(|doc| doc["ticket"].as_str().map(str::to_owned))
+            .ok_or_else(|| {
+                SendError::Transient(format!(
+                    "source {:?} has no suite_ticket yet: WeCom pushes one every 10 minutes to \
+                     the command URL (or press 刷新ticket in the ISV console)",
+                    self.source
+                ))
+            })
+    }
+
+    async fn suite_token(&self) -> Result<String, SendError> {
+        self.tokens
+            .get("suite", async || {
+                let ticket = self.ticket().await?;
+                self.api
+                    .suite_token(&ticket)
+                    .await
+                    .map_err(|error| match error {
+                        // A ticket WeCom no longer takes: the next push replaces it.
+                        SendError::Permanent { code, message } if code == TICKET_REFUSED => {
+                            SendError::Transient(message)
+                        }
+                        other => other,
+                    })
+            })
+            .await
+    }
+
+    /// `call` with the suite token, with a fresh one once if WeCom says it is stale.
+    async fn with_suite_token<T, F>(&self, call: impl Fn(String) -> F) -> Result<T, SendError>
+    where
+        F: std::future::Future<Output = Result<T, SendError>>,
+    {
+        let token = self.suite_token().await?;
+        match call(token.clone()).await {
+            Err(SendError::Permanent { code, .. }) if SUITE_TOKEN_REFUSED.contains(&code) => {
+                self.tokens.refused("suite", &token).await;
+                call(self.suite_token().await?).await
+            }
+            other => other,
+        }
+    }
+
+    /// Exchanges a `create_auth`'s (or `reset_permanent_code`'s) code for the corp's permanent
+    /// code, keeps it, and adds the corp to the registry (its settings: name and agent).
+    pub(crate) async fn authorise(&self, auth_code: &str) -> Result<Authorisation, SendError> {
+        let authorised = self
+            .with_suite_token(
+                |token| async move { self.api.permanent_code(&token, auth_code).await },
+            )
+            .await?;
+        let corp = &authorised.corp_id;
+        let credential = json!({
+            "permanent_code": authorised.permanent_code,
+            "agent_id": authorised.agent_id,
+        });
+        self.store
+            .put(
+                &codes(&self.source),
+                corp,
+                Bytes::from(credential.to_string()),
+                Expect::Any,
+                None,
+            )
+            .await
+            .map_err(unavailable)?;
+        // A renewed code invalidates the corp's token and sender.
+        self.forget_tokens(corp).await.map_err(unavailable)?;
+        let settings = json!({
+            "name": authorised.corp_name,
+            "agent_id": authorised.agent_id,
+            "authorised": true,
+        });
+        self.store
+            .put(
+                &tenants::namespace(&self.source),
+                corp,
+                Bytes::from(settings.to_string()),
+                Expect::Any,
+                None,
+            )
+            .await
+            .map_err(unavailable)?;
+        Ok(authorised)
+    }
+
+    /// Forgets a corp that left: its permanent code, its token, its sender.
+    pub(crate) async fn forget(&self, corp: &str) -> Result<(), StoreError> {
+        self.store
+            .remove(&codes(&self.source), corp, Expect::Any)
+            .await?;
+        self.forget_tokens(corp).await
+    }
+
+    async fn forget_tokens(&self, corp: &str) -> Result<(), StoreError> {
+        self.senders
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(corp);
+        self.tokens.forget(&corp_token(corp)).await
+    }
+
+    async fn credential(&self, corp: &str) -> Result<Credential, SendError> {
+        let kept = self
+            .store
+            .get(&codes(&self.source), corp)
+            .await
+            .map_err(unavailable)?;
+        let doc = kept
+            .and_then(|kept| serde_json::from_slice::<Value>(&kept.value).ok())
+            .ok_or_else(|| SendError::Permanent {
+                code: 0,
+                message: format!(
+                    "corp {corp:?} has no permanent code in source {:?}: it is kept when the \
+                     corp authorises the suite (create_auth)",
+                    self.source
+                ),
+            })?;
+        Ok(Credential {
+            permanent_code: doc["permanent_code"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            agent_id: doc["agent_id"].as_i64(),
+        })
+    }
+
+    async fn corp_token_now(&self, corp: &str) -> Result<String, SendError> {
+        self.tokens
+            .get(&corp_token(corp), async || {
+                let credential = self.credential(corp).await?;
+                if self.api.is_custom_template() {
+                    return self
+                        .api
+                        .corp_token(None, corp, &credential.permanent_code)
+                        .await;
+                }
+                let code = &credential.permanent_code;
+                self.with_suite_token(|token| async move {
+                    self.api.corp_token(Some(&token), corp, code).await
+                })
+                .await
+            })
+            .await
+    }
+
+    /// The sender of corp `corp` (one of the registry's): its messages carry its token only.
+    pub(crate) async fn sender(self: &Arc<Self>, corp: &str) -> Result<Arc<Sender>, SendError> {
+        if let Some(sender) = self
+            .senders
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(corp)
+        {
+            return Ok(sender.clone());
+        }
+        let credential = self.credential(corp).await?;
+        let agent = credential.agent_id.ok_or_else(|| SendError::Permanent {
+            code: 0,
+            message: format!("corp {corp:?} authorised no agent of the suite: nothing to send as"),
+        })?;
+        let tokens = Arc::new(CorpTokens {
+            keeper: Arc::downgrade(self),
+            corp: corp.to_owned(),
+        });
+        let options = WecomOptions {
+            timeout: self.timeout,
+            ..Default::default()
+        };
+        let api = WecomApi::with_tokens(self.api.domain(), corp, agent, tokens, options)?;
+        let api = Api::Wecom(api);
+        let sender = Arc::new(Sender {
+            scope: api.scope().unwrap_or_else(|| corp.to_owned()),
+            api,
+        });
+        self.senders
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(corp.to_owned(), sender.clone());
+        Ok(sender)
+    }
+}
+
+fn corp_token(corp: &str) -> String {
+    format!("corp:{corp}")
+}
+
+/// One corp's token, for its sender (which its keeper holds: hence weak).
+struct CorpTokens {
+    keeper: Weak<SuiteKeeper>,
+    corp: String,
+}
+
+impl TokenSource for CorpTokens {
+    fn token(&self) -> TokenFuture<'_, Result<String, SendError>> {
+        Box::pin(async move {
+            match self.keeper.upgrade() {
+                Some(keeper) => keeper.corp_token_now(&self.corp).await,
+                None => Err(SendError::Transient("the gateway is closing".into())),
+            }
+        })
+    }
+
+    fn refused<'a>(&'a self, token: &'a str) -> TokenFuture<'a, ()> {
+        Box::pin(async move {
+            if let Some(keeper) = self.keeper.upgrade() {
+                keeper.tokens.refused(&corp_token(&self.corp), token).await;
+            }
+        })
+    }
+}

@@ -1,0 +1,155 @@
+//! Access tokens shared by every gateway on one store: kept under their name in a namespace
+//! until a few minutes before they run out, fetched by one caller at a time — one in this
+//! gateway (a lock per name) and one among all gateways (a short lease in the store) — and
+//! dropped at once when the platform refuses them. A token cache keyed by app alone is the bug
+//! three official SDKs shipped (`shared/protocols/tenants.md` §2.4): each name here is one
+//! (app, tenant).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use oncegate_core::{Changed, Expect, StoreError};
+use oncegate_send::SendError;
+
+use super::shared_state::SharedState;
+
+/// How long before its end a token is replaced: the SDKs' three minutes.
+const REFRESH_AHEAD: Duration = Duration::from_secs(180);
+/// How long one gateway may hold the right to fetch a name's token: longer than a call's
+/// deadline, so that a gateway that died fetching delays the others this long at most.
+const LEASE: Duration = Duration::from_secs(15);
+/// How often a gateway waiting for another's fetch looks again.
+const LOOK_AGAIN: Duration = Duration::from_millis(50);
+
+/// Tokens of one namespace.
+pub(crate) struct SharedTokens {
+    store: Arc<dyn SharedState>,
+    namespace: String,
+    flights: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+fn unavailable(error: StoreError) -> SendError {
+    SendError::Transient(format!("the store cannot answer: {error}"))
+}
+
+fn lease(name: &str) -> String {
+    format!("fetching:{name}")
+}
+
+impl SharedTokens {
+    /// The tokens of `namespace` in `store`.
+    pub(crate) fn new(store: Arc<dyn SharedState>, namespace: String) -> Self {
+        Self {
+            store,
+            namespace,
+            flights: Mutex::default(),
+        }
+    }
+
+    fn flight(&self, name: &str) -> Arc<tokio::sync::Mutex<()>> {
+        self.flights
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .entry(name.to_owned())
+            .or_default()
+            .clone()
+    }
+
+    async fn current(&self, name: &str) -> Result<Option<String>, SendError> {
+        let kept = self
+            .store
+            .get(&self.namespace, name)
+            .await
+            .map_err(unavailable)?;
+        Ok(kept.and_then(|kept| String::from_utf8(kept.value.to_vec()).ok()))
+    }
+
+    /// The token `name`: the one kept, or one fetched by `fetch` (value, lifetime) when none
+    /// is — by this caller only if no other caller, here or on another gateway, is fetching
+    /// it; the others wait for that fetch.
+    pub(crate) async fn get<F>(&self, name: &str, fetch: F) -> Result<String, SendError>
+    where
+        F: AsyncFnOnce() -> Result<(String, Duration), SendError>,
+    {
+        let flight = self.flight(name);
+        let _one_here = flight.lock().await;
+        let gave_up = Instant::now() + LEASE + LEASE;
+        loop {
+            if let Some(token) = self.current(name).await? {
+                return Ok(token);
+            }
+            let taken = self
+                .store
+                .put(
+                    &self.namespace,
+                    &lease(name),
+                    Bytes::new(),
+                    Expect::Absent,
+                    Some(LEASE),
+                )
+                .await
+                .map_err(unavailable)?;
+            if let Changed::Done(_) = taken {
+                break;
+            }
+            if Instant::now() > gave_up {
+                return Err(SendError::Transient(format!(
+                    "another gateway has been fetching the token {name:?} for {LEASE:?} or more"
+                )));
+            }
+            tokio::time::sleep(LOOK_AGAIN).await;
+        }
+        let fetched = fetch().await;
+        let kept = match &fetched {
+            Ok((value, lifetime)) => {
+                metrics::counter!("oncegate_send_token_refreshes_total").increment(1);
+                let keep = lifetime.saturating_sub(REFRESH_AHEAD);
+                if keep.is_zero() {
+                    Ok(())
+                } else {
+                    self.store
+                        .put(
+                            &self.namespace,
+                            name,
+                            Bytes::from(value.clone()),
+                            Expect::Any,
+                            Some(keep),
+                        )
+                        .await
+                        .map(|_| ())
+                }
+            }
+            Err(_) => Ok(()),
+        };
+        let released = self
+            .store
+            .remove(&self.namespace, &lease(name), Expect::Any)
+            .await;
+        kept.and(released.map(|_| ())).map_err(unavailable)?;
+        fetched.map(|(value, _)| value)
+    }
+
+    /// The platform refused `token`: forgotten if it is still the one kept, so that the next
+    /// `get` fetches a new one — once, however many callers saw the refusal.
+    pub(crate) async fn refused(&self, name: &str, token: &str) {
+        let Ok(Some(kept)) = self.store.get(&self.namespace, name).await else {
+            return;
+        };
+        if kept.value == token.as_bytes() {
+            let _ = self
+                .store
+                .remove(&self.namespace, name, Expect::Version(kept.version))
+                .await;
+        }
+    }
+
+    /// Forgets the token `name` (its tenant left).
+    pub(crate) async fn forget(&self, name: &str) -> Result<(), StoreError> {
+        self.store
+            .remove(&self.namespace, name, Expect::Any)
+            .await
+            .map(|_| ())
+    }
+}
