@@ -40,6 +40,15 @@ impl StoreConfig {
         }
     }
 
+    /// What encrypts values at rest, if anything (the memory backend keeps nothing at rest).
+    pub fn encryption(&self) -> Option<&EncryptionSettings> {
+        match self {
+            StoreConfig::Embedded(s) => s.encryption.as_ref(),
+            StoreConfig::Memory(_) => None,
+            StoreConfig::Redis(s) => s.encryption.as_ref(),
+        }
+    }
+
     /// Queue partitions.
     pub fn partitions(&self) -> u16 {
         match self {
@@ -110,6 +119,8 @@ pub struct EmbeddedSettings {
     pub max_records: u64,
     /// The earlier (redb) store's page cache: no longer used; accepted with a warning.
     pub cache_mb: Option<u64>,
+    /// Payloads, results and credentials encrypted at rest.
+    pub encryption: Option<EncryptionSettings>,
 }
 
 impl Default for EmbeddedSettings {
@@ -119,6 +130,7 @@ impl Default for EmbeddedSettings {
             partitions: DEFAULT_PARTITIONS,
             max_records: 10_000_000,
             cache_mb: None,
+            encryption: None,
         }
     }
 }
@@ -180,6 +192,8 @@ pub struct RedisSettings {
     /// is refused with 503 (500ms when left out).
     #[serde(with = "duration_opt", default)]
     pub replica_wait: Option<Duration>,
+    /// Payloads, results and credentials encrypted at rest.
+    pub encryption: Option<EncryptionSettings>,
 }
 
 /// `[store] durability` for Redis.
@@ -227,6 +241,7 @@ impl Default for RedisSettings {
             durability: RedisDurabilityMode::Fsync,
             min_replicas: 1,
             replica_wait: None,
+            encryption: None,
         }
     }
 }
@@ -240,6 +255,9 @@ pub(crate) fn check(config: &Config, report: &mut impl FnMut(Severity, &str, Str
             "store.partitions",
             format!("{partitions} partitions; use between 1 and 4096 (16 is the default)"),
         );
+    }
+    if let Some(encryption) = config.store.encryption() {
+        crate::encryption::check(encryption, "store.encryption", report);
     }
     match &config.store {
         StoreConfig::Memory(memory) => {

@@ -57,6 +57,15 @@ impl<S: Store> Gateway<S> {
             .collect::<Result<Vec<_>, GatewayError>>()?;
         let mut gateway = Self::new(store, parts);
         let shared = gateway.shared_mut()?;
+        if let Some(settings) = config.store.encryption() {
+            let at_rest =
+                Arc::new(base::at_rest::AtRest::new(settings).map_err(GatewayError::Config)?);
+            base::at_rest::verify(&at_rest, &shared.store.inner)
+                .await
+                .map_err(GatewayError::Config)?;
+            shared.store.seal_with(at_rest.clone());
+            shared.at_rest = Some(at_rest);
+        }
         hold_long_connections(shared, long_sources);
         // The checks that said it at start and in check-config are the one place that knows.
         shared.at_risk = oncegate_config::validate(config)

@@ -245,6 +245,9 @@ pub(crate) struct Shared<S> {
     pub(crate) at_risk: Vec<String>,
     /// Per-event metrics, their handles registered once.
     pub(crate) meters: Arc<base::meters::Meters>,
+    /// What seals payloads, results and shared values at rest (`[store.encryption]`): the store
+    /// wrapper's, and the spool's before it.
+    pub(crate) at_rest: Option<Arc<base::at_rest::AtRest>>,
     /// The ingress wing's own state: sources, replay limits, the spool, long connections.
     pub(crate) ingress: ingress::IngressState,
     /// The API wing's: callers, limits, senders and their budgets.
@@ -412,6 +415,7 @@ impl<S: Store> Gateway<S> {
                 traces: base::traces::Traces::default(),
                 failure: OnceLock::new(),
                 at_risk: Vec::new(),
+                at_rest: None,
                 meters,
                 ingress: ingress::IngressState {
                     multi_tenant: sources

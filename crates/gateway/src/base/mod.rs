@@ -1,6 +1,7 @@
 //! What every wing shares: the counters and metrics, the measured store, the log's summaries,
 //! and the delivery history.
 
+pub(crate) mod at_rest;
 pub(crate) mod attempts;
 pub(crate) mod meters;
 pub(crate) mod recorder;

@@ -15,6 +15,7 @@ use oncegate_core::{
     Record, Store, StoreError, StoreStats, WatermarkOutcome, WatermarkStore,
 };
 
+use crate::base::at_rest::{AtRest, Place};
 use crate::base::meters::ByLabel;
 
 /// The store calls told apart, in `OPS`' order.
@@ -69,9 +70,11 @@ const OPS: [&str; 22] = [
     "state",
 ];
 
-/// A store whose calls are measured.
+/// A store whose calls are measured (and whose payloads, results and shared values are sealed
+/// at rest when `[store.encryption]` is set: this is the one way the gateway reaches its store).
 pub(crate) struct Timed<S> {
     pub(crate) inner: S,
+    at_rest: OnceLock<std::sync::Arc<AtRest>>,
     seconds: [OnceLock<Histogram>; OPS.len()],
     errors: ByLabel<{ OPS.len() }>,
     expiries: OnceLock<Counter>,
@@ -81,10 +84,49 @@ impl<S> Timed<S> {
     pub(crate) fn new(inner: S) -> Self {
         Self {
             inner,
+            at_rest: OnceLock::new(),
             seconds: [const { OnceLock::new() }; OPS.len()],
             errors: ByLabel::new("oncegate_store_errors_total", "op", OPS),
             expiries: OnceLock::new(),
         }
+    }
+
+    /// Seals values with `at_rest` from now on (set once, before the gateway runs).
+    pub(crate) fn seal_with(&self, at_rest: std::sync::Arc<AtRest>) {
+        let _ = self.at_rest.set(at_rest);
+    }
+
+    fn seal_event(&self, event: Event) -> Result<Event, StoreError> {
+        match self.at_rest.get() {
+            Some(at_rest) => at_rest.seal_event(event),
+            None => Ok(event),
+        }
+    }
+
+    fn seal_outcome(&self, outcome: Option<Bytes>) -> Result<Option<Bytes>, StoreError> {
+        match self.at_rest.get() {
+            Some(at_rest) => at_rest.seal_outcome(outcome),
+            None => Ok(outcome),
+        }
+    }
+
+    fn open_claim(&self, claim: Claim) -> Result<Claim, StoreError> {
+        match self.at_rest.get() {
+            Some(at_rest) => at_rest.open_claim(claim),
+            None => Ok(claim),
+        }
+    }
+
+    fn open_events<'a>(
+        &self,
+        events: impl Iterator<Item = &'a mut Event>,
+    ) -> Result<(), StoreError> {
+        if let Some(at_rest) = self.at_rest.get() {
+            for event in events {
+                at_rest.open_event(event)?;
+            }
+        }
+        Ok(())
     }
 
     fn expiries(&self) -> &Counter {
@@ -127,6 +169,7 @@ impl<S: Store> DedupStore for Timed<S> {
         keys: &[KeyHash],
         retention: Duration,
     ) -> Result<Admission, StoreError> {
+        let event = self.seal_event(event)?;
         self.time(Op::Admit, self.inner.admit(event, keys, retention))
             .await
     }
@@ -138,6 +181,7 @@ impl<S: Store> DedupStore for Timed<S> {
         retention: Duration,
         nonce: Option<Nonce>,
     ) -> Result<Admission, StoreError> {
+        let event = self.seal_event(event)?;
         self.time(
             Op::Admit,
             self.inner.admit_with_nonce(event, keys, retention, nonce),
@@ -162,7 +206,7 @@ impl<S: Store> DedupStore for Timed<S> {
         if let Ok(Claim::TookOver(_)) = claim {
             self.expiries().increment(1);
         }
-        claim
+        self.open_claim(claim?)
     }
 
     async fn renew(&self, lease: &Lease, extend: Duration) -> Result<FenceCheck, StoreError> {
@@ -175,6 +219,7 @@ impl<S: Store> DedupStore for Timed<S> {
         retention: Duration,
         outcome: Option<Bytes>,
     ) -> Result<FenceCheck, StoreError> {
+        let outcome = self.seal_outcome(outcome)?;
         self.time(Op::Complete, self.inner.complete(lease, retention, outcome))
             .await
     }
@@ -184,8 +229,13 @@ impl<S: Store> DedupStore for Timed<S> {
     }
 
     async fn record(&self, key: &KeyHash, partition: u16) -> Result<Option<Record>, StoreError> {
-        self.time(Op::Record, self.inner.record(key, partition))
-            .await
+        let record = self
+            .time(Op::Record, self.inner.record(key, partition))
+            .await?;
+        match (self.at_rest.get(), record) {
+            (Some(at_rest), Some(record)) => at_rest.open_record(record).map(Some),
+            (_, record) => Ok(record),
+        }
     }
 
     async fn stats(&self) -> Result<StoreStats, StoreError> {
@@ -218,6 +268,7 @@ impl<S: Store> DedupStore for Timed<S> {
     where
         Self: EventQueue + Sized,
     {
+        let outcome = self.seal_outcome(outcome)?;
         self.time(
             Op::Complete,
             self.inner.complete_and_ack(lease, retention, outcome, id),
@@ -232,7 +283,9 @@ impl<S: Store> EventQueue for Timed<S> {
     }
 
     async fn pull(&self, partition: u16, max: usize) -> Result<Vec<Delivery>, StoreError> {
-        self.time(Op::Pull, self.inner.pull(partition, max)).await
+        let mut pulled = self.time(Op::Pull, self.inner.pull(partition, max)).await?;
+        self.open_events(pulled.iter_mut().map(|delivery| &mut delivery.event))?;
+        Ok(pulled)
     }
 
     async fn pull_claimed(
@@ -244,9 +297,15 @@ impl<S: Store> EventQueue for Timed<S> {
     where
         Self: DedupStore + Sized,
     {
-        let pulled = self
+        let mut pulled = self
             .time(Op::Pull, self.inner.pull_claimed(partition, max, lease))
             .await?;
+        self.open_events(pulled.iter_mut().map(|(delivery, _)| &mut delivery.event))?;
+        for (_, claim) in &mut pulled {
+            if let Ok(done @ Claim::Done { .. }) = claim {
+                *done = self.open_claim(done.clone())?;
+            }
+        }
         // The claims made in the hand-out count as `claim` would.
         for (_, claim) in &pulled {
             match claim {
@@ -273,8 +332,11 @@ impl<S: Store> EventQueue for Timed<S> {
     }
 
     async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
-        self.time(Op::DeadLetters, self.inner.dead_letters(limit))
-            .await
+        let mut letters = self
+            .time(Op::DeadLetters, self.inner.dead_letters(limit))
+            .await?;
+        self.open_events(letters.iter_mut().map(|letter| &mut letter.event))?;
+        Ok(letters)
     }
 
     async fn dead_letter_count(&self) -> Result<u64, StoreError> {
@@ -310,11 +372,14 @@ impl<S: Store> EventQueue for Timed<S> {
         after: Option<u64>,
         limit: usize,
     ) -> Result<Vec<QueuedEvent>, StoreError> {
-        self.time(
-            Op::QueuedEvents,
-            self.inner.queued_events(partition, after, limit),
-        )
-        .await
+        let mut queued = self
+            .time(
+                Op::QueuedEvents,
+                self.inner.queued_events(partition, after, limit),
+            )
+            .await?;
+        self.open_events(queued.iter_mut().map(|queued| &mut queued.event))?;
+        Ok(queued)
     }
 }
 
@@ -346,8 +411,16 @@ impl<S: Store> oncegate_core::StateStore for Timed<S> {
         namespace: &str,
         name: &str,
     ) -> Result<Option<oncegate_core::Versioned>, StoreError> {
-        self.time(Op::State, self.inner.state_get(namespace, name))
-            .await
+        let kept = self
+            .time(Op::State, self.inner.state_get(namespace, name))
+            .await?;
+        match (self.at_rest.get(), kept) {
+            (Some(at_rest), Some(mut kept)) => {
+                kept.value = at_rest.open(&kept.value, Place::State(namespace, name))?;
+                Ok(Some(kept))
+            }
+            (_, kept) => Ok(kept),
+        }
     }
 
     async fn state_put(
@@ -358,6 +431,10 @@ impl<S: Store> oncegate_core::StateStore for Timed<S> {
         expect: oncegate_core::Expect,
         ttl: Option<Duration>,
     ) -> Result<oncegate_core::Changed, StoreError> {
+        let value = match self.at_rest.get() {
+            Some(at_rest) => at_rest.seal(&value, Place::State(namespace, name))?,
+            None => value,
+        };
         self.time(
             Op::State,
             self.inner.state_put(namespace, name, value, expect, ttl),
@@ -381,8 +458,15 @@ impl<S: Store> oncegate_core::StateStore for Timed<S> {
         after: Option<&str>,
         limit: usize,
     ) -> Result<Vec<(String, oncegate_core::Versioned)>, StoreError> {
-        self.time(Op::State, self.inner.state_list(namespace, after, limit))
-            .await
+        let mut listed = self
+            .time(Op::State, self.inner.state_list(namespace, after, limit))
+            .await?;
+        if let Some(at_rest) = self.at_rest.get() {
+            for (name, kept) in &mut listed {
+                kept.value = at_rest.open(&kept.value, Place::State(namespace, name))?;
+            }
+        }
+        Ok(listed)
     }
 
     async fn state_generation(&self, namespace: &str) -> Result<u64, StoreError> {

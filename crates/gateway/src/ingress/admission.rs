@@ -147,7 +147,14 @@ async fn to_spool<S: Store>(
     let stats = &shared.stats;
     let keys = admit.keys.as_slice().to_vec();
     let retention = millis(shared.timing.retention);
-    match put(spool, admit.event, keys, retention, admit.nonce).await {
+    // Sealed before the spool's file, as the store would; admitted from it as it is.
+    let event = match &shared.at_rest {
+        Some(at_rest) => at_rest
+            .seal_event(admit.event)
+            .map_err(|error| unavailable(shared, "spool_failed", &error))?,
+        None => admit.event,
+    };
+    match put(spool, event, keys, retention, admit.nonce).await {
         Ok(()) => {
             stats.bump(&stats.spooled, "oncegate_spooled_total");
             shared.ingress.spooled.notify_one();
