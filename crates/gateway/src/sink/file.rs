@@ -96,19 +96,42 @@ pub(crate) fn cut_torn_tail(path: &std::path::Path) -> io::Result<u64> {
         end = start;
     };
     if keep < length {
+        // A power loss on a file system that commits the size before the data leaves zeros
+        // where the last write's bytes were to be: torn too, with any start of a line after.
+        let mut line = keep;
+        file.seek(SeekFrom::Start(keep))?;
+        while line < length {
+            chunk.resize(usize::try_from((length - line).min(CHUNK)).unwrap_or(0), 0);
+            file.read_exact(&mut chunk)?;
+            match chunk.iter().position(|&b| b != 0) {
+                Some(at) => {
+                    line += at as u64;
+                    break;
+                }
+                None => line += chunk.len() as u64,
+            }
+        }
         let mut start = vec![
             0;
             LINE_START
                 .len()
-                .min(usize::try_from(length - keep).unwrap_or(0))
+                .min(usize::try_from(length - line).unwrap_or(0))
         ];
-        file.seek(SeekFrom::Start(keep))?;
+        file.seek(SeekFrom::Start(line))?;
         file.read_exact(&mut start)?;
         if !LINE_START.starts_with(&start) {
             return Err(not_ours(length - keep));
         }
         file.set_len(keep)?;
         file.sync_data()?;
+        if line > keep {
+            tracing::warn!(
+                path = %path.display(),
+                zeros = line - keep,
+                "the events file ended in zeros (a power loss before its last write reached the \
+                 disk): cut off with what followed; those events are delivered again"
+            );
+        }
     }
     Ok(length - keep)
 }
@@ -248,6 +271,14 @@ mod tests {
             ("{\"id\":", ""),
             ("", ""),
             (&format!("{{\"id\":1}}\n{long_tail}"), "{\"id\":1}\n"),
+            // What a power loss leaves when the size reached the disk before the data.
+            ("{\"id\":1}\n\0\0\0\0", "{\"id\":1}\n"),
+            ("{\"id\":1}\n\0\0\0\0{\"id\":2,\"ev", "{\"id\":1}\n"),
+            (
+                &format!("{{\"id\":1}}\n{}", "\0".repeat(100_000)),
+                "{\"id\":1}\n",
+            ),
+            (&format!("{}{{\"i", "\0".repeat(4096)), ""),
         ] {
             std::fs::write(&path, before).expect("seed");
             let cut = cut_torn_tail(&path).expect("cut");
@@ -258,7 +289,11 @@ mod tests {
         assert_eq!(cut_torn_tail(&none).expect("none"), 0);
         assert!(!none.exists(), "nothing is created");
         // Some other file (no line of ours at its end): refused, and left as it was.
-        for other in ["#!/bin/sh\necho hi", "binary\u{0}data"] {
+        for other in [
+            "#!/bin/sh\necho hi",
+            "binary\u{0}data",
+            "\u{0}\u{0}\u{0}#!/bin/sh",
+        ] {
             std::fs::write(&path, other).expect("seed");
             let error = cut_torn_tail(&path).expect_err(other);
             assert_eq!(error.kind(), io::ErrorKind::InvalidData);
