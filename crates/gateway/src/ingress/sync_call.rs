@@ -132,6 +132,13 @@ async fn run_call<S: Store>(
         stats.bump(&stats.unrouted, "oncegate_unrouted_total");
         return Ok(Replied::Answer(None));
     };
+    // The endpoint said it is gone (410): nothing goes to it until an operator resumes it.
+    if let Some(gone) = route.gone() {
+        return Err(failed(
+            &crate::dispatch::routes::dead_letter_reason(&gone),
+            false,
+        ));
+    }
     let key = admit.keys.primary();
     let partition = admit.event.partition(shared.store.partitions());
     let unavailable = |error: &dyn std::fmt::Display| {
@@ -231,7 +238,17 @@ async fn run_call<S: Store>(
             stats.bump(&stats.delivered, "oncegate_delivered_total");
             Ok(Replied::Answer(outcome))
         }
-        Ok(Err(SinkError::Permanent(reason))) => {
+        Ok(Err(error @ (SinkError::Permanent(_) | SinkError::Gone(_)))) => {
+            // Kept as this event's answer, so that the platform's retries do not call the
+            // handler again; a 410 stops the route too, as the dispatcher does.
+            let reason = match error {
+                SinkError::Gone(reason) => {
+                    crate::dispatch::routes::mark_gone(shared, route, &reason);
+                    reason
+                }
+                SinkError::Permanent(reason) => reason,
+                other => other.to_string(),
+            };
             let mut kept = FAILED.to_vec();
             kept.extend_from_slice(reason.as_bytes());
             let _ = held.complete(Some(Bytes::from(kept))).await;
