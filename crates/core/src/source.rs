@@ -140,6 +140,15 @@ impl Reply {
 pub enum Decoded {
     /// A URL-verification challenge: answer this at once, admit nothing.
     Challenge(Reply),
+    /// A signed URL-verification challenge whose timestamp the signature covers (WeCom,
+    /// WeChat): answered at once if the timestamp is within the replay window, so that a
+    /// captured verification cannot be replayed for ever.
+    SignedChallenge {
+        /// The answer.
+        answer: Reply,
+        /// The request's signed timestamp, unix seconds.
+        timestamp_secs: u64,
+    },
     /// An event to admit; the platform gets its success answer once it is admitted.
     Admit {
         /// The admission.

@@ -44,19 +44,66 @@ pub fn create_private(path: &Path) -> io::Result<()> {
     }
 }
 
-/// Opens `path` for appending, creating it (mode 0600) and its folder (0700) when missing.
+/// Opens `path` for appending, creating it (mode 0600) and its folder (0700) when missing. A
+/// symbolic link at `path` is refused (`ELOOP`): decrypted events never go through one into
+/// some other file.
 pub fn open_append(path: &Path) -> io::Result<File> {
     create_parent(path)?;
     OpenOptions::new()
         .create(true)
         .append(true)
         .mode(FILE_MODE)
+        .custom_flags(libc::O_NOFOLLOW)
         .open(path)
+        .map_err(|error| refuse_link(path, error))
+}
+
+/// Opens the existing file `path` to read and write, refusing a symbolic link as
+/// [`open_append`] does.
+pub fn open_existing(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(|error| refuse_link(path, error))
+}
+
+/// `ELOOP` from `O_NOFOLLOW` said as what it is.
+fn refuse_link(path: &Path, error: io::Error) -> io::Error {
+    if error.raw_os_error() == Some(libc::ELOOP) {
+        return io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{} is a symbolic link: events are written to the file itself, never through a                  link; name the file it points to",
+                path.display()
+            ),
+        );
+    }
+    error
 }
 
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::PermissionsExt;
+
+    /// A link at the events file's path is refused, whatever it points to, and the file it
+    /// points to is left alone.
+    #[test]
+    fn a_symbolic_link_is_never_written_through() {
+        let dir = tempfile::tempdir().expect("dir");
+        let target = dir.path().join("other");
+        std::fs::write(&target, "keep").expect("seed");
+        let link = dir.path().join("events.jsonl");
+        std::os::unix::fs::symlink(&target, &link).expect("link");
+        for error in [
+            super::open_append(&link).expect_err("a link"),
+            super::open_existing(&link).expect_err("a link"),
+        ] {
+            assert!(error.to_string().contains("symbolic link"), "{error}");
+        }
+        assert_eq!(std::fs::read_to_string(&target).expect("read"), "keep");
+    }
 
     use super::*;
 

@@ -21,7 +21,12 @@ fn corp(id: &str) -> WecomApp {
 }
 
 fn gateway(sources: Vec<(&str, SharedSource)>) -> Gateway<Memory> {
-    let clock = Arc::new(ManualClock::new(START_MS));
+    gateway_at(sources, START_MS)
+}
+
+/// A gateway whose clock reads `now_ms`.
+fn gateway_at(sources: Vec<(&str, SharedSource)>, now_ms: u64) -> Gateway<Memory> {
+    let clock = Arc::new(ManualClock::new(now_ms));
     Gateway::new(
         MemoryStore::with_clock(MemoryConfig::default(), clock.clone()),
         GatewayParts {
@@ -179,11 +184,21 @@ async fn two_corps_with_identical_chats_and_ids_stay_apart() {
 
 #[tokio::test]
 async fn the_official_url_verification_through_the_router() {
-    let gateway = gateway(vec![(
-        "v1",
-        Arc::new(WecomApp::new("wx5823bf96d3bd56c7", "QDG6eK", KEY).expect("app")),
-    )]);
-    let request = Request::get("/webhook/v1?msg_signature=5c45ff5e21c57e6ad56bac8758b79b1d9ac89fd3&timestamp=1409659589&nonce=263014780&echostr=P9nAzCzyDtyTWESHep1vC5X9xho%2FqYX3Zpb4yKa9SKld1DsH3Iyt3tP3zNdtp%2B4RPcs8TgAE7OaBO%2BFZXvnaqQ%3D%3D")
+    const VERIFICATION: &str = "/webhook/v1?msg_signature=5c45ff5e21c57e6ad56bac8758b79b1d9ac89fd3&timestamp=1409659589&nonce=263014780&echostr=P9nAzCzyDtyTWESHep1vC5X9xho%2FqYX3Zpb4yKa9SKld1DsH3Iyt3tP3zNdtp%2B4RPcs8TgAE7OaBO%2BFZXvnaqQ%3D%3D";
+    let app = || -> SharedSource {
+        Arc::new(WecomApp::new("wx5823bf96d3bd56c7", "QDG6eK", KEY).expect("app"))
+    };
+    // Replayed years after it was signed, the captured verification is refused as stale.
+    let later = gateway(vec![("v1", app())]);
+    let request = Request::get(VERIFICATION)
+        .body(Body::empty())
+        .expect("request");
+    let (status, body) = call(&later, request).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert!(String::from_utf8_lossy(&body).contains("skew"), "{body:?}");
+    // When it was signed, it is answered.
+    let gateway = gateway_at(vec![("v1", app())], 1_409_659_589_000);
+    let request = Request::get(VERIFICATION)
         .body(Body::empty())
         .expect("request");
     let response = gateway

@@ -54,6 +54,17 @@ impl<'q> Signed<'q> {
         Ok(stamp)
     }
 
+    /// A verified URL verification's answer, with its signed timestamp for the replay window.
+    pub(crate) fn challenge(
+        &self,
+        answer: oncegate_core::Reply,
+    ) -> Result<oncegate_core::Decoded, WecomError> {
+        Ok(oncegate_core::Decoded::SignedChallenge {
+            answer,
+            timestamp_secs: self.stamp(b"")?.timestamp_secs,
+        })
+    }
+
     pub(crate) fn stamp(&self, body: &[u8]) -> Result<Stamp, WecomError> {
         let timestamp_secs = self
             .timestamp

@@ -161,7 +161,7 @@ impl WecomApp {
                 let echostr = query.get("echostr").ok_or(WecomError::BadSignature)?;
                 signed.verify(&self.token, Some(echostr))?;
                 let plain = crypto::decrypt_for(&self.key, echostr, &[&self.corp_id, ""])?;
-                Ok(Decoded::Challenge(Reply::text(plain)))
+                Ok(signed.challenge(Reply::text(plain))?)
             }
             Method::Post => {
                 let (dialect, document, stamp) = open_encrypted(
@@ -251,7 +251,7 @@ impl WechatApp {
                 let signed = Signed::from(&query, "signature")?;
                 let echostr = query.get("echostr").ok_or(WecomError::BadSignature)?;
                 signed.verify(&self.token, None)?;
-                Ok(Decoded::Challenge(Reply::text(echostr.to_owned())))
+                Ok(signed.challenge(Reply::text(echostr.to_owned()))?)
             }
             (Method::Post, true, Some(key)) => {
                 let signed = Signed::from(&query, "msg_signature")?;

@@ -139,7 +139,7 @@ impl WecomSuite {
                     }
                     .into());
                 }
-                Ok(Decoded::Challenge(Reply::text(plain)))
+                Ok(signed.challenge(Reply::text(plain))?)
             }
             Method::Post => {
                 let (encrypt, dialect) = envelope_encrypt(callback.body)?;

@@ -48,7 +48,9 @@ fn v1() -> WecomApp {
 fn the_official_url_verification_answers_the_bare_plaintext() {
     // The query exactly as the sample shows it: echostr percent-encoded.
     let query = "msg_signature=5c45ff5e21c57e6ad56bac8758b79b1d9ac89fd3&timestamp=1409659589&nonce=263014780&echostr=P9nAzCzyDtyTWESHep1vC5X9xho%2FqYX3Zpb4yKa9SKld1DsH3Iyt3tP3zNdtp%2B4RPcs8TgAE7OaBO%2BFZXvnaqQ%3D%3D";
-    let Ok(Decoded::Challenge(reply)) = v1().decode(&call(Method::Get, query, b"")) else {
+    let Ok(Decoded::SignedChallenge { answer: reply, .. }) =
+        v1().decode(&call(Method::Get, query, b""))
+    else {
         panic!("a challenge")
     };
     assert_eq!(&reply.body[..], b"1616140317555161061");
@@ -222,7 +224,9 @@ fn official_accounts_in_plain_mode() {
     let app = WechatApp::new("wx_oa", "test", None).expect("app");
     // wechatpy's vector: token test, timestamp 1410685589, nonce test.
     let query = "signature=f21891de399b4e33a1a93c9a7b8a8fffb5a443ff&timestamp=1410685589&nonce=test&echostr=hello%2Bworld";
-    let Ok(Decoded::Challenge(reply)) = app.decode(&call(Method::Get, query, b"")) else {
+    let Ok(Decoded::SignedChallenge { answer: reply, .. }) =
+        app.decode(&call(Method::Get, query, b""))
+    else {
         panic!("a challenge")
     };
     assert_eq!(

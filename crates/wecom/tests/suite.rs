@@ -189,7 +189,9 @@ fn the_url_verification_decrypts_for_the_isv_and_forgeries_are_refused() {
             .replace('=', "%3D")
     );
     match suite().decode(&call(Method::Get, &query, b"")) {
-        Ok(Decoded::Challenge(reply)) => assert_eq!(&reply.body[..], b"echo-1700000000"),
+        Ok(Decoded::SignedChallenge { answer: reply, .. }) => {
+            assert_eq!(&reply.body[..], b"echo-1700000000")
+        }
         other => panic!("expected the challenge, got {other:?}"),
     }
     // Without the ISV's corp id configured, that echostr is not the suite's.

@@ -205,6 +205,25 @@ async fn callback<S: Store>(
             stats.bump(&stats.challenges, "oncegate_challenges_total");
             return reply(answer);
         }
+        // Only the timestamp matters: a platform repeats its verification as it likes, and
+        // nothing is admitted by it.
+        Decoded::SignedChallenge {
+            answer,
+            timestamp_secs,
+        } => {
+            let stamp = Stamp {
+                timestamp_secs,
+                nonce: String::new(),
+                request: None,
+            };
+            if let Err(refusal) = check_replay(source, Some(stamp), shared.now_ms() / 1000)
+                && refusal.kind == RefusalKind::Stale
+            {
+                return crate::refusal::counted(shared, peer, refusal);
+            }
+            stats.bump(&stats.challenges, "oncegate_challenges_total");
+            return reply(answer);
+        }
         // An event whose route answers it (a passive reply) is a synchronous call too.
         Decoded::Admit { admit, stamp } => {
             let replying = shared.replying

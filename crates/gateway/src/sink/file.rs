@@ -66,11 +66,7 @@ pub(crate) fn cut_torn_tail(path: &std::path::Path) -> io::Result<u64> {
     /// Longer than a batch (`MOST_BYTES` and the line that passed it) can be.
     const LONGEST_TAIL: u64 = 64 << 20;
     const LINE_START: &[u8] = b"{\"id\":";
-    let mut file = match std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-    {
+    let mut file = match oncegate_files::open_existing(path) {
         Ok(file) => file,
         Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(0),
         Err(error) => return Err(error),
