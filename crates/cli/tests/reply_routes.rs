@@ -1,7 +1,8 @@
 //! A replying route's handler that answers 410 (the Standard Webhooks "gone"): its answer is
 //! kept for the event, so WeCom's retries of the callback do not call it again, and the route
 //! stops — later callbacks do not reach the handler either — as the dispatcher does for a
-//! route that delivers from the queue.
+//! route that delivers from the queue. `/admin/routes` shows it gone, with the public key its
+//! receivers verify `v1a` signatures with.
 
 mod support;
 
@@ -84,6 +85,7 @@ events = ["message.*"]
 sink = "http"
 url = "{handler}"
 reply = true
+signing_key = "whsk_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY="
 "#
     );
     let gateway = Serve::start_with(dir.path(), &config);
@@ -107,4 +109,7 @@ reply = true
         .expect("json");
     let reason = routes["routes"][0]["gone"]["reason"].to_string();
     assert!(reason.contains("410"), "{routes}");
+    // The route's v1a public key is shown, as its receivers need it.
+    let public_key = routes["routes"][0]["public_key"].as_str().unwrap_or_default();
+    assert!(public_key.starts_with("whpk_") && public_key.len() > 40, "{routes}");
 }

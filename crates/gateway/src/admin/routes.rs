@@ -28,7 +28,13 @@ pub(crate) async fn list<S: Store>(
             let gone = route
                 .gone()
                 .map(|gone| json!({"since_ms": gone.since_ms, "reason": gone.reason}));
-            json!({"index": index, "events": route.patterns, "reply": route.reply, "gone": gone})
+            json!({
+                "index": index,
+                "events": route.patterns,
+                "reply": route.reply,
+                "gone": gone,
+                "public_key": route.sink.public_key(),
+            })
         })
         .collect();
     axum::Json(json!({"routes": routes})).into_response()

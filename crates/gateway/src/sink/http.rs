@@ -129,6 +129,10 @@ fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<std::time::Durati
 }
 
 impl Sink for HttpSink {
+    fn public_key(&self) -> Option<String> {
+        HttpSink::public_key(self)
+    }
+
     fn deliver<'a>(&'a self, outgoing: Outgoing<'a>) -> Delivered<'a> {
         Box::pin(async move {
             let body = envelope(&outgoing);

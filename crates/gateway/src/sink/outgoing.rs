@@ -50,6 +50,12 @@ pub type Delivered<'a> =
 pub trait Sink: Send + Sync + 'static {
     /// Delivers one event.
     fn deliver<'a>(&'a self, outgoing: Outgoing<'a>) -> Delivered<'a>;
+
+    /// The public key receivers verify its deliveries with (`whpk_…`, Standard Webhooks'
+    /// `v1a`), if it signs them so: shown by `/admin/routes`.
+    fn public_key(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Rust code that handles events, for teams that embed oncegate as a library.
