@@ -8,7 +8,31 @@ use std::time::Duration;
 use oncegate_wecom_ws::{Outbound, OutboundError, SEND, conversation_budgets};
 use serde_json::Value;
 
+use crate::wecom::{BUSY, CONCURRENCY, FREQUENCY};
 use crate::{Budget, SendError};
+
+/// "aibot websocket not subscribed": the socket looks alive but WeCom no longer counts it as
+/// subscribed (it resubscribes); nothing was sent.
+const NOT_SUBSCRIBED: i64 = 846_609;
+
+/// What WeCom's refusal of a send means for a retry: only a refusal that a retry would meet
+/// again is kept as the key's answer; nothing was sent in any case.
+fn refusal(code: i64, message: String) -> SendError {
+    match code {
+        FREQUENCY => SendError::RetryAfter {
+            after: Duration::from_secs(60),
+            code,
+        },
+        CONCURRENCY => SendError::RetryAfter {
+            after: Duration::from_secs(1),
+            code,
+        },
+        NOT_SUBSCRIBED | BUSY => {
+            SendError::Transient(format!("WeCom answered errcode {code}: {message}"))
+        }
+        code => SendError::Permanent { code, message },
+    }
+}
 
 /// One AI bot, sending over its connection.
 #[derive(Debug, Clone)]
@@ -61,10 +85,26 @@ impl AiBotApi {
                 // A connection being dialled again is back within a second or two.
                 after: Duration::from_secs(1),
             }),
-            Err(OutboundError::Refused { code, message }) => {
-                Err(SendError::Permanent { code, message })
-            }
+            Err(OutboundError::Refused { code, message }) => Err(refusal(code, message)),
             Err(OutboundError::Unknown(why)) => Err(SendError::Unknown(why)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rate limits wait, an unsubscribed socket and a busy WeCom are tried again (nothing was
+    /// sent); only the rest is kept as the key's answer.
+    #[test]
+    fn only_refusals_a_retry_would_meet_again_are_permanent() {
+        let class = |code| refusal(code, "m".into()).label();
+        assert_eq!(class(45009), "rate_limited");
+        assert_eq!(class(45033), "rate_limited");
+        assert_eq!(class(846_609), "transient");
+        assert_eq!(class(-1), "transient");
+        assert_eq!(class(40008), "permanent");
+        assert_eq!(class(846_605), "permanent");
     }
 }

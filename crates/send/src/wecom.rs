@@ -17,11 +17,11 @@ use crate::token::TokenCache;
 /// The token is invalid or expired.
 const BAD_TOKEN: &[i64] = &[40014, 42001, 41001];
 /// Over a frequency limit (WeCom blocks a minute's excess for 60 s).
-const FREQUENCY: i64 = 45009;
+pub(crate) const FREQUENCY: i64 = 45009;
 /// Too many calls in flight at once.
-const CONCURRENCY: i64 = 45033;
+pub(crate) const CONCURRENCY: i64 = 45033;
 /// WeCom is busy: nothing was sent.
-const BUSY: i64 = -1;
+pub(crate) const BUSY: i64 = -1;
 
 /// One message: WeCom's own body, with this app's `agentid` and the duplicate check set.
 #[derive(Debug, Clone, PartialEq)]
