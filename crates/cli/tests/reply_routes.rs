@@ -110,6 +110,11 @@ signing_key = "whsk_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY="
     let reason = routes["routes"][0]["gone"]["reason"].to_string();
     assert!(reason.contains("410"), "{routes}");
     // The route's v1a public key is shown, as its receivers need it.
-    let public_key = routes["routes"][0]["public_key"].as_str().unwrap_or_default();
-    assert!(public_key.starts_with("whpk_") && public_key.len() > 40, "{routes}");
+    let public_key = routes["routes"][0]["public_key"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        public_key.starts_with("whpk_") && public_key.len() > 40,
+        "{routes}"
+    );
 }

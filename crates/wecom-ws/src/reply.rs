@@ -172,10 +172,12 @@ struct Stream<'a> {
 }
 
 impl Stream<'_> {
-    /// Sends the content so far (`finish`: as the last frame). After a failed frame no other
-    /// is sent.
+    /// Sends the content so far (`finish`: as the last frame). After a failed frame only the
+    /// last one is sent: it carries the whole content under the same id, so a stream whose
+    /// frame WeCom did not answer is still finished on the user's screen rather than left
+    /// spinning (a frame that did arrive is replaced, never doubled).
     async fn push(&mut self, finish: bool) {
-        if self.failed.is_some() {
+        if self.failed.is_some() && !finish {
             return;
         }
         let body = json!({
@@ -184,9 +186,11 @@ impl Stream<'_> {
         });
         let text = frame::command(frame::RESPOND, self.req_id, Some(body));
         self.frames += 1;
-        if let Err(why) = send_reply_frame(self.outbound, self.wait, self.req_id, &text, true).await
-        {
-            self.failed = Some(why);
+        match send_reply_frame(self.outbound, self.wait, self.req_id, &text, true).await {
+            // The last frame holds everything: taken, the whole answer is on the screen.
+            Ok(()) if finish => self.failed = None,
+            Ok(()) => {}
+            Err(why) => self.failed = Some(why),
         }
     }
 
@@ -301,8 +305,9 @@ pub(crate) async fn answer<I: Inlet>(context: Arc<Context<I>>, admit: Admit, req
         Ok(Replied::Answer(_)) if stream.failed.is_some() => "send_failed",
         Ok(Replied::Answer(_)) => "sent",
         Err(refusal) => {
-            // What came is kept on the user's screen, finished rather than left spinning.
-            if stream.frames > 0 && stream.failed.is_none() {
+            // What came is kept on the user's screen, finished rather than left spinning
+            // (after a frame WeCom did not answer too).
+            if stream.frames > 0 {
                 stream.push(true).await;
             }
             context.inlet.note(

@@ -329,6 +329,66 @@ async fn a_handler_out_of_time_leaves_its_stream_finished_with_what_came() {
     stop.cancel();
 }
 
+/// A stream frame WeCom does not answer (here: the first, while the server is mute) is no
+/// reason to leave the stream spinning: the pieces after it wait, and the last frame — the
+/// whole content, finished, under the same id — is still sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_whose_frame_went_unanswered_is_still_finished() {
+    let server = LocalAiBot::start(BOT, SECRET).await.expect("server");
+    let inlet = Arc::new(Streamer {
+        pieces: 3,
+        deadlines: Mutex::new(Vec::new()),
+    });
+    let mut settings = settings(&server, SECRET);
+    settings.stream_limit = Duration::from_secs(20);
+    let connection =
+        AiBotConnection::new(AiBot::new(BOT).expect("bot"), settings, inlet).expect("settings");
+    let stop = CancellationToken::new();
+    tokio::spawn({
+        let stop = stop.clone();
+        async move { connection.run(stop).await }
+    });
+    assert!(server.wait_for_subscribes(1, Duration::from_secs(5)).await);
+    server.mute_commands(true);
+    let req_id = server.push(
+        frame::MESSAGE,
+        &local::text_message(BOT, "M1", None, "u", "x"),
+    );
+    // The first frame goes unanswered for 5 s; WeCom answers again after it.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    server.mute_commands(false);
+    let frames = |server: &LocalAiBot| {
+        server
+            .received()
+            .into_iter()
+            .filter(|f| f["headers"]["req_id"] == req_id.as_str())
+            .collect::<Vec<_>>()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while !frames(&server)
+        .last()
+        .is_some_and(|f| f["body"]["stream"]["finish"] == true)
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never finished: {:?}",
+            frames(&server)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let sent = frames(&server);
+    let ids: std::collections::HashSet<String> = sent
+        .iter()
+        .map(|f| f["body"]["stream"]["id"].to_string())
+        .collect();
+    assert_eq!(ids.len(), 1, "one stream: {sent:?}");
+    assert_eq!(
+        sent.last().map(|f| f["body"]["stream"]["content"].clone()),
+        Some(serde_json::json!("p0 p1 p2 "))
+    );
+    stop.cancel();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_subscription_on_a_live_socket_is_subscribed_anew() {
     let server = LocalAiBot::start(BOT, SECRET).await.expect("server");
