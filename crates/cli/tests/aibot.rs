@@ -726,3 +726,82 @@ async fn a_send_of_unknown_outcome_is_never_sent_again_by_its_key() {
         .count();
     assert_eq!(sends, 1, "one message on the wire");
 }
+
+/// WeCom never sends an AI bot's callback again: with the queue at `dispatcher.max_queued`
+/// (its handler stuck), the bot's callbacks are admitted over the bound — counted — rather than
+/// refused and lost, and each is delivered once when the handler comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_never_loses_an_ai_bots_callbacks() {
+    let server = LocalAiBot::start(BOT, SECRET).await.expect("server");
+    let open = Arc::new(tokio::sync::watch::channel(false).0);
+    let seen = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let handler = {
+        let (open, seen) = (open.clone(), seen.clone());
+        axum::Router::new().route(
+            "/bot",
+            axum::routing::post(move |body: axum::body::Bytes| {
+                let (open, seen) = (open.clone(), seen.clone());
+                async move {
+                    let mut opened = open.subscribe();
+                    let _ = opened.wait_for(|open| *open).await;
+                    let envelope: serde_json::Value =
+                        serde_json::from_slice(&body).unwrap_or_default();
+                    let id = envelope["event_id"].as_str().unwrap_or_default().to_owned();
+                    seen.lock().expect("seen").push(id);
+                    "ok"
+                }
+            }),
+        )
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}/bot", listener.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(listener, handler).await });
+    let dir = tempfile::tempdir().expect("dir");
+    let store = format!(
+        "backend = \"embedded\"\npath = \"{}\"",
+        dir.path().join("store").display()
+    );
+    let config = config(dir.path(), &store, server.url())
+        .replace(&file_route(dir.path(), ""), &format!(
+            "[dispatcher]\nmax_queued = 2\nconcurrency = 1\n\n[[route]]\nevents = [\"*\"]\nsink = \"http\"\nurl = \"{url}\"\ntimeout = \"60s\"\n"
+        ));
+    let gateway = Serve::start_with(dir.path(), &config);
+    assert!(server.wait_for_subscribes(1, Duration::from_secs(15)).await);
+    for i in 0..12 {
+        server.push(frame::MESSAGE, &message(i));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let over_bound = || async {
+        let text = support::client()
+            .get(format!("{}/metrics", gateway.admin))
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .unwrap_or_default();
+        text.lines()
+            .find(|line| line.starts_with("oncegate_admitted_over_bound_total "))
+            .and_then(|line| line.rsplit(' ').next())
+            .and_then(|value| value.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while over_bound().await < 1.0 {
+        assert!(std::time::Instant::now() < deadline, "{}", gateway.stderr());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = open.send(true);
+    wait_until("every message delivered", Duration::from_secs(20), || {
+        seen.lock().expect("seen").len() >= 12
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut ids = seen.lock().expect("seen").clone();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 12, "each once: {}", gateway.stderr());
+    assert_eq!(seen.lock().expect("seen").len(), 12);
+}

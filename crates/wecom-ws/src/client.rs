@@ -20,8 +20,10 @@ const WAIT_MAX: Duration = Duration::from_secs(30);
 /// Subscribes refused in a row before the bot's connection stops for good: a wrong secret
 /// stays wrong, but a refusal may also be WeCom protecting its subscribe rate.
 const REFUSALS: u32 = 3;
-/// The largest message taken: callbacks are a few kilobytes.
-const MAX_MESSAGE: usize = 1 << 20;
+/// The largest message the socket reads whole: beyond it the connection ends. Larger than the
+/// largest frame taken ([`crate::connection::MAX_FRAME`]), so that a frame between the two is
+/// read and dropped, and the frames behind it still arrive.
+const MAX_MESSAGE: usize = 16 << 20;
 
 /// Why a bot's connection cannot be set up.
 #[derive(Debug, thiserror::Error)]

@@ -31,6 +31,12 @@ pub(crate) const HELD_BYTES: usize = 64 << 20;
 /// Attempts at admitting a callback while the store is unavailable: WeCom is not known to send
 /// a callback again, so one that is not admitted is lost.
 const ADMIT_ATTEMPTS: u32 = 8;
+/// The largest frame taken: callbacks are a few kilobytes. A larger one is read, counted and
+/// dropped; the connection goes on.
+pub(crate) const MAX_FRAME: usize = 1 << 20;
+/// How long a connection this side closes is still read: WeCom sent what is in flight once,
+/// and never sends it again, so frames that arrive before its close answer are taken.
+const DRAIN: Duration = Duration::from_secs(2);
 
 /// How a connection ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -146,36 +152,36 @@ where
                 continue;
             }
         };
-        context.status.frame_at(oncegate_longconn::unix_ms());
-        let frame = match Incoming::parse(&text) {
-            Ok(frame) => frame,
-            Err(error) => {
-                context.garbage(error.label(), &error.to_string());
-                continue;
-            }
-        };
-        if frame.is_takeover() {
-            context.count("disconnected_event");
-            break End::Kicked;
+        if let Some(end) = on_text(&context, &text, &lanes, &watchdog, &pending).await {
+            break end;
         }
-        if frame.is_callback() {
-            callback(&context, &frame, &lanes, &watchdog).await;
-            continue;
-        }
-        if frame.cmd.is_none() {
-            if let Some(end) = answered(&context, frame, &pending) {
-                break end;
-            }
-            continue;
-        }
-        context.garbage(
-            "unknown_command",
-            &format!("a frame with cmd {:?}", frame.cmd.as_deref().unwrap_or("")),
-        );
     };
     context.outbound.release(held);
     ended.cancel();
     drop(outbox);
+    // Closed from this side (the writer sends the close): what WeCom sent before it saw the
+    // close is still read and taken, until its close answer, for `DRAIN` at most.
+    if !matches!(
+        &end,
+        End::Lost {
+            reason: "closed" | "socket_error",
+            ..
+        }
+    ) {
+        let until = tokio::time::Instant::now() + DRAIN;
+        while let Ok(Some(Ok(message))) = tokio::time::timeout_at(until, stream.next()).await {
+            match message {
+                Message::Text(text) => {
+                    let taken = on_text(&context, &text, &lanes, &watchdog, &pending);
+                    if tokio::time::timeout_at(until, taken).await.is_err() {
+                        break;
+                    }
+                }
+                Message::Close(_) => break,
+                _ => {}
+            }
+        }
+    }
     // Commands awaiting an answer on this connection will get none: told at once, so that a
     // reply goes out again on the next connection instead of waiting out its answer time.
     reply::lock(&pending).clear();
@@ -185,6 +191,54 @@ where
     };
     context.status.closed();
     end
+}
+
+/// One text frame: a callback taken, an answer matched, a takeover or garbage told. `Some`
+/// when the connection ends with it.
+async fn on_text<I: Inlet>(
+    context: &Arc<Context<I>>,
+    text: &str,
+    lanes: &[mpsc::UnboundedSender<Taken>],
+    watchdog: &Watchdog,
+    pending: &Arc<Pending>,
+) -> Option<End> {
+    if text.len() > MAX_FRAME {
+        context.garbage(
+            "frame_too_large",
+            &format!(
+                "a frame of {} bytes (at most {MAX_FRAME} are taken)",
+                text.len()
+            ),
+        );
+        return None;
+    }
+    context.status.frame_at(oncegate_longconn::unix_ms());
+    let frame = match Incoming::parse(text) {
+        Ok(frame) => frame,
+        Err(error) => {
+            context.garbage(error.label(), &error.to_string());
+            return None;
+        }
+    };
+    if frame.is_takeover() {
+        context.count("disconnected_event");
+        return Some(End::Kicked);
+    }
+    if frame.is_callback() {
+        callback(context, &frame, lanes, watchdog).await;
+        return None;
+    }
+    if frame.cmd.is_none() {
+        if let Some(end) = answered(context, frame, pending) {
+            return Some(end);
+        }
+        return None;
+    }
+    context.garbage(
+        "unknown_command",
+        &format!("a frame with cmd {:?}", frame.cmd.as_deref().unwrap_or("")),
+    );
+    None
 }
 
 fn lost(reason: &'static str, detail: String) -> End {

@@ -37,6 +37,8 @@ struct State {
     silent: bool,
     takeovers: u64,
     waiting: VecDeque<String>,
+    /// Text frames written to a socket.
+    written: u64,
     received: Vec<Value>,
     /// Connections whose subscription WeCom lost while their sockets live: every command of
     /// theirs is answered 846609.
@@ -136,6 +138,12 @@ impl LocalAiBot {
             state.waiting.push_back(text);
         }
         req_id
+    }
+
+    /// Text frames the server has written to a socket (callbacks, raw frames, takeovers; not
+    /// answers): what a client must have read.
+    pub fn written(&self) -> u64 {
+        self.inner.state().written
     }
 
     /// Sends `text` as it is (a text message) to the subscribed connection; whether one was.
@@ -341,6 +349,7 @@ async fn serve(inner: Arc<Inner>, socket: ServerSocket) {
                     if sink.send(Message::text(text)).await.is_err() {
                         break;
                     }
+                    inner.state().written += 1;
                 }
                 Some(Out::Binary(bytes)) => {
                     if sink.send(Message::binary(bytes)).await.is_err() {

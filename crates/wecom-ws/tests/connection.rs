@@ -329,6 +329,44 @@ async fn a_handler_out_of_time_leaves_its_stream_finished_with_what_came() {
     stop.cancel();
 }
 
+/// Frames WeCom sent before it saw this side's close are read and taken (WeCom never sends
+/// them again), and a frame over the size taken is dropped without ending the connection: the
+/// frames behind it arrive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_in_flight_at_a_close_are_taken_and_an_oversized_one_is_skipped() {
+    let server = LocalAiBot::start(BOT, SECRET).await.expect("server");
+    let inlet = Arc::new(Recorder::default());
+    let (stop, run) = start(&server, SECRET, inlet.clone());
+    assert!(server.wait_for_subscribes(1, Duration::from_secs(5)).await);
+    let big = format!(
+        "{{\"cmd\":\"aibot_msg_callback\",\"headers\":{{\"req_id\":\"big\"}},\"body\":{{\"pad\":\"{}\"}}}}",
+        "x".repeat(2 << 20)
+    );
+    assert!(server.send_raw(&big));
+    server.push(
+        frame::MESSAGE,
+        &local::text_message(BOT, "AFTER", None, "u", "x"),
+    );
+    assert!(inlet.wait_for(1, Duration::from_secs(5)).await);
+    assert_eq!(server.subscribes().len(), 1, "the connection went on");
+    for i in 0..24 {
+        server.push(
+            frame::MESSAGE,
+            &local::text_message(BOT, &format!("C{i:02}"), None, "u", "x"),
+        );
+    }
+    stop.cancel();
+    let _ = run.await;
+    // Every callback the server wrote before it saw the close (all but the oversized frame).
+    let written = usize::try_from(server.written()).expect("count") - 1;
+    assert!(written >= 2, "{written}");
+    assert!(
+        inlet.wait_for(written, Duration::from_secs(5)).await,
+        "{} of {written} taken",
+        inlet.ids().len()
+    );
+}
+
 /// A stream frame WeCom does not answer (here: the first, while the server is mute) is no
 /// reason to leave the stream spinning: the pieces after it wait, and the last frame — the
 /// whole content, finished, under the same id — is still sent.

@@ -94,6 +94,16 @@ pub(crate) fn check(config: &Config, report: &mut impl FnMut(Severity, &str, Str
             }
             PlatformConfig::WecomAibot(aibot) => {
                 check_aibot(report, &label, aibot);
+                if let Some(max) = config.dispatcher.max_queued {
+                    report(
+                        Severity::AtRisk,
+                        "dispatcher.max_queued",
+                        format!(
+                            "source {:?} is a WeCom AI bot: WeCom never sends one of its                              callbacks again, so they are admitted beyond the bound of {max}                              queued events rather than refused and lost (counted in                              oncegate_admitted_over_bound_total); the bound holds for the                              other sources",
+                            source.name
+                        ),
+                    );
+                }
                 if let StoreConfig::Redis(redis) = &config.store
                     && redis.spool.is_none()
                 {

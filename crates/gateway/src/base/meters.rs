@@ -142,7 +142,7 @@ impl Default for Meters {
 
 /// Counters that alerts and dashboards read, shown at 0 from the start: a series that appears
 /// only with its first event cannot tell "none yet" from "not scraped".
-const FROM_THE_START: [&str; 17] = [
+const FROM_THE_START: [&str; 18] = [
     "oncegate_requests_total",
     "oncegate_admitted_total",
     "oncegate_duplicates_total",
@@ -157,6 +157,7 @@ const FROM_THE_START: [&str; 17] = [
     "oncegate_leases_lost_total",
     "oncegate_store_unavailable_total",
     "oncegate_queue_full_total",
+    "oncegate_admitted_over_bound_total",
     "oncegate_spooled_total",
     "oncegate_unrouted_total",
     "oncegate_already_done_total",

@@ -17,12 +17,25 @@ use crate::Shared;
 const QUEUE_SAMPLE: Duration = Duration::from_millis(250);
 const QUEUE_GAUGE_SAMPLE: Duration = Duration::from_secs(5);
 
+/// Whether an admission keeps to `dispatcher.max_queued`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Bound {
+    /// Refused (503) when the queue is full: the platform sends it again.
+    Keep,
+    /// Admitted over the bound, counted: the platform never sends it again (a WeCom AI bot's
+    /// callback over its long connection), so a refusal would lose it.
+    Exceed,
+}
+
 /// Admits `admit` once: `Ok` says how it was accepted, `Err` why not (nothing was recorded).
-pub(crate) async fn admit<S: Store>(
+async fn admit<S: Store>(
     shared: &Shared<S>,
     mut admit: Admit,
+    bound: Bound,
 ) -> Result<Accepted, Refusal> {
-    if queue_full(shared) {
+    if queue_full(shared) && bound == Bound::Exceed {
+        metrics::counter!("oncegate_admitted_over_bound_total").increment(1);
+    } else if queue_full(shared) {
         let stats = &shared.stats;
         stats.bump(&stats.queue_full, "oncegate_queue_full_total");
         return Err(Refusal::new(
@@ -64,6 +77,7 @@ pub(crate) async fn admit_traced<S: Store>(
     shared: &Shared<S>,
     admit: Admit,
     received: Option<std::time::SystemTime>,
+    bound: Bound,
 ) -> Result<Accepted, Refusal> {
     // Only an event that is traced (its share, by its key) pays for its copy.
     let traced = received.and_then(|received| {
@@ -74,7 +88,7 @@ pub(crate) async fn admit_traced<S: Store>(
             .keeps(&crate::EventTrace::of(&key))
             .then(|| (key, admit.event.clone(), received, decoded))
     });
-    let admitted = self::admit(shared, admit).await;
+    let admitted = self::admit(shared, admit, bound).await;
     if let Some((key, event, received, decoded)) = traced {
         shared
             .traces

@@ -98,14 +98,15 @@ impl LongSource {
     }
 }
 
-/// The gateway as the long connection's inlet.
-struct GatewayInlet<S>(Arc<Shared<S>>);
+/// The gateway as the long connection's inlet; `bound`: whether its admissions keep to
+/// `dispatcher.max_queued` (not an AI bot's: WeCom never sends a callback again).
+struct GatewayInlet<S>(Arc<Shared<S>>, crate::ingress::admission::Bound);
 
 impl<S: Store> Inlet for GatewayInlet<S> {
     async fn admit(&self, admit: Admit) -> Result<Accepted, Refusal> {
         // The frame was decoded just before: its trace starts here.
         let received = self.0.traces.on().then(std::time::SystemTime::now);
-        crate::ingress::admission::admit_traced(&self.0, admit, received).await
+        crate::ingress::admission::admit_traced(&self.0, admit, received, self.1).await
     }
 
     /// A card with no answer is acked with Feishu's empty answer, `{}`.
@@ -178,7 +179,11 @@ async fn connect<S: Store>(
     source: &LongSource,
     stop: CancellationToken,
 ) -> Held {
-    let inlet = Arc::new(GatewayInlet(shared.clone()));
+    let bound = match &source.link {
+        Link::AiBot { .. } => crate::ingress::admission::Bound::Exceed,
+        Link::Feishu { .. } => crate::ingress::admission::Bound::Keep,
+    };
+    let inlet = Arc::new(GatewayInlet(shared.clone(), bound));
     let failed = |error: &dyn std::fmt::Display| {
         shared.fail(format!("long connection {}: {error}", source.name));
         Held::Stopped

@@ -279,9 +279,14 @@ async fn callback<S: Store>(
                 window_ms: millis(limits.nonce_window()),
                 timestamp_secs: stamp.timestamp_secs,
             });
-        crate::ingress::admission::admit_traced(shared, admit, received)
-            .await
-            .map(|how| source.decoder.accepted_as(how, &event_type))
+        crate::ingress::admission::admit_traced(
+            shared,
+            admit,
+            received,
+            crate::ingress::admission::Bound::Keep,
+        )
+        .await
+        .map(|how| source.decoder.accepted_as(how, &event_type))
     };
     match answered {
         Ok(answer) => {
