@@ -672,3 +672,35 @@ async fn a_gateway_whose_clock_is_an_hour_ahead_does_not_take_over_a_held_lease(
         "taken over through the gateway an hour ahead: {other}"
     );
 }
+
+/// What a caller's results keep of the store survives a restart: the budget is read back from
+/// the store's ledger, so restarting does not hand out a fresh budget over what is still kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_callers_result_budget_survives_a_restart() {
+    let dir = tempfile::tempdir().expect("dir");
+    let store = format!(
+        "backend = \"embedded\"\npath = \"{}\"",
+        dir.path().join("store").display()
+    );
+    let config = config(&store).replace(
+        "namespace = \"shop\"\n\n[[api.caller]]\nname = \"node\"",
+        "namespace = \"shop\"\nresults_max = 2\n\n[[api.caller]]\nname = \"node\"",
+    );
+    let complete = |api: String, key: &'static str| async move {
+        let (status, claimed) = call(&api, TOKEN_A, "claim", json!({"key": key})).await;
+        assert_eq!(status, 200, "{claimed}");
+        let done = json!({"key": key, "lease": claimed["lease"], "result": {"k": key}});
+        call(&api, TOKEN_A, "complete", done).await.0
+    };
+    {
+        let gateway = Serve::start_with(dir.path(), &config);
+        let api = gateway.api.clone().expect("api");
+        assert_eq!(complete(api.clone(), "k1").await, 200);
+        assert_eq!(complete(api, "k2").await, 200);
+        // The ledger is written within a second.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+    }
+    let gateway = Serve::start_with(dir.path(), &config);
+    let api = gateway.api.clone().expect("api");
+    assert_eq!(complete(api, "k3").await, 429, "{}", gateway.stderr());
+}

@@ -73,6 +73,20 @@ impl<S: Store> Gateway<S> {
             .filter(|problem| problem.severity == oncegate_config::Severity::AtRisk)
             .map(|problem| format!("{}: {}", problem.setting, problem.message))
             .collect();
+        // What each caller's results keep of the store, as the ledger says (a restart forgets
+        // nothing): read before the first request.
+        for caller in &callers {
+            match caller
+                .results
+                .load(&*shared.store, &caller.name, shared.now_ms())
+                .await
+            {
+                Ok(()) | Err(oncegate_core::StoreError::Invalid(_)) => {}
+                Err(error) => {
+                    tracing::warn!(caller = %caller.name, %error, "the /keys results ledger could not be read: this caller's result budget counts from now")
+                }
+            }
+        }
         shared.api.callers = callers;
         shared.api.key_limits = api::callers::KeyLimits {
             max_lease: config.api.max_lease,

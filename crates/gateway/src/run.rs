@@ -84,6 +84,7 @@ impl<S: Store> Gateway<S> {
             shared.summaries.run(shutdown.clone()),
             long_connections(shared, shutdown.clone()),
             ingress::tenants::sync(shared.clone(), shutdown.clone()),
+            api::results::keep_ledgers(shared.clone(), shutdown.clone()),
         );
     }
 
