@@ -33,6 +33,8 @@ pub(crate) struct Got {
     pub(crate) signed: bool,
     /// The W3C `traceparent` it came with, if any.
     pub(crate) traceparent: String,
+    /// The envelope's payload, as JSON text.
+    pub(crate) payload: String,
 }
 
 /// How the downstream answers.
@@ -192,6 +194,7 @@ pub(crate) async fn receive(
             .and_then(|v| v.to_str().ok())
             .unwrap_or_default()
             .to_owned(),
+        payload: doc["payload"].to_string(),
     });
     let late = state.behavior.lock().expect("behavior").answer_late;
     if !late.is_zero() {
@@ -217,6 +220,7 @@ pub(crate) async fn card(
         attempt: 0,
         signed: true,
         traceparent: String::new(),
+        payload: doc["payload"].to_string(),
     });
     axum::Json(serde_json::json!({"toast": {"type": "success", "content": format!("answer {n}")}}))
 }

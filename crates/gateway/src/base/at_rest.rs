@@ -9,8 +9,82 @@ use std::collections::HashMap;
 use bytes::Bytes;
 use oncegate_config::EncryptionSettings;
 use oncegate_core::{Claim, Event, Record, RecordState, StoreError};
-use ring::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
-use ring::rand::{SecureRandom, SystemRandom};
+
+use self::cipher::{Key, NONCE_LEN};
+
+/// AES-256-GCM, from ring (already in the build for TLS and `v1a` signatures).
+#[cfg(feature = "at-rest")]
+mod cipher {
+    use ring::aead::{AES_256_GCM, Aad, LessSafeKey, Nonce, UnboundKey};
+    use ring::rand::{SecureRandom, SystemRandom};
+
+    pub(super) use ring::aead::NONCE_LEN;
+
+    /// One key.
+    pub(super) struct Key(LessSafeKey);
+
+    pub(super) fn key(bytes: &[u8; 32]) -> Result<Key, String> {
+        UnboundKey::new(&AES_256_GCM, bytes)
+            .map(|key| Key(LessSafeKey::new(key)))
+            .map_err(|_| "AES-256-GCM refused the key".to_owned())
+    }
+
+    /// A fresh random nonce.
+    pub(super) fn nonce() -> Option<[u8; NONCE_LEN]> {
+        let mut nonce = [0u8; NONCE_LEN];
+        SystemRandom::new().fill(&mut nonce).ok()?;
+        Some(nonce)
+    }
+
+    /// Seals `in_out` in place, its tag appended.
+    pub(super) fn seal(
+        key: &Key,
+        nonce: [u8; NONCE_LEN],
+        aad: &[u8],
+        in_out: &mut Vec<u8>,
+    ) -> bool {
+        key.0
+            .seal_in_place_append_tag(Nonce::assume_unique_for_key(nonce), Aad::from(aad), in_out)
+            .is_ok()
+    }
+
+    /// Opens `in_out` in place: the plaintext's length, or `None` when it does not open.
+    pub(super) fn open(key: &Key, nonce: &[u8], aad: &[u8], in_out: &mut [u8]) -> Option<usize> {
+        let nonce = Nonce::try_assume_unique_for_key(nonce).ok()?;
+        key.0
+            .open_in_place(nonce, Aad::from(aad), in_out)
+            .ok()
+            .map(|plain| plain.len())
+    }
+}
+
+/// A build without the `at-rest` feature: no key can be made, so nothing is ever sealed.
+#[cfg(not(feature = "at-rest"))]
+mod cipher {
+    pub(super) const NONCE_LEN: usize = 12;
+
+    pub(super) struct Key;
+
+    pub(super) fn key(_: &[u8; 32]) -> Result<Key, String> {
+        Err(
+            "this build leaves out encryption at rest: build oncegate-gateway with its `at-rest` \
+             feature (the oncegate binary has it)"
+                .to_owned(),
+        )
+    }
+
+    pub(super) fn nonce() -> Option<[u8; NONCE_LEN]> {
+        None
+    }
+
+    pub(super) fn seal(_: &Key, _: [u8; NONCE_LEN], _: &[u8], _: &mut Vec<u8>) -> bool {
+        false
+    }
+
+    pub(super) fn open(_: &Key, _: &[u8], _: &[u8], _: &mut [u8]) -> Option<usize> {
+        None
+    }
+}
 
 /// What every sealed value starts with: no payload of a platform (JSON, XML) or result does.
 const MARK: &[u8] = b"\0ogz1";
@@ -38,9 +112,8 @@ impl Place<'_> {
 
 /// The keys.
 pub(crate) struct AtRest {
-    sealing: (String, LessSafeKey),
-    opening: HashMap<String, LessSafeKey>,
-    random: SystemRandom,
+    sealing: (String, Key),
+    opening: HashMap<String, Key>,
 }
 
 impl std::fmt::Debug for AtRest {
@@ -52,12 +125,6 @@ impl std::fmt::Debug for AtRest {
     }
 }
 
-fn key(bytes: &[u8; 32]) -> Result<LessSafeKey, String> {
-    UnboundKey::new(&AES_256_GCM, bytes)
-        .map(LessSafeKey::new)
-        .map_err(|_| "AES-256-GCM refused the key".to_owned())
-}
-
 impl AtRest {
     /// The configured keys (the first seals), or what is wrong with one of them, named.
     pub(crate) fn new(settings: &EncryptionSettings) -> Result<Self, String> {
@@ -65,18 +132,14 @@ impl AtRest {
         let mut sealing = None;
         for configured in &settings.keys {
             let bytes = configured.bytes()?;
-            let made = key(&bytes).map_err(|why| format!("{}: {why}", configured.id))?;
+            let made = cipher::key(&bytes).map_err(|why| format!("{}: {why}", configured.id))?;
             if sealing.is_none() {
-                sealing = Some((configured.id.clone(), key(&bytes)?));
+                sealing = Some((configured.id.clone(), cipher::key(&bytes)?));
             }
             opening.insert(configured.id.clone(), made);
         }
         let sealing = sealing.ok_or("store.encryption lists no key")?;
-        Ok(Self {
-            sealing,
-            opening,
-            random: SystemRandom::new(),
-        })
+        Ok(Self { sealing, opening })
     }
 
     /// The id of the key that seals.
@@ -92,10 +155,8 @@ impl AtRest {
         }
         let failed = |what: &str| StoreError::Unavailable(format!("{what}: nothing was written"));
         let (id, key) = &self.sealing;
-        let mut nonce = [0u8; NONCE_LEN];
-        self.random
-            .fill(&mut nonce)
-            .map_err(|_| failed("the system's random generator failed"))?;
+        let nonce =
+            cipher::nonce().ok_or_else(|| failed("the system's random generator failed"))?;
         let mut sealed =
             Vec::with_capacity(MARK.len() + 1 + id.len() + NONCE_LEN + plain.len() + 16);
         sealed.extend_from_slice(MARK);
@@ -103,15 +164,10 @@ impl AtRest {
         sealed.push(u8::try_from(id.len()).unwrap_or(u8::MAX));
         sealed.extend_from_slice(id.as_bytes());
         sealed.extend_from_slice(&nonce);
-        let body = sealed.len();
-        sealed.extend_from_slice(plain);
-        let mut in_out = sealed.split_off(body);
-        key.seal_in_place_append_tag(
-            Nonce::assume_unique_for_key(nonce),
-            Aad::from(place.aad()),
-            &mut in_out,
-        )
-        .map_err(|_| failed("AES-256-GCM refused to seal"))?;
+        let mut in_out = plain.to_vec();
+        if !cipher::seal(key, nonce, &place.aad(), &mut in_out) {
+            return Err(failed("AES-256-GCM refused to seal"));
+        }
         sealed.extend_from_slice(&in_out);
         Ok(Bytes::from(sealed))
     }
@@ -137,17 +193,13 @@ impl AtRest {
             ))
         })?;
         let (nonce, sealed) = rest.split_at(NONCE_LEN);
-        let nonce = Nonce::try_assume_unique_for_key(nonce).map_err(|_| damaged())?;
         let mut in_out = sealed.to_vec();
-        let opened = key
-            .open_in_place(nonce, Aad::from(place.aad()), &mut in_out)
-            .map_err(|_| {
-                StoreError::Invalid(format!(
-                    "a value sealed with key {id:?} does not open: the key listed as {id:?} is \
-                     not the one that sealed it, or the value is damaged"
-                ))
-            })?;
-        let len = opened.len();
+        let len = cipher::open(key, nonce, &place.aad(), &mut in_out).ok_or_else(|| {
+            StoreError::Invalid(format!(
+                "a value sealed with key {id:?} does not open: the key listed as {id:?} is \
+                 not the one that sealed it, or the value is damaged"
+            ))
+        })?;
         in_out.truncate(len);
         Ok(Bytes::from(in_out))
     }
@@ -244,7 +296,7 @@ pub(crate) async fn verify<S: oncegate_core::StateStore>(
     Ok(())
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "at-rest"))]
 mod tests {
     use super::*;
     use oncegate_config::{EncryptionKey, Secret};
