@@ -27,6 +27,23 @@ impl Dice {
     }
 }
 
+/// Opens the folder again once the previous store has let it go: a snapshot thread that held
+/// the last handle drops the store (and its lock) when its snapshot is written, as a previous
+/// process exits before the next one starts.
+fn reopen(dir: &std::path::Path, clock: &ManualClock) -> JournalStore<ManualClock> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match oncegate_journal::open_with_clock(config(dir), clock.clone()) {
+            Err(oncegate_journal::OpenError::Locked { .. })
+                if std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            opened => return opened.expect("open"),
+        }
+    }
+}
+
 fn config(dir: &std::path::Path) -> JournalConfig {
     let mut config = JournalConfig::at(dir);
     config.partitions = 4;
@@ -197,8 +214,7 @@ fn reopened_after_every_round_it_matches_a_store_that_never_stopped() {
     for round_number in 0..60u64 {
         let seed = 0x9E37_79B9_7F4A_7C15 ^ (round_number + 1).wrapping_mul(0x2545_F491);
         block_on(async {
-            let store: JournalStore<ManualClock> =
-                oncegate_journal::open_with_clock(config(dir.path()), clock.clone()).expect("open");
+            let store: JournalStore<ManualClock> = reopen(dir.path(), &clock);
             assert_eq!(
                 state(&store, &ids).await,
                 state(&model, &model_ids).await,
