@@ -33,9 +33,10 @@ async fn admit<S: Store>(
     mut admit: Admit,
     bound: Bound,
 ) -> Result<Accepted, Refusal> {
-    if queue_full(shared) && bound == Bound::Exceed {
+    let full = queue_full(shared);
+    if full && bound == Bound::Exceed {
         metrics::counter!("oncegate_admitted_over_bound_total").increment(1);
-    } else if queue_full(shared) {
+    } else if full {
         let stats = &shared.stats;
         stats.bump(&stats.queue_full, "oncegate_queue_full_total");
         return Err(Refusal::new(
