@@ -522,9 +522,18 @@ async fn events_unacked_when_a_connection_drops_are_admitted_once_after_the_rese
         .await
     );
     running.server.drop_connection(conns[0]);
-    assert_eq!(
-        running.server.unacked().len(),
-        10 - running.server.acks().len()
+    // Acks already on the wire when the connection closes still arrive: read the two ledgers
+    // once they have settled, not in two racing snapshots.
+    assert!(
+        until(Duration::from_secs(5), || running.server.unacked().len()
+            + running.server.acks().len()
+            == 10)
+        .await,
+        "every pushed event is either acked or waiting"
+    );
+    assert!(
+        running.server.unacked().len() >= 5,
+        "the five events still at the gate are unacked"
     );
     running.inlet.gate.as_ref().expect("gate").add_permits(1000);
     // Feishu resends what was not acked, on the other connection.

@@ -61,6 +61,9 @@ pub(crate) struct Behavior {
     pub(crate) answer_late: Duration,
     /// Every delivery is answered 410 Gone (the endpoint was removed).
     pub(crate) gone: bool,
+    /// Every applied delivery is answered with a text of its own, `re:<event id>` (a reply
+    /// route's handler), rather than an empty 204.
+    pub(crate) reply: bool,
 }
 
 #[derive(Clone, Default)]
@@ -196,9 +199,15 @@ pub(crate) async fn receive(
             .to_owned(),
         payload: doc["payload"].to_string(),
     });
-    let late = state.behavior.lock().expect("behavior").answer_late;
+    let (late, reply) = {
+        let behavior = state.behavior.lock().expect("behavior");
+        (behavior.answer_late, behavior.reply)
+    };
     if !late.is_zero() {
         tokio::time::sleep(late).await;
+    }
+    if reply {
+        return format!("re:{}", doc["event_id"].as_str().unwrap_or_default()).into_response();
     }
     StatusCode::NO_CONTENT.into_response()
 }
