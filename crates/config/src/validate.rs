@@ -376,6 +376,27 @@ mod tests {
     }
 
     #[test]
+    fn a_store_app_needs_its_secret_and_takes_webhooks_only() {
+        let mut config = Config {
+            sources: vec![feishu(None, Some(Secret::Inline("t".into())))],
+            ..Config::default()
+        };
+        let settings = feishu_settings(&mut config);
+        settings.store_app = true;
+        assert_eq!(errors(&config), vec!["source[main].app_secret".to_owned()]);
+        let settings = feishu_settings(&mut config);
+        settings.app_secret = Some(Secret::Inline("s".into()));
+        assert!(errors(&config).is_empty(), "{:?}", errors(&config));
+        // Feishu gives store apps no long connection.
+        feishu_settings(&mut config).transport = crate::Transport::Websocket;
+        assert!(
+            errors(&config).contains(&"source[main].transport".to_owned()),
+            "{:?}",
+            errors(&config)
+        );
+    }
+
+    #[test]
     fn a_long_connection_needs_its_secret_and_at_most_fifty_connections() {
         let mut config = Config {
             sources: vec![feishu(None, None)],

@@ -17,6 +17,7 @@ pub mod seqwindow;
 pub mod source;
 pub mod state;
 pub mod store;
+pub mod tenancy;
 pub mod transition;
 pub mod typed;
 
@@ -33,7 +34,7 @@ pub use record::{
 pub use source::{
     Accepted, Admit, Callback, Decoded, Deliver, Headers, Inlet, Keys, Method, Refusal,
     RefusalKind, Replied, Reply, SealedRequest, Sealer, Sent, Stamp, SyntheticMembership,
-    SyntheticMessage, TenancyChange, TenantSet, Updates, Versions, WebhookSource,
+    SyntheticMessage, TenancyChange, TenantSet, Tenants, Updates, Versions, WebhookSource,
 };
 pub use state::{Changed, Expect, StateStore, Versioned};
 pub use store::{

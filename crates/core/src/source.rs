@@ -10,6 +10,7 @@ use bytes::Bytes;
 use crate::event::Event;
 use crate::key::KeyHash;
 use crate::record::Nonce;
+pub use crate::tenancy::{TenancyChange, TenantSet, Tenants};
 
 /// An event's dedup keys: never empty, the primary (event-id) key first.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -350,69 +351,6 @@ pub trait WebhookSource: Send + Sync + 'static {
     /// less the way back (Feishu waits 3 s for a card, WeCom and WeChat 5 s for a reply).
     fn sync_deadline(&self) -> std::time::Duration {
         std::time::Duration::from_millis(2_500)
-    }
-}
-
-/// A change to a multi-tenant source's state that one of its platform's pushes makes.
-#[derive(Clone, PartialEq, Eq)]
-pub enum TenancyChange {
-    /// The platform's latest ticket for the app (WeCom's `suite_ticket`, pushed every 10
-    /// minutes, valid 30): kept in the store and shared by every gateway, the newest winning.
-    Ticket {
-        /// The ticket.
-        ticket: String,
-        /// When the platform issued it, unix seconds.
-        issued_secs: u64,
-    },
-    /// A tenant left (WeCom's `cancel_auth`): its callbacks are refused from then on; what
-    /// was admitted is still delivered.
-    Left {
-        /// The tenant.
-        tenant: String,
-    },
-    /// A tenant authorised the app, or asked for a new secret (WeCom's `create_auth`,
-    /// `reset_permanent_code`): its one-use code is exchanged for the tenant's permanent
-    /// credential, which adds (or renews) the tenant. Done from the queue, never inside the
-    /// platform's answer deadline (1000 ms).
-    Authorised {
-        /// The temporary authorisation code (10 minutes, one use). A secret: never logged.
-        auth_code: String,
-    },
-}
-
-/// Tickets and codes are secrets: shown as their kind only.
-impl std::fmt::Debug for TenancyChange {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            TenancyChange::Ticket { issued_secs, .. } => f
-                .debug_struct("Ticket")
-                .field("issued_secs", issued_secs)
-                .finish_non_exhaustive(),
-            TenancyChange::Left { tenant } => {
-                f.debug_struct("Left").field("tenant", tenant).finish()
-            }
-            TenancyChange::Authorised { .. } => {
-                f.debug_struct("Authorised").finish_non_exhaustive()
-            }
-        }
-    }
-}
-
-/// The set of tenants a source takes callbacks from, replaced whole by whoever keeps the
-/// registry. Tenant ids are opaque and case-sensitive: never normalised.
-pub trait TenantSet: Send + Sync {
-    /// Replaces the set.
-    fn replace(&self, tenants: Vec<String>);
-
-    /// Whether `tenant` is in the set.
-    fn contains(&self, tenant: &str) -> bool;
-
-    /// How many tenants the set holds.
-    fn len(&self) -> usize;
-
-    /// Whether the set is empty.
-    fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 

@@ -8,6 +8,7 @@ mod envelope;
 pub mod events;
 mod json;
 mod source;
+pub mod store_app;
 
 use std::sync::Arc;
 
@@ -157,6 +158,9 @@ pub struct FeishuApp {
     app_id: Arc<str>,
     key: Option<EncryptKey>,
     verification_token: Option<String>,
+    /// A store app's tenants (商店应用): kept from its lifecycle events; `None` for an app of
+    /// one tenant.
+    pub(crate) tenants: Option<Arc<oncegate_core::Tenants>>,
 }
 
 /// The encrypt key as configured (it signs) and the AES key derived from it (it decrypts).
@@ -173,6 +177,7 @@ impl std::fmt::Debug for FeishuApp {
             .field("app_id", &self.app_id)
             .field("encrypted", &self.key.is_some())
             .field("token", &self.verification_token.is_some())
+            .field("store_app", &self.tenants.is_some())
             .finish()
     }
 }
@@ -200,7 +205,17 @@ impl FeishuApp {
                 text,
             }),
             verification_token,
+            tenants: None,
         })
+    }
+
+    /// The same app as a store app (商店应用), installed by many tenants: its `app_ticket`,
+    /// `app_open`, `app_status_change` and `app_uninstalled` events keep its tenants
+    /// ([`store_app`]). Its events are taken from every tenant — one encrypt key serves them
+    /// all, and a tenant that installed before the gateway ran sent no `app_open` it saw.
+    pub fn store_app(mut self) -> Self {
+        self.tenants = Some(Arc::default());
+        self
     }
 
     /// The platform, `feishu` or `lark`.

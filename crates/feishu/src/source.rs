@@ -73,6 +73,19 @@ impl WebhookSource for FeishuApp {
             Accepted::Spooled => br#"{"msg":"success","spooled":true}"#,
         }))
     }
+
+    /// A store app's tenants; none for an app of one tenant.
+    fn tenants(&self) -> Option<std::sync::Arc<dyn oncegate_core::TenantSet>> {
+        self.tenants
+            .clone()
+            .map(|tenants| tenants as std::sync::Arc<dyn oncegate_core::TenantSet>)
+    }
+
+    /// A store app's ticket and tenants, from its lifecycle events.
+    fn tenancy(&self, event: &oncegate_core::Event) -> Option<oncegate_core::TenancyChange> {
+        self.tenants.as_ref()?;
+        crate::store_app::tenancy(self.app_id(), event)
+    }
 }
 
 impl Sealer for FeishuApp {

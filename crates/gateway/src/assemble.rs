@@ -158,22 +158,10 @@ fn add_senders<S: Store>(
         if let Some(sender) = registry::sender(source, config.api.send_timeout)? {
             shared.api.senders.insert(source.name.clone(), sender);
         }
-        // A suite sends as each of its corps, with credentials kept in the store.
-        #[cfg(feature = "wecom")]
-        if let oncegate_config::PlatformConfig::WecomSuite(settings) = &source.platform
-            && let Some(api) =
-                registry::wecom::suite_api(source, settings, config.api.send_timeout)?
-        {
-            let keeper = crate::credentials::SuiteKeeper::new(
-                &source.name,
-                api,
-                shared.store.clone(),
-                config.api.send_timeout,
-            );
-            shared
-                .api
-                .suites
-                .insert(source.name.clone(), std::sync::Arc::new(keeper));
+        // A suite sends as each of its corps, a store app as each of its tenants, with
+        // credentials kept in the store.
+        if let Some(keeper) = keeper(source, &shared.store, config.api.send_timeout)? {
+            shared.api.keepers.insert(source.name.clone(), keeper);
         }
     }
     // An AI bot sends over its connection, through the gateway that holds it.
@@ -189,6 +177,47 @@ fn add_senders<S: Store>(
         }
     }
     Ok(())
+}
+
+/// The keeper of a multi-tenant source's credentials (a WeCom suite, a Feishu store app) with
+/// the secret it needs; `None` for any other source.
+#[cfg(feature = "send")]
+fn keeper<S: Store>(
+    source: &oncegate_config::SourceConfig,
+    store: &std::sync::Arc<base::timed_store::Timed<S>>,
+    timeout: std::time::Duration,
+) -> Result<Option<crate::credentials::Keeper>, GatewayError> {
+    use crate::credentials::Keeper;
+    use oncegate_config::PlatformConfig;
+    use std::sync::Arc;
+    let _ = (store, timeout);
+    Ok(match &source.platform {
+        #[cfg(feature = "wecom")]
+        PlatformConfig::WecomSuite(settings) => {
+            registry::wecom::suite_api(source, settings, timeout)?.map(|api| {
+                let keeper = crate::credentials::suite::SuiteKeeper::new(
+                    &source.name,
+                    api,
+                    store.clone(),
+                    timeout,
+                );
+                Keeper::Suite(Arc::new(keeper))
+            })
+        }
+        #[cfg(feature = "feishu")]
+        PlatformConfig::Feishu(settings) | PlatformConfig::Lark(settings) => {
+            registry::feishu::store_api(source, settings, timeout)?.map(|api| {
+                let keeper = crate::credentials::store_app::StoreAppKeeper::new(
+                    &source.name,
+                    api,
+                    store.clone(),
+                    timeout,
+                );
+                Keeper::StoreApp(Arc::new(keeper))
+            })
+        }
+        _ => None,
+    })
 }
 
 /// An `http` route's sink, signed as its secrets and key say.

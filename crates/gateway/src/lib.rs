@@ -67,7 +67,7 @@ pub mod api;
 mod assemble;
 mod base;
 pub mod bot;
-#[cfg(all(feature = "send", feature = "wecom"))]
+#[cfg(all(feature = "send", any(feature = "feishu", feature = "wecom")))]
 mod credentials;
 mod dispatch;
 mod gate;

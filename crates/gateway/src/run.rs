@@ -85,6 +85,7 @@ impl<S: Store> Gateway<S> {
             long_connections(shared, shutdown.clone()),
             ingress::tenants::sync(shared.clone(), shutdown.clone()),
             api::results::keep_ledgers(shared.clone(), shutdown.clone()),
+            ask_for_tickets(shared),
         );
     }
 
@@ -161,4 +162,11 @@ async fn long_connections<S: Store>(
     ingress::longconn::run_all(shared.clone(), shutdown).await;
     #[cfg(not(feature = "long-connection"))]
     let _ = (shared, shutdown);
+}
+
+/// Store apps with no ticket kept ask for one at start.
+async fn ask_for_tickets<S: Store>(shared: &Shared<S>) {
+    #[cfg(all(feature = "send", any(feature = "feishu", feature = "wecom")))]
+    crate::credentials::ask_for_tickets(&shared.api.keepers).await;
+    let _ = shared;
 }

@@ -2,13 +2,14 @@
 //! and replies that carry a `uuid`, so that a repeat within Feishu's hour sends once even if
 //! oncegate itself lost track.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::SendError;
-use crate::token::TokenCache;
+use crate::token::{TokenCache, TokenSource};
 
 /// Feishu's answers that no retry changes: a receiver the bot cannot reach, a card older than
 /// 14 days, a streaming card that expired, and the like.
@@ -86,13 +87,20 @@ fn is_message_id(id: &str) -> bool {
     })
 }
 
-/// One app's client.
+/// How an app gets its token.
+enum Tokens {
+    /// A custom app's own: `tenant_access_token/internal` with its secret, cached here.
+    Own { secret: String, cache: TokenCache },
+    /// A store app's tenant's, which the gateway keeps (`tenant_access_token` per tenant).
+    Supplied(Arc<dyn TokenSource>),
+}
+
+/// One app's client (for a store app: one tenant's).
 pub struct FeishuApi {
     http: reqwest::Client,
     domain: String,
     app_id: String,
-    app_secret: String,
-    token: TokenCache,
+    tokens: Tokens,
 }
 
 impl std::fmt::Debug for FeishuApi {
@@ -133,16 +141,59 @@ impl FeishuApi {
                 message: "the app secret is empty".into(),
             });
         }
+        Self::build(
+            domain,
+            app_id,
+            Tokens::Own {
+                secret: app_secret.to_owned(),
+                cache: TokenCache::default(),
+            },
+            timeout,
+        )
+    }
+
+    /// A client of one tenant of a store app, whose token `tokens` supplies (the gateway's,
+    /// kept per tenant): it never holds a token of another tenant.
+    pub fn with_tokens(
+        domain: &str,
+        app_id: &str,
+        tokens: Arc<dyn TokenSource>,
+        timeout: Duration,
+    ) -> Result<Self, SendError> {
+        Self::build(domain, app_id, Tokens::Supplied(tokens), timeout)
+    }
+
+    fn build(
+        domain: &str,
+        app_id: &str,
+        tokens: Tokens,
+        timeout: Duration,
+    ) -> Result<Self, SendError> {
         Ok(Self {
             http: crate::wecom::client(timeout)?,
             domain: domain.trim_end_matches('/').to_owned(),
             app_id: app_id.to_owned(),
-            app_secret: app_secret.to_owned(),
-            token: TokenCache::default(),
+            tokens,
         })
     }
 
-    async fn fetch_token(&self) -> Result<(String, Duration), SendError> {
+    async fn token(&self) -> Result<String, SendError> {
+        match &self.tokens {
+            Tokens::Own { secret, cache } => {
+                cache.get(async || self.fetch_token(secret).await).await
+            }
+            Tokens::Supplied(source) => source.token().await,
+        }
+    }
+
+    async fn invalidate(&self, token: &str) {
+        match &self.tokens {
+            Tokens::Own { cache, .. } => cache.invalidate(token).await,
+            Tokens::Supplied(source) => source.refused(token).await,
+        }
+    }
+
+    async fn fetch_token(&self, secret: &str) -> Result<(String, Duration), SendError> {
         let url = format!(
             "{}/open-apis/auth/v3/tenant_access_token/internal",
             self.domain
@@ -150,7 +201,7 @@ impl FeishuApi {
         let sent = self
             .http
             .post(url)
-            .json(&json!({"app_id": self.app_id, "app_secret": self.app_secret}))
+            .json(&json!({"app_id": self.app_id, "app_secret": secret}))
             .send()
             .await
             .map_err(|error| {
@@ -187,9 +238,9 @@ impl FeishuApi {
             .map_err(|message| SendError::Permanent { code: 0, message })?;
         // A token refused mid-way is fetched again once, and the send made once more.
         for attempt in 0..2 {
-            let token = self.token.get(async || self.fetch_token().await).await?;
+            let token = self.token().await?;
             match self.send_with(&token, message).await {
-                Err(Refused::BadToken) if attempt == 0 => self.token.invalidate(&token).await,
+                Err(Refused::BadToken) if attempt == 0 => self.invalidate(&token).await,
                 Err(Refused::BadToken) => {
                     return Err(SendError::Transient(
                         "Feishu refused a freshly fetched token".into(),

@@ -9,6 +9,7 @@
 mod aibot;
 mod api;
 pub mod feishu;
+pub mod feishu_store;
 /// A Feishu-like API server for tests.
 pub mod local;
 pub mod local_wecom;
@@ -21,8 +22,10 @@ use std::time::Duration;
 pub use aibot::{AiBotApi, AiBotMessage};
 pub use api::{Api, Prepared};
 pub use feishu::{FeishuApi, Message, RECEIVE_ID_TYPES};
+pub use feishu_store::FeishuStoreApi;
 pub use oncegate_core::Rate as Budget;
-pub use wecom::{TokenSource, WecomApi, WecomMessage};
+pub use token::{TokenFuture, TokenSource};
+pub use wecom::{WecomApi, WecomMessage};
 pub use wecom_suite::{Authorisation, WecomSuiteApi};
 
 /// The platforms' published limits, kept a little inside them.

@@ -1,9 +1,13 @@
 //! An access token fetched once for every concurrent caller (single flight), kept until a few
 //! minutes before it runs out, and fetched again once when the platform says it is invalid.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 use tokio::sync::Mutex;
+
+use crate::SendError;
 
 /// How long before its end a token is replaced: the SDKs' three minutes.
 const REFRESH_AHEAD: Duration = Duration::from_secs(180);
@@ -50,4 +54,18 @@ impl TokenCache {
             *held = None;
         }
     }
+}
+
+/// A future a [`TokenSource`] answers with.
+pub type TokenFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Where an app's access token comes from when it is not its own secret's: a WeCom suite's
+/// corp token, a Feishu store app's tenant token — fetched with credentials the gateway keeps
+/// and shared by every gateway. It is asked before every call and told when the platform
+/// refused what it gave.
+pub trait TokenSource: Send + Sync {
+    /// The current token.
+    fn token(&self) -> TokenFuture<'_, Result<String, SendError>>;
+    /// The platform refused `token` (expired, revoked): the next `token` fetches another.
+    fn refused<'a>(&'a self, token: &'a str) -> TokenFuture<'a, ()>;
 }

@@ -2,8 +2,6 @@
 //! with WeCom's duplicate check, a cap on calls in flight (45033 is a concurrency limit, not
 //! only a rate), and failures classed by what a retry may do.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,18 +39,7 @@ impl WecomMessage {
     }
 }
 
-/// A future a [`TokenSource`] answers with.
-pub type TokenFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
-
-/// Where an app's access token comes from when it is not its own secret's (`gettoken`): a
-/// third-party suite's corp token, fetched with the suite's credentials and shared by every
-/// gateway. It is asked before every call and told when WeCom refused what it gave.
-pub trait TokenSource: Send + Sync {
-    /// The current token.
-    fn token(&self) -> TokenFuture<'_, Result<String, SendError>>;
-    /// WeCom refused `token` (expired, revoked): the next `token` fetches another.
-    fn refused<'a>(&'a self, token: &'a str) -> TokenFuture<'a, ()>;
-}
+pub use crate::token::{TokenFuture, TokenSource};
 
 /// How an app gets its token.
 enum Tokens {

@@ -8,8 +8,7 @@
 //! source). A corp's callback is taken only from a corp the suite knows ([`SuiteTenants`]).
 //! Facts: `shared/protocols/tenants.md` §1.
 
-use std::collections::HashSet;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use oncegate_core::{
@@ -24,43 +23,16 @@ use crate::source::{Dialect, REPLY_DEADLINE, Sealing, admit, envelope_encrypt, p
 use crate::xml::Fields;
 use crate::{AesKey, WecomError, crypto};
 
+/// How long a `suite_ticket` is valid: 30 minutes (pushed every 10).
+const SUITE_TICKET_LIFE: std::time::Duration = std::time::Duration::from_secs(30 * 60);
+
 /// The event types of a suite's own pushes start with this.
 pub const SUITE_EVENTS: &str = "suite.";
 
 /// The corps that authorised a suite: read by its source on every callback, replaced whole by
-/// whoever keeps the registry (the gateway, from the store). Corp ids are opaque and
-/// case-sensitive (an encrypted corp id is): never normalised.
-#[derive(Debug, Default)]
-pub struct SuiteTenants {
-    corps: RwLock<Arc<HashSet<String>>>,
-}
-
-impl SuiteTenants {
-    fn corps(&self) -> Arc<HashSet<String>> {
-        self.corps
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone()
-    }
-}
-
-impl TenantSet for SuiteTenants {
-    fn replace(&self, tenants: Vec<String>) {
-        let corps = Arc::new(tenants.into_iter().collect());
-        *self
-            .corps
-            .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = corps;
-    }
-
-    fn contains(&self, tenant: &str) -> bool {
-        self.corps().contains(tenant)
-    }
-
-    fn len(&self) -> usize {
-        self.corps().len()
-    }
-}
+/// whoever keeps the registry. Corp ids are opaque and case-sensitive (an encrypted corp id
+/// is): never normalised.
+pub type SuiteTenants = oncegate_core::Tenants;
 
 /// A WeCom suite receiving callbacks for itself and for every corp that authorised it.
 pub struct WecomSuite {
@@ -306,6 +278,7 @@ impl WebhookSource for WecomSuite {
             "suite_ticket" => Some(TenancyChange::Ticket {
                 ticket: fields.text("SuiteTicket")?.to_owned(),
                 issued_secs: fields.text("TimeStamp")?.parse().ok()?,
+                life: SUITE_TICKET_LIFE,
             }),
             "cancel_auth" => Some(TenancyChange::Left {
                 tenant: fields.text("AuthCorpId")?.to_owned(),

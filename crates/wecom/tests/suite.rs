@@ -105,7 +105,8 @@ fn the_suites_own_pushes_are_events_answered_success() {
         source.tenancy(&ticket.event),
         Some(TenancyChange::Ticket {
             ticket: "asdfasfdasdfasdf".into(),
-            issued_secs: 1_700_000_000
+            issued_secs: 1_700_000_000,
+            life: std::time::Duration::from_secs(1800),
         })
     );
     assert_eq!(

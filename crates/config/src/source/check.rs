@@ -313,6 +313,27 @@ fn check_feishu_secrets(
     feishu: &crate::FeishuSettings,
 ) {
     let at = |field: &str| format!("{label}.{field}");
+    if feishu.store_app && feishu.transport == crate::Transport::Websocket {
+        report(
+            Severity::Error,
+            &at("transport"),
+            format!(
+                "source {name:?} is a store app: Feishu gives store apps no long connection; \
+                 remove transport = \"websocket\" and point the app's event URL at \
+                 /webhook/{name}"
+            ),
+        );
+    }
+    if feishu.store_app && feishu.app_secret.is_none() {
+        report(
+            Severity::Error,
+            &at("app_secret"),
+            format!(
+                "source {name:?} is a store app: set app_secret, with which the gateway asks \
+                 Feishu for the app_ticket and fetches each tenant's token"
+            ),
+        );
+    }
     if feishu.transport == crate::Transport::Websocket {
         check_long_connection(report, label, name, feishu);
         return;

@@ -175,6 +175,12 @@ pub struct FeishuSettings {
     /// unset: half the interval, between 5 s and 60 s.
     #[serde(with = "duration_opt")]
     pub pong_grace: Option<Duration>,
+    /// A store app (商店应用) that many tenants install: its `app_ticket` is kept in the store
+    /// and asked for again at start, its tenants (`app_open`, `app_status_change`,
+    /// `app_uninstalled`) kept in the registry, and `/send/<source>/<tenant_key>` sends with
+    /// that tenant's token. Needs `app_secret`; webhooks only (Feishu gives store apps no long
+    /// connection).
+    pub store_app: bool,
 }
 
 /// How a Feishu source's events arrive.
@@ -213,6 +219,7 @@ impl Default for FeishuSettings {
             connections: 1,
             instances: Instances::All,
             pong_grace: None,
+            store_app: false,
         }
     }
 }

@@ -35,9 +35,10 @@ pub(crate) struct ApiState {
     /// The apps `/send/<source>` can send as, by source name.
     #[cfg(feature = "send")]
     pub(crate) senders: std::collections::HashMap<String, outbox::Sender>,
-    /// The suites `/send/<source>/<corp>` sends as each corp of, by source name.
-    #[cfg(all(feature = "send", feature = "wecom"))]
-    pub(crate) suites: std::collections::HashMap<String, Arc<crate::credentials::SuiteKeeper>>,
+    /// The multi-tenant sources (WeCom suites, Feishu store apps) `/send/<source>/<tenant>`
+    /// sends as each tenant of, by source name.
+    #[cfg(all(feature = "send", any(feature = "feishu", feature = "wecom")))]
+    pub(crate) keepers: std::collections::HashMap<String, crate::credentials::Keeper>,
     /// One platform API call's deadline.
     #[cfg(feature = "send")]
     pub(crate) send_timeout: std::time::Duration,
@@ -63,8 +64,8 @@ impl Default for ApiState {
             key_limits: callers::KeyLimits::default(),
             #[cfg(feature = "send")]
             senders: std::collections::HashMap::new(),
-            #[cfg(all(feature = "send", feature = "wecom"))]
-            suites: std::collections::HashMap::new(),
+            #[cfg(all(feature = "send", any(feature = "feishu", feature = "wecom")))]
+            keepers: std::collections::HashMap::new(),
             #[cfg(feature = "send")]
             send_timeout: std::time::Duration::from_secs(10),
             sends_waiting: budget::Waiting::default(),

@@ -169,19 +169,21 @@ async fn tenant_sender<S: Store>(
             "source {source:?} serves one tenant: send to /send/{source} without one"
         )));
     }
+    // The registry itself, not this gateway's copy of it (read again every 250 ms): a tenant
+    // that left another gateway a moment ago is refused here at once, and nothing is sent.
     let known = shared
-        .ingress
-        .sources
-        .get(source)
-        .and_then(|found| found.decoder.tenants())
-        .is_some_and(|set| set.contains(tenant));
+        .store
+        .state_get(&crate::ingress::tenants::namespace(source), tenant)
+        .await
+        .map_err(|error| NotSent::Transient(format!("the tenant registry cannot answer: {error}")))?
+        .is_some();
     if !known {
         return Err(NotSent::NoSuchTenant(format!(
             "source {source:?} has no tenant {tenant:?} (oncegate tenants list {source})"
         )));
     }
-    #[cfg(feature = "wecom")]
-    if let Some(keeper) = shared.api.suites.get(source) {
+    #[cfg(any(feature = "feishu", feature = "wecom"))]
+    if let Some(keeper) = shared.api.keepers.get(source) {
         return match keeper.sender(tenant).await {
             Ok(sender) => Ok(Some(sender)),
             Err(SendError::Permanent { message, .. }) => Err(NotSent::NoSuchTenant(message)),
@@ -189,7 +191,8 @@ async fn tenant_sender<S: Store>(
         };
     }
     Err(NotSent::NoSuchTenant(format!(
-        "source {source:?} cannot send (a WeCom suite sends with its suite_secret)"
+        "source {source:?} cannot send (a WeCom suite sends with its suite_secret, a Feishu \
+         store app with its app_secret)"
     )))
 }
 

@@ -4,18 +4,18 @@
 //! Facts: `shared/protocols/tenants.md` §1.3.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use oncegate_core::{Expect, StoreError};
 use oncegate_send::wecom::{TokenFuture, WecomOptions};
 use oncegate_send::wecom_suite::{SUITE_TOKEN_REFUSED, TICKET_REFUSED};
-use oncegate_send::{Api, Authorisation, SendError, TokenSource, WecomApi, WecomSuiteApi};
+use oncegate_send::{Api, Authorisation, SendError, WecomApi, WecomSuiteApi};
 use serde_json::{Value, json};
 
 use super::shared_state::SharedState;
-use super::tokens::SharedTokens;
+use super::tokens::{SharedTokens, TenantToken, TenantTokenKeeper};
 use crate::api::send::Sender;
 use crate::ingress::tenants;
 
@@ -236,9 +236,9 @@ impl SuiteKeeper {
             code: 0,
             message: format!("corp {corp:?} authorised no agent of the suite: nothing to send as"),
         })?;
-        let tokens = Arc::new(CorpTokens {
+        let tokens = Arc::new(TenantToken {
             keeper: Arc::downgrade(self),
-            corp: corp.to_owned(),
+            tenant: corp.to_owned(),
         });
         let options = WecomOptions {
             timeout: self.timeout,
@@ -262,27 +262,16 @@ fn corp_token(corp: &str) -> String {
     format!("corp:{corp}")
 }
 
-/// One corp's token, for its sender (which its keeper holds: hence weak).
-struct CorpTokens {
-    keeper: Weak<SuiteKeeper>,
-    corp: String,
-}
-
-impl TokenSource for CorpTokens {
-    fn token(&self) -> TokenFuture<'_, Result<String, SendError>> {
-        Box::pin(async move {
-            match self.keeper.upgrade() {
-                Some(keeper) => keeper.corp_token_now(&self.corp).await,
-                None => Err(SendError::Transient("the gateway is closing".into())),
-            }
-        })
+impl TenantTokenKeeper for SuiteKeeper {
+    fn tenant_token<'a>(&'a self, corp: &'a str) -> TokenFuture<'a, Result<String, SendError>> {
+        Box::pin(self.corp_token_now(corp))
     }
 
-    fn refused<'a>(&'a self, token: &'a str) -> TokenFuture<'a, ()> {
-        Box::pin(async move {
-            if let Some(keeper) = self.keeper.upgrade() {
-                keeper.tokens.refused(&corp_token(&self.corp), token).await;
-            }
-        })
+    fn tokens(&self) -> &SharedTokens {
+        &self.tokens
+    }
+
+    fn token_name(&self, corp: &str) -> String {
+        corp_token(corp)
     }
 }

@@ -153,3 +153,42 @@ impl SharedTokens {
             .map(|_| ())
     }
 }
+
+/// A keeper of tenants' tokens: what fetches one tenant's token, and the tokens it keeps.
+pub(crate) trait TenantTokenKeeper: Send + Sync + 'static {
+    /// Tenant `tenant`'s token, kept or fetched.
+    fn tenant_token<'a>(
+        &'a self,
+        tenant: &'a str,
+    ) -> oncegate_send::TokenFuture<'a, Result<String, SendError>>;
+    /// The tokens it keeps.
+    fn tokens(&self) -> &SharedTokens;
+    /// The name of tenant `tenant`'s token among them.
+    fn token_name(&self, tenant: &str) -> String;
+}
+
+/// One tenant's token, for its sender — which its keeper holds: hence weak.
+pub(crate) struct TenantToken<K> {
+    pub(crate) keeper: std::sync::Weak<K>,
+    pub(crate) tenant: String,
+}
+
+impl<K: TenantTokenKeeper> oncegate_send::TokenSource for TenantToken<K> {
+    fn token(&self) -> oncegate_send::TokenFuture<'_, Result<String, SendError>> {
+        Box::pin(async move {
+            match self.keeper.upgrade() {
+                Some(keeper) => keeper.tenant_token(&self.tenant).await,
+                None => Err(SendError::Transient("the gateway is closing".into())),
+            }
+        })
+    }
+
+    fn refused<'a>(&'a self, token: &'a str) -> oncegate_send::TokenFuture<'a, ()> {
+        Box::pin(async move {
+            if let Some(keeper) = self.keeper.upgrade() {
+                let name = keeper.token_name(&self.tenant);
+                keeper.tokens().refused(&name, token).await;
+            }
+        })
+    }
+}

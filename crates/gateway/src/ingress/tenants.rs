@@ -99,9 +99,6 @@ pub(crate) fn tickets(source: &str) -> String {
     format!("tickets:{source}")
 }
 
-/// How long a ticket is kept: WeCom's `suite_ticket` is valid 30 minutes.
-const TICKET_LIFE: Duration = Duration::from_secs(30 * 60);
-
 /// Applies what `event` changes in the tenancy of the multi-tenant source it came from, before
 /// it goes to its route; an error leaves the event to be retried. Nothing for other events.
 pub(crate) async fn apply<S: Store>(shared: &Shared<S>, event: &Event) -> Result<(), StoreError> {
@@ -125,30 +122,49 @@ async fn change_tenancy<S: Store>(
         TenancyChange::Ticket {
             ticket,
             issued_secs,
-        } => keep_ticket(&*shared.store, &tickets(source), &ticket, issued_secs).await,
+            life,
+        } => keep_ticket(&*shared.store, &tickets(source), &ticket, issued_secs, life).await,
         TenancyChange::Authorised { auth_code } => authorise(shared, source, &auth_code).await,
+        TenancyChange::Joined { tenant } => {
+            let namespace = namespace(source);
+            let settings = bytes::Bytes::from_static(br#"{"joined":true}"#);
+            // A tenant added by hand keeps the settings it was given.
+            shared
+                .store
+                .state_put(&namespace, &tenant, settings, Expect::Absent, None)
+                .await?;
+            metrics::counter!("oncegate_tenancy_changes_total", "source" => source.to_owned(), "change" => "joined").increment(1);
+            tracing::info!(source, tenant = %tenant, "a tenant installed or enabled the app: /send sends as it");
+            refresh(shared, source).await
+        }
         TenancyChange::Left { tenant } => {
             let namespace = namespace(source);
             shared
                 .store
                 .state_remove(&namespace, &tenant, Expect::Any)
                 .await?;
-            #[cfg(all(feature = "send", feature = "wecom"))]
-            if let Some(keeper) = shared.api.suites.get(source) {
+            #[cfg(all(feature = "send", any(feature = "feishu", feature = "wecom")))]
+            if let Some(keeper) = shared.api.keepers.get(source) {
                 keeper.forget(&tenant).await?;
             }
-            tracing::info!(source, tenant = %tenant, "a tenant left: its callbacks are refused from now on");
-            if let Some(set) = shared
-                .ingress
-                .sources
-                .get(source)
-                .and_then(|found| found.decoder.tenants())
-            {
-                set.replace(all(&*shared.store, &namespace).await?);
-            }
-            Ok(())
+            metrics::counter!("oncegate_tenancy_changes_total", "source" => source.to_owned(), "change" => "left").increment(1);
+            tracing::info!(source, tenant = %tenant, "a tenant left: it is out of the registry, and a suite's corp's callbacks are refused from now on");
+            refresh(shared, source).await
         }
     }
+}
+
+/// Reads `source`'s registry into its set now, rather than at the next poll.
+async fn refresh<S: Store>(shared: &Shared<S>, source: &str) -> Result<(), StoreError> {
+    if let Some(set) = shared
+        .ingress
+        .sources
+        .get(source)
+        .and_then(|found| found.decoder.tenants())
+    {
+        set.replace(all(&*shared.store, &namespace(source)).await?);
+    }
+    Ok(())
 }
 
 /// Exchanges a tenant's authorisation code for its permanent credential (which adds it to the
@@ -161,21 +177,16 @@ async fn authorise<S: Store>(
     auth_code: &str,
 ) -> Result<(), StoreError> {
     #[cfg(all(feature = "send", feature = "wecom"))]
-    if let Some(keeper) = shared.api.suites.get(source) {
+    if let Some(exchanged) = match shared.api.keepers.get(source) {
+        Some(keeper) => keeper.authorise(auth_code).await,
+        None => None,
+    } {
         use oncegate_send::SendError;
-        return match keeper.authorise(auth_code).await {
+        return match exchanged {
             Ok(authorised) => {
                 metrics::counter!("oncegate_tenancy_changes_total", "source" => source.to_owned(), "change" => "authorised").increment(1);
                 tracing::info!(source, tenant = %authorised.corp_id, agent = ?authorised.agent_id, "a tenant authorised the suite: its callbacks are taken and /send sends as it");
-                if let Some(set) = shared
-                    .ingress
-                    .sources
-                    .get(source)
-                    .and_then(|found| found.decoder.tenants())
-                {
-                    set.replace(all(&*shared.store, &namespace(source)).await?);
-                }
-                Ok(())
+                refresh(shared, source).await
             }
             Err(SendError::Permanent { code, message }) => {
                 metrics::counter!("oncegate_tenancy_changes_total", "source" => source.to_owned(), "change" => "authorisation_refused").increment(1);
@@ -209,6 +220,7 @@ pub(crate) async fn keep_ticket<S: StateStore>(
     namespace: &str,
     ticket: &str,
     issued_secs: u64,
+    life: Duration,
 ) -> Result<(), StoreError> {
     let value = bytes::Bytes::from(
         serde_json::json!({"ticket": ticket, "issued_secs": issued_secs}).to_string(),
@@ -228,13 +240,7 @@ pub(crate) async fn keep_ticket<S: StateStore>(
             None => Expect::Absent,
         };
         match store
-            .state_put(
-                namespace,
-                "ticket",
-                value.clone(),
-                expect,
-                Some(TICKET_LIFE),
-            )
+            .state_put(namespace, "ticket", value.clone(), expect, Some(life))
             .await?
         {
             Changed::Done(_) => return Ok(()),

@@ -24,8 +24,35 @@ pub(super) fn app(source: &SourceConfig) -> Result<FeishuApp, GatewayError> {
             source.name
         )));
     }
-    FeishuApp::new(cloud, &settings.app_id, encrypt_key, verification_token)
-        .map_err(|error| platform_error(source, error))
+    let app = FeishuApp::new(cloud, &settings.app_id, encrypt_key, verification_token)
+        .map_err(|error| platform_error(source, error))?;
+    Ok(if settings.store_app {
+        app.store_app()
+    } else {
+        app
+    })
+}
+
+/// A store app's own API (its ticket and its tenants' tokens), when it is one with a secret.
+#[cfg(feature = "send")]
+pub(crate) fn store_api(
+    config: &SourceConfig,
+    settings: &oncegate_config::FeishuSettings,
+    timeout: std::time::Duration,
+) -> Result<Option<oncegate_send::FeishuStoreApi>, GatewayError> {
+    if !settings.store_app {
+        return Ok(None);
+    }
+    let cloud = match &config.platform {
+        PlatformConfig::Lark(_) => Cloud::Lark,
+        _ => Cloud::Feishu,
+    };
+    let Some(secret) = resolve(config, &settings.app_secret, "app_secret")? else {
+        return Ok(None);
+    };
+    oncegate_send::FeishuStoreApi::new(&domain(cloud, settings), &settings.app_id, &secret, timeout)
+        .map(Some)
+        .map_err(|error| platform_error(config, error))
 }
 
 /// A configured long-connection source: its app (an encrypt key, if set, decrypts pushes;
@@ -67,6 +94,10 @@ pub(super) fn sender(
     settings: &oncegate_config::FeishuSettings,
     timeout: std::time::Duration,
 ) -> Result<Option<crate::api::send::Sender>, GatewayError> {
+    // A store app sends as one tenant at a time (`/send/<source>/<tenant>`), never as itself.
+    if settings.store_app {
+        return Ok(None);
+    }
     let api = {
         let cloud = match &config.platform {
             PlatformConfig::Lark(_) => Cloud::Lark,

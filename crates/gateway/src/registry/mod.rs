@@ -3,7 +3,7 @@
 //! of a platform this build leaves out is refused with the feature to add.
 
 #[cfg(feature = "feishu")]
-mod feishu;
+pub(crate) mod feishu;
 #[cfg(feature = "wecom")]
 pub(crate) mod wecom;
 

@@ -18,6 +18,9 @@ use oncegate_core::{KeyHash, Rate, RateVerdict};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
+mod store_app;
+pub use store_app::TicketPush;
+
 /// One message the server really sent.
 #[derive(Debug, Clone)]
 pub struct Sent {
@@ -29,6 +32,8 @@ pub struct Sent {
     pub content: String,
     /// When it was sent.
     pub at: Instant,
+    /// The store app's tenant whose token sent it (`None`: the app's own token).
+    pub tenant: Option<String>,
 }
 
 #[derive(Default)]
@@ -48,6 +53,8 @@ struct Inner {
     /// Updates of one message running at once, now and at most.
     updating: HashMap<String, usize>,
     most_at_once: usize,
+    /// A store app's state: tickets, app tokens, the tenant of each tenant token.
+    store: store_app::StoreState,
 }
 
 struct Shared {
@@ -120,6 +127,7 @@ impl LocalFeishuApi {
                 "/open-apis/im/v1/messages/{id}",
                 axum::routing::patch(update),
             )
+            .merge(store_app::routes())
             .with_state(shared.clone());
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, router).await;
@@ -313,11 +321,13 @@ async fn deliver(shared: &Shared, headers: &HeaderMap, receiver: String, body: &
                         .into_response();
                 }
                 let id = format!("om_local_{}", inner.sent.len() + 1);
+                let tenant = given.and_then(|token| inner.store.tenant_of(token));
                 inner.sent.push(Sent {
                     receive_id: receiver.clone(),
                     uuid: uuid.clone(),
                     content: body["content"].as_str().unwrap_or_default().to_owned(),
                     at: now,
+                    tenant,
                 });
                 if !uuid.is_empty() {
                     inner.by_uuid.insert(uuid, (id.clone(), now));
