@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 use oncegate_core::{SealedRequest, Sealer};
 use oncegate_wecom::WecomApp;
 use support::suite::{
-    KEY, SUITE_ID, TOKEN, corp_message, post, readme_block, readme_source, suite_push, ticket,
+    KEY, SUITE_ID, TOKEN, corp_message, post, readme_block, readme_source_by_hand, suite_push,
+    ticket,
 };
 use support::{Serve, file_route, lines, oncegate, redis_store, wait_until};
 
@@ -23,13 +24,9 @@ const CORP_B: &str = "wpabcdef0123456789zzyy";
 
 /// The README's suite source, its secrets given inline, with a file route.
 fn config(dir: &Path, store: &str) -> String {
-    let source = readme_source()
-        // Corps added by hand here: no secret, so nothing calls WeCom (tests/suites.rs does,
-        // on loopback).
-        .lines()
-        .filter(|line| !line.starts_with("suite_secret"))
-        .collect::<Vec<_>>()
-        .join("\n");
+    // Corps added by hand here: no secret, so nothing calls WeCom (tests/suites.rs does, on
+    // loopback).
+    let source = readme_source_by_hand();
     assert!(
         source.contains(SUITE_ID) && source.contains(PROVIDER) && source.contains(TOKEN),
         "{source}"

@@ -72,6 +72,14 @@ pub struct RouteConfig {
         skip_serializing_if = "Option::is_none"
     )]
     pub hold_chat: Option<Duration>,
+    /// The tenants whose events it takes (a Feishu `tenant_key`, a WeCom corp id), matched
+    /// exactly; every tenant's when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tenants: Vec<String>,
+    /// The agents whose events it takes (a WeCom app's AgentID), matched exactly; every
+    /// agent's when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub agents: Vec<String>,
     /// The Kafka sink's brokers, comma-separated (`host:port`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub brokers: Option<String>,
@@ -100,6 +108,8 @@ impl std::fmt::Debug for RouteConfig {
             .field("reply", &self.reply)
             .field("retry_schedule", &self.retry_schedule)
             .field("hold_chat", &self.hold_chat)
+            .field("tenants", &self.tenants)
+            .field("agents", &self.agents)
             .field("brokers", &self.brokers)
             .field("topic", &self.topic)
             .field("kafka", &self.kafka)
@@ -118,6 +128,15 @@ impl RouteConfig {
     }
 }
 
+/// The placeholders a route's URL may hold in its path or query, replaced in each delivery by
+/// the event's owner (percent-encoded; `_` when it has none).
+pub const URL_PLACEHOLDERS: [&str; 2] = ["{tenant}", "{agent}"];
+
+/// Whether `owner` (an event's tenant or agent) is one of `allowed` (every one when empty).
+pub fn owner_matches(allowed: &[String], owner: Option<&str>) -> bool {
+    allowed.is_empty() || owner.is_some_and(|owner| allowed.iter().any(|a| a == owner))
+}
+
 /// Whether `event_type` matches one of `patterns`: exact, `prefix*`, or `*`.
 pub fn event_type_matches(patterns: &[String], event_type: &str) -> bool {
     patterns
@@ -126,6 +145,44 @@ pub fn event_type_matches(patterns: &[String], event_type: &str) -> bool {
             Some(prefix) => event_type.starts_with(prefix),
             None => pattern == event_type,
         })
+}
+
+/// Tenants and agents are ids, not blanks; a URL names them in its path or query only — in
+/// its host they would choose the server the events go to.
+fn check_owners(
+    route: &RouteConfig,
+    at: &impl Fn(&str) -> String,
+    report: &mut impl FnMut(Severity, &str, String),
+) {
+    for (field, ids) in [("tenants", &route.tenants), ("agents", &route.agents)] {
+        if ids.iter().any(|id| id.trim().is_empty() || id.trim() != id) {
+            report(
+                Severity::Error,
+                &at(field),
+                format!("{field} are ids matched exactly: no empty ones, no spaces around them"),
+            );
+        }
+    }
+    let Some(url) = &route.url else {
+        return;
+    };
+    let authority_end = url
+        .find("://")
+        .map(|scheme| scheme + 3)
+        .and_then(|start| url[start..].find(['/', '?']).map(|end| start + end))
+        .unwrap_or(url.len());
+    if URL_PLACEHOLDERS
+        .iter()
+        .any(|placeholder| url[..authority_end].contains(placeholder))
+    {
+        report(
+            Severity::Error,
+            &at("url"),
+            "{tenant} and {agent} may stand in the URL's path or query, not its host: an \
+             event's owner must not choose the server its events go to"
+                .into(),
+        );
+    }
 }
 
 /// Every `[[route]]`: its events, sink, secrets and keys.
@@ -172,6 +229,7 @@ pub(crate) fn check(config: &Config, report: &mut impl FnMut(Severity, &str, Str
             crate::SinkKind::Stdout | crate::SinkKind::Kafka => {}
         }
         crate::kafka::check(route, &at, report);
+        check_owners(route, &at, report);
         if route.sink != crate::SinkKind::Http && (route.url.is_some() || route.secret.is_some()) {
             report(
                 Severity::Error,

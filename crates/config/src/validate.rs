@@ -210,6 +210,31 @@ mod tests {
     use crate::{Secret, SourceConfig};
 
     #[test]
+    fn a_route_names_owners_exactly_and_never_in_its_host() {
+        let mut config: Config = toml::from_str(
+            r#"
+[[route]]
+events = ["*"]
+tenants = ["wpCorp1", " wpCorp2"]
+agents = [""]
+sink = "http"
+url = "https://{tenant}.example.com/events"
+"#,
+        )
+        .expect("config");
+        let found = errors(&config);
+        for field in ["route[0].tenants", "route[0].agents", "route[0].url"] {
+            assert!(found.contains(&field.to_owned()), "{field}: {found:?}");
+        }
+        config.routes[0].tenants = vec!["wpCorp1".into()];
+        config.routes[0].agents = vec!["1000002".into()];
+        config.routes[0].url = Some("https://hooks.example.com/{tenant}/{agent}?a={agent}".into());
+        assert!(errors(&config).is_empty(), "{:?}", errors(&config));
+        config.routes[0].url = Some("http://127.0.0.1:{tenant}/x".into());
+        assert!(errors(&config).contains(&"route[0].url".to_owned()));
+    }
+
+    #[test]
     fn a_replying_route_needs_http_and_no_watermark() {
         let route = |sink, watermark| crate::RouteConfig {
             events: vec!["message.text".into()],
@@ -224,6 +249,8 @@ mod tests {
             reply: true,
             retry_schedule: None,
             hold_chat: None,
+            tenants: Vec::new(),
+            agents: Vec::new(),
             brokers: None,
             topic: None,
             kafka: Default::default(),
@@ -558,6 +585,8 @@ mod tests {
             reply: false,
             retry_schedule: None,
             hold_chat: None,
+            tenants: Vec::new(),
+            agents: Vec::new(),
             brokers: None,
             topic: None,
             kafka: Default::default(),

@@ -32,7 +32,7 @@ pub use record::{
     StoreStats, WatermarkOutcome,
 };
 pub use source::{
-    Accepted, Admit, Callback, Decoded, Deliver, Headers, Inlet, Keys, Method, Refusal,
+    Accepted, Admit, Callback, Decoded, Deliver, Headers, Inlet, Keys, Method, Owner, Refusal,
     RefusalKind, Replied, Reply, SealedRequest, Sealer, Sent, Stamp, SyntheticMembership,
     SyntheticMessage, TenancyChange, TenantSet, Tenants, Updates, Versions, WebhookSource,
 };

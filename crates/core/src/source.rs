@@ -10,7 +10,7 @@ use bytes::Bytes;
 use crate::event::Event;
 use crate::key::KeyHash;
 use crate::record::Nonce;
-pub use crate::tenancy::{TenancyChange, TenantSet, Tenants};
+pub use crate::tenancy::{Owner, TenancyChange, TenantSet, Tenants};
 
 /// An event's dedup keys: never empty, the primary (event-id) key first.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -313,6 +313,15 @@ pub trait WebhookSource: Send + Sync + 'static {
         None
     }
 
+    /// Whose the event is among the tenants this platform serves: routes match it, deliveries
+    /// carry it. The default: the event's own `tenant` (Feishu's `tenant_key`), no agent.
+    fn owner<'e>(&self, event: &'e Event) -> Owner<'e> {
+        Owner {
+            tenant: event.tenant.as_deref(),
+            agent: None,
+        }
+    }
+
     /// What an admitted event of this source changes in its tenancy, as the platform says it
     /// (a WeCom suite's `suite_ticket` and `cancel_auth`): the gateway applies it to the store
     /// before the event goes to its route. `None` for every other event.
@@ -439,11 +448,10 @@ pub trait Inlet: Send + Sync + 'static {
         deadline: std::time::Duration,
     ) -> impl Future<Output = Result<Option<Bytes>, Refusal>> + Send;
 
-    /// Whether events of `event_type` are answered by their handler over the connection (a
-    /// route with `reply = true`): they go through [`Inlet::reply`] instead of
-    /// [`Inlet::admit`].
-    fn replies(&self, event_type: &str) -> bool {
-        let _ = event_type;
+    /// Whether `event` is answered by its handler over the connection (its route has
+    /// `reply = true`): it goes through [`Inlet::reply`] instead of [`Inlet::admit`].
+    fn replies(&self, event: &Event) -> bool {
+        let _ = event;
         false
     }
 

@@ -111,3 +111,13 @@ impl TenantSet for Tenants {
         self.ids().len()
     }
 }
+
+/// Whose an event is: its tenant (a Feishu `tenant_key`, a WeCom corp) and, where the platform
+/// has them, its agent (a WeCom app's AgentID). Routes match both; deliveries carry both.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Owner<'a> {
+    /// The tenant.
+    pub tenant: Option<&'a str>,
+    /// The agent within the tenant.
+    pub agent: Option<&'a str>,
+}

@@ -122,6 +122,11 @@ impl<S: Store> Gateway<S> {
                 };
                 gateway.retrying_route(&patterns, sink, stale, retries)?
             };
+            if !route.tenants.is_empty() || !route.agents.is_empty() {
+                let tenants: Vec<&str> = route.tenants.iter().map(String::as_str).collect();
+                let agents: Vec<&str> = route.agents.iter().map(String::as_str).collect();
+                gateway = gateway.owned_by(&tenants, &agents)?;
+            }
         }
         Ok(gateway)
     }

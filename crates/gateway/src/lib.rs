@@ -74,6 +74,7 @@ mod gate;
 mod ingress;
 mod refusal;
 pub mod registry;
+mod route;
 mod run;
 mod server;
 pub mod sink;
@@ -96,6 +97,7 @@ pub use base::stats::{self, Stats, StatsSnapshot};
 pub use base::summary::Summaries;
 pub use base::traces::{EventTrace, Traces, parse_traceparent};
 pub use dispatch::retries::Retries;
+pub(crate) use route::Route;
 pub use server::ServerLimits;
 #[cfg(feature = "http-sink")]
 pub use sink::HttpSink;
@@ -128,36 +130,6 @@ pub(crate) struct Source {
     pub(crate) decoder: SharedSource,
     pub(crate) replay: Option<Mutex<ReplayGuard>>,
     pub(crate) answers: ingress::AnswerCounters,
-}
-
-/// One route: which event types, which sink, whether stale events are dropped, and whether
-/// the sink's answer is the platform's reply (a synchronous call, not queued).
-pub(crate) struct Route {
-    pub(crate) patterns: Vec<String>,
-    pub(crate) sink: SharedSink,
-    pub(crate) stale: StaleEvents,
-    pub(crate) reply: bool,
-    /// How its failed deliveries are retried.
-    pub(crate) retries: Retries,
-    /// Set when the endpoint answered 410 Gone: the route delivers nothing until resumed.
-    pub(crate) gone: dispatch::routes::GoneState,
-}
-
-impl Route {
-    fn new(patterns: &[&str], sink: SharedSink, stale: StaleEvents, reply: bool) -> Self {
-        Self {
-            patterns: patterns.iter().map(|p| (*p).to_owned()).collect(),
-            sink,
-            stale,
-            reply,
-            retries: Retries::default(),
-            gone: dispatch::routes::GoneState::default(),
-        }
-    }
-
-    fn matches(&self, event_type: &str) -> bool {
-        oncegate_config::event_type_matches(&self.patterns, event_type)
-    }
 }
 
 /// What a route does with an event older than one already applied for its chat (by creation
@@ -266,8 +238,24 @@ impl<S: Store> Shared<S> {
             .find(|decoder| decoder.platform() == platform)
     }
 
-    pub(crate) fn route_for(&self, event_type: &str) -> Option<&Route> {
-        self.routes.iter().find(|route| route.matches(event_type))
+    /// The first route that takes `event`: by its type and its owner.
+    pub(crate) fn route_for(&self, event: &oncegate_core::Event) -> Option<&Route> {
+        let owner = self.owner(event);
+        self.routes
+            .iter()
+            .find(|route| route.matches(&event.event_type, owner))
+    }
+
+    /// Whose `event` is, as its platform says (a WeCom event: its corp and agent; a Feishu
+    /// event: its `tenant_key`).
+    pub(crate) fn owner<'e>(&self, event: &'e oncegate_core::Event) -> oncegate_core::Owner<'e> {
+        match self.platform_source(&event.platform) {
+            Some(source) => source.owner(event),
+            None => oncegate_core::Owner {
+                tenant: event.tenant.as_deref(),
+                agent: None,
+            },
+        }
     }
 
     pub(crate) fn now_ms(&self) -> u64 {
@@ -472,6 +460,17 @@ impl<S: Store> Gateway<S> {
         let mut route = Route::new(patterns, sink, stale, false);
         route.retries = retries;
         self.shared_mut()?.routes.push(route);
+        Ok(self)
+    }
+
+    /// Narrows the route added last to the events of `tenants` (a Feishu `tenant_key`, a
+    /// WeCom corp id) and `agents` (a WeCom AgentID), matched exactly; empty: every one's.
+    pub fn owned_by(mut self, tenants: &[&str], agents: &[&str]) -> Result<Self, GatewayError> {
+        let route = self.shared_mut()?.routes.last_mut().ok_or_else(|| {
+            GatewayError::Config("owned_by narrows a route: add the route first".into())
+        })?;
+        route.tenants = tenants.iter().map(|t| (*t).to_owned()).collect();
+        route.agents = agents.iter().map(|a| (*a).to_owned()).collect();
         Ok(self)
     }
 

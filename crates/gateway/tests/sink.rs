@@ -74,6 +74,7 @@ async fn deliver(url: &str, wants_answer: bool) -> Result<Option<Bytes>, SinkErr
         wants_answer,
         updates: None,
         traceparent: None,
+        owner: oncegate_core::Owner::default(),
     })
     .await
 }
@@ -179,6 +180,7 @@ async fn while_a_secret_rotates_both_secrets_verify_every_delivery() {
         wants_answer: false,
         updates: None,
         traceparent: None,
+        owner: oncegate_core::Owner::default(),
     })
     .await
     .expect("delivered");
@@ -294,6 +296,7 @@ async fn a_v1a_signature_verifies_with_the_public_key_only() {
         wants_answer: false,
         updates: None,
         traceparent: None,
+        owner: oncegate_core::Owner::default(),
     })
     .await
     .expect("delivered");

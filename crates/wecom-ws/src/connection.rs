@@ -466,7 +466,7 @@ async fn callback<I: Inlet>(
             }
         }
     };
-    if context.inlet.replies(&admit.event.event_type) {
+    if context.inlet.replies(&admit.event) {
         // Answered by its handler, which may take minutes: beside the lanes, bounded, and
         // after the conversation's reply before it.
         let context = context.clone();

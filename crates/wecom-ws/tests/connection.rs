@@ -245,8 +245,8 @@ impl Inlet for Streamer {
         Ok(None)
     }
 
-    fn replies(&self, event_type: &str) -> bool {
-        event_type.starts_with("message.")
+    fn replies(&self, event: &oncegate_core::Event) -> bool {
+        event.event_type.starts_with("message.")
     }
 
     async fn reply(
@@ -501,7 +501,7 @@ impl Inlet for Slow {
         Ok(None)
     }
 
-    fn replies(&self, _: &str) -> bool {
+    fn replies(&self, _: &oncegate_core::Event) -> bool {
         true
     }
 
@@ -617,8 +617,8 @@ impl Inlet for Gate {
         Ok(None)
     }
 
-    fn replies(&self, event_type: &str) -> bool {
-        event_type.starts_with("message.")
+    fn replies(&self, event: &oncegate_core::Event) -> bool {
+        event.event_type.starts_with("message.")
     }
 
     async fn reply(

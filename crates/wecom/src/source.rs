@@ -185,6 +185,14 @@ impl WecomApp {
     }
 }
 
+/// A WeCom event's owner: its corp (the event's app) and the agent it names (`AgentID`).
+pub(crate) fn corp_owner(event: &Event) -> oncegate_core::Owner<'_> {
+    oncegate_core::Owner {
+        tenant: Some(&event.app),
+        agent: event.tenant.as_deref(),
+    }
+}
+
 impl WebhookSource for WecomApp {
     fn platform(&self) -> &str {
         "wecom"
@@ -192,6 +200,10 @@ impl WebhookSource for WecomApp {
 
     fn decode(&self, callback: &Callback<'_>) -> Result<Decoded, Refusal> {
         self.open(callback).map_err(|error| error.refusal())
+    }
+
+    fn owner<'e>(&self, event: &'e Event) -> oncegate_core::Owner<'e> {
+        corp_owner(event)
     }
 
     /// WeCom takes an empty 200 as "received".
@@ -305,6 +317,14 @@ impl WechatApp {
 impl WebhookSource for WechatApp {
     fn platform(&self) -> &str {
         "wechat"
+    }
+
+    /// An account is its own tenant; it has no agents.
+    fn owner<'e>(&self, event: &'e Event) -> oncegate_core::Owner<'e> {
+        oncegate_core::Owner {
+            tenant: Some(&event.app),
+            agent: None,
+        }
     }
 
     fn decode(&self, callback: &Callback<'_>) -> Result<Decoded, Refusal> {

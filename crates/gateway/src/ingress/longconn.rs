@@ -115,12 +115,8 @@ impl<S: Store> Inlet for GatewayInlet<S> {
         Ok(Some(answer.unwrap_or_else(|| Bytes::from_static(b"{}"))))
     }
 
-    fn replies(&self, event_type: &str) -> bool {
-        self.0.replying
-            && self
-                .0
-                .route_for(event_type)
-                .is_some_and(|route| route.reply)
+    fn replies(&self, event: &oncegate_core::Event) -> bool {
+        self.0.replying && self.0.route_for(event).is_some_and(|route| route.reply)
     }
 
     /// The budgets are named within the app, as `/send` names its own: a reply and a send to

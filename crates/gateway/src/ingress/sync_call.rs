@@ -128,7 +128,7 @@ async fn run_call<S: Store>(
 ) -> Result<Replied, Refusal> {
     let stats = &shared.stats;
     stats.bump(&stats.cards, "oncegate_cards_total");
-    let Some(route) = shared.route_for(&admit.event.event_type) else {
+    let Some(route) = shared.route_for(&admit.event) else {
         stats.bump(&stats.unrouted, "oncegate_unrouted_total");
         return Ok(Replied::Answer(None));
     };
@@ -209,6 +209,7 @@ async fn run_call<S: Store>(
         wants_answer: true,
         updates: how.updates,
         traceparent: None,
+        owner: shared.owner(&admit.event),
     };
     let ran = async {
         held.run(route.sink.deliver(outgoing))

@@ -117,6 +117,35 @@ pub(crate) fn classify(status: u16) -> Result<(), SinkError> {
 /// The wait a `Retry-After` header asks for, in seconds (the form downstreams send with 429 and
 /// 503); an HTTP date or anything else is not read (the backoff applies), and a wait beyond a
 /// day is taken as a day.
+/// What stands in a URL for an owner it names: every byte but RFC 3986's unreserved ones
+/// percent-encoded, so that an id cannot add a path segment, a query or a fragment.
+const OWNER_IN_URL: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+impl HttpSink {
+    /// The URL of one delivery: `{tenant}` and `{agent}` replaced by the event's, encoded
+    /// (`_` for one it has not). The host never holds them (checked with the configuration).
+    fn url_for(&self, owner: oncegate_core::Owner<'_>) -> std::borrow::Cow<'_, str> {
+        if !self.url.contains('{') {
+            return std::borrow::Cow::Borrowed(&self.url);
+        }
+        let encode = |id: Option<&str>| match id {
+            Some(id) if !id.is_empty() && id != "." && id != ".." => {
+                percent_encoding::utf8_percent_encode(id, OWNER_IN_URL).to_string()
+            }
+            _ => "_".to_owned(),
+        };
+        std::borrow::Cow::Owned(
+            self.url
+                .replace("{tenant}", &encode(owner.tenant))
+                .replace("{agent}", &encode(owner.agent)),
+        )
+    }
+}
+
 fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<std::time::Duration> {
     let seconds: u64 = headers
         .get(reqwest::header::RETRY_AFTER)?
@@ -139,9 +168,10 @@ impl Sink for HttpSink {
             let timestamp = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs());
+            let url = self.url_for(outgoing.owner);
             let mut request = self
                 .client
-                .post(&self.url)
+                .post(url.as_ref())
                 .header("content-type", "application/json")
                 .header("idempotency-key", outgoing.id)
                 .header("webhook-id", outgoing.id)
@@ -151,6 +181,17 @@ impl Sink for HttpSink {
             }
             if let Some(traceparent) = outgoing.traceparent {
                 request = request.header("traceparent", traceparent);
+            }
+            // Ids from the platform: sent only as header values they can be.
+            for (name, value) in [
+                ("oncegate-tenant", outgoing.owner.tenant),
+                ("oncegate-agent", outgoing.owner.agent),
+            ] {
+                if let Some(value) =
+                    value.and_then(|v| reqwest::header::HeaderValue::from_str(v).ok())
+                {
+                    request = request.header(name, value);
+                }
             }
             let response = request.body(body).send().await.map_err(|error| {
                 if error.is_timeout() {
@@ -249,6 +290,39 @@ mod tests {
     use crate::sink::outgoing::envelope;
 
     #[test]
+    fn an_owner_in_a_url_stays_one_segment_whatever_its_bytes() {
+        let sink = HttpSink::new(
+            "http://127.0.0.1:9/by/{tenant}/{agent}?t={tenant}",
+            None,
+            Duration::from_secs(1),
+        )
+        .expect("sink");
+        let url = |tenant, agent| {
+            sink.url_for(oncegate_core::Owner { tenant, agent })
+                .into_owned()
+        };
+        assert_eq!(
+            url(Some("wpAb-C_d.e~"), Some("1000002")),
+            "http://127.0.0.1:9/by/wpAb-C_d.e~/1000002?t=wpAb-C_d.e~"
+        );
+        assert_eq!(
+            url(Some("a/b?c#d&e=f"), None),
+            "http://127.0.0.1:9/by/a%2Fb%3Fc%23d%26e%3Df/_?t=a%2Fb%3Fc%23d%26e%3Df"
+        );
+        assert_eq!(url(Some(".."), Some(".")), "http://127.0.0.1:9/by/_/_?t=_");
+        assert_eq!(
+            url(Some("企业"), Some("")),
+            "http://127.0.0.1:9/by/%E4%BC%81%E4%B8%9A/_?t=%E4%BC%81%E4%B8%9A"
+        );
+        let plain =
+            HttpSink::new("http://127.0.0.1:9/events", None, Duration::from_secs(1)).expect("sink");
+        assert!(matches!(
+            plain.url_for(oncegate_core::Owner::default()),
+            std::borrow::Cow::Borrowed("http://127.0.0.1:9/events")
+        ));
+    }
+
+    #[test]
     fn the_envelope_embeds_json_payloads_as_they_are_and_other_bytes_as_text() {
         let mut event = oncegate_core::Event {
             platform: "feishu".into(),
@@ -268,6 +342,7 @@ mod tests {
                 wants_answer: false,
                 updates: None,
                 traceparent: None,
+                owner: oncegate_core::Owner::default(),
             };
             serde_json::from_slice(&envelope(&outgoing)).expect("json")
         };

@@ -27,6 +27,9 @@ pub struct Outgoing<'a> {
     /// The W3C `traceparent` of this attempt's span, when traces are recorded: an HTTP sink
     /// sends it, so that the downstream's spans join the event's trace.
     pub traceparent: Option<&'a str>,
+    /// Whose the event is (its tenant and agent): an HTTP sink names them in headers and in
+    /// its URL's `{tenant}` and `{agent}`.
+    pub owner: oncegate_core::Owner<'a>,
 }
 
 impl std::fmt::Debug for Outgoing<'_> {
@@ -91,8 +94,26 @@ struct Envelope<'a> {
     event_type: &'a str,
     created_at_ms: u64,
     order_key: Option<&'a str>,
+    /// Whose the event is among the tenants its platform serves (a WeCom event: its corp and
+    /// agent; a Feishu event: its `tenant_key`), as routes match it.
+    #[serde(skip_serializing_if = "OwnerDoc::is_empty")]
+    owner: OwnerDoc<'a>,
     attempt: u32,
     payload: Payload<'a>,
+}
+
+#[derive(serde::Serialize)]
+struct OwnerDoc<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tenant: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    agent: Option<&'a str>,
+}
+
+impl OwnerDoc<'_> {
+    fn is_empty(&self) -> bool {
+        self.tenant.is_none() && self.agent.is_none()
+    }
 }
 
 /// The payload as received: JSON embedded as is (validated, never rebuilt), anything else as a
@@ -120,6 +141,10 @@ pub fn envelope(outgoing: &Outgoing<'_>) -> Vec<u8> {
         event_type: &event.event_type,
         created_at_ms: event.created_at_ms,
         order_key: event.order_key.as_deref(),
+        owner: OwnerDoc {
+            tenant: outgoing.owner.tenant,
+            agent: outgoing.owner.agent,
+        },
         attempt: outgoing.attempt,
         payload,
     };
