@@ -216,7 +216,6 @@ fn keeper<S: Store>(
                     &source.name,
                     api,
                     store.clone(),
-                    timeout,
                 );
                 Keeper::StoreApp(Arc::new(keeper))
             })

@@ -153,14 +153,15 @@ impl FeishuApi {
     }
 
     /// A client of one tenant of a store app, whose token `tokens` supplies (the gateway's,
-    /// kept per tenant): it never holds a token of another tenant.
+    /// kept per tenant): it never holds a token of another tenant. It calls through `http`,
+    /// which the app's tenants share (one connection pool and TLS setup, not one per tenant).
     pub fn with_tokens(
         domain: &str,
         app_id: &str,
         tokens: Arc<dyn TokenSource>,
-        timeout: Duration,
-    ) -> Result<Self, SendError> {
-        Self::build(domain, app_id, Tokens::Supplied(tokens), timeout)
+        http: reqwest::Client,
+    ) -> Self {
+        Self::build_on(http, domain, app_id, Tokens::Supplied(tokens))
     }
 
     fn build(
@@ -169,12 +170,21 @@ impl FeishuApi {
         tokens: Tokens,
         timeout: Duration,
     ) -> Result<Self, SendError> {
-        Ok(Self {
-            http: crate::wecom::client(timeout)?,
+        Ok(Self::build_on(
+            crate::wecom::client(timeout)?,
+            domain,
+            app_id,
+            tokens,
+        ))
+    }
+
+    fn build_on(http: reqwest::Client, domain: &str, app_id: &str, tokens: Tokens) -> Self {
+        Self {
+            http,
             domain: domain.trim_end_matches('/').to_owned(),
             app_id: app_id.to_owned(),
             tokens,
-        })
+        }
     }
 
     async fn token(&self) -> Result<String, SendError> {

@@ -55,6 +55,11 @@ impl FeishuStoreApi {
         })
     }
 
+    /// Its HTTP client, for the app's tenants' senders to share.
+    pub fn http(&self) -> reqwest::Client {
+        self.http.clone()
+    }
+
     /// The API's address.
     pub fn domain(&self) -> &str {
         &self.domain

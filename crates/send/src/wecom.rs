@@ -139,15 +139,24 @@ impl WecomApi {
     }
 
     /// A client for agent `agent_id` of corp `corp_id` whose token comes from `tokens` (a
-    /// suite's corp token): never fetched with a secret here.
+    /// suite's corp token): never fetched with a secret here. It calls through `http`, which
+    /// a suite's corps share (one connection pool and TLS setup, not one per corp).
     pub fn with_tokens(
         domain: &str,
         corp_id: &str,
         agent_id: i64,
         tokens: Arc<dyn TokenSource>,
         options: WecomOptions,
-    ) -> Result<Self, SendError> {
-        Self::build(domain, corp_id, agent_id, Tokens::Supplied(tokens), options)
+        http: reqwest::Client,
+    ) -> Self {
+        Self::build_on(
+            http,
+            domain,
+            corp_id,
+            agent_id,
+            Tokens::Supplied(tokens),
+            options,
+        )
     }
 
     fn build(
@@ -157,8 +166,26 @@ impl WecomApi {
         tokens: Tokens,
         options: WecomOptions,
     ) -> Result<Self, SendError> {
-        Ok(Self {
-            http: client(options.timeout)?,
+        Ok(Self::build_on(
+            client(options.timeout)?,
+            domain,
+            corp_id,
+            agent_id,
+            tokens,
+            options,
+        ))
+    }
+
+    fn build_on(
+        http: reqwest::Client,
+        domain: &str,
+        corp_id: &str,
+        agent_id: i64,
+        tokens: Tokens,
+        options: WecomOptions,
+    ) -> Self {
+        Self {
+            http,
             domain: domain.trim_end_matches('/').to_owned(),
             corp_id: corp_id.to_owned(),
             agent_id,
@@ -167,7 +194,7 @@ impl WecomApi {
                 .min(Duration::from_secs(4 * 3600)),
             tokens,
             in_flight: Semaphore::new(options.max_in_flight.max(1)),
-        })
+        }
     }
 
     /// A caller's body as this app's message: `msgtype` and a receiver are required; the

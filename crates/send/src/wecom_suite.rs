@@ -81,6 +81,11 @@ impl WecomSuiteApi {
         })
     }
 
+    /// Its HTTP client, for the suite's corps' senders to share.
+    pub fn http(&self) -> reqwest::Client {
+        self.http.clone()
+    }
+
     /// The API address it calls.
     pub fn domain(&self) -> &str {
         &self.domain

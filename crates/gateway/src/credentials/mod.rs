@@ -17,6 +17,73 @@ use oncegate_send::SendError;
 
 use crate::api::send::Sender;
 
+/// The most tenants' senders one keeper holds: past it, the one added longest ago is dropped
+/// (and built again at its next send, from the store's token: a sender is a token's name and
+/// the shared HTTP client). Thousands of tenants that each send now and then cost memory for
+/// those that send, not for all.
+const MAX_SENDERS: usize = 4096;
+
+/// Senders by tenant, and the tenants in the order they were added.
+#[derive(Default)]
+struct Held {
+    senders: std::collections::HashMap<String, Arc<Sender>>,
+    order: std::collections::VecDeque<String>,
+}
+
+/// The senders of a keeper's tenants, bounded by [`MAX_SENDERS`].
+#[derive(Default)]
+pub(crate) struct Senders {
+    held: std::sync::Mutex<Held>,
+}
+
+impl Senders {
+    fn held(&self) -> std::sync::MutexGuard<'_, Held> {
+        self.held
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// `tenant`'s sender, if held.
+    pub(crate) fn get(&self, tenant: &str) -> Option<Arc<Sender>> {
+        self.held().senders.get(tenant).cloned()
+    }
+
+    /// Holds `sender` for `tenant` (the one held already, if another caller was first).
+    pub(crate) fn keep(&self, tenant: &str, sender: Arc<Sender>) -> Arc<Sender> {
+        let mut held = self.held();
+        let Held { senders, order } = &mut *held;
+        if let Some(first) = senders.get(tenant) {
+            return first.clone();
+        }
+        while senders.len() >= MAX_SENDERS {
+            match order.pop_front() {
+                Some(oldest) => {
+                    senders.remove(&oldest);
+                }
+                None => break,
+            }
+        }
+        senders.insert(tenant.to_owned(), sender.clone());
+        order.push_back(tenant.to_owned());
+        sender
+    }
+
+    /// Drops `tenant`'s sender (it left, or its credential changed).
+    pub(crate) fn forget(&self, tenant: &str) {
+        let mut held = self.held();
+        let Held { senders, order } = &mut *held;
+        if senders.remove(tenant).is_some() {
+            order.retain(|kept| kept != tenant);
+        }
+    }
+
+    /// How many are held.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.held().senders.len()
+    }
+}
+
 /// The keeper of one multi-tenant source's credentials: what sends as each of its tenants.
 #[derive(Clone)]
 pub(crate) enum Keeper {
@@ -85,5 +152,45 @@ pub(crate) async fn ask_for_tickets(keepers: &std::collections::HashMap<String, 
             }
         }
         let _ = (source, keeper);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sender(scope: &str) -> Arc<Sender> {
+        let api = oncegate_send::FeishuApi::new(
+            "http://127.0.0.1:9",
+            "cli_x",
+            "secret",
+            std::time::Duration::from_secs(1),
+        )
+        .expect("api");
+        Arc::new(Sender {
+            api: oncegate_send::Api::Feishu(api),
+            scope: scope.to_owned(),
+        })
+    }
+
+    #[test]
+    fn senders_stay_within_their_bound_the_oldest_dropped_first() {
+        let senders = Senders::default();
+        let one = sender("one");
+        for i in 0..MAX_SENDERS + 10 {
+            let tenant = format!("t{i}");
+            let kept = senders.keep(&tenant, one.clone());
+            assert!(Arc::ptr_eq(&kept, &one));
+        }
+        assert_eq!(senders.len(), MAX_SENDERS);
+        assert!(senders.get("t0").is_none() && senders.get("t9").is_none());
+        assert!(senders.get("t10").is_some());
+        // The first kept wins over a second built meanwhile.
+        let other = sender("other");
+        let kept = senders.keep("t10", other);
+        assert!(Arc::ptr_eq(&kept, &one));
+        senders.forget("t10");
+        assert!(senders.get("t10").is_none());
+        assert_eq!(senders.len(), MAX_SENDERS - 1);
     }
 }

@@ -4,7 +4,6 @@
 //! each tenant, whose token is that tenant's and no other's. Facts:
 //! `shared/protocols/tenants.md` §2.1.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -31,28 +30,21 @@ pub(crate) struct StoreAppKeeper {
     api: FeishuStoreApi,
     store: Arc<dyn SharedState>,
     tokens: SharedTokens,
-    timeout: Duration,
     /// When this gateway last asked for a ticket, and the refused ticket it asked instead of.
     last_resend: Mutex<Option<(Instant, Option<String>)>>,
-    senders: Mutex<HashMap<String, Arc<Sender>>>,
+    senders: super::Senders,
 }
 
 impl StoreAppKeeper {
     /// The keeper of `source`'s credentials, calling `api`, keeping them in `store`.
-    pub(crate) fn new(
-        source: &str,
-        api: FeishuStoreApi,
-        store: Arc<dyn SharedState>,
-        timeout: Duration,
-    ) -> Self {
+    pub(crate) fn new(source: &str, api: FeishuStoreApi, store: Arc<dyn SharedState>) -> Self {
         Self {
             source: source.to_owned(),
             tokens: SharedTokens::new(store.clone(), format!("tokens:{source}")),
             api,
             store,
-            timeout,
             last_resend: Mutex::default(),
-            senders: Mutex::default(),
+            senders: super::Senders::default(),
         }
     }
 
@@ -143,35 +135,31 @@ impl StoreAppKeeper {
 
     /// Forgets a tenant that left: its token and its sender.
     pub(crate) async fn forget(&self, tenant: &str) -> Result<(), oncegate_core::StoreError> {
-        self.senders
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .remove(tenant);
+        self.senders.forget(tenant);
         self.tokens.forget(&tenant_token(tenant)).await
     }
 
     /// The sender of tenant `tenant` (one of the registry's): its messages carry its token only.
     pub(crate) fn sender(self: &Arc<Self>, tenant: &str) -> Result<Arc<Sender>, SendError> {
-        let mut senders = self
-            .senders
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(sender) = senders.get(tenant) {
-            return Ok(sender.clone());
+        if let Some(sender) = self.senders.get(tenant) {
+            return Ok(sender);
         }
         let tokens = Arc::new(TenantToken {
             keeper: Arc::downgrade(self),
             tenant: tenant.to_owned(),
         });
-        let api =
-            FeishuApi::with_tokens(self.api.domain(), self.api.app_id(), tokens, self.timeout)?;
+        let api = FeishuApi::with_tokens(
+            self.api.domain(),
+            self.api.app_id(),
+            tokens,
+            self.api.http(),
+        );
         let api = Api::Feishu(api);
         let sender = Arc::new(Sender {
             scope: format!("{}:{tenant}", self.api.app_id()),
             api,
         });
-        senders.insert(tenant.to_owned(), sender.clone());
-        Ok(sender)
+        Ok(self.senders.keep(tenant, sender))
     }
 }
 

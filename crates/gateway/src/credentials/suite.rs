@@ -3,8 +3,7 @@
 //! corp's token — and the sender of each corp, whose token is that corp's and no other's.
 //! Facts: `shared/protocols/tenants.md` §1.3.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -46,7 +45,7 @@ pub(crate) struct SuiteKeeper {
     store: Arc<dyn SharedState>,
     tokens: SharedTokens,
     timeout: Duration,
-    senders: Mutex<HashMap<String, Arc<Sender>>>,
+    senders: super::Senders,
 }
 
 impl SuiteKeeper {
@@ -63,7 +62,7 @@ impl SuiteKeeper {
             api,
             store,
             timeout,
-            senders: Mutex::default(),
+            senders: super::Senders::default(),
         }
     }
 
@@ -170,10 +169,7 @@ impl SuiteKeeper {
     }
 
     async fn forget_tokens(&self, corp: &str) -> Result<(), StoreError> {
-        self.senders
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .remove(corp);
+        self.senders.forget(corp);
         self.tokens.forget(&corp_token(corp)).await
     }
 
@@ -223,13 +219,8 @@ impl SuiteKeeper {
 
     /// The sender of corp `corp` (one of the registry's): its messages carry its token only.
     pub(crate) async fn sender(self: &Arc<Self>, corp: &str) -> Result<Arc<Sender>, SendError> {
-        if let Some(sender) = self
-            .senders
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .get(corp)
-        {
-            return Ok(sender.clone());
+        if let Some(sender) = self.senders.get(corp) {
+            return Ok(sender);
         }
         let credential = self.credential(corp).await?;
         let agent = credential.agent_id.ok_or_else(|| SendError::Permanent {
@@ -244,17 +235,20 @@ impl SuiteKeeper {
             timeout: self.timeout,
             ..Default::default()
         };
-        let api = WecomApi::with_tokens(self.api.domain(), corp, agent, tokens, options)?;
+        let api = WecomApi::with_tokens(
+            self.api.domain(),
+            corp,
+            agent,
+            tokens,
+            options,
+            self.api.http(),
+        );
         let api = Api::Wecom(api);
         let sender = Arc::new(Sender {
             scope: api.scope().unwrap_or_else(|| corp.to_owned()),
             api,
         });
-        self.senders
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .insert(corp.to_owned(), sender.clone());
-        Ok(sender)
+        Ok(self.senders.keep(corp, sender))
     }
 }
 
