@@ -1,6 +1,6 @@
-//! `oncegate tenants`: a running gateway's tenant registries — the corps of a WeCom suite —
-//! listed, added and removed through its admin API; every gateway on the same store follows
-//! within a second.
+//! `oncegate tenants`: a running gateway's tenant registries — the corps of a WeCom suite, the
+//! tenants of a Feishu store app — listed, added, disabled, enabled and removed through its admin
+//! API; every gateway on the same store follows within a second.
 
 use anyhow::bail;
 use clap::{Args, Subcommand};
@@ -21,7 +21,7 @@ pub(crate) struct TenantsArgs {
 enum Tenants {
     /// A source's tenants, in id order.
     List {
-        /// The source (platform = "wecom-suite").
+        /// The source (platform = "wecom-suite", or a Feishu store app).
         source: String,
         /// Start after this tenant (the `next after` a previous listing printed).
         #[arg(long)]
@@ -40,6 +40,21 @@ enum Tenants {
         /// Its settings, a JSON object.
         #[arg(long)]
         settings: Option<String>,
+    },
+    /// Disables a tenant: it keeps its settings and credentials, but its callbacks and sends
+    /// are refused until it is enabled again.
+    Disable {
+        /// The source.
+        source: String,
+        /// The tenant's id.
+        tenant: String,
+    },
+    /// Enables a disabled tenant: it is served again.
+    Enable {
+        /// The source.
+        source: String,
+        /// The tenant's id.
+        tenant: String,
     },
     /// Removes a tenant: its callbacks are refused from then on; what was admitted is still
     /// delivered.
@@ -88,6 +103,17 @@ pub(crate) async fn tenants(args: TenantsArgs) -> anyhow::Result<bool> {
                 .at(reqwest::Method::PUT, &segments, &[], Some(&body))
                 .await?
         }
+        Tenants::Disable { source, tenant } | Tenants::Enable { source, tenant } => {
+            let action = if matches!(args.what, Tenants::Disable { .. }) {
+                "disable"
+            } else {
+                "enable"
+            };
+            let segments = ["admin", "tenants", source.as_str(), tenant.as_str(), action];
+            client
+                .at(reqwest::Method::POST, &segments, &[], None)
+                .await?
+        }
         Tenants::Remove { source, tenant } => {
             let segments = ["admin", "tenants", source.as_str(), tenant.as_str()];
             client
@@ -125,6 +151,14 @@ pub(crate) async fn tenants(args: TenantsArgs) -> anyhow::Result<bool> {
             out!(
                 "{tenant} is a tenant of {source}: every gateway takes its callbacks within a second"
             )?;
+        }
+        Tenants::Disable { source, tenant } => {
+            out!(
+                "{tenant} of {source} is disabled: its callbacks and sends are refused until it is enabled"
+            )?;
+        }
+        Tenants::Enable { source, tenant } => {
+            out!("{tenant} of {source} is enabled: every gateway serves it within a second")?;
         }
         Tenants::Remove { source, tenant } => {
             out!("{tenant} is no longer a tenant of {source}: its callbacks are refused")?;

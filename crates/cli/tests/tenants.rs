@@ -155,6 +155,25 @@ async fn tenants_added_and_removed_reach_every_gateway_within_a_second() {
         listed.contains(CORP_A) && listed.contains("Acme") && listed.contains("1 tenant"),
         "{listed}"
     );
+    // Disabled on A (the README's command): B refuses its callbacks within a second, its
+    // settings kept; enabled on B, A takes them again.
+    let disabled = run(&readme_command("disable", &a.admin)).expect("the README's tenants disable");
+    assert!(disabled.contains("disabled"), "{disabled}");
+    until_answered(&b, &corp_message(CORP_A, "m5"), 503).await;
+    let listed = tenants(&a, &["list", "suite"]).expect("list");
+    assert!(
+        listed.contains("Acme") && listed.contains("\"disabled\":true"),
+        "{listed}"
+    );
+    let again = tenants(&b, &["disable", "suite", "wpNoSuchCorp"]).expect_err("no tenant");
+    assert!(again.contains("404"), "{again}");
+    run(&readme_command("enable", &b.admin)).expect("the README's tenants enable");
+    until_answered(&a, &corp_message(CORP_A, "m6"), 200).await;
+    let listed = tenants(&a, &["list", "suite"]).expect("list");
+    assert!(
+        listed.contains("Acme") && !listed.contains("disabled"),
+        "{listed}"
+    );
     // Removed on B: A refuses the corp within a second.
     tenants(&b, &["remove", "suite", CORP_A]).expect("tenants remove");
     until_answered(&a, &corp_message(CORP_A, "m4"), 503).await;

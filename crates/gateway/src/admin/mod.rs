@@ -78,6 +78,14 @@ pub(crate) fn router<S: Store>(shared: Arc<Shared<S>>) -> Router {
             "/admin/tenants/{source}/{tenant}",
             delete(crate::admin::tenants::remove::<S>),
         )
+        .route(
+            "/admin/tenants/{source}/{tenant}/disable",
+            post(crate::admin::tenants::disable::<S>),
+        )
+        .route(
+            "/admin/tenants/{source}/{tenant}/enable",
+            post(crate::admin::tenants::enable::<S>),
+        )
         .layer(axum::middleware::from_fn_with_state(
             shared.clone(),
             crate::admin::auth::gate::<S>,

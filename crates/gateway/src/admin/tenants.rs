@@ -26,7 +26,7 @@ fn registry<S: Store>(shared: &Shared<S>, source: &str) -> Result<String, Refuse
             "no_registry",
             format!(
                 "source {source:?} serves one tenant; a tenant registry belongs to a source that \
-                 serves many (platform = \"wecom-suite\")"
+                 serves many (platform = \"wecom-suite\", or a Feishu store_app)"
             ),
         )),
         None => Err(Refused::new(
@@ -217,4 +217,82 @@ pub(crate) async fn remove<S: Store>(
         )),
         Err(error) => unavailable(error),
     }
+}
+
+/// `POST /admin/tenants/<source>/<tenant>/disable` (`disabled`: true) and `…/enable`: a disabled
+/// tenant stays in the registry with its settings and credentials, but its callbacks are refused
+/// (a suite's corp: 503, the platform retries) and its sends too, on every gateway within a
+/// second; enabled again, it is served as before.
+pub(crate) async fn set_disabled<S: Store>(
+    shared: &Shared<S>,
+    source: &str,
+    tenant: &str,
+    disabled: bool,
+) -> Response {
+    let namespace = match registry(shared, source) {
+        Ok(namespace) => namespace,
+        Err(refusal) => return refusal.into_response(),
+    };
+    if let Err(refusal) = checked(tenant) {
+        return refusal.into_response();
+    }
+    let current = match shared.store.state_get(&namespace, tenant).await {
+        Ok(Some(current)) => current,
+        Ok(None) => {
+            return refused(
+                RefusalKind::NotFound,
+                "no_tenant",
+                format!("source {source:?} has no tenant {tenant:?}"),
+            );
+        }
+        Err(error) => return unavailable(error),
+    };
+    let mut settings = match shown(&current.value) {
+        Value::Object(settings) => settings,
+        _ => serde_json::Map::new(),
+    };
+    if disabled {
+        settings.insert("disabled".into(), Value::Bool(true));
+    } else {
+        settings.remove("disabled");
+    }
+    let value = Bytes::from(Value::Object(settings).to_string());
+    match shared
+        .store
+        .state_put(
+            &namespace,
+            tenant,
+            value,
+            Expect::Version(current.version),
+            None,
+        )
+        .await
+    {
+        Ok(Changed::Done(version)) => {
+            reload(shared, source, &namespace).await;
+            tracing::info!(source = %source, tenant = %tenant, version, disabled, "tenant disabled or enabled");
+            axum::Json(json!({"source": source, "tenant": tenant, "disabled": disabled}))
+                .into_response()
+        }
+        Ok(Changed::Stale(_)) => unavailable(StoreError::Unavailable(
+            "the tenant changed meanwhile: try again".into(),
+        )),
+        Err(error) => unavailable(error),
+    }
+}
+
+/// `POST /admin/tenants/<source>/<tenant>/disable`.
+pub(crate) async fn disable<S: Store>(
+    State(shared): State<Arc<Shared<S>>>,
+    Path((source, tenant)): Path<(String, String)>,
+) -> Response {
+    set_disabled(&shared, &source, &tenant, true).await
+}
+
+/// `POST /admin/tenants/<source>/<tenant>/enable`.
+pub(crate) async fn enable<S: Store>(
+    State(shared): State<Arc<Shared<S>>>,
+    Path((source, tenant)): Path<(String, String)>,
+) -> Response {
+    set_disabled(&shared, &source, &tenant, false).await
 }

@@ -171,16 +171,26 @@ async fn tenant_sender<S: Store>(
     }
     // The registry itself, not this gateway's copy of it (read again every 250 ms): a tenant
     // that left another gateway a moment ago is refused here at once, and nothing is sent.
-    let known = shared
+    let kept = shared
         .store
         .state_get(&crate::ingress::tenants::namespace(source), tenant)
         .await
-        .map_err(|error| NotSent::Transient(format!("the tenant registry cannot answer: {error}")))?
-        .is_some();
-    if !known {
-        return Err(NotSent::NoSuchTenant(format!(
-            "source {source:?} has no tenant {tenant:?} (oncegate tenants list {source})"
-        )));
+        .map_err(|error| {
+            NotSent::Transient(format!("the tenant registry cannot answer: {error}"))
+        })?;
+    match kept {
+        None => {
+            return Err(NotSent::NoSuchTenant(format!(
+                "source {source:?} has no tenant {tenant:?} (oncegate tenants list {source})"
+            )));
+        }
+        Some(kept) if !crate::ingress::tenants::enabled(&kept.value) => {
+            return Err(NotSent::NoSuchTenant(format!(
+                "tenant {tenant:?} of source {source:?} is disabled (oncegate tenants enable \
+                 {source} <tenant>)"
+            )));
+        }
+        Some(_) => {}
     }
     #[cfg(any(feature = "feishu", feature = "wecom"))]
     if let Some(keeper) = shared.api.keepers.get(source) {

@@ -25,7 +25,13 @@ pub(crate) fn namespace(source: &str) -> String {
     format!("tenants:{source}")
 }
 
-/// Every tenant of `namespace`, page by page.
+/// Whether a tenant with these settings is served: not `{"disabled": true}`.
+pub(crate) fn enabled(settings: &[u8]) -> bool {
+    serde_json::from_slice::<serde_json::Value>(settings)
+        .map_or(true, |doc| doc["disabled"] != serde_json::Value::Bool(true))
+}
+
+/// Every tenant of `namespace` that is served (not disabled), page by page.
 pub(crate) async fn all<S: StateStore>(
     store: &S,
     namespace: &str,
@@ -38,7 +44,11 @@ pub(crate) async fn all<S: StateStore>(
             .await?;
         let full = page.len() == MAX_LIST;
         after = page.last().map(|(name, _)| name.clone());
-        tenants.extend(page.into_iter().map(|(name, _)| name));
+        tenants.extend(
+            page.into_iter()
+                .filter(|(_, kept)| enabled(&kept.value))
+                .map(|(name, _)| name),
+        );
         if !full {
             return Ok(tenants);
         }
