@@ -72,6 +72,24 @@ fn checked(tenant: &str) -> Result<(), Refused> {
     Ok(())
 }
 
+/// The tenant's kept settings; a 404 or 503 answer when there are none to read.
+async fn current<S: Store>(
+    shared: &Shared<S>,
+    namespace: &str,
+    source: &str,
+    tenant: &str,
+) -> Result<oncegate_core::Versioned, Response> {
+    match shared.store.state_get(namespace, tenant).await {
+        Ok(Some(current)) => Ok(current),
+        Ok(None) => Err(refused(
+            RefusalKind::NotFound,
+            "no_tenant",
+            format!("source {source:?} has no tenant {tenant:?}"),
+        )),
+        Err(error) => Err(unavailable(error)),
+    }
+}
+
 fn unavailable(error: StoreError) -> Response {
     let kind = match error {
         StoreError::Invalid(_) => RefusalKind::BadInput,
@@ -191,16 +209,9 @@ pub(crate) async fn remove<S: Store>(
     if let Err(refusal) = checked(&tenant) {
         return refusal.into_response();
     }
-    let current = match shared.store.state_get(&namespace, &tenant).await {
-        Ok(Some(current)) => current,
-        Ok(None) => {
-            return refused(
-                RefusalKind::NotFound,
-                "no_tenant",
-                format!("source {source:?} has no tenant {tenant:?}"),
-            );
-        }
-        Err(error) => return unavailable(error),
+    let current = match current(&shared, &namespace, &source, &tenant).await {
+        Ok(current) => current,
+        Err(answer) => return answer,
     };
     match shared
         .store
@@ -236,16 +247,9 @@ pub(crate) async fn set_disabled<S: Store>(
     if let Err(refusal) = checked(tenant) {
         return refusal.into_response();
     }
-    let current = match shared.store.state_get(&namespace, tenant).await {
-        Ok(Some(current)) => current,
-        Ok(None) => {
-            return refused(
-                RefusalKind::NotFound,
-                "no_tenant",
-                format!("source {source:?} has no tenant {tenant:?}"),
-            );
-        }
-        Err(error) => return unavailable(error),
+    let current = match current(shared, &namespace, source, tenant).await {
+        Ok(current) => current,
+        Err(answer) => return answer,
     };
     let mut settings = match shown(&current.value) {
         Value::Object(settings) => settings,
