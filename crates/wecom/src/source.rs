@@ -185,8 +185,16 @@ impl WecomApp {
     }
 }
 
-/// A WeCom event's owner: its corp (the event's app) and the agent it names (`AgentID`).
+/// A WeCom event's owner: its corp (the event's app) and the agent it names (`AgentID`); a
+/// suite's own push (`suite.*`) is the corp it is about (`AuthCorpId`). The same answer from
+/// every WeCom source, whichever of them the gateway asks.
 pub(crate) fn corp_owner(event: &Event) -> oncegate_core::Owner<'_> {
+    if event.event_type.starts_with(crate::SUITE_EVENTS) {
+        return oncegate_core::Owner {
+            tenant: event.tenant.as_deref(),
+            agent: None,
+        };
+    }
     oncegate_core::Owner {
         tenant: Some(&event.app),
         agent: event.tenant.as_deref(),

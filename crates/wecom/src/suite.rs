@@ -265,12 +265,6 @@ impl WebhookSource for WecomSuite {
     /// A corp's callback is that corp's (and its agent's); the suite's own pushes are the
     /// corp they are about (`AuthCorpId`).
     fn owner<'e>(&self, event: &'e Event) -> oncegate_core::Owner<'e> {
-        if *event.app == *self.suite_id {
-            return oncegate_core::Owner {
-                tenant: event.tenant.as_deref(),
-                agent: None,
-            };
-        }
         crate::source::corp_owner(event)
     }
 

@@ -85,6 +85,15 @@ fn the_suites_own_pushes_are_events_answered_success() {
     assert_eq!(&*cancel.event.event_type, "suite.cancel_auth");
     assert_eq!(cancel.event.tenant.as_deref(), Some(CORP_A));
     assert_eq!(cancel.event.order_key.as_deref(), Some(CORP_A));
+    // Whose it is, as routes match it: the corp it is about — and a self-built app's source
+    // says the same of it (the gateway may ask either).
+    let about_corp = oncegate_core::Owner {
+        tenant: Some(CORP_A),
+        agent: None,
+    };
+    assert_eq!(source.owner(&cancel.event), about_corp);
+    let app = oncegate_wecom::WecomApp::new(CORP_A, TOKEN, KEY).expect("app");
+    assert_eq!(app.owner(&cancel.event), about_corp);
     // Three different pushes, three different keys; a retry of one is the same key.
     let keys = [&ticket, &create, &cancel].map(|a| a.keys.primary());
     assert!(keys[0] != keys[1] && keys[1] != keys[2] && keys[0] != keys[2]);
