@@ -32,6 +32,8 @@ struct Record {
     idempotency_key: String,
     event_type: String,
     event_id: String,
+    /// The `oncegate-tenant` header.
+    tenant: String,
 }
 
 /// Reads every partition of the topic from its beginning, on a thread of its own, until
@@ -84,6 +86,7 @@ impl Reader {
                             .into_owned(),
                         idempotency_key: header("idempotency-key"),
                         event_type: header("event-type"),
+                        tenant: header("oncegate-tenant"),
                         event_id: body["event_id"].as_str().unwrap_or_default().to_owned(),
                     };
                     records.lock().expect("records").push(record);
@@ -171,6 +174,10 @@ fn assert_in_chat_order(records: &[Record], posted: &[(String, String)]) {
             record.event_id
         );
         assert_eq!(record.event_type, "im.message.receive_v1");
+        assert_eq!(
+            record.tenant, "t",
+            "the event's tenant_key, as routes match it"
+        );
         assert!(!record.idempotency_key.is_empty());
     }
     let mut chats: HashMap<&str, Vec<&str>> = HashMap::new();

@@ -150,6 +150,19 @@ impl Sink for KafkaSink {
                     key: "platform",
                     value: Some(&*event.platform),
                 });
+            // Whose the event is, as routes match it (a consumer filters a tenant's without
+            // parsing the envelope).
+            for (key, value) in [
+                ("oncegate-tenant", outgoing.owner.tenant),
+                ("oncegate-agent", outgoing.owner.agent),
+            ] {
+                if let Some(value) = value {
+                    headers = headers.insert(Header {
+                        key,
+                        value: Some(value),
+                    });
+                }
+            }
             // The event's trace goes on with its consumers' spans.
             if let Some(traceparent) = outgoing.traceparent {
                 headers = headers.insert(Header {
