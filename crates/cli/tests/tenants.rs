@@ -1,7 +1,8 @@
 //! Many tenants on one gateway URL: a WeCom suite source takes callbacks only from the corps of
 //! its tenant registry, which lives in the store. Added or removed with `oncegate tenants` on
 //! one gateway, a corp's callbacks are taken or refused by every gateway on the same Redis
-//! within a second, without a restart; corps are named exactly (case-sensitive); the suite's own
+//! within a second, without a restart — while a burst runs, nothing lost or delivered twice;
+//! disabled and enabled the same way; corps are named exactly (case-sensitive); the suite's own
 //! pushes are answered `success`.
 
 mod support;
@@ -301,4 +302,108 @@ async fn tickets_are_shared_newest_first_and_a_cancelled_corp_is_refused_everywh
             .any(|line| line["event_id"].is_string() && line["app"] == CORP_A),
         "the corp's message admitted before was delivered: {delivered:?}"
     );
+}
+
+/// A corp added while a burst runs: two senders per corp post their messages to both gateways,
+/// each retried as WeCom retries (the same request, until it is answered 200), one corp known
+/// from the start and one added on gateway B a third of the way in. The added corp's callbacks
+/// are refused (503) until then and taken by both gateways within a second after; the known
+/// corp's never stop; every message of both is delivered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_corp_added_while_a_burst_runs_loses_nothing_and_is_delivered_once() {
+    const PER_CORP: usize = 150;
+    const ADDED: &str = "wpBurstAddedCorp0123Zz";
+    let store = redis_store("tenantburst");
+    let (a_dir, b_dir) = (
+        tempfile::tempdir().expect("dir"),
+        tempfile::tempdir().expect("dir"),
+    );
+    let a = std::sync::Arc::new(Serve::start_with(
+        a_dir.path(),
+        &config(a_dir.path(), &store),
+    ));
+    let b = std::sync::Arc::new(Serve::start_with(
+        b_dir.path(),
+        &config(b_dir.path(), &store),
+    ));
+    tenants(&a, &["add", "suite", CORP_A]).expect("tenants add");
+    until_answered(&b, &corp_message(CORP_A, "warm"), 200).await;
+    let refused = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let sent = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut senders = Vec::new();
+    for corp in [CORP_A, ADDED] {
+        for half in 0..2 {
+            let (a, b, refused, sent) = (a.clone(), b.clone(), refused.clone(), sent.clone());
+            senders.push(tokio::spawn(async move {
+                for i in (half..PER_CORP).step_by(2) {
+                    let message = corp_message(corp, &format!("{corp}-{i}"));
+                    let deadline = Instant::now() + Duration::from_secs(30);
+                    let mut to_a = i % 2 == 0;
+                    loop {
+                        let gateway = if to_a { &a } else { &b };
+                        let (status, body) = post(gateway, &message).await;
+                        if status == 200 {
+                            break;
+                        }
+                        assert_eq!(status, 503, "{corp}-{i}: {body}");
+                        if corp == CORP_A {
+                            panic!("a known corp's callback was refused: {body}");
+                        }
+                        refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        assert!(Instant::now() < deadline, "{corp}-{i} never taken");
+                        to_a = !to_a;
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }));
+        }
+    }
+    // A third of the known corp's burst in, the other corp is added on B.
+    wait_until("a third of the burst", Duration::from_secs(20), || {
+        sent.load(std::sync::atomic::Ordering::Relaxed) >= PER_CORP / 3
+    })
+    .await;
+    let added_at = Instant::now();
+    tenants(&b, &["add", "suite", ADDED]).expect("tenants add");
+    let took = until_answered(&a, &corp_message(ADDED, "probe"), 200).await;
+    eprintln!(
+        "added while the burst ran: taken by the other gateway {took:?} after the command returned ({:?} after it started)",
+        added_at.elapsed()
+    );
+    for sender in senders {
+        sender.await.expect("sender");
+    }
+    assert!(
+        refused.load(std::sync::atomic::Ordering::Relaxed) > 0,
+        "the added corp was refused before it was added: the change happened mid-burst"
+    );
+    // Each message once: 2 × PER_CORP, the warm-up and the probe.
+    let total = 2 * PER_CORP + 2;
+    wait_until("every message delivered", Duration::from_secs(20), || {
+        lines(a_dir.path()).len() + lines(b_dir.path()).len() >= total
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut delivered: Vec<serde_json::Value> = lines(a_dir.path());
+    delivered.extend(lines(b_dir.path()));
+    let mut ids: Vec<String> = delivered
+        .iter()
+        .map(|line| {
+            format!(
+                "{}/{}",
+                line["app"].as_str().unwrap_or_default(),
+                line["event_id"].as_str().unwrap_or_default()
+            )
+        })
+        .collect();
+    ids.sort();
+    let unique = {
+        let mut unique = ids.clone();
+        unique.dedup();
+        unique
+    };
+    assert_eq!(unique.len(), total, "nothing lost");
+    assert_eq!(ids.len(), total, "nothing delivered twice");
 }
