@@ -313,15 +313,6 @@ pub trait WebhookSource: Send + Sync + 'static {
         None
     }
 
-    /// Whose the event is among the tenants this platform serves: routes match it, deliveries
-    /// carry it. The default: the event's own `tenant` (Feishu's `tenant_key`), no agent.
-    fn owner<'e>(&self, event: &'e Event) -> Owner<'e> {
-        Owner {
-            tenant: event.tenant.as_deref(),
-            agent: None,
-        }
-    }
-
     /// What an admitted event of this source changes in its tenancy, as the platform says it
     /// (a WeCom suite's `suite_ticket` and `cancel_auth`): the gateway applies it to the store
     /// before the event goes to its route. `None` for every other event.

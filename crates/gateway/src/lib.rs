@@ -72,6 +72,7 @@ mod credentials;
 mod dispatch;
 mod gate;
 mod ingress;
+mod owner;
 mod refusal;
 pub mod registry;
 mod route;
@@ -238,24 +239,16 @@ impl<S: Store> Shared<S> {
             .find(|decoder| decoder.platform() == platform)
     }
 
-    /// The first route that takes `event`: by its type and its owner.
-    pub(crate) fn route_for(&self, event: &oncegate_core::Event) -> Option<&Route> {
-        let owner = self.owner(event);
+    /// The first route that takes an event of `event_type` owned by `owner`
+    /// ([`owner::of`]).
+    pub(crate) fn route_for(
+        &self,
+        event_type: &str,
+        owner: oncegate_core::Owner<'_>,
+    ) -> Option<&Route> {
         self.routes
             .iter()
-            .find(|route| route.matches(&event.event_type, owner))
-    }
-
-    /// Whose `event` is, as its platform says (a WeCom event: its corp and agent; a Feishu
-    /// event: its `tenant_key`).
-    pub(crate) fn owner<'e>(&self, event: &'e oncegate_core::Event) -> oncegate_core::Owner<'e> {
-        match self.platform_source(&event.platform) {
-            Some(source) => source.owner(event),
-            None => oncegate_core::Owner {
-                tenant: event.tenant.as_deref(),
-                agent: None,
-            },
-        }
+            .find(|route| route.matches(event_type, owner))
     }
 
     pub(crate) fn now_ms(&self) -> u64 {

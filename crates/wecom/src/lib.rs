@@ -19,6 +19,7 @@ pub mod xml;
 
 pub use aibot::AiBot;
 pub use crypto::AesKey;
+pub use source::owner;
 pub use suite::{SUITE_EVENTS, SuiteTenants, WecomSuite};
 
 /// Why a callback or a configuration was refused.

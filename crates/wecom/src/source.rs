@@ -185,10 +185,17 @@ impl WecomApp {
     }
 }
 
-/// A WeCom event's owner: its corp (the event's app) and the agent it names (`AgentID`); a
-/// suite's own push (`suite.*`) is the corp it is about (`AuthCorpId`). The same answer from
-/// every WeCom source, whichever of them the gateway asks.
-pub(crate) fn corp_owner(event: &Event) -> oncegate_core::Owner<'_> {
+/// Whose an event of this crate's platforms is, read from the event alone (every gateway and
+/// every configuration says the same): a WeCom event's corp (its app) and the agent it names
+/// (`AgentID`); a suite's own push (`suite.*`) is the corp it is about (`AuthCorpId`); an
+/// Official Account is its own tenant, with no agents.
+pub fn owner(event: &Event) -> oncegate_core::Owner<'_> {
+    if &*event.platform == "wechat" {
+        return oncegate_core::Owner {
+            tenant: Some(&event.app),
+            agent: None,
+        };
+    }
     if event.event_type.starts_with(crate::SUITE_EVENTS) {
         return oncegate_core::Owner {
             tenant: event.tenant.as_deref(),
@@ -208,10 +215,6 @@ impl WebhookSource for WecomApp {
 
     fn decode(&self, callback: &Callback<'_>) -> Result<Decoded, Refusal> {
         self.open(callback).map_err(|error| error.refusal())
-    }
-
-    fn owner<'e>(&self, event: &'e Event) -> oncegate_core::Owner<'e> {
-        corp_owner(event)
     }
 
     /// WeCom takes an empty 200 as "received".
@@ -325,14 +328,6 @@ impl WechatApp {
 impl WebhookSource for WechatApp {
     fn platform(&self) -> &str {
         "wechat"
-    }
-
-    /// An account is its own tenant; it has no agents.
-    fn owner<'e>(&self, event: &'e Event) -> oncegate_core::Owner<'e> {
-        oncegate_core::Owner {
-            tenant: Some(&event.app),
-            agent: None,
-        }
     }
 
     fn decode(&self, callback: &Callback<'_>) -> Result<Decoded, Refusal> {

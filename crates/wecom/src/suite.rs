@@ -262,12 +262,6 @@ impl WebhookSource for WecomSuite {
         REPLY_DEADLINE
     }
 
-    /// A corp's callback is that corp's (and its agent's); the suite's own pushes are the
-    /// corp they are about (`AuthCorpId`).
-    fn owner<'e>(&self, event: &'e Event) -> oncegate_core::Owner<'e> {
-        crate::source::corp_owner(event)
-    }
-
     fn tenants(&self) -> Option<Arc<dyn TenantSet>> {
         Some(self.tenants.clone())
     }

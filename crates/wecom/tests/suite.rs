@@ -85,15 +85,14 @@ fn the_suites_own_pushes_are_events_answered_success() {
     assert_eq!(&*cancel.event.event_type, "suite.cancel_auth");
     assert_eq!(cancel.event.tenant.as_deref(), Some(CORP_A));
     assert_eq!(cancel.event.order_key.as_deref(), Some(CORP_A));
-    // Whose it is, as routes match it: the corp it is about — and a self-built app's source
-    // says the same of it (the gateway may ask either).
-    let about_corp = oncegate_core::Owner {
-        tenant: Some(CORP_A),
-        agent: None,
-    };
-    assert_eq!(source.owner(&cancel.event), about_corp);
-    let app = oncegate_wecom::WecomApp::new(CORP_A, TOKEN, KEY).expect("app");
-    assert_eq!(app.owner(&cancel.event), about_corp);
+    // Whose it is, as routes match it: the corp it is about, not the suite that got it.
+    assert_eq!(
+        oncegate_wecom::owner(&cancel.event),
+        oncegate_core::Owner {
+            tenant: Some(CORP_A),
+            agent: None,
+        }
+    );
     // Three different pushes, three different keys; a retry of one is the same key.
     let keys = [&ticket, &create, &cancel].map(|a| a.keys.primary());
     assert!(keys[0] != keys[1] && keys[1] != keys[2] && keys[0] != keys[2]);
@@ -223,4 +222,36 @@ fn the_url_verification_decrypts_for_the_isv_and_forgeries_are_refused() {
     );
     assert!(WecomSuite::new("", None, TOKEN, KEY).is_err());
     assert!(WecomSuite::new(SUITE_ID, None, " ", KEY).is_err());
+}
+
+/// Whose an event is comes from the event alone: a corp's callback is its corp's and the agent
+/// it names; an Official Account's message is the account's, with no agent.
+#[test]
+fn an_events_owner_is_its_corp_and_agent_or_its_account() {
+    let event = |platform: &str, app: &str, tenant: Option<&str>| oncegate_core::Event {
+        platform: platform.into(),
+        app: app.into(),
+        tenant: tenant.map(Into::into),
+        event_id: "1".into(),
+        event_type: "message.text".into(),
+        created_at_ms: 0,
+        order_key: None,
+        payload: bytes::Bytes::new(),
+    };
+    let corp = event("wecom", CORP_A, Some("1000002"));
+    assert_eq!(
+        oncegate_wecom::owner(&corp),
+        oncegate_core::Owner {
+            tenant: Some(CORP_A),
+            agent: Some("1000002"),
+        }
+    );
+    let account = event("wechat", "wx0123456789abcdef", None);
+    assert_eq!(
+        oncegate_wecom::owner(&account),
+        oncegate_core::Owner {
+            tenant: Some("wx0123456789abcdef"),
+            agent: None,
+        }
+    );
 }

@@ -299,7 +299,8 @@ async fn handle<S: Store>(
         summaries.note("tenancy_failed", None, &error.to_string());
         return release_and_retry(shared, &delivery, &key).await;
     }
-    let Some(route) = shared.route_for(event) else {
+    let owner = crate::owner::of(event);
+    let Some(route) = shared.route_for(&event.event_type, owner) else {
         stats.bump(&stats.unrouted, "oncegate_unrouted_total");
         finish(shared, &delivery, &key).await;
         return;
@@ -379,7 +380,7 @@ async fn handle<S: Store>(
         wants_answer: false,
         updates: None,
         traceparent: traced.as_ref().map(|(_, _, header, _)| header.as_str()),
-        owner: shared.owner(event),
+        owner,
     };
     let started = std::time::Instant::now();
     let started_ms = shared.now_ms();

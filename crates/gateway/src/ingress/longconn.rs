@@ -116,7 +116,11 @@ impl<S: Store> Inlet for GatewayInlet<S> {
     }
 
     fn replies(&self, event: &oncegate_core::Event) -> bool {
-        self.0.replying && self.0.route_for(event).is_some_and(|route| route.reply)
+        self.0.replying
+            && self
+                .0
+                .route_for(&event.event_type, crate::owner::of(event))
+                .is_some_and(|route| route.reply)
     }
 
     /// The budgets are named within the app, as `/send` names its own: a reply and a send to

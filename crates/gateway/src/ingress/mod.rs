@@ -228,7 +228,7 @@ async fn callback<S: Store>(
         Decoded::Admit { admit, stamp } => {
             let replying = shared.replying
                 && shared
-                    .route_for(&admit.event)
+                    .route_for(&admit.event.event_type, crate::owner::of(&admit.event))
                     .is_some_and(|route| route.reply);
             (admit, stamp, replying)
         }

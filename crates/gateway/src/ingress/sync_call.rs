@@ -128,7 +128,8 @@ async fn run_call<S: Store>(
 ) -> Result<Replied, Refusal> {
     let stats = &shared.stats;
     stats.bump(&stats.cards, "oncegate_cards_total");
-    let Some(route) = shared.route_for(&admit.event) else {
+    let owner = crate::owner::of(&admit.event);
+    let Some(route) = shared.route_for(&admit.event.event_type, owner) else {
         stats.bump(&stats.unrouted, "oncegate_unrouted_total");
         return Ok(Replied::Answer(None));
     };
@@ -209,7 +210,7 @@ async fn run_call<S: Store>(
         wants_answer: true,
         updates: how.updates,
         traceparent: None,
-        owner: shared.owner(&admit.event),
+        owner,
     };
     let ran = async {
         held.run(route.sink.deliver(outgoing))
