@@ -138,14 +138,16 @@ async fn change_tenancy<S: Store>(
         TenancyChange::Joined { tenant } => {
             let namespace = namespace(source);
             let settings = bytes::Bytes::from_static(br#"{"joined":true}"#);
-            // A tenant added by hand keeps the settings it was given.
-            shared
+            // A tenant added by hand (or disabled) keeps the settings it was given.
+            let added = shared
                 .store
                 .state_put(&namespace, &tenant, settings, Expect::Absent, None)
                 .await?;
-            metrics::counter!("oncegate_tenancy_changes_total", "source" => source.to_owned(), "change" => "joined").increment(1);
-            tracing::info!(source, tenant = %tenant, "a tenant installed or enabled the app: /send sends as it");
-            refresh(shared, source).await
+            if let Changed::Done(_) = added {
+                metrics::counter!("oncegate_tenancy_changes_total", "source" => source.to_owned(), "change" => "joined").increment(1);
+                tracing::info!(source, tenant = %tenant, "a tenant installed or enabled the app: /send sends as it");
+            }
+            Ok(())
         }
         TenancyChange::Left { tenant } => {
             let namespace = namespace(source);
@@ -158,23 +160,10 @@ async fn change_tenancy<S: Store>(
                 keeper.forget(&tenant).await?;
             }
             metrics::counter!("oncegate_tenancy_changes_total", "source" => source.to_owned(), "change" => "left").increment(1);
-            tracing::info!(source, tenant = %tenant, "a tenant left: it is out of the registry, and a suite's corp's callbacks are refused from now on");
-            refresh(shared, source).await
+            tracing::info!(source, tenant = %tenant, "a tenant left: it is out of the registry, and a suite's corp's callbacks are refused from the next poll on");
+            Ok(())
         }
     }
-}
-
-/// Reads `source`'s registry into its set now, rather than at the next poll.
-async fn refresh<S: Store>(shared: &Shared<S>, source: &str) -> Result<(), StoreError> {
-    if let Some(set) = shared
-        .ingress
-        .sources
-        .get(source)
-        .and_then(|found| found.decoder.tenants())
-    {
-        set.replace(all(&*shared.store, &namespace(source)).await?);
-    }
-    Ok(())
 }
 
 /// Exchanges a tenant's authorisation code for its permanent credential (which adds it to the
@@ -195,8 +184,8 @@ async fn authorise<S: Store>(
         return match exchanged {
             Ok(authorised) => {
                 metrics::counter!("oncegate_tenancy_changes_total", "source" => source.to_owned(), "change" => "authorised").increment(1);
-                tracing::info!(source, tenant = %authorised.corp_id, agent = ?authorised.agent_id, "a tenant authorised the suite: its callbacks are taken and /send sends as it");
-                refresh(shared, source).await
+                tracing::info!(source, tenant = %authorised.corp_id, agent = ?authorised.agent_id, "a tenant authorised the suite: its callbacks are taken from the next poll on, and /send sends as it");
+                Ok(())
             }
             Err(SendError::Permanent { code, message }) => {
                 metrics::counter!("oncegate_tenancy_changes_total", "source" => source.to_owned(), "change" => "authorisation_refused").increment(1);
