@@ -79,28 +79,32 @@ pub trait TenantSet: Send + Sync {
 }
 
 /// A [`TenantSet`] in memory: read on every callback, replaced whole by whoever keeps the
-/// registry (the gateway, from the store).
+/// registry (the gateway, from the store) — the new set is built before the lock is taken.
 #[derive(Debug, Default)]
 pub struct Tenants {
-    ids: std::sync::RwLock<std::sync::Arc<std::collections::HashSet<String>>>,
+    ids: std::sync::RwLock<std::collections::HashSet<String>>,
 }
 
 impl Tenants {
-    fn ids(&self) -> std::sync::Arc<std::collections::HashSet<String>> {
+    fn ids(&self) -> std::sync::RwLockReadGuard<'_, std::collections::HashSet<String>> {
         self.ids
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .clone()
     }
 }
 
 impl TenantSet for Tenants {
     fn replace(&self, tenants: Vec<String>) {
-        let ids = std::sync::Arc::new(tenants.into_iter().collect());
-        *self
-            .ids
-            .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = ids;
+        let ids = tenants.into_iter().collect();
+        let old = std::mem::replace(
+            &mut *self
+                .ids
+                .write()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+            ids,
+        );
+        // Dropped after the lock is let go.
+        drop(old);
     }
 
     fn contains(&self, tenant: &str) -> bool {

@@ -85,7 +85,7 @@ impl<S: Store> Gateway<S> {
             long_connections(shared, shutdown.clone()),
             ingress::tenants::sync(shared.clone(), shutdown.clone()),
             api::results::keep_ledgers(shared.clone(), shutdown.clone()),
-            ask_for_tickets(shared),
+            keepers_at_start(shared),
         );
     }
 
@@ -164,9 +164,9 @@ async fn long_connections<S: Store>(
     let _ = (shared, shutdown);
 }
 
-/// Store apps with no ticket kept ask for one at start.
-async fn ask_for_tickets<S: Store>(shared: &Shared<S>) {
+/// The multi-tenant sources' keepers ready their credentials (a store app's ticket).
+async fn keepers_at_start<S: Store>(shared: &Shared<S>) {
     #[cfg(all(feature = "send", any(feature = "feishu", feature = "wecom")))]
-    crate::credentials::ask_for_tickets(&shared.api.keepers).await;
+    crate::credentials::at_start(&shared.api.keepers).await;
     let _ = shared;
 }

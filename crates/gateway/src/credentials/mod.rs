@@ -102,7 +102,7 @@ impl Keeper {
             #[cfg(feature = "wecom")]
             Keeper::Suite(keeper) => keeper.sender(tenant).await,
             #[cfg(feature = "feishu")]
-            Keeper::StoreApp(keeper) => keeper.sender(tenant),
+            Keeper::StoreApp(keeper) => Ok(keeper.sender(tenant)),
         }
     }
 
@@ -120,6 +120,16 @@ impl Keeper {
         }
     }
 
+    /// What the keeper does at start.
+    async fn at_start(&self) {
+        match self {
+            #[cfg(feature = "wecom")]
+            Keeper::Suite(_) => {}
+            #[cfg(feature = "feishu")]
+            Keeper::StoreApp(keeper) => keeper.ask_for_ticket_unless_kept().await,
+        }
+    }
+
     /// Forgets a tenant that left: its credentials and its sender.
     pub(crate) async fn forget(&self, tenant: &str) -> Result<(), StoreError> {
         match self {
@@ -131,27 +141,11 @@ impl Keeper {
     }
 }
 
-/// At start: every store app with no ticket kept asks Feishu to push one (as the official SDKs
-/// do), so that its tenants' tokens can be fetched without waiting up to an hour.
-// Irrefutable in a build with store apps only.
-#[allow(irrefutable_let_patterns)]
-pub(crate) async fn ask_for_tickets(keepers: &std::collections::HashMap<String, Keeper>) {
-    for (source, keeper) in keepers {
-        #[cfg(feature = "feishu")]
-        if let Keeper::StoreApp(keeper) = keeper {
-            match keeper.ticket_kept().await {
-                Ok(true) => {}
-                Ok(false) => {
-                    if let Err(error) = keeper.resend(None).await {
-                        tracing::warn!(source = %source, "asking Feishu to push the app_ticket failed: {error}; it is asked again when a token is needed");
-                    }
-                }
-                Err(error) => {
-                    tracing::warn!(source = %source, "the store cannot say whether an app_ticket is kept: {error}")
-                }
-            }
-        }
-        let _ = (source, keeper);
+/// At start, each keeper readies what its tenants' tokens need (a store app with no ticket
+/// kept asks Feishu to push one, as the official SDKs do, instead of waiting up to an hour).
+pub(crate) async fn at_start(keepers: &std::collections::HashMap<String, Keeper>) {
+    for keeper in keepers.values() {
+        keeper.at_start().await;
     }
 }
 

@@ -69,13 +69,24 @@ impl StoreAppKeeper {
         self.api.resend_ticket().await
     }
 
-    /// Whether a ticket is kept (by any gateway).
-    pub(crate) async fn ticket_kept(&self) -> Result<bool, oncegate_core::StoreError> {
-        Ok(self
+    /// Asks Feishu to push the ticket unless one is kept (by any gateway); a failure is said
+    /// and left to the next token that needs the ticket, which asks again.
+    pub(crate) async fn ask_for_ticket_unless_kept(&self) {
+        match self
             .store
             .get(&tenants::tickets(&self.source), "ticket")
-            .await?
-            .is_some())
+            .await
+        {
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                if let Err(error) = self.resend(None).await {
+                    tracing::warn!(source = %self.source, "asking Feishu to push the app_ticket failed: {error}; it is asked again when a token is needed");
+                }
+            }
+            Err(error) => {
+                tracing::warn!(source = %self.source, "the store cannot say whether an app_ticket is kept: {error}")
+            }
+        }
     }
 
     /// The newest ticket Feishu pushed (kept by any gateway); none kept: a resend is asked for.
@@ -140,9 +151,9 @@ impl StoreAppKeeper {
     }
 
     /// The sender of tenant `tenant` (one of the registry's): its messages carry its token only.
-    pub(crate) fn sender(self: &Arc<Self>, tenant: &str) -> Result<Arc<Sender>, SendError> {
+    pub(crate) fn sender(self: &Arc<Self>, tenant: &str) -> Arc<Sender> {
         if let Some(sender) = self.senders.get(tenant) {
-            return Ok(sender);
+            return sender;
         }
         let tokens = Arc::new(TenantToken {
             keeper: Arc::downgrade(self),
@@ -159,7 +170,7 @@ impl StoreAppKeeper {
             scope: format!("{}:{tenant}", self.api.app_id()),
             api,
         });
-        Ok(self.senders.keep(tenant, sender))
+        self.senders.keep(tenant, sender)
     }
 }
 

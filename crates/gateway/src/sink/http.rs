@@ -114,9 +114,6 @@ pub(crate) fn classify(status: u16) -> Result<(), SinkError> {
     }
 }
 
-/// The wait a `Retry-After` header asks for, in seconds (the form downstreams send with 429 and
-/// 503); an HTTP date or anything else is not read (the backoff applies), and a wait beyond a
-/// day is taken as a day.
 /// What stands in a URL for an owner it names: every byte but RFC 3986's unreserved ones
 /// percent-encoded, so that an id cannot add a path segment, a query or a fragment.
 const OWNER_IN_URL: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
@@ -146,6 +143,9 @@ impl HttpSink {
     }
 }
 
+/// The wait a `Retry-After` header asks for, in seconds (the form downstreams send with 429 and
+/// 503); an HTTP date or anything else is not read (the backoff applies), and a wait beyond a
+/// day is taken as a day.
 fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<std::time::Duration> {
     let seconds: u64 = headers
         .get(reqwest::header::RETRY_AFTER)?
