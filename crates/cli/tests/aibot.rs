@@ -773,23 +773,8 @@ async fn a_full_queue_never_loses_an_ai_bots_callbacks() {
         server.push(frame::MESSAGE, &message(i));
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let over_bound = || async {
-        let text = support::client()
-            .get(format!("{}/metrics", gateway.admin))
-            .send()
-            .await
-            .expect("metrics")
-            .text()
-            .await
-            .unwrap_or_default();
-        text.lines()
-            .find(|line| line.starts_with("oncegate_admitted_over_bound_total "))
-            .and_then(|line| line.rsplit(' ').next())
-            .and_then(|value| value.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while over_bound().await < 1.0 {
+    while support::metric(&gateway.admin, "oncegate_admitted_over_bound_total").await < 1.0 {
         assert!(std::time::Instant::now() < deadline, "{}", gateway.stderr());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

@@ -56,23 +56,8 @@ fn config(dir: &Path, store: &str, domain: &str) -> String {
     let source = readme_source();
     assert!(source.contains(APP) && source.contains("store_app = true"));
     format!(
-        r#"[store]
-{store}
-
-[server]
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-
-[api]
-listen = "127.0.0.1:0"
-
-[[api.caller]]
-name = "vendor"
-token = "{CALLER}"
-
-{source}domain = "{domain}"
-
-{}"#,
+        "{}\n{source}domain = \"{domain}\"\n\n{}",
+        support::with_api_caller(store, "vendor", CALLER),
         file_route(dir, "")
     )
 }

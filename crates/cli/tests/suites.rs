@@ -32,23 +32,8 @@ fn config(dir: &Path, store: &str, domain: &str) -> String {
         "{source}"
     );
     format!(
-        r#"[store]
-{store}
-
-[server]
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-
-[api]
-listen = "127.0.0.1:0"
-
-[[api.caller]]
-name = "isv"
-token = "{CALLER}"
-
-{source}domain = "{domain}"
-
-{}"#,
+        "{}\n{source}domain = \"{domain}\"\n\n{}",
+        support::with_api_caller(store, "isv", CALLER),
         file_route(dir, "")
     )
 }

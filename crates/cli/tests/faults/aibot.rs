@@ -191,21 +191,7 @@ pub(super) async fn flood_past_the_bound() -> Row {
         over,
     )
     .await;
-    row.seen = over_bound(&gateway).await;
+    row.seen =
+        crate::support::metric(&gateway.admin, "oncegate_admitted_over_bound_total").await as usize;
     row
-}
-
-/// `oncegate_admitted_over_bound_total` on the gateway's metrics.
-async fn over_bound(gateway: &Gateway) -> usize {
-    let text = reqwest::get(format!("{}/metrics", gateway.admin))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .unwrap_or_default();
-    text.lines()
-        .find(|line| line.starts_with("oncegate_admitted_over_bound_total "))
-        .and_then(|line| line.rsplit(' ').next())
-        .and_then(|value| value.parse::<f64>().ok())
-        .map_or(0, |value| value as usize)
 }

@@ -242,3 +242,42 @@ pub(crate) fn redis_store(prefix: &str) -> String {
         fastrand::u32(..)
     )
 }
+
+/// The value of the unlabelled series `name` on the admin listener `admin`'s `/metrics` (0 when
+/// it is not there yet).
+pub(crate) async fn metric(admin: &str, name: &str) -> f64 {
+    let text = client()
+        .get(format!("{admin}/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .unwrap_or_default();
+    text.lines()
+        .filter_map(|line| line.strip_prefix(name))
+        .find_map(|rest| rest.strip_prefix(' '))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// The head of a gateway's file with an API listener and one caller: the store, listeners on
+/// loopback port 0, `[api]` and `[[api.caller]]` `name` with `token`.
+pub(crate) fn with_api_caller(store: &str, name: &str, token: &str) -> String {
+    format!(
+        r#"[store]
+{store}
+
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[api]
+listen = "127.0.0.1:0"
+
+[[api.caller]]
+name = "{name}"
+token = "{token}"
+"#
+    )
+}
