@@ -78,6 +78,10 @@ enum Command {
     /// A running gateway's tenant registries (a WeCom suite's corps): list, add or remove;
     /// every gateway on the same store follows within a second.
     Tenants(tenants_cmd::TenantsArgs),
+    /// A running gateway reads its configuration file again (as on SIGHUP): sources, their
+    /// secrets, routes and dispatcher.max_queued change without a restart; on any error
+    /// nothing changes and the answer says why.
+    Reload(remote::StatusArgs),
 }
 
 #[derive(Debug, Args)]
@@ -187,6 +191,7 @@ fn main() -> ExitCode {
         Command::Ready(args) => runtime().and_then(|rt| rt.block_on(remote::ready(args))),
         Command::Queue(args) => runtime().and_then(|rt| rt.block_on(queue_cmd::queue(args))),
         Command::Tenants(args) => runtime().and_then(|rt| rt.block_on(tenants_cmd::tenants(args))),
+        Command::Reload(args) => runtime().and_then(|rt| rt.block_on(remote::reload(args))),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

@@ -464,6 +464,47 @@ pub(crate) async fn ready(args: StatusArgs) -> anyhow::Result<bool> {
     Ok(false)
 }
 
+/// `oncegate reload`: the gateway reads its configuration file again and puts its dynamic part
+/// in force (as SIGHUP does), or changes nothing and says why.
+pub(crate) async fn reload(args: StatusArgs) -> anyhow::Result<bool> {
+    let client = Client::new(&args.admin)?;
+    let (status, answer) = client
+        .at(reqwest::Method::POST, &["admin", "reload"], &[], None)
+        .await?;
+    if status != 200 {
+        out!("not reloaded ({status}): {}", error_of(&answer))?;
+        return Ok(false);
+    }
+    if args.admin.json {
+        print_json(&answer)?;
+        return Ok(true);
+    }
+    let reloaded = &answer["reloaded"];
+    for part in ["sources", "routes"] {
+        let changes = &reloaded[part];
+        let names = |what: &str| {
+            changes[what]
+                .as_array()
+                .map(|list| {
+                    list.iter()
+                        .filter_map(Value::as_str)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                })
+                .unwrap_or_default()
+        };
+        out!(
+            "{part}: {} kept; added: [{}]; changed: [{}]; removed: [{}]",
+            changes["kept"],
+            names("added"),
+            names("changed"),
+            names("removed")
+        )?;
+    }
+    out!("reloaded")?;
+    Ok(true)
+}
+
 pub(crate) async fn status(args: StatusArgs) -> anyhow::Result<bool> {
     let client = Client::new(&args.admin)?;
     let (ready_status, ready) = client.get("/readyz", &[]).await?;

@@ -44,7 +44,7 @@ pub(crate) async fn serve(config_path: Option<&Path>) -> anyhow::Result<()> {
         StoreConfig::Embedded(settings) => {
             let store = crate::store_files::open_embedded(settings)?;
             tracing::info!(path = %settings.path.display(), "embedded store open");
-            run(&config, store, None, None, render).await
+            run(&config, config_path, store, None, None, render).await
         }
         StoreConfig::Memory(settings) => {
             let store = MemoryStore::with_clock(
@@ -56,7 +56,7 @@ pub(crate) async fn serve(config_path: Option<&Path>) -> anyhow::Result<()> {
                 oncegate_core::SystemClock,
             );
             tracing::warn!("memory store: everything is forgotten when the gateway stops");
-            run(&config, store, None, None, render).await
+            run(&config, config_path, store, None, None, render).await
         }
         StoreConfig::Redis(settings) => {
             let defaults = oncegate_redis::RedisConfig::at(&settings.url);
@@ -111,13 +111,22 @@ pub(crate) async fn serve(config_path: Option<&Path>) -> anyhow::Result<()> {
                 .spool
                 .as_deref()
                 .map(|path| (path, settings.spool_max));
-            run(&config, store, spool, Some(Arc::new(clock)), render).await
+            run(
+                &config,
+                config_path,
+                store,
+                spool,
+                Some(Arc::new(clock)),
+                render,
+            )
+            .await
         }
     }
 }
 
 async fn run<S: Store>(
     config: &Config,
+    config_path: Option<&Path>,
     store: S,
     spool: Option<(&Path, u64)>,
     clock: Option<Arc<dyn oncegate_core::Clock>>,
@@ -125,6 +134,13 @@ async fn run<S: Store>(
 ) -> anyhow::Result<()> {
     say_durability(&store);
     let mut gateway = Gateway::from_config(config, store).await?.metrics(render)?;
+    if let Some(path) = config_path {
+        // SIGHUP and `oncegate reload` read the same file, with the same overrides.
+        let path = path.to_owned();
+        gateway = gateway.reload_from(Box::new(move || {
+            crate::load(Some(&path)).map_err(|error| format!("{error:#}"))
+        }))?;
+    }
     let exporting = match crate::telemetry::start(&config.telemetry)? {
         Some((traces, exporting)) => {
             gateway = gateway.traces(traces)?;
@@ -178,6 +194,7 @@ async fn run<S: Store>(
         tokio::spawn(async move { gateway.serve_api(api, shutdown).await })
     });
     tokio::spawn(on_signals(shutdown.clone()));
+    tokio::spawn(on_hangups(gateway.clone()));
     let dispatcher = {
         let (gateway, shutdown) = (gateway.clone(), shutdown.clone());
         tokio::spawn(async move { gateway.dispatch(shutdown).await })
@@ -270,6 +287,21 @@ fn say_durability<S: Store>(store: &S) {
             durability.detail
         ),
         (None, true) => tracing::info!(mode = durability.mode, "durability: {}", durability.detail),
+    }
+}
+
+/// Each SIGHUP reloads the configuration file (the reload logs what changed, or why nothing
+/// did).
+async fn on_hangups<S: Store>(gateway: Gateway<S>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut hangups) = signal(SignalKind::hangup()) else {
+        tracing::error!("cannot install the SIGHUP handler; reload with `oncegate reload`");
+        return;
+    };
+    while hangups.recv().await.is_some() {
+        tracing::info!("SIGHUP: reloading the configuration");
+        // Said in the log and counted by the reload itself.
+        let _ = gateway.reload().await;
     }
 }
 

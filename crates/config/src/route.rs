@@ -122,6 +122,31 @@ fn default_sink_timeout() -> Duration {
 }
 
 impl RouteConfig {
+    /// The route with every secret resolved now ([`Secret::resolved`]): what a reload
+    /// compares, so that a secret rotated in its file is a change too.
+    pub fn resolved(&self) -> Result<RouteConfig, String> {
+        let mut route = self.clone();
+        let resolve = |setting: &str, secret: &mut Secret| {
+            *secret = secret
+                .resolved()
+                .map_err(|message| format!("route {:?} {setting}: {message}", self.events))?;
+            Ok::<_, String>(())
+        };
+        if let Some(secret) = &mut route.secret {
+            resolve("secret", secret)?;
+        }
+        if let Some(key) = &mut route.signing_key {
+            resolve("signing_key", key)?;
+        }
+        for secret in &mut route.previous_secrets {
+            resolve("previous_secrets", secret)?;
+        }
+        for (name, secret) in &mut route.kafka {
+            resolve(name, secret)?;
+        }
+        Ok(route)
+    }
+
     /// Whether `event_type` is one of this route's.
     pub fn matches(&self, event_type: &str) -> bool {
         event_type_matches(&self.events, event_type)

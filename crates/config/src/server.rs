@@ -32,6 +32,11 @@ pub struct ServerConfig {
     /// Refused requests and repeated failures are logged as one summary per interval.
     #[serde(with = "duration")]
     pub log_interval: Duration,
+    /// After a reload (SIGHUP, `oncegate reload`) changes a source's callback secrets, how long
+    /// callbacks signed or encrypted with the old ones are still taken: a platform keeps
+    /// retrying what it sent before the change with the old secrets. `0s`: not at all.
+    #[serde(with = "duration")]
+    pub secret_overlap: Duration,
 }
 
 impl Default for ServerConfig {
@@ -45,6 +50,7 @@ impl Default for ServerConfig {
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(10),
             log_interval: Duration::from_secs(10),
+            secret_overlap: Duration::from_secs(3600),
         }
     }
 }

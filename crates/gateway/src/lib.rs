@@ -75,6 +75,7 @@ mod ingress;
 mod owner;
 mod refusal;
 pub mod registry;
+pub mod reload;
 mod route;
 mod run;
 mod server;
@@ -91,7 +92,6 @@ use oncegate_once::Once;
 pub use oncegate_spool::Spool;
 use tokio::sync::Notify;
 
-pub use assemble::left_out;
 pub use base::recorder::SECONDS_BUCKETS;
 pub use base::recorder::{MetricsRecorder, MetricsRender};
 pub use base::stats::{self, Stats, StatsSnapshot};
@@ -104,6 +104,7 @@ pub use server::ServerLimits;
 pub use sink::HttpSink;
 #[cfg(feature = "kafka")]
 pub use sink::KafkaSink;
+pub use sink::configured::left_out;
 pub use sink::{Handler, HandlerSink, LinesSink, Outgoing, SharedSink, Sink, SinkError};
 
 /// Why a gateway could not be built or run.
@@ -129,8 +130,35 @@ pub type SharedSource = Arc<dyn WebhookSource>;
 /// One configured source with its replay guard.
 pub(crate) struct Source {
     pub(crate) decoder: SharedSource,
-    pub(crate) replay: Option<Mutex<ReplayGuard>>,
-    pub(crate) answers: ingress::AnswerCounters,
+    /// Shared with the source a reload replaces, so that a nonce seen before it is still a
+    /// replay after it.
+    pub(crate) replay: Option<Arc<Mutex<ReplayGuard>>>,
+    pub(crate) answers: Arc<ingress::AnswerCounters>,
+    /// The decoder a reload replaced, with the time until which it still takes what the new
+    /// one refuses: a platform that still signs with the old secret for a while is not
+    /// refused (`server.secret_overlap`).
+    pub(crate) previous: Option<(SharedSource, u64)>,
+    /// The `[[source]]` it was built from, its secrets resolved: a reload keeps a source its
+    /// file describes the same way. `None` for a source built in code.
+    pub(crate) origin: Option<oncegate_config::SourceConfig>,
+}
+
+impl Source {
+    /// A source decoding with `decoder`, its replay guard as `replay` says.
+    pub(crate) fn new(decoder: SharedSource, replay: Option<ReplayLimits>) -> Self {
+        Self {
+            decoder,
+            replay: replay.map(|limits| {
+                Arc::new(Mutex::new(ReplayGuard::new(
+                    limits.max_skew.as_secs(),
+                    limits.max_nonces,
+                )))
+            }),
+            answers: Arc::default(),
+            previous: None,
+            origin: None,
+        }
+    }
 }
 
 /// What a route does with an event older than one already applied for its chat (by creation
@@ -190,9 +218,8 @@ pub(crate) struct Shared<S> {
     pub(crate) store: Arc<S>,
     /// The claim protocol on `store`: every claim, renewal and settling goes through it.
     pub(crate) once: Once<S>,
-    pub(crate) routes: Vec<Route>,
-    /// Whether any route replies: ingress looks an event's route up only then.
-    pub(crate) replying: bool,
+    /// The routes in force: a reload swaps them whole.
+    pub(crate) routes: arc_swap::ArcSwap<route::Routes>,
     pub(crate) timing: Timing,
     pub(crate) stats: Arc<Stats>,
     /// Woken when a partition may have work: an admit, an ack that frees a chat.
@@ -202,8 +229,9 @@ pub(crate) struct Shared<S> {
     pub(crate) limits: ServerLimits,
     /// Rate-limited log lines for refusals and repeated failures.
     pub(crate) summaries: Arc<Summaries>,
-    /// Beyond this many queued events ingress answers 503.
-    pub(crate) max_queued: Option<u64>,
+    /// Beyond this many queued events ingress answers 503 (`u64::MAX`: no bound); a reload
+    /// may change it.
+    pub(crate) max_queued: AtomicU64,
     /// Queued events, as last sampled from the store plus admits since.
     pub(crate) queued: AtomicU64,
     /// The attempts of events that failed at least once, for `/admin/record`.
@@ -215,7 +243,7 @@ pub(crate) struct Shared<S> {
     /// What this configuration can lose or expose by design beyond the store's own promise
     /// (the configuration checks' `AtRisk` findings, each "setting: why"), said in `/readyz`
     /// (check-config and the start say it too).
-    pub(crate) at_risk: Vec<String>,
+    pub(crate) at_risk: arc_swap::ArcSwap<Vec<String>>,
     /// Per-event metrics, their handles registered once.
     pub(crate) meters: Arc<base::meters::Meters>,
     /// What seals payloads, results and shared values at rest (`[store.encryption]`): the store
@@ -227,28 +255,50 @@ pub(crate) struct Shared<S> {
     pub(crate) api: api::ApiState,
     /// The admin wing's: its token, the metrics, the sampled queue and history.
     pub(crate) admin: admin::AdminState,
+    /// The configuration in force and how to read it again.
+    pub(crate) reload: reload::ReloadState,
 }
 
 impl<S: Store> Shared<S> {
     /// A source of `platform`: what reads an event's platform-specific parts (its versions).
-    pub(crate) fn platform_source(&self, platform: &str) -> Option<&SharedSource> {
+    pub(crate) fn platform_source(&self, platform: &str) -> Option<SharedSource> {
         self.ingress
             .sources
+            .load()
+            .by_name
             .values()
             .map(|source| &source.decoder)
             .find(|decoder| decoder.platform() == platform)
+            .cloned()
     }
 
     /// The first route that takes an event of `event_type` owned by `owner`
-    /// ([`owner::of`]).
+    /// ([`owner::of`]), in the routes in force now.
     pub(crate) fn route_for(
         &self,
         event_type: &str,
         owner: oncegate_core::Owner<'_>,
-    ) -> Option<&Route> {
-        self.routes
+    ) -> Option<Arc<Route>> {
+        self.routes.load().route_for(event_type, owner).cloned()
+    }
+
+    /// Changes the routes of a gateway not yet running (its builder).
+    fn edit_routes(
+        &self,
+        edit: impl FnOnce(&mut Vec<Route>) -> Result<(), GatewayError>,
+    ) -> Result<(), GatewayError> {
+        let mut list: Vec<Route> = self
+            .routes
+            .load()
+            .list
             .iter()
-            .find(|route| route.matches(event_type, owner))
+            .map(|route| Route::clone(route))
+            .collect();
+        edit(&mut list)?;
+        self.routes.store(Arc::new(route::Routes::of(
+            list.into_iter().map(Arc::new).collect(),
+        )));
+        Ok(())
     }
 
     pub(crate) fn now_ms(&self) -> u64 {
@@ -350,24 +400,8 @@ impl<S: Store> Gateway<S> {
         let sources = parts
             .sources
             .into_iter()
-            .map(|(name, decoder)| {
-                let replay = parts.replay.map(|limits| {
-                    Mutex::new(ReplayGuard::new(
-                        limits.max_skew.as_secs(),
-                        limits.max_nonces,
-                    ))
-                });
-                let answers = ingress::AnswerCounters::default();
-                (
-                    name,
-                    Source {
-                        decoder,
-                        replay,
-                        answers,
-                    },
-                )
-            })
-            .collect::<std::collections::HashMap<String, Source>>();
+            .map(|(name, decoder)| (name, Arc::new(Source::new(decoder, parts.replay))))
+            .collect();
         let store = Arc::new(base::timed_store::Timed::new(store));
         let stats = Arc::new(Stats::default());
         let meters = Arc::new(base::meters::Meters::default());
@@ -382,29 +416,23 @@ impl<S: Store> Gateway<S> {
             shared: Arc::new(Shared {
                 store,
                 once,
-                routes: Vec::new(),
-                replying: false,
+                routes: arc_swap::ArcSwap::default(),
                 timing: parts.timing,
                 stats,
                 wake: (0..partitions).map(|_| Notify::new()).collect(),
                 clock: parts.clock,
                 limits: parts.limits,
                 summaries: Arc::new(Summaries::new(parts.log_interval)),
-                max_queued: parts.max_queued,
+                max_queued: AtomicU64::new(parts.max_queued.unwrap_or(u64::MAX)),
                 queued: AtomicU64::new(0),
                 attempts: base::attempts::Attempts::default(),
                 traces: base::traces::Traces::default(),
                 failure: OnceLock::new(),
-                at_risk: Vec::new(),
+                at_risk: arc_swap::ArcSwap::default(),
                 at_rest: None,
                 meters,
                 ingress: ingress::IngressState {
-                    multi_tenant: sources
-                        .iter()
-                        .filter(|(_, source)| source.decoder.tenants().is_some())
-                        .map(|(name, _)| name.clone())
-                        .collect(),
-                    sources,
+                    sources: arc_swap::ArcSwap::from_pointee(ingress::Sources::of(sources)),
                     replay: parts.replay,
                     secondary_keys: parts.secondary_keys,
                     spool: None,
@@ -420,6 +448,7 @@ impl<S: Store> Gateway<S> {
                     sampled: std::sync::Mutex::default(),
                     history: admin::history::History::default(),
                 },
+                reload: reload::ReloadState::default(),
             }),
         }
     }
@@ -452,18 +481,24 @@ impl<S: Store> Gateway<S> {
     ) -> Result<Self, GatewayError> {
         let mut route = Route::new(patterns, sink, stale, false);
         route.retries = retries;
-        self.shared_mut()?.routes.push(route);
+        self.shared_mut()?.edit_routes(|routes| {
+            routes.push(route);
+            Ok(())
+        })?;
         Ok(self)
     }
 
     /// Narrows the route added last to the events of `tenants` (a Feishu `tenant_key`, a
     /// WeCom corp id) and `agents` (a WeCom AgentID), matched exactly; empty: every one's.
     pub fn owned_by(mut self, tenants: &[&str], agents: &[&str]) -> Result<Self, GatewayError> {
-        let route = self.shared_mut()?.routes.last_mut().ok_or_else(|| {
-            GatewayError::Config("owned_by narrows a route: add the route first".into())
+        self.shared_mut()?.edit_routes(|routes| {
+            let route = routes.last_mut().ok_or_else(|| {
+                GatewayError::Config("owned_by narrows a route: add the route first".into())
+            })?;
+            route.tenants = tenants.iter().map(|t| (*t).to_owned()).collect();
+            route.agents = agents.iter().map(|a| (*a).to_owned()).collect();
+            Ok(())
         })?;
-        route.tenants = tenants.iter().map(|t| (*t).to_owned()).collect();
-        route.agents = agents.iter().map(|a| (*a).to_owned()).collect();
         Ok(self)
     }
 
@@ -476,11 +511,11 @@ impl<S: Store> Gateway<S> {
         patterns: &[&str],
         sink: SharedSink,
     ) -> Result<Self, GatewayError> {
-        let shared = self.shared_mut()?;
-        shared.replying = true;
-        shared
-            .routes
-            .push(Route::new(patterns, sink, StaleEvents::Deliver, true));
+        let route = Route::new(patterns, sink, StaleEvents::Deliver, true);
+        self.shared_mut()?.edit_routes(|routes| {
+            routes.push(route);
+            Ok(())
+        })?;
         Ok(self)
     }
 

@@ -74,8 +74,8 @@ impl<S: Store> Gateway<S> {
         shared.meters.register();
         shared.store.register();
         #[cfg(feature = "send")]
-        api::send::register(shared.api.senders.keys());
-        dispatch::routes::register(&shared.routes);
+        api::send::register(shared.api.senders.load().keys());
+        dispatch::routes::register(&shared.routes.load());
         api::register(shared.api.callers.iter().map(|c| c.name.as_str()));
         tokio::join!(
             ingress::admission::watch_queue(shared.clone(), shutdown.clone()),
@@ -167,6 +167,6 @@ async fn long_connections<S: Store>(
 /// The multi-tenant sources' keepers ready their credentials (a store app's ticket).
 async fn keepers_at_start<S: Store>(shared: &Shared<S>) {
     #[cfg(all(feature = "send", any(feature = "feishu", feature = "wecom")))]
-    crate::credentials::at_start(&shared.api.keepers).await;
+    crate::credentials::at_start(&shared.api.keepers.load_full()).await;
     let _ = shared;
 }

@@ -73,17 +73,26 @@ async fn callers_on_two_instances_cancelled_at_random_never_run_a_key_twice() {
             }
         }
         // A caller cancelled while it ran the work gave the key back: the work ran a second
-        // time, by a caller that then recorded it. Nothing else runs twice.
+        // time, by a caller that then recorded it. Nothing else runs twice. The abort can also
+        // land after the cancelled caller recorded its result but before its task returned:
+        // then every other caller sees it done, and no one reports `Ran`.
         let runners = runners.lock().expect("runners").clone();
         let others: Vec<_> = runners
             .iter()
             .filter(|&&i| !(was_cancelled && i == cancelled))
             .collect();
-        assert_eq!(ran, 1, "round {round}");
         assert_eq!(
             others.len(),
-            1,
-            "round {round}: ran by {runners:?}, {cancelled} cancelled"
+            ran,
+            "round {round}: ran by {runners:?}, {cancelled} cancelled, {ran} reported Ran"
         );
+        match ran {
+            1 => {}
+            0 => assert!(
+                was_cancelled && runners.contains(&cancelled),
+                "round {round}: no caller ran the work, yet all saw it done: {runners:?}"
+            ),
+            _ => panic!("round {round}: {ran} callers ran the work: {runners:?}"),
+        }
     }
 }

@@ -184,6 +184,28 @@ impl Drop for Serve {
     }
 }
 
+/// Posts `sealed` (its query and body) to the gateway's `/webhook/<source>`: the status and
+/// body.
+pub(crate) async fn post_sealed(
+    gateway: &Serve,
+    source: &str,
+    sealed: &oncegate_core::SealedRequest,
+) -> (u16, String) {
+    let url = format!(
+        "{}/webhook/{source}?{}",
+        gateway.base,
+        sealed.query.as_deref().unwrap_or_default()
+    );
+    let response = client()
+        .post(url)
+        .body(sealed.body.clone())
+        .send()
+        .await
+        .expect("post");
+    let status = response.status().as_u16();
+    (status, response.text().await.unwrap_or_default())
+}
+
 pub(crate) fn client() -> reqwest::Client {
     let _ = rustls::crypto::ring::default_provider().install_default();
     reqwest::Client::new()

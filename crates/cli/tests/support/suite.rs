@@ -5,7 +5,7 @@
 use oncegate_core::{SealedRequest, Sealer, SyntheticMessage};
 use oncegate_wecom::WecomApp;
 
-use super::{Serve, client};
+use super::Serve;
 
 pub(crate) const SUITE_ID: &str = "ww4asffe99e54c0f4c";
 pub(crate) const TOKEN: &str = "suite-e2e-token";
@@ -85,17 +85,5 @@ pub(crate) fn corp_message(corp: &str, id: &str) -> SealedRequest {
 
 /// Posts `sealed` to the gateway's `/webhook/suite`: the status and body.
 pub(crate) async fn post(gateway: &Serve, sealed: &SealedRequest) -> (u16, String) {
-    let url = format!(
-        "{}/webhook/suite?{}",
-        gateway.base,
-        sealed.query.as_deref().unwrap_or_default()
-    );
-    let response = client()
-        .post(url)
-        .body(sealed.body.clone())
-        .send()
-        .await
-        .expect("post");
-    let status = response.status().as_u16();
-    (status, response.text().await.unwrap_or_default())
+    super::post_sealed(gateway, "suite", sealed).await
 }

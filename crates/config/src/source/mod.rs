@@ -88,6 +88,24 @@ impl Secret {
         }
         Ok(value)
     }
+
+    /// The secret written in place with its value now: two settings whose secrets resolve
+    /// alike compare equal, whichever file or variable held them (what a reload compares).
+    pub fn resolved(&self) -> Result<Secret, String> {
+        self.resolve().map(Secret::Inline)
+    }
+}
+
+/// Each of `secrets` resolved in place; the first that cannot be, named by `setting`.
+fn resolve_all<'a>(
+    secrets: impl IntoIterator<Item = (&'static str, &'a mut Secret)>,
+) -> Result<(), String> {
+    for (setting, secret) in secrets {
+        *secret = secret
+            .resolved()
+            .map_err(|message| format!("{setting}: {message}"))?;
+    }
+    Ok(())
 }
 
 /// The most a secret file holds: keys and tokens are bytes to a few kilobytes; a path to
@@ -297,6 +315,41 @@ pub struct SuiteSettings {
 }
 
 impl SourceConfig {
+    /// The source with every secret resolved now ([`Secret::resolved`]): what a reload
+    /// compares, so that a secret rotated in its file is a change too.
+    pub fn resolved(&self) -> Result<SourceConfig, String> {
+        let mut source = self.clone();
+        let secrets: Vec<(&'static str, &mut Option<Secret>)> = match &mut source.platform {
+            PlatformConfig::Feishu(s) | PlatformConfig::Lark(s) => vec![
+                ("encrypt_key", &mut s.encrypt_key),
+                ("verification_token", &mut s.verification_token),
+                ("app_secret", &mut s.app_secret),
+            ],
+            PlatformConfig::Wecom(s) => vec![
+                ("token", &mut s.token),
+                ("encoding_aes_key", &mut s.encoding_aes_key),
+                ("secret", &mut s.secret),
+            ],
+            PlatformConfig::Wechat(s) => vec![
+                ("token", &mut s.token),
+                ("encoding_aes_key", &mut s.encoding_aes_key),
+            ],
+            PlatformConfig::WecomAibot(s) => vec![("secret", &mut s.secret)],
+            PlatformConfig::WecomSuite(s) => vec![
+                ("token", &mut s.token),
+                ("encoding_aes_key", &mut s.encoding_aes_key),
+                ("suite_secret", &mut s.suite_secret),
+            ],
+        };
+        resolve_all(
+            secrets
+                .into_iter()
+                .filter_map(|(setting, secret)| Some((setting, secret.as_mut()?))),
+        )
+        .map_err(|message| format!("source {:?} {message}", self.name))?;
+        Ok(source)
+    }
+
     /// The platform.
     pub fn platform(&self) -> Platform {
         match self.platform {

@@ -4,6 +4,7 @@ pub(crate) mod auth;
 pub(crate) mod dlq;
 pub(crate) mod history;
 pub(crate) mod queue_view;
+mod reload;
 mod routes;
 mod tenants;
 
@@ -62,6 +63,7 @@ pub(crate) fn router<S: Store>(shared: Arc<Shared<S>>) -> Router {
             post(crate::admin::dlq::purge::<S>),
         )
         .route("/admin/routes", get(crate::admin::routes::list::<S>))
+        .route("/admin/reload", post(crate::admin::reload::reload::<S>))
         .route(
             "/admin/routes/{index}/resume",
             post(crate::admin::routes::resume::<S>),
@@ -97,7 +99,7 @@ pub(crate) fn router<S: Store>(shared: Arc<Shared<S>>) -> Router {
 /// `/readyz` and the status page alike): only when the gateway takes no webhooks — those still
 /// come in, and the balancer routes nothing else.
 fn long_connections_gate<S>(shared: &Shared<S>) -> bool {
-    shared.ingress.sources.is_empty()
+    shared.ingress.sources.load().by_name.is_empty()
 }
 
 /// Every readiness check with its verdict: 200 when all pass, else 503, with what failed.
@@ -179,13 +181,14 @@ async fn readyz<S: Store>(State(shared): State<Arc<Shared<S>>>, headers: HeaderM
     // What the configuration can lose beyond the store's promise: said, the gateway ready.
     // To probes the count only, since a finding names what is open to whom (a source taking
     // unsigned events, a broker's host).
+    let risks = shared.at_risk.load_full();
     if privy {
-        for risk in &shared.at_risk {
+        for risk in risks.iter() {
             checks.push(
                 json!({"check": "configuration", "ok": true, "detail": "in force", "at_risk": risk}),
             );
         }
-    } else if !shared.at_risk.is_empty() {
+    } else if !risks.is_empty() {
         checks.push(json!({
             "check": "configuration",
             "ok": true,
@@ -193,7 +196,7 @@ async fn readyz<S: Store>(State(shared): State<Arc<Shared<S>>>, headers: HeaderM
             "at_risk": format!(
                 "{} settings can lose or expose what they carry: send the admin token \
                  (oncegate status) or run oncegate check-config to see which",
-                shared.at_risk.len()
+                risks.len()
             ),
         }));
     }
@@ -361,7 +364,7 @@ async fn live<S: Store>(State(shared): State<Arc<Shared<S>>>, headers: HeaderMap
         .at_risk
         .map(|risk| format!("durability: {risk}"))
         .into_iter()
-        .chain(shared.at_risk.iter().cloned())
+        .chain(shared.at_risk.load().iter().cloned())
         .collect();
     axum::Json(json!({
         "at_ms": shared.now_ms(),

@@ -22,6 +22,8 @@ pub(crate) async fn list<S: Store>(
     }
     let routes: Vec<_> = shared
         .routes
+        .load()
+        .list
         .iter()
         .enumerate()
         .map(|(index, route)| {
@@ -49,13 +51,14 @@ pub(crate) async fn resume<S: Store>(
     if let Err(denied) = authorized(&shared, &headers) {
         return denied;
     }
-    let Some(route) = shared.routes.get(index) else {
+    let routes = shared.routes.load();
+    let Some(route) = routes.list.get(index) else {
         return refused(
             RefusalKind::NotFound,
             "no_route",
             format!(
                 "no route {index}: the configuration has {} (GET /admin/routes lists them)",
-                shared.routes.len()
+                routes.list.len()
             ),
         );
     };

@@ -19,7 +19,7 @@ use crate::refusal::{Refused, refused};
 
 /// The source, if it keeps a tenant registry; else the refusal to answer.
 fn registry<S: Store>(shared: &Shared<S>, source: &str) -> Result<String, Refused> {
-    match shared.ingress.sources.get(source) {
+    match shared.ingress.sources.load().by_name.get(source) {
         Some(found) if found.decoder.tenants().is_some() => Ok(namespace(source)),
         Some(_) => Err(Refused::new(
             RefusalKind::BadInput,
@@ -38,10 +38,12 @@ fn registry<S: Store>(shared: &Shared<S>, source: &str) -> Result<String, Refuse
 }
 
 /// After a change made here, this gateway's set follows at once (the others within a poll).
-async fn reload<S: Store>(shared: &Shared<S>, source: &str, namespace: &str) {
+async fn refresh<S: Store>(shared: &Shared<S>, source: &str, namespace: &str) {
     let Some(set) = shared
         .ingress
         .sources
+        .load()
+        .by_name
         .get(source)
         .and_then(|found| found.decoder.tenants())
     else {
@@ -184,7 +186,7 @@ pub(crate) async fn put<S: Store>(
         .await
     {
         Ok(Changed::Done(version)) => {
-            reload(&shared, &source, &namespace).await;
+            refresh(&shared, &source, &namespace).await;
             tracing::info!(source = %source, tenant = %tenant, version, "tenant added or updated");
             axum::Json(json!({"source": source, "tenant": tenant, "version": version}))
                 .into_response()
@@ -219,7 +221,7 @@ pub(crate) async fn remove<S: Store>(
         .await
     {
         Ok(Changed::Done(version)) => {
-            reload(&shared, &source, &namespace).await;
+            refresh(&shared, &source, &namespace).await;
             tracing::info!(source = %source, tenant = %tenant, version, "tenant removed");
             axum::Json(json!({"source": source, "tenant": tenant, "removed": true})).into_response()
         }
@@ -273,7 +275,7 @@ pub(crate) async fn set_disabled<S: Store>(
         .await
     {
         Ok(Changed::Done(version)) => {
-            reload(shared, source, &namespace).await;
+            refresh(shared, source, &namespace).await;
             tracing::info!(source = %source, tenant = %tenant, version, disabled, "tenant disabled or enabled");
             axum::Json(json!({"source": source, "tenant": tenant, "disabled": disabled}))
                 .into_response()

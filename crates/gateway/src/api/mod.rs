@@ -32,13 +32,13 @@ pub(crate) struct ApiState {
     /// Who may call `/keys` and `/send`.
     pub(crate) callers: Vec<callers::Caller>,
     pub(crate) key_limits: callers::KeyLimits,
-    /// The apps `/send/<source>` can send as, by source name.
+    /// The apps `/send/<source>` can send as, by source name: a reload swaps them whole.
     #[cfg(feature = "send")]
-    pub(crate) senders: std::collections::HashMap<String, outbox::Sender>,
+    pub(crate) senders: arc_swap::ArcSwap<Senders>,
     /// The multi-tenant sources (WeCom suites, Feishu store apps) `/send/<source>/<tenant>`
-    /// sends as each tenant of, by source name.
+    /// sends as each tenant of, by source name: a reload swaps them whole.
     #[cfg(all(feature = "send", any(feature = "feishu", feature = "wecom")))]
-    pub(crate) keepers: std::collections::HashMap<String, crate::credentials::Keeper>,
+    pub(crate) keepers: arc_swap::ArcSwap<Keepers>,
     /// One platform API call's deadline.
     #[cfg(feature = "send")]
     pub(crate) send_timeout: std::time::Duration,
@@ -55,6 +55,24 @@ pub(crate) struct ApiState {
     pub(crate) pacer: Arc<pace::Pacer>,
 }
 
+/// The senders in force, by source name.
+#[cfg(feature = "send")]
+pub(crate) type Senders = std::collections::HashMap<String, Arc<outbox::Sender>>;
+
+/// The keepers in force, by source name.
+#[cfg(all(feature = "send", any(feature = "feishu", feature = "wecom")))]
+pub(crate) type Keepers = std::collections::HashMap<String, crate::credentials::Keeper>;
+
+#[cfg(feature = "send")]
+impl ApiState {
+    /// Adds `sender` as `name`'s, for a gateway being built.
+    pub(crate) fn add_sender(&self, name: String, sender: outbox::Sender) {
+        let mut senders = Senders::clone(&self.senders.load());
+        senders.insert(name, Arc::new(sender));
+        self.senders.store(Arc::new(senders));
+    }
+}
+
 // Derivable only without `send`, whose defaults are not zero.
 #[cfg_attr(not(feature = "send"), allow(clippy::derivable_impls))]
 impl Default for ApiState {
@@ -63,9 +81,9 @@ impl Default for ApiState {
             callers: Vec::new(),
             key_limits: callers::KeyLimits::default(),
             #[cfg(feature = "send")]
-            senders: std::collections::HashMap::new(),
+            senders: arc_swap::ArcSwap::default(),
             #[cfg(all(feature = "send", any(feature = "feishu", feature = "wecom")))]
-            keepers: std::collections::HashMap::new(),
+            keepers: arc_swap::ArcSwap::default(),
             #[cfg(feature = "send")]
             send_timeout: std::time::Duration::from_secs(10),
             sends_waiting: budget::Waiting::default(),

@@ -151,11 +151,7 @@ async fn tenant_sender<S: Store>(
     source: &str,
     tenant: Option<&str>,
 ) -> Result<Option<std::sync::Arc<Sender>>, NotSent> {
-    let serves_many = shared
-        .ingress
-        .multi_tenant
-        .iter()
-        .any(|name| name == source);
+    let serves_many = shared.ingress.sources.load().serves_many(source);
     let Some(tenant) = tenant else {
         if serves_many {
             return Err(NotSent::BadRequest(format!(
@@ -193,7 +189,8 @@ async fn tenant_sender<S: Store>(
         Some(_) => {}
     }
     #[cfg(any(feature = "feishu", feature = "wecom"))]
-    if let Some(keeper) = shared.api.keepers.get(source) {
+    let keeper = shared.api.keepers.load().get(source).cloned();
+    if let Some(keeper) = keeper {
         return match keeper.sender(tenant).await {
             Ok(sender) => Ok(Some(sender)),
             Err(SendError::Permanent { message, .. }) => Err(NotSent::NoSuchTenant(message)),
@@ -229,13 +226,14 @@ pub(crate) async fn send<S: Store>(
             "a send's key (Idempotency-Key) is 1 to {KEY_LIMIT} bytes, the same for every retry"
         )));
     }
-    let tenant_sender = tenant_sender(shared, source, tenant).await?;
-    let sender: &Sender = match &tenant_sender {
+    let sender: std::sync::Arc<Sender> = match tenant_sender(shared, source, tenant).await? {
         Some(sender) => sender,
         None => shared
             .api
             .senders
+            .load()
             .get(source)
+            .cloned()
             .ok_or(NotSent::NoSuchSource)?,
     };
     // Replies go first unless the caller says otherwise.

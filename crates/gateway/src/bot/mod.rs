@@ -144,7 +144,7 @@ impl<S: Store> BotBuilder<S> {
                     "sender {name:?}: an AI bot sends over its long connection, not as a sender"
                 ))
             })?;
-            gateway.shared_mut()?.api.senders.insert(name, sender);
+            gateway.shared_mut()?.api.add_sender(name, sender);
         }
         #[cfg(feature = "send")]
         let outbox = Arc::new(send::Later(std::sync::OnceLock::new()));

@@ -451,7 +451,7 @@ async fn handle<S: Store>(
                 }
                 (retries::Next::GiveUp, SinkError::Permanent(reason)) => reason,
                 (retries::Next::GiveUp, SinkError::Gone(reason)) => {
-                    crate::dispatch::routes::mark_gone(shared, route, &reason);
+                    crate::dispatch::routes::mark_gone(shared, &route, &reason);
                     reason
                 }
             };

@@ -5,61 +5,28 @@
 
 use oncegate_core::Store;
 
-use crate::{Route, Shared};
-
-/// When and why a route's endpoint went away.
-#[derive(Debug, Clone)]
-pub(crate) struct Gone {
-    pub(crate) since_ms: u64,
-    pub(crate) reason: String,
-}
+use crate::Shared;
+use crate::route::{Gone, Route, Routes};
 
 fn gauge(index: usize, value: f64) {
     metrics::gauge!("oncegate_route_gone", "route" => index.to_string()).set(value);
 }
 
 /// Every route's gauge at 0, so that an alert sees "not gone" rather than no series.
-pub(crate) fn register(routes: &[Route]) {
-    for index in 0..routes.len() {
+pub(crate) fn register(routes: &Routes) {
+    for index in 0..routes.list.len() {
         gauge(index, 0.0);
-    }
-}
-
-/// A route's gone state: a flag every delivery reads without a lock, and why, for the few that
-/// need it.
-#[derive(Default)]
-pub(crate) struct GoneState {
-    flag: std::sync::atomic::AtomicBool,
-    why: std::sync::Mutex<Option<Gone>>,
-}
-
-impl GoneState {
-    fn why(&self) -> std::sync::MutexGuard<'_, Option<Gone>> {
-        self.why
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-}
-
-impl Route {
-    /// Why the route delivers nothing now, if it does not (a healthy route: one atomic load).
-    pub(crate) fn gone(&self) -> Option<Gone> {
-        if !self.gone.flag.load(std::sync::atomic::Ordering::Acquire) {
-            return None;
-        }
-        self.gone.why().clone()
     }
 }
 
 /// Marks route `index` gone (the first 410 wins: its time is kept).
 pub(crate) fn mark_gone<S: Store>(shared: &Shared<S>, route: &Route, reason: &str) {
-    let index = shared
-        .routes
-        .iter()
-        .position(|r| std::ptr::eq(r, route))
-        .unwrap_or(usize::MAX);
-    let mut gone = route.gone.why();
-    if gone.is_none() {
+    let index = shared.routes.load().index_of(route);
+    let gone = Gone {
+        since_ms: shared.now_ms(),
+        reason: reason.to_owned(),
+    };
+    if route.gone.mark(gone) {
         tracing::error!(
             route = index,
             events = ?route.patterns,
@@ -67,14 +34,6 @@ pub(crate) fn mark_gone<S: Store>(shared: &Shared<S>, route: &Route, reason: &st
              /admin/routes/{index}/resume (then replay the dead letters)"
         );
         gauge(index, 1.0);
-        *gone = Some(Gone {
-            since_ms: shared.now_ms(),
-            reason: reason.to_owned(),
-        });
-        route
-            .gone
-            .flag
-            .store(true, std::sync::atomic::Ordering::Release);
     }
 }
 
@@ -83,6 +42,8 @@ pub(crate) fn mark_gone<S: Store>(shared: &Shared<S>, route: &Route, reason: &st
 pub(crate) fn degraded<S>(shared: &Shared<S>) -> Vec<String> {
     shared
         .routes
+        .load()
+        .list
         .iter()
         .enumerate()
         .filter_map(|(index, route)| {
@@ -108,14 +69,7 @@ pub(crate) fn dead_letter_reason(index_hint: &Gone) -> String {
 
 /// Takes up delivering to `route` (number `index`) again; whether it was gone.
 pub(crate) fn resume(route: &Route, index: usize) -> bool {
-    let was = {
-        let mut why = route.gone.why();
-        route
-            .gone
-            .flag
-            .store(false, std::sync::atomic::Ordering::Release);
-        why.take()
-    };
+    let was = route.gone.clear();
     gauge(index, 0.0);
     if was.is_some() {
         tracing::info!(route = index, "route resumed");

@@ -210,16 +210,16 @@ fn clamp_creation_time<S: Store>(shared: &Shared<S>, event: &mut oncegate_core::
 /// Samples the store's queue depth for the `dispatcher.max_queued` bound, `/readyz` and the
 /// `oncegate_queue_depth` gauge.
 pub(crate) async fn watch_queue<S: Store>(shared: Arc<Shared<S>>, shutdown: CancellationToken) {
-    let period = if shared.max_queued.is_some() {
-        QUEUE_SAMPLE
-    } else {
-        QUEUE_GAUGE_SAMPLE
-    };
-    let mut tick = tokio::time::interval(period);
     loop {
+        // The bound can come or go with a reload: the period follows it.
+        let period = if max_queued(&shared).is_some() {
+            QUEUE_SAMPLE
+        } else {
+            QUEUE_GAUGE_SAMPLE
+        };
         tokio::select! {
-            _ = tick.tick() => {}
-            _ = shutdown.cancelled() => return,
+            () = tokio::time::sleep(period) => {}
+            () = shutdown.cancelled() => return,
         }
         match shared.store.queued().await {
             Ok(depth) => {
@@ -231,6 +231,11 @@ pub(crate) async fn watch_queue<S: Store>(shared: Arc<Shared<S>>, shutdown: Canc
                 .note("queue_depth_failed", None, &error.to_string()),
         }
     }
+}
+
+/// `dispatcher.max_queued` as in force now.
+pub(crate) fn max_queued<S>(shared: &Shared<S>) -> Option<u64> {
+    Some(shared.max_queued.load(Ordering::Relaxed)).filter(|max| *max != u64::MAX)
 }
 
 /// An event left the queue (acked or dead-lettered): the depth between two samples counts it
@@ -246,9 +251,7 @@ pub(crate) fn left_queue<S>(shared: &Shared<S>) {
 
 /// Whether the queue holds as many events as `dispatcher.max_queued` allows.
 pub(crate) fn queue_full<S>(shared: &Shared<S>) -> bool {
-    shared
-        .max_queued
-        .is_some_and(|max| shared.queued.load(Ordering::Relaxed) >= max)
+    max_queued(shared).is_some_and(|max| shared.queued.load(Ordering::Relaxed) >= max)
 }
 
 /// Writes one admission to the spool (durably, off the async threads).

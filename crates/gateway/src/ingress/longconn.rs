@@ -116,9 +116,9 @@ impl<S: Store> Inlet for GatewayInlet<S> {
     }
 
     fn replies(&self, event: &oncegate_core::Event) -> bool {
-        self.0.replying
-            && self
-                .0
+        let routes = self.0.routes.load();
+        routes.replying
+            && routes
                 .route_for(&event.event_type, crate::owner::of(event))
                 .is_some_and(|route| route.reply)
     }

@@ -28,8 +28,8 @@ use crate::{Shared, Source};
 
 /// The ingress wing's state.
 pub(crate) struct IngressState {
-    /// Named sources: `/webhook/<name>`.
-    pub(crate) sources: std::collections::HashMap<String, Source>,
+    /// The sources in force (`/webhook/<name>`): a reload swaps them whole.
+    pub(crate) sources: arc_swap::ArcSwap<Sources>,
     /// The replay guard's limits, if it is on; they also bound how far ahead a creation time
     /// may be.
     pub(crate) replay: Option<crate::ReplayLimits>,
@@ -44,8 +44,36 @@ pub(crate) struct IngressState {
     pub(crate) long_sources: Vec<longconn::LongSource>,
     /// The largest callback body.
     pub(crate) body_limit: usize,
+}
+
+/// The sources in force, by name.
+#[derive(Default)]
+pub(crate) struct Sources {
+    pub(crate) by_name: std::collections::HashMap<String, Arc<Source>>,
     /// The sources that serve many tenants (a registry each), by name.
     pub(crate) multi_tenant: Vec<String>,
+}
+
+impl Sources {
+    /// The sources `by_name`.
+    pub(crate) fn of(by_name: std::collections::HashMap<String, Arc<Source>>) -> Self {
+        let mut multi_tenant: Vec<String> = by_name
+            .iter()
+            .filter(|(_, source)| source.decoder.tenants().is_some())
+            .map(|(name, _)| name.clone())
+            .collect();
+        multi_tenant.sort();
+        Self {
+            by_name,
+            multi_tenant,
+        }
+    }
+
+    /// Whether `name` serves many tenants.
+    #[cfg(feature = "send")]
+    pub(crate) fn serves_many(&self, name: &str) -> bool {
+        self.multi_tenant.iter().any(|n| n == name)
+    }
 }
 
 pub(crate) fn router<S: Store>(shared: Arc<Shared<S>>) -> Router {
@@ -104,7 +132,7 @@ async fn webhook<S: Store>(
     let peer = crate::server::peer();
     let stats = &shared.stats;
     stats.bump(&stats.requests, "oncegate_requests_total");
-    let Some(source) = shared.ingress.sources.get(&name) else {
+    let Some(source) = shared.ingress.sources.load().by_name.get(&name).cloned() else {
         // The configured names are not told: they are part of what an attacker looks for.
         let refusal = Refusal::new(
             RefusalKind::NotFound,
@@ -113,7 +141,7 @@ async fn webhook<S: Store>(
         );
         return crate::refusal::counted(&shared, peer, refusal);
     };
-    let response = callback(&shared, source, peer, parts, body).await;
+    let response = callback(&shared, &source, peer, parts, body).await;
     source
         .answers
         .count(&name, source.decoder.platform(), response.status());
@@ -190,13 +218,14 @@ async fn callback<S: Store>(
         Ok(body) => body,
         Err(refusal) => return crate::refusal::counted(shared, peer, refusal),
     };
-    let decoded = source.decoder.decode(&Callback {
+    let callback = Callback {
         method,
         query: parts.uri.query(),
         headers: &HttpHeaders(&parts.headers),
         body: &body,
-    });
-    let decoded = match decoded {
+    };
+    // What decoded the request answers it too: a reply sealed with the secret it came with.
+    let (decoder, decoded) = match decode(source, &callback, shared.now_ms()) {
         Ok(decoded) => decoded,
         Err(refusal) => return crate::refusal::counted(shared, peer, refusal),
     };
@@ -226,8 +255,9 @@ async fn callback<S: Store>(
         }
         // An event whose route answers it (a passive reply) is a synchronous call too.
         Decoded::Admit { admit, stamp } => {
-            let replying = shared.replying
-                && shared
+            let routes = shared.routes.load();
+            let replying = routes.replying
+                && routes
                     .route_for(&admit.event.event_type, crate::owner::of(&admit.event))
                     .is_some_and(|route| route.reply);
             (admit, stamp, replying)
@@ -249,14 +279,14 @@ async fn callback<S: Store>(
         Err(refusal)
             if sync
                 && refusal.kind == RefusalKind::Replayed
-                && source.decoder.retries_repeat_the_request() =>
+                && decoder.retries_repeat_the_request() =>
         {
             None
         }
-        Err(refusal) => return refused_by(shared, source, &event_type, peer, refusal),
+        Err(refusal) => return refused_by(shared, decoder, &event_type, peer, refusal),
     };
     let answered = if sync {
-        crate::ingress::sync_call::call(shared, admit, source.decoder.sync_deadline())
+        crate::ingress::sync_call::call(shared, admit, decoder.sync_deadline())
             .await
             .map(|result| {
                 source
@@ -286,7 +316,7 @@ async fn callback<S: Store>(
             crate::ingress::admission::Bound::Keep,
         )
         .await
-        .map(|how| source.decoder.accepted_as(how, &event_type))
+        .map(|how| decoder.accepted_as(how, &event_type))
     };
     match answered {
         Ok(answer) => {
@@ -295,7 +325,7 @@ async fn callback<S: Store>(
             }
             reply(answer)
         }
-        Err(refusal) => refused_by(shared, source, &event_type, peer, refusal),
+        Err(refusal) => refused_by(shared, decoder, &event_type, peer, refusal),
     }
 }
 
@@ -303,22 +333,47 @@ async fn callback<S: Store>(
 /// is answered as the duplicate it is (and still counted as a replay).
 fn refused_by<S>(
     shared: &Shared<S>,
-    source: &Source,
+    decoder: &crate::SharedSource,
     event_type: &str,
     peer: Option<SocketAddr>,
     refusal: Refusal,
 ) -> Response {
-    if refusal.kind == RefusalKind::Replayed && source.decoder.retries_repeat_the_request() {
+    if refusal.kind == RefusalKind::Replayed && decoder.retries_repeat_the_request() {
         let stats = &shared.stats;
         stats.bump(&stats.replays_rejected, "oncegate_guard_refused_total");
         shared.meters.dropped(Layer::Nonce);
-        return reply(
-            source
-                .decoder
-                .accepted_as(oncegate_core::Accepted::Duplicate, event_type),
-        );
+        return reply(decoder.accepted_as(oncegate_core::Accepted::Duplicate, event_type));
     }
     crate::refusal::counted(shared, peer, refusal)
+}
+
+/// Decodes `callback` with the source's decoder, or with the one a reload replaced while its
+/// overlap lasts (counted): the decoder that took it, and what it decoded.
+fn decode<'s>(
+    source: &'s Source,
+    callback: &Callback<'_>,
+    now_ms: u64,
+) -> Result<(&'s crate::SharedSource, Decoded), Refusal> {
+    let refusal = match source.decoder.decode(callback) {
+        Ok(decoded) => return Ok((&source.decoder, decoded)),
+        Err(refusal) => refusal,
+    };
+    let retry = matches!(
+        refusal.kind,
+        RefusalKind::Unauthenticated | RefusalKind::BadInput
+    );
+    match &source.previous {
+        Some((previous, until_ms)) if retry && now_ms < *until_ms => {
+            match previous.decode(callback) {
+                Ok(decoded) => {
+                    metrics::counter!("oncegate_previous_secret_accepted_total").increment(1);
+                    Ok((previous, decoded))
+                }
+                Err(_) => Err(refusal),
+            }
+        }
+        _ => Err(refusal),
+    }
 }
 
 async fn not_found() -> Response {

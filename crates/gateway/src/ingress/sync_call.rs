@@ -245,7 +245,7 @@ async fn run_call<S: Store>(
             // handler again; a 410 stops the route too, as the dispatcher does.
             let reason = match error {
                 SinkError::Gone(reason) => {
-                    crate::dispatch::routes::mark_gone(shared, route, &reason);
+                    crate::dispatch::routes::mark_gone(shared, &route, &reason);
                     reason
                 }
                 SinkError::Permanent(reason) => reason,

@@ -56,18 +56,11 @@ pub(crate) async fn all<S: StateStore>(
 }
 
 /// Keeps every multi-tenant source's set current until `shutdown`; a registry that cannot be
-/// read keeps its last set (said in the summary log) and is read again at the next poll.
+/// read keeps its last set (said in the summary log) and is read again at the next poll. The
+/// sources are those in force at each poll: a set a reload put in is read at once.
 pub(crate) async fn sync<S: Store>(shared: Arc<Shared<S>>, shutdown: CancellationToken) {
-    let sets: Vec<(String, Arc<dyn TenantSet>)> = shared
-        .ingress
-        .sources
-        .iter()
-        .filter_map(|(name, source)| Some((namespace(name), source.decoder.tenants()?)))
-        .collect();
-    if sets.is_empty() {
-        return;
-    }
-    let mut loaded: HashMap<&str, u64> = HashMap::new();
+    // By namespace: the generation read last, and for which set (a reload brings new ones).
+    let mut loaded: HashMap<String, (u64, usize)> = HashMap::new();
     let mut every = tokio::time::interval(POLL);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -75,20 +68,33 @@ pub(crate) async fn sync<S: Store>(shared: Arc<Shared<S>>, shutdown: Cancellatio
             () = shutdown.cancelled() => return,
             _ = every.tick() => {}
         }
-        for (namespace, set) in &sets {
+        let sets: Vec<(String, Arc<dyn TenantSet>)> = {
+            let sources = shared.ingress.sources.load();
+            sources
+                .multi_tenant
+                .iter()
+                .filter_map(|name| {
+                    let set = sources.by_name.get(name)?.decoder.tenants()?;
+                    Some((namespace(name), set))
+                })
+                .collect()
+        };
+        for (namespace, set) in sets {
+            // The set's address tells a set a reload put in from the one read before.
+            let identity = Arc::as_ptr(&set).cast::<()>() as usize;
             let read = async {
-                let generation = shared.store.state_generation(namespace).await?;
-                if loaded.get(namespace.as_str()) == Some(&generation) {
+                let generation = shared.store.state_generation(&namespace).await?;
+                if loaded.get(&namespace) == Some(&(generation, identity)) {
                     return Ok(None);
                 }
-                Ok::<_, StoreError>(Some((generation, all(&*shared.store, namespace).await?)))
+                Ok::<_, StoreError>(Some((generation, all(&*shared.store, &namespace).await?)))
             };
             match read.await {
                 Ok(Some((generation, tenants))) => {
                     metrics::gauge!("oncegate_tenants", "registry" => namespace.clone())
                         .set(tenants.len() as f64);
                     set.replace(tenants);
-                    loaded.insert(namespace, generation);
+                    loaded.insert(namespace, (generation, identity));
                 }
                 Ok(None) => {}
                 Err(error) => shared.summaries.note(
@@ -112,8 +118,9 @@ pub(crate) fn tickets(source: &str) -> String {
 /// Applies what `event` changes in the tenancy of the multi-tenant source it came from, before
 /// it goes to its route; an error leaves the event to be retried. Nothing for other events.
 pub(crate) async fn apply<S: Store>(shared: &Shared<S>, event: &Event) -> Result<(), StoreError> {
-    for name in &shared.ingress.multi_tenant {
-        let Some(source) = shared.ingress.sources.get(name) else {
+    let sources = shared.ingress.sources.load_full();
+    for name in &sources.multi_tenant {
+        let Some(source) = sources.by_name.get(name) else {
             continue;
         };
         if let Some(change) = source.decoder.tenancy(event) {
@@ -156,7 +163,7 @@ async fn change_tenancy<S: Store>(
                 .state_remove(&namespace, &tenant, Expect::Any)
                 .await?;
             #[cfg(all(feature = "send", any(feature = "feishu", feature = "wecom")))]
-            if let Some(keeper) = shared.api.keepers.get(source) {
+            if let Some(keeper) = shared.api.keepers.load().get(source).cloned() {
                 keeper.forget(&tenant).await?;
             }
             metrics::counter!("oncegate_tenancy_changes_total", "source" => source.to_owned(), "change" => "left").increment(1);
@@ -176,7 +183,7 @@ async fn authorise<S: Store>(
     auth_code: &str,
 ) -> Result<(), StoreError> {
     #[cfg(all(feature = "send", feature = "wecom"))]
-    if let Some(exchanged) = match shared.api.keepers.get(source) {
+    if let Some(exchanged) = match shared.api.keepers.load().get(source).cloned() {
         Some(keeper) => keeper.authorise(auth_code).await,
         None => None,
     } {

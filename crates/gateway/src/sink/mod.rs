@@ -1,6 +1,7 @@
 //! Where handled events go: an HTTP endpoint (Standard Webhooks), a Kafka topic, JSON lines,
 //! or Rust code.
 
+pub(crate) mod configured;
 mod error;
 pub(crate) mod file;
 #[cfg(feature = "http-sink")]
