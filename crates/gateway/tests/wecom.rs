@@ -499,6 +499,49 @@ async fn membership_changes_in_one_second_are_both_delivered_and_an_older_join_i
     );
 }
 
+/// One corp's two agents talk with the same user: agent 1's message applied first does not
+/// make agent 2's earlier one stale (order and watermarks are corp:agent:chat), while agent
+/// 1's own earlier message still is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_users_messages_to_two_agents_keep_their_own_watermarks() {
+    let app = Arc::new(corp("ww_a"));
+    let (gateway, seen) = collecting(
+        app.clone(),
+        &["message.*"],
+        oncegate_gateway::StaleEvents::Drop,
+    );
+    let at = START_MS / 1000 - 60;
+    let text = |id: u64, agent: u32, created_secs: u64| {
+        let plain = format!(
+            "<xml><ToUserName><![CDATA[ww_a]]></ToUserName><FromUserName><![CDATA[zhangsan]]></FromUserName><CreateTime>{created_secs}</CreateTime><MsgType><![CDATA[text]]></MsgType><Content><![CDATA[m{id}]]></Content><MsgId>{id}</MsgId><AgentID>{agent}</AgentID></xml>"
+        );
+        let nonce = format!("{:016x}", fastrand::u64(..));
+        to_request(
+            "a",
+            app.seal(plain.as_bytes(), START_MS / 1000, &nonce, [5; 16]),
+        )
+    };
+    for request in [text(11, 1, at + 5), text(21, 2, at), text(12, 1, at)] {
+        assert_eq!(call(&gateway, request).await.0, StatusCode::OK);
+        // One at a time: each is applied before the next is admitted.
+        let admitted = gateway.stats().admitted;
+        dispatch_until_settled(&gateway, admitted).await;
+    }
+    let delivered: Vec<String> = seen
+        .0
+        .lock()
+        .expect("log")
+        .iter()
+        .map(|event| event.event_id.to_string())
+        .collect();
+    assert_eq!(
+        delivered,
+        ["11", "21"],
+        "agent 2's message is its own conversation; agent 1's older one is stale"
+    );
+    assert_eq!(gateway.stats().stale_dropped, 1);
+}
+
 /// A downstream that answers every event with a reply XML naming how often it was called.
 async fn replier(calls: Arc<std::sync::atomic::AtomicUsize>) -> String {
     let app = axum::Router::new().route(

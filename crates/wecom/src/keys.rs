@@ -48,6 +48,10 @@ pub(crate) struct Names {
     created: &'static [&'static str],
     /// The app within the corp (agent or bot).
     tenant: &'static str,
+    /// Whether the order key is the app's within the corp: one corp's agents each talk with
+    /// the same users, and agent A's later message must not make agent B's earlier one stale
+    /// (corp:agent:chat, the corp being the event's app).
+    order_within_tenant: bool,
 }
 
 /// The platforms' XML.
@@ -61,6 +65,7 @@ pub(crate) const XML: Names = Names {
     order: &["ChatId", "ExternalUserID"],
     created: &["CreateTime", "TimeStamp"],
     tenant: "AgentID",
+    order_within_tenant: true,
 };
 
 /// A third-party suite's own pushes (`InfoType`: tickets, authorisations): they name no
@@ -76,6 +81,7 @@ pub(crate) const SUITE: Names = Names {
     order: &["AuthCorpId"],
     created: &["TimeStamp", "CreateTime"],
     tenant: "AuthCorpId",
+    order_within_tenant: false,
 };
 
 /// WeCom's AI-bot JSON.
@@ -89,6 +95,8 @@ pub(crate) const JSON: Names = Names {
     order: &["chatid"],
     created: &["create_time"],
     tenant: "aibotid",
+    // The bot is the app already.
+    order_within_tenant: false,
 };
 
 impl Names {
@@ -134,12 +142,16 @@ fn event_type(names: &Names, fields: &Fields) -> String {
 }
 
 /// The order key: the external group, else the external contact, else the user (not `sys`,
-/// which every system event has).
+/// which every system event has) — within the agent that names it, where the dialect scopes
+/// conversations by agent.
 fn order_key(names: &Names, fields: &Fields) -> Option<String> {
-    names
+    let chat = names
         .first(fields, names.order)
-        .or_else(|| fields.text(names.from).filter(|from| *from != "sys"))
-        .map(str::to_owned)
+        .or_else(|| fields.text(names.from).filter(|from| *from != "sys"))?;
+    match names.tenant(fields).filter(|_| names.order_within_tenant) {
+        Some(agent) => Some(format!("{agent}:{chat}")),
+        None => Some(chat.to_owned()),
+    }
 }
 
 /// The normalized event and its keys, from a decrypted document's fields and bytes.
@@ -302,7 +314,15 @@ mod tests {
         assert_eq!(&*text.event_type, "message.text");
         assert_eq!(&*text.event_id, "42");
         assert_eq!(text.tenant.as_deref(), Some("7"));
-        assert_eq!(text.order_key.as_deref(), Some("zhangsan"));
+        assert_eq!(
+            text.order_key.as_deref(),
+            Some("7:zhangsan"),
+            "a user's conversation with agent 7, not with every agent of the corp"
+        );
+        let other_agent = event_of(
+            "<xml><FromUserName>zhangsan</FromUserName><CreateTime>4</CreateTime><MsgType>text</MsgType><MsgId>41</MsgId><AgentID>8</AgentID></xml>",
+        );
+        assert_eq!(other_agent.order_key.as_deref(), Some("8:zhangsan"));
         let job = event_of(
             "<xml><FromUserName>sys</FromUserName><CreateTime>5</CreateTime><MsgType>event</MsgType><Event>MASSSENDJOBFINISH</Event><MsgID>1000001625</MsgID></xml>",
         );

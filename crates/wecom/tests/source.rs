@@ -76,7 +76,11 @@ fn the_official_message_is_admitted_with_its_stamp_and_keys() {
     assert_eq!(&*event.event_id, "4561255354251345929");
     assert_eq!(&*event.event_type, "message.text");
     assert_eq!(event.tenant.as_deref(), Some("218"));
-    assert_eq!(event.order_key.as_deref(), Some("mycreate"));
+    assert_eq!(
+        event.order_key.as_deref(),
+        Some("218:mycreate"),
+        "the user within agent 218"
+    );
     assert_eq!(event.created_at_ms, 1_409_659_813_000);
     assert!(
         std::str::from_utf8(&event.payload)

@@ -161,7 +161,11 @@ fn a_corps_callback_is_taken_only_from_a_known_corp_named_exactly() {
         ),
         (CORP_A, Some("1"), "message.text")
     );
-    assert_eq!(a.event.order_key.as_deref(), Some("zhangsan"));
+    assert_eq!(
+        a.event.order_key.as_deref(),
+        Some("1:zhangsan"),
+        "corp:agent:chat"
+    );
     let b = source
         .decode(&call(Method::Post, CORP_B_QUERY, CORP_B_BODY.as_bytes()))
         .expect_err("corp B is not corp A");
