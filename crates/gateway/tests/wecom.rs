@@ -624,6 +624,65 @@ async fn a_replying_route_answers_with_the_encrypted_reply_once() {
     assert_eq!(gateway.stats().admitted, 0);
 }
 
+/// After a reload changed the app's token and key, a callback still sealed with the old ones
+/// (within `server.secret_overlap`) is taken, and its passive reply is sealed with the secrets
+/// it came with: WeCom, which has not switched yet, can read it. The new secrets' callbacks get
+/// replies sealed with the new ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_to_a_callback_with_the_old_secrets_is_sealed_with_them() {
+    const NEW_KEY: &str = "Zq8pLm3nB7vC1xR5tY9uI2oP4aS6dF0gH8jK3lQ7wEA";
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let url = replier(calls.clone()).await;
+    let file = |token: &str, key: &str| {
+        let text = format!(
+            "[store]\nbackend = \"memory\"\n\n[replay]\nenabled = false\n\n[[source]]\nname = \"a\"\n\
+             platform = \"wecom\"\ncorp_id = \"ww_a\"\ntoken = \"{token}\"\n\
+             encoding_aes_key = \"{key}\"\n\n[[route]]\nevents = [\"message.text\"]\n\
+             sink = \"http\"\nurl = \"{url}\"\nreply = true\n"
+        );
+        oncegate_config::load_str(&text, std::path::Path::new("test.toml"), [])
+            .expect("configuration")
+    };
+    let gateway = Gateway::from_config(&file("corp-token", KEY), MemoryStore::new())
+        .await
+        .expect("gateway");
+    let reloaded = gateway
+        .reload_with(&file("corp-token-new", NEW_KEY))
+        .await
+        .expect("reload");
+    assert_eq!(reloaded.sources.changed, ["a"]);
+    for (token, key, nonce) in [
+        ("corp-token", KEY, "old-n"),
+        ("corp-token-new", NEW_KEY, "new-n"),
+    ] {
+        let app = WecomApp::new("ww_a", token, key).expect("app");
+        let plain = app.message(&message(nonce, "zhangsan"));
+        let request = app.seal(&plain, START_MS / 1000, nonce, [6; 16]);
+        let response = gateway
+            .webhooks_router()
+            .oneshot(to_request("a", request))
+            .await
+            .expect("answer");
+        assert_eq!(response.status(), StatusCode::OK, "sealed with {token}");
+        let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .expect("body");
+        let envelope = String::from_utf8(body.to_vec()).expect("utf8");
+        let encrypt = field(&envelope, "Encrypt");
+        let timestamp = field(&envelope, "TimeStamp");
+        assert!(
+            oncegate_wecom::crypto::verify(
+                field(&envelope, "MsgSignature"),
+                &[token, timestamp, nonce, encrypt]
+            ),
+            "the reply is signed with the token the callback came with ({token})"
+        );
+        let aes = oncegate_wecom::AesKey::from_encoding_aes_key(key).expect("key");
+        oncegate_wecom::crypto::decrypt(&aes, encrypt, "ww_a")
+            .expect("the reply is encrypted with the key the callback came with");
+    }
+}
+
 /// A suite serves many corps at one URL: a corp's passive reply is encrypted for that corp
 /// (with the suite's token and key), as a self-built app's is for its own — another corp of
 /// the same suite could not read it.

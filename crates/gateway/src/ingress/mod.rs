@@ -288,11 +288,7 @@ async fn callback<S: Store>(
     let answered = if sync {
         crate::ingress::sync_call::call(shared, admit, decoder.sync_deadline())
             .await
-            .map(|result| {
-                source
-                    .decoder
-                    .sync_reply_for(result, request.as_ref(), &app)
-            })
+            .map(|result| decoder.sync_reply_for(result, request.as_ref(), &app))
     } else {
         // The nonce goes to the store too: a store shared by several gateways refuses a
         // replay that reaches another gateway.
