@@ -239,7 +239,8 @@ async fn takes(gateway: &Serve, secrets: (&str, &str)) -> u16 {
 /// each refused by the README's command — exit 1, the reason in its answer and in the log,
 /// counted — and change nothing, though each also changes the secrets: the old ones are still
 /// taken, the new ones refused, the routes as they were. A good file then applies: the new
-/// secrets are taken, the old ones for `server.secret_overlap` (here 2 s) and refused after.
+/// secrets are taken, the old ones for `server.secret_overlap` (here 2 s) and refused after; a
+/// reload that sets the overlap to 0 s (a leaked secret) refuses the replaced one at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_that_cannot_apply_changes_nothing_and_says_why() {
     let store = redis_store("reloadrefused");
@@ -260,7 +261,7 @@ async fn a_reload_that_cannot_apply_changes_nothing_and_says_why() {
             "has errors",
         ),
         (
-            good.replace(overlap, "secret_overlap = \"3s\""),
+            good.replace(overlap, &format!("{overlap}\nbody_limit = 65536")),
             "only a restart changes [server]",
         ),
     ];
@@ -324,5 +325,29 @@ async fn a_reload_that_cannot_apply_changes_nothing_and_says_why() {
     assert!(
         ok && said.contains("sources: 1 kept") && said.contains("routes: 1 kept"),
         "{said}"
+    );
+    assert!(
+        gateway
+            .stderr()
+            .contains("old secrets are still taken for 2s (server.secret_overlap)"),
+        "the overlap is said when it starts"
+    );
+    // A leaked secret rotated back with no overlap, in the same edit: the one it replaces is
+    // refused at once.
+    let no_overlap = config(
+        dir.path(),
+        &store,
+        "secret_overlap = \"0s\"",
+        OLD,
+        "events.jsonl",
+    );
+    std::fs::write(&path, no_overlap).expect("file");
+    let (ok, said) = readme_reload(&gateway);
+    assert!(ok && said.contains("changed: [main]"), "{said}");
+    assert_eq!(takes(&gateway, OLD).await, 200);
+    assert_eq!(
+        takes(&gateway, NEW).await,
+        401,
+        "no overlap: refused at once"
     );
 }

@@ -34,7 +34,8 @@ pub struct ServerConfig {
     pub log_interval: Duration,
     /// After a reload (SIGHUP, `oncegate reload`) changes a source's callback secrets, how long
     /// callbacks signed or encrypted with the old ones are still taken: a platform keeps
-    /// retrying what it sent before the change with the old secrets. `0s`: not at all.
+    /// retrying what it sent before the change with the old secrets. `0s`: not at all (when the
+    /// old secret leaked). A reload takes the value it reads.
     #[serde(with = "duration")]
     pub secret_overlap: Duration,
 }

@@ -117,11 +117,21 @@ impl TenantSet for Tenants {
 }
 
 /// Whose an event is: its tenant (a Feishu `tenant_key`, a WeCom corp) and, where the platform
-/// has them, its agent (a WeCom app's AgentID). Routes match both; deliveries carry both.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// has them, its agent (a WeCom app's AgentID). Routes match both; deliveries carry both (the
+/// envelope's `owner`, with what it has).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Owner<'a> {
     /// The tenant.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub tenant: Option<&'a str>,
     /// The agent within the tenant.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub agent: Option<&'a str>,
+}
+
+impl Owner<'_> {
+    /// Whether it names neither.
+    pub fn is_empty(&self) -> bool {
+        self.tenant.is_none() && self.agent.is_none()
+    }
 }

@@ -5,7 +5,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::SendError;
@@ -112,15 +111,6 @@ impl std::fmt::Debug for FeishuApi {
     }
 }
 
-#[derive(Deserialize)]
-struct TokenAnswer {
-    code: i64,
-    #[serde(default)]
-    msg: String,
-    tenant_access_token: Option<String>,
-    expire: Option<u64>,
-}
-
 impl FeishuApi {
     /// The app it sends as.
     pub fn app_id(&self) -> &str {
@@ -204,39 +194,22 @@ impl FeishuApi {
     }
 
     async fn fetch_token(&self, secret: &str) -> Result<(String, Duration), SendError> {
-        let url = format!(
-            "{}/open-apis/auth/v3/tenant_access_token/internal",
-            self.domain
-        );
-        let sent = self
-            .http
-            .post(url)
-            .json(&json!({"app_id": self.app_id, "app_secret": secret}))
-            .send()
-            .await
-            .map_err(|error| {
-                SendError::Transient(format!(
-                    "token: {}",
-                    oncegate_core::redact::causes(&error.without_url())
-                ))
-            })?;
-        let body = read(sent)
-            .await
-            .map_err(|error| SendError::Transient(format!("token: {error}")))?;
-        let answer: TokenAnswer = serde_json::from_slice(&body)
-            .map_err(|error| SendError::Transient(format!("token answer: {error}")))?;
-        match (answer.code, answer.tenant_access_token, answer.expire) {
-            (0, Some(token), Some(expire)) if !token.is_empty() => {
-                Ok((token, Duration::from_secs(expire)))
-            }
-            (code, _, _) => Err(SendError::Permanent {
+        let body = json!({"app_id": self.app_id, "app_secret": secret});
+        let answer = auth_call(
+            &self.http,
+            &self.domain,
+            "tenant_access_token/internal",
+            body,
+        )
+        .await
+        .map_err(|error| match error {
+            SendError::Permanent { code, message } => SendError::Permanent {
                 code,
-                message: format!(
-                    "tenant_access_token refused: {}; check app_id and app_secret",
-                    answer.msg.chars().take(200).collect::<String>()
-                ),
-            }),
-        }
+                message: format!("{message}; check app_id and app_secret"),
+            },
+            other => other,
+        })?;
+        token_of(&answer, "tenant_access_token")
     }
 
     /// Sends (or replies with) `message`; the platform's answer document on success.
@@ -355,6 +328,60 @@ fn classify_io(error: reqwest::Error) -> SendError {
         SendError::Transient(text)
     } else {
         SendError::Unknown(text)
+    }
+}
+
+/// `POST /open-apis/auth/v3/<path>` (the tokens, the store app's ticket): Feishu's answer when
+/// its code is 0; another code is the platform's refusal, anything else transient.
+pub(crate) async fn auth_call(
+    http: &reqwest::Client,
+    domain: &str,
+    path: &str,
+    body: Value,
+) -> Result<Value, SendError> {
+    let url = format!("{domain}/open-apis/auth/v3/{path}");
+    let sent = http.post(url).json(&body).send().await.map_err(|error| {
+        SendError::Transient(format!(
+            "{path}: {}",
+            oncegate_core::redact::causes(&error.without_url())
+        ))
+    })?;
+    let status = sent.status().as_u16();
+    let body = read(sent)
+        .await
+        .map_err(|error| SendError::Transient(format!("{path}: {error}")))?;
+    let answer: Value = serde_json::from_slice(&body).map_err(|error| {
+        SendError::Transient(format!("{path}: HTTP {status}, not JSON: {error}"))
+    })?;
+    match answer["code"].as_i64() {
+        Some(0) => Ok(answer),
+        Some(code) => Err(SendError::Permanent {
+            code,
+            message: format!(
+                "{path} refused: {}",
+                answer["msg"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .chars()
+                    .take(200)
+                    .collect::<String>()
+            ),
+        }),
+        None => Err(SendError::Transient(format!(
+            "{path}: HTTP {status} without a code"
+        ))),
+    }
+}
+
+/// A token and its life from an auth answer whose code was 0.
+pub(crate) fn token_of(answer: &Value, field: &str) -> Result<(String, Duration), SendError> {
+    match (answer[field].as_str(), answer["expire"].as_u64()) {
+        (Some(token), Some(expire)) if !token.is_empty() => {
+            Ok((token.to_owned(), Duration::from_secs(expire)))
+        }
+        _ => Err(SendError::Transient(format!(
+            "Feishu answered code 0 without {field} and expire"
+        ))),
     }
 }
 

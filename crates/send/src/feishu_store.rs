@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::SendError;
+use crate::feishu::{auth_call, token_of};
 
 /// Feishu's answer that the `app_ticket` is not (or no longer) valid: ask for another
 /// (`app_ticket/resend`), which Feishu pushes to the event URL.
@@ -106,56 +107,7 @@ impl FeishuStoreApi {
         token_of(&answer, "tenant_access_token")
     }
 
-    /// `POST /open-apis/auth/v3/<path>`: Feishu's answer when its code is 0.
     async fn call(&self, path: &str, body: Value) -> Result<Value, SendError> {
-        let url = format!("{}/open-apis/auth/v3/{path}", self.domain);
-        let sent = self
-            .http
-            .post(url)
-            .json(&body)
-            .send()
-            .await
-            .map_err(|error| {
-                SendError::Transient(format!(
-                    "{path}: {}",
-                    oncegate_core::redact::causes(&error.without_url())
-                ))
-            })?;
-        let status = sent.status().as_u16();
-        let body = crate::feishu::read(sent)
-            .await
-            .map_err(|error| SendError::Transient(format!("{path}: {error}")))?;
-        let answer: Value = serde_json::from_slice(&body).map_err(|error| {
-            SendError::Transient(format!("{path}: HTTP {status}, not JSON: {error}"))
-        })?;
-        match answer["code"].as_i64() {
-            Some(0) => Ok(answer),
-            Some(code) => Err(SendError::Permanent {
-                code,
-                message: format!(
-                    "{path} refused: {}",
-                    answer["msg"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .chars()
-                        .take(200)
-                        .collect::<String>()
-                ),
-            }),
-            None => Err(SendError::Transient(format!(
-                "{path}: HTTP {status} without a code"
-            ))),
-        }
-    }
-}
-
-fn token_of(answer: &Value, field: &str) -> Result<(String, Duration), SendError> {
-    match (answer[field].as_str(), answer["expire"].as_u64()) {
-        (Some(token), Some(expire)) if !token.is_empty() => {
-            Ok((token.to_owned(), Duration::from_secs(expire)))
-        }
-        _ => Err(SendError::Transient(format!(
-            "Feishu answered code 0 without {field} and expire"
-        ))),
+        auth_call(&self.http, &self.domain, path, body).await
     }
 }

@@ -209,7 +209,6 @@ fn keeper<S: Store>(
 ) -> Result<Option<crate::credentials::Keeper>, GatewayError> {
     use crate::credentials::Keeper;
     use oncegate_config::PlatformConfig;
-    let _ = (store, timeout);
     Ok(match &source.platform {
         #[cfg(feature = "wecom")]
         PlatformConfig::WecomSuite(settings) => {

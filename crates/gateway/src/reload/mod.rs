@@ -148,6 +148,12 @@ async fn apply<S: Store>(
         Ok(reloaded) => {
             metrics::counter!("oncegate_reloads_total", "outcome" => "applied").increment(1);
             tracing::info!(sources = ?reloaded.sources, routes = ?reloaded.routes, max_queued = ?reloaded.max_queued, "configuration reloaded");
+            let overlap = config.server.secret_overlap;
+            if !reloaded.sources.changed.is_empty() && !overlap.is_zero() {
+                // Taking the old secrets is a choice an operator must see: one rotating a leaked
+                // secret reloads with server.secret_overlap = "0s".
+                tracing::warn!(sources = ?reloaded.sources.changed, "callbacks signed or encrypted with these sources' old secrets are still taken for {} (server.secret_overlap); if an old secret leaked, reload again with secret_overlap = \"0s\"", humantime::format_duration(overlap));
+            }
             Ok(reloaded)
         }
         Err(refused) => Err(said(refused)),
@@ -172,8 +178,8 @@ fn said(refused: ReloadRefused) -> ReloadRefused {
 }
 
 /// The settings only a restart changes that differ between `running` and `new`: every section
-/// but the webhook sources, the routes and `dispatcher.max_queued`; a long-connection source
-/// (its connections are held from start) by name.
+/// but the webhook sources, the routes, `dispatcher.max_queued` and `server.secret_overlap`; a
+/// long-connection source (its connections are held from start) by name.
 pub(crate) fn static_changes(running: &Config, new: &Config) -> Vec<String> {
     let mut changes = Vec::new();
     let mut differ = |name: &str, same: bool| {
@@ -185,7 +191,13 @@ pub(crate) fn static_changes(running: &Config, new: &Config) -> Vec<String> {
     differ("[dedup]", running.dedup == new.dedup);
     differ("[lease]", running.lease == new.lease);
     differ("[replay]", running.replay == new.replay);
-    differ("[server]", running.server == new.server);
+    // How long a changed source's old secrets are still taken is the reload's own choice (an
+    // operator rotating a leaked secret sets it to 0s in the same reload).
+    let server = |config: &Config| oncegate_config::ServerConfig {
+        secret_overlap: std::time::Duration::ZERO,
+        ..config.server.clone()
+    };
+    differ("[server]", server(running) == server(new));
     let dispatcher = |config: &Config| oncegate_config::DispatcherConfig {
         max_queued: None,
         ..config.dispatcher.clone()

@@ -96,24 +96,10 @@ struct Envelope<'a> {
     order_key: Option<&'a str>,
     /// Whose the event is among the tenants its platform serves (a WeCom event: its corp and
     /// agent; a Feishu event: its `tenant_key`), as routes match it.
-    #[serde(skip_serializing_if = "OwnerDoc::is_empty")]
-    owner: OwnerDoc<'a>,
+    #[serde(skip_serializing_if = "oncegate_core::Owner::is_empty")]
+    owner: oncegate_core::Owner<'a>,
     attempt: u32,
     payload: Payload<'a>,
-}
-
-#[derive(serde::Serialize)]
-struct OwnerDoc<'a> {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tenant: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    agent: Option<&'a str>,
-}
-
-impl OwnerDoc<'_> {
-    fn is_empty(&self) -> bool {
-        self.tenant.is_none() && self.agent.is_none()
-    }
 }
 
 /// The payload as received: JSON embedded as is (validated, never rebuilt), anything else as a
@@ -141,10 +127,7 @@ pub fn envelope(outgoing: &Outgoing<'_>) -> Vec<u8> {
         event_type: &event.event_type,
         created_at_ms: event.created_at_ms,
         order_key: event.order_key.as_deref(),
-        owner: OwnerDoc {
-            tenant: outgoing.owner.tenant,
-            agent: outgoing.owner.agent,
-        },
+        owner: outgoing.owner,
         attempt: outgoing.attempt,
         payload,
     };
