@@ -91,14 +91,11 @@ fn delivered(dirs: &[&Path], files: &[&str]) -> Vec<String> {
 async fn sighup_changes_every_gateway_within_a_second_while_a_burst_runs() {
     const PER_GATEWAY: usize = 120;
     let store = redis_store("reload");
-    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().expect("dir")).collect();
-    let gateways: Vec<std::sync::Arc<Serve>> = dirs
-        .iter()
-        .map(|dir| {
-            let file = config(dir.path(), &store, "", OLD, "before.jsonl");
-            std::sync::Arc::new(Serve::start_with(dir.path(), &file))
-        })
-        .collect();
+    let (dirs, gateways): (Vec<tempfile::TempDir>, Vec<std::sync::Arc<Serve>>) =
+        support::start_in_dirs::<3>(|dir| config(dir, &store, "", OLD, "before.jsonl"))
+            .into_iter()
+            .map(|(dir, gateway)| (dir, std::sync::Arc::new(gateway)))
+            .unzip();
     for (i, gateway) in gateways.iter().enumerate() {
         let (status, body) = post(gateway, &message(NEW, &format!("early-{i}"))).await;
         assert_eq!(

@@ -16,7 +16,7 @@ use std::time::Duration;
 use oncegate_feishu::{Cloud, FeishuApp};
 use oncegate_send::local::LocalFeishuApi;
 use serde_json::json;
-use support::{Serve, client, file_route, lines, redis_store, wait_until};
+use support::{client, file_route, lines, redis_store, wait_until};
 
 const APP: &str = "cli_9e28cb7ba56a100e";
 const ENCRYPT_KEY: &str = "store-e2e-encrypt-key";
@@ -146,18 +146,8 @@ async fn a_store_app_keeps_its_ticket_and_sends_as_each_tenant_with_its_own_toke
         let _ = pushes.send(ticket);
     }));
     let store = redis_store("storeapps");
-    let (a_dir, b_dir) = (
-        tempfile::tempdir().expect("dir"),
-        tempfile::tempdir().expect("dir"),
-    );
-    let a = Serve::start_with(
-        a_dir.path(),
-        &config(a_dir.path(), &store, &platform.domain()),
-    );
-    let b = Serve::start_with(
-        b_dir.path(),
-        &config(b_dir.path(), &store, &platform.domain()),
-    );
+    let [(a_dir, a), (b_dir, b)] =
+        support::start_in_dirs(|dir| config(dir, &store, &platform.domain()));
     // With no ticket kept, the gateways asked for one at start.
     wait_until("a resend at start", Duration::from_secs(10), || {
         platform.resends() >= 1

@@ -109,18 +109,8 @@ async fn a_corp_authorised_through_create_auth_is_served_and_sent_as_with_its_ow
         .expect("api");
     platform.serve_suite(SUITE_ID, SUITE_SECRET);
     let store = redis_store("suites");
-    let (a_dir, b_dir) = (
-        tempfile::tempdir().expect("dir"),
-        tempfile::tempdir().expect("dir"),
-    );
-    let a = Serve::start_with(
-        a_dir.path(),
-        &config(a_dir.path(), &store, &platform.domain()),
-    );
-    let b = Serve::start_with(
-        b_dir.path(),
-        &config(b_dir.path(), &store, &platform.domain()),
-    );
+    let [(a_dir, a), (b_dir, b)] =
+        support::start_in_dirs(|dir| config(dir, &store, &platform.domain()));
 
     // The ticket reaches A; B fetches the suite token with it.
     let (status, body) = post(&a, &ticket_push(&platform.issue_ticket())).await;

@@ -112,12 +112,7 @@ async fn until_answered(gateway: &Serve, sealed: &SealedRequest, status: u16) ->
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenants_added_and_removed_reach_every_gateway_within_a_second() {
     let store = redis_store("tenants");
-    let (a_dir, b_dir) = (
-        tempfile::tempdir().expect("dir"),
-        tempfile::tempdir().expect("dir"),
-    );
-    let a = Serve::start_with(a_dir.path(), &config(a_dir.path(), &store));
-    let b = Serve::start_with(b_dir.path(), &config(b_dir.path(), &store));
+    let [(a_dir, a), (b_dir, b)] = support::start_in_dirs(|dir| config(dir, &store));
     // No corp yet: authentic, but refused for WeCom to retry (503), on both.
     let first = corp_message(CORP_A, "m1");
     for gateway in [&a, &b] {
@@ -231,12 +226,7 @@ async fn tickets_are_shared_newest_first_and_a_cancelled_corp_is_refused_everywh
     let prefix = format!("suites{}", fastrand::u32(..));
     let store =
         format!("backend = \"redis\"\nurl = \"{url}\"\nprefix = \"{prefix}\"\npartitions = 4");
-    let (a_dir, b_dir) = (
-        tempfile::tempdir().expect("dir"),
-        tempfile::tempdir().expect("dir"),
-    );
-    let a = Serve::start_with(a_dir.path(), &config(a_dir.path(), &store));
-    let b = Serve::start_with(b_dir.path(), &config(b_dir.path(), &store));
+    let [(a_dir, a), (b_dir, b)] = support::start_in_dirs(|dir| config(dir, &store));
     tenants(&a, &["add", "suite", CORP_A]).expect("tenants add");
     until_answered(&b, &corp_message(CORP_A, "c1"), 200).await;
     let now = std::time::SystemTime::now()
@@ -314,18 +304,8 @@ async fn a_corp_added_while_a_burst_runs_loses_nothing_and_is_delivered_once() {
     const PER_CORP: usize = 150;
     const ADDED: &str = "wpBurstAddedCorp0123Zz";
     let store = redis_store("tenantburst");
-    let (a_dir, b_dir) = (
-        tempfile::tempdir().expect("dir"),
-        tempfile::tempdir().expect("dir"),
-    );
-    let a = std::sync::Arc::new(Serve::start_with(
-        a_dir.path(),
-        &config(a_dir.path(), &store),
-    ));
-    let b = std::sync::Arc::new(Serve::start_with(
-        b_dir.path(),
-        &config(b_dir.path(), &store),
-    ));
+    let [(a_dir, a), (b_dir, b)] = support::start_in_dirs(|dir| config(dir, &store));
+    let (a, b) = (std::sync::Arc::new(a), std::sync::Arc::new(b));
     tenants(&a, &["add", "suite", CORP_A]).expect("tenants add");
     until_answered(&b, &corp_message(CORP_A, "warm"), 200).await;
     let refused = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));

@@ -206,6 +206,18 @@ pub(crate) async fn post_sealed(
     (status, response.text().await.unwrap_or_default())
 }
 
+/// `N` gateways, each in a fresh directory (which lives as long as it is held) with the file
+/// `config` writes for that directory: several gateways on one store.
+pub(crate) fn start_in_dirs<const N: usize>(
+    config: impl Fn(&Path) -> String,
+) -> [(tempfile::TempDir, Serve); N] {
+    std::array::from_fn(|_| {
+        let dir = tempfile::tempdir().expect("dir");
+        let serve = Serve::start_with(dir.path(), &config(dir.path()));
+        (dir, serve)
+    })
+}
+
 pub(crate) fn client() -> reqwest::Client {
     let _ = rustls::crypto::ring::default_provider().install_default();
     reqwest::Client::new()
