@@ -86,6 +86,19 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_syntax_error_names_its_place_but_never_quotes_the_line() {
+        let text = "[server]\nadmin_token = \"s3cr3t-admin-token\n";
+        let error =
+            load_str(text, Path::new("oncegate.toml"), []).expect_err("an unterminated string");
+        let said = error.to_string();
+        assert!(
+            said.contains("oncegate.toml") && said.contains("line 2"),
+            "{said}"
+        );
+        assert!(!said.contains("s3cr3t"), "the line is not quoted: {said}");
+    }
     use std::path::{Path, PathBuf};
 
     fn parse(text: &str) -> Result<Config, LoadError> {

@@ -93,7 +93,7 @@ pub fn load_str(
     let origin = origin.to_path_buf();
     let mut table: toml::Table = toml::from_str(text).map_err(|error| LoadError::Parse {
         path: origin.clone(),
-        message: error.to_string(),
+        message: parse_error(text, &error),
     })?;
     let overrides: BTreeMap<String, String> = env
         .into_iter()
@@ -141,6 +141,22 @@ pub fn load_str(
         name: overrides.keys().cloned().collect::<Vec<_>>().join(", "),
         message: format!("{error} (set by these environment variables together)"),
     })
+}
+
+/// A TOML syntax error as its place and what is wrong, without the quoted line that `toml` adds:
+/// that line may hold an inline secret, and the error reaches logs and (on a reload) the admin
+/// API's answer.
+fn parse_error(text: &str, error: &toml::de::Error) -> String {
+    let message = error.message().trim_end();
+    match error.span() {
+        Some(span) => {
+            let before = text.get(..span.start).unwrap_or(text);
+            let line = before.matches('\n').count() + 1;
+            let column = before.len() - before.rfind('\n').map_or(0, |at| at + 1) + 1;
+            format!("TOML parse error at line {line}, column {column}: {message}")
+        }
+        None => format!("TOML parse error: {message}"),
+    }
 }
 
 /// `table` laid over [`DEFAULTS`] and read as a configuration: the reading's error as text.
