@@ -233,9 +233,9 @@ pub(crate) async fn remove<S: Store>(
 }
 
 /// `POST /admin/tenants/<source>/<tenant>/disable` (`disabled`: true) and `…/enable`: a disabled
-/// tenant stays in the registry with its settings and credentials, but its callbacks are refused
-/// (a suite's corp: 503, the platform retries) and its sends too, on every gateway within a
-/// second; enabled again, it is served as before.
+/// tenant stays in the registry with its settings and credentials, but its sends are refused and
+/// a suite's corp's callbacks too (503, the platform retries; a store app takes every tenant's
+/// events), on every gateway within a second; enabled again, it is served as before.
 pub(crate) async fn set_disabled<S: Store>(
     shared: &Shared<S>,
     source: &str,

@@ -141,7 +141,7 @@ async fn webhook<S: Store>(
         );
         return crate::refusal::counted(&shared, peer, refusal);
     };
-    let response = callback(&shared, &source, peer, parts, body).await;
+    let response = callback(&shared, (&name, &source), peer, parts, body).await;
     source
         .answers
         .count(&name, source.decoder.platform(), response.status());
@@ -192,7 +192,7 @@ impl AnswerCounters {
 /// One callback to a known source, answered.
 async fn callback<S: Store>(
     shared: &Arc<Shared<S>>,
-    source: &Source,
+    (name, source): (&str, &Source),
     peer: Option<SocketAddr>,
     parts: axum::http::request::Parts,
     body: axum::body::Body,
@@ -225,7 +225,7 @@ async fn callback<S: Store>(
         body: &body,
     };
     // What decoded the request answers it too: a reply sealed with the secret it came with.
-    let (decoder, decoded) = match decode(source, &callback, shared.now_ms()) {
+    let (decoder, decoded) = match decode((name, source), &callback, shared.now_ms()) {
         Ok(decoded) => decoded,
         Err(refusal) => return crate::refusal::counted(shared, peer, refusal),
     };
@@ -344,9 +344,9 @@ fn refused_by<S>(
 }
 
 /// Decodes `callback` with the source's decoder, or with the one a reload replaced while its
-/// overlap lasts (counted): the decoder that took it, and what it decoded.
+/// overlap lasts (counted by source): the decoder that took it, and what it decoded.
 fn decode<'s>(
-    source: &'s Source,
+    (name, source): (&str, &'s Source),
     callback: &Callback<'_>,
     now_ms: u64,
 ) -> Result<(&'s crate::SharedSource, Decoded), Refusal> {
@@ -362,7 +362,8 @@ fn decode<'s>(
         Some((previous, until_ms)) if retry && now_ms < *until_ms => {
             match previous.decode(callback) {
                 Ok(decoded) => {
-                    metrics::counter!("oncegate_previous_secret_accepted_total").increment(1);
+                    metrics::counter!("oncegate_previous_secret_accepted_total", "source" => name.to_owned())
+                        .increment(1);
                     Ok((previous, decoded))
                 }
                 Err(_) => Err(refusal),

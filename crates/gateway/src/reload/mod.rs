@@ -95,10 +95,17 @@ impl<S: Store> Gateway<S> {
 
 /// Reads the file again and applies it.
 pub(crate) async fn reload<S: Store>(shared: &Arc<Shared<S>>) -> Result<Reloaded, ReloadRefused> {
-    let read = match &shared.reload.loader {
+    if shared.reload.loader.is_none() {
+        return Err(said(ReloadRefused::NoFile));
+    }
+    // A file read (and its secrets' files): off the async threads.
+    let reading = shared.clone();
+    let read = tokio::task::spawn_blocking(move || match &reading.reload.loader {
         Some(loader) => loader().map_err(ReloadRefused::Unreadable),
         None => Err(ReloadRefused::NoFile),
-    };
+    })
+    .await
+    .unwrap_or_else(|_| Err(ReloadRefused::Unreadable("reading the file failed".into())));
     match read {
         Ok(config) => apply(shared, &config).await,
         Err(refused) => Err(said(refused)),
