@@ -683,6 +683,52 @@ async fn a_reply_to_a_callback_with_the_old_secrets_is_sealed_with_them() {
     }
 }
 
+/// WeCom's published message (wechatpy's fixture: corp `wx5823bf96d3bd56c7`, token `QDG6eK`),
+/// posted byte for byte after a reload changed the app's token and key: taken while
+/// `server.secret_overlap` lasts, refused (401) by a gateway whose reload set no overlap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_published_message_with_the_replaced_secrets_is_taken_only_within_the_overlap() {
+    const BODY: &str = "<xml><ToUserName><![CDATA[wx5823bf96d3bd56c7]]></ToUserName><Encrypt><![CDATA[RypEvHKD8QQKFhvQ6QleEB4J58tiPdvo+rtK1I9qca6aM/wvqnLSV5zEPeusUiX5L5X/0lWfrf0QADHHhGd3QczcdCUpj911L3vg3W/sYYvuJTs3TUUkSUXxaccAS0qhxchrRYt66wiSpGLYL42aM6A8dTT+6k4aSknmPj48kzJs8qLjvd4Xgpue06DOdnLxAUHzM6+kDZ+HMZfJYuR+LtwGc2hgf5gsijff0ekUNXZiqATP7PF5mZxZ3Izoun1s4zG4LUMnvw2r+KqCKIw+3IQH03v+BCA9nMELNqbSf6tiWSrXJB3LAVGUcallcrw8V2t9EL4EhzJWrQUax5wLVMNS0+rUPA3k22Ncx4XXZS9o0MBH27Bo6BpNelZpS+/uh9KsNlY6bHCmJU9p8g7m3fVKn28H3KDYA5Pl/T8Z1ptDAVe0lXdQ2YoyyH2uyPIGHBZZIs2pDBS8R07+qN+E7Q==]]></Encrypt><AgentID><![CDATA[218]]></AgentID></xml>";
+    const QUERY: &str = "msg_signature=477715d11cdb4164915debcba66cb864d751f3e6&timestamp=1409659813&nonce=1372623149";
+    let file = |token: &str, key: &str, overlap: &str| {
+        let text = format!(
+            "[store]\nbackend = \"memory\"\n\n[server]\nsecret_overlap = \"{overlap}\"\n\n\
+             [replay]\nenabled = false\n\n[[source]]\nname = \"a\"\nplatform = \"wecom\"\n\
+             corp_id = \"wx5823bf96d3bd56c7\"\ntoken = \"{token}\"\nencoding_aes_key = \"{key}\"\n"
+        );
+        oncegate_config::load_str(&text, std::path::Path::new("test.toml"), [])
+            .expect("configuration")
+    };
+    let published = || {
+        Request::post(format!("/webhook/a?{QUERY}"))
+            .body(Body::from(BODY))
+            .expect("request")
+    };
+    for (overlap, status) in [("1h", StatusCode::OK), ("0s", StatusCode::UNAUTHORIZED)] {
+        let gateway = Gateway::from_config(&file("QDG6eK", KEY, overlap), MemoryStore::new())
+            .await
+            .expect("gateway");
+        gateway
+            .reload_with(&file(
+                "new-token",
+                "Zq8pLm3nB7vC1xR5tY9uI2oP4aS6dF0gH8jK3lQ7wEA",
+                overlap,
+            ))
+            .await
+            .expect("reload");
+        let answer = gateway
+            .webhooks_router()
+            .oneshot(published())
+            .await
+            .expect("answer");
+        assert_eq!(answer.status(), status, "overlap {overlap}");
+        assert_eq!(
+            gateway.stats().admitted,
+            u64::from(status == StatusCode::OK)
+        );
+    }
+}
+
 /// A suite serves many corps at one URL: a corp's passive reply is encrypted for that corp
 /// (with the suite's token and key), as a self-built app's is for its own — another corp of
 /// the same suite could not read it.
