@@ -294,4 +294,18 @@ async fn a_store_app_keeps_its_ticket_and_sends_as_each_tenant_with_its_own_toke
         a.stderr()
     );
     pusher.abort();
+    // The tickets reached the routes as events, their values redacted: the gateway alone
+    // uses them.
+    let tickets: Vec<serde_json::Value> = lines(a_dir.path())
+        .into_iter()
+        .chain(lines(b_dir.path()))
+        .filter(|line| line["event_type"] == "app_ticket")
+        .collect();
+    assert!(
+        !tickets.is_empty(),
+        "the app_ticket events are delivered too"
+    );
+    for line in &tickets {
+        assert_eq!(line["payload"]["event"]["app_ticket"], "redacted", "{line}");
+    }
 }

@@ -214,6 +214,14 @@ async fn the_suites_own_pushes_are_answered_success_and_admitted_once() {
     assert_eq!(delivered.len(), 1, "{delivered:?}");
     assert_eq!(delivered[0]["event_type"], "suite.suite_ticket");
     assert_eq!(delivered[0]["app"], SUITE_ID);
+    // The route learns a ticket came, never the ticket: the gateway alone uses it.
+    let payload = delivered[0]["payload"].to_string();
+    assert!(
+        payload.contains("suite_ticket")
+            && payload.contains("redacted")
+            && !payload.contains(&format!("t-{now}")),
+        "{payload}"
+    );
 }
 
 /// The suite's pushes change the shared state before they go to their route: the newest

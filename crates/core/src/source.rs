@@ -321,6 +321,15 @@ pub trait WebhookSource: Send + Sync + 'static {
         None
     }
 
+    /// The payload routes get for `event` when it carries a credential the gateway keeps for
+    /// itself (a WeCom suite's ticket or authorisation code, a Feishu store app's ticket): the
+    /// same document with that value replaced by `redacted`, so that no sink, downstream or
+    /// file holds it. `None`: the payload as it came.
+    fn redacted(&self, event: &Event) -> Option<bytes::Bytes> {
+        let _ = event;
+        None
+    }
+
     /// Whether the platform's own retries repeat a request byte for byte, nonce included
     /// (WeCom and WeChat): then a replayed nonce is answered like a duplicate instead of
     /// refused, so that a retry of an admitted event stops the retries. Nothing is admitted

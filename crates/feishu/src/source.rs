@@ -81,6 +81,12 @@ impl WebhookSource for FeishuApp {
             .map(|tenants| tenants as std::sync::Arc<dyn oncegate_core::TenantSet>)
     }
 
+    /// A store app's ticket goes to routes as `redacted`.
+    fn redacted(&self, event: &oncegate_core::Event) -> Option<bytes::Bytes> {
+        self.tenants.as_ref()?;
+        crate::store_app::redacted(self.app_id(), event)
+    }
+
     /// A store app's ticket and tenants, from its lifecycle events.
     fn tenancy(&self, event: &oncegate_core::Event) -> Option<oncegate_core::TenancyChange> {
         self.tenants.as_ref()?;

@@ -86,3 +86,18 @@ fn an_app_of_one_tenant_and_other_events_change_nothing() {
     assert_eq!(event.tenant.as_deref(), Some("2ca1d211f64f6438"));
     assert_eq!(store.tenancy(&event), None);
 }
+
+/// The documented `app_ticket` event goes to routes with its ticket `redacted` (the gateway
+/// alone uses it), the rest as it came; an app of one tenant and other events are untouched.
+#[test]
+fn the_ticket_goes_to_routes_redacted() {
+    let store = app().store_app();
+    let ticket = decoded(&store, TICKET);
+    let redacted = store.redacted(&ticket).expect("redacted");
+    let doc: serde_json::Value = serde_json::from_slice(&redacted).expect("json");
+    assert_eq!(doc["event"]["app_ticket"], "redacted");
+    assert_eq!(doc["event"]["app_id"], APP);
+    assert_eq!(doc["uuid"], "bc447199585340d1f3728d26b1c0297a");
+    assert!(app().redacted(&decoded(&app(), TICKET)).is_none());
+    assert!(store.redacted(&decoded(&store, OPEN)).is_none());
+}

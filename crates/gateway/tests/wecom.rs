@@ -771,6 +771,31 @@ async fn a_suite_corps_passive_reply_is_sealed_for_that_corp() {
     assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
 
+/// A replying route that takes every event does not take a suite's `suite_ticket` as a
+/// synchronous call: the push is queued (answered `success`), so that the dispatcher keeps the
+/// ticket before any route sees it; the replying downstream is not called.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_suites_ticket_is_queued_even_where_a_replying_route_takes_every_event() {
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let url = replier(calls.clone()).await;
+    let sink = oncegate_gateway::HttpSink::new(&url, None, std::time::Duration::from_secs(3))
+        .expect("sink");
+    let suite = Arc::new(
+        oncegate_wecom::WecomSuite::new("ww4asffe99e54c0f4c", None, "suite-token", KEY)
+            .expect("suite"),
+    );
+    let gateway = gateway(vec![("suite", suite)])
+        .replying_route(&["*"], Arc::new(sink))
+        .expect("route");
+    let sealer = WecomApp::new("ww4asffe99e54c0f4c", "suite-token", KEY).expect("sealer");
+    let ticket = "<xml><SuiteId><![CDATA[ww4asffe99e54c0f4c]]></SuiteId><InfoType><![CDATA[suite_ticket]]></InfoType><TimeStamp>1700000000</TimeStamp><SuiteTicket><![CDATA[t-1]]></SuiteTicket></xml>";
+    let request = sealer.seal(ticket.as_bytes(), START_MS / 1000, "ticket-n", [8; 16]);
+    let (status, body) = call(&gateway, to_request("suite", request)).await;
+    assert_eq!((status, &body[..]), (StatusCode::OK, &b"success"[..]));
+    assert_eq!(gateway.stats().admitted, 1, "queued for the dispatcher");
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 0);
+}
+
 /// A downstream that has nothing to reply answers 204 or an empty 200: WeCom gets the empty
 /// 200 and an Official Account `success`, as the README says, never an encrypted `{}`; a retry
 /// gets the same.

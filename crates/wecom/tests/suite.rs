@@ -259,3 +259,50 @@ fn an_events_owner_is_its_corp_and_agent_or_its_account() {
         }
     );
 }
+
+/// A suite's ticket and authorisation code go to routes as `redacted`: the gateway keeps them;
+/// the rest of the push is as it came. Other events are not touched.
+#[test]
+fn tickets_and_codes_are_redacted_for_routes() {
+    use oncegate_core::WebhookSource;
+    let suite = oncegate_wecom::WecomSuite::new(SUITE_ID, None, TOKEN, KEY).expect("suite");
+    let event = |event_type: &str, app: &str, xml: &str| oncegate_core::Event {
+        platform: "wecom".into(),
+        app: app.into(),
+        tenant: None,
+        event_id: "e".into(),
+        event_type: event_type.into(),
+        created_at_ms: 0,
+        order_key: None,
+        payload: bytes::Bytes::from(xml.to_owned()),
+    };
+    let ticket = format!(
+        "<xml><SuiteId><![CDATA[{SUITE_ID}]]></SuiteId><InfoType><![CDATA[suite_ticket]]></InfoType><TimeStamp>1403610513</TimeStamp><SuiteTicket><![CDATA[asdfasfdasdfasdf]]></SuiteTicket></xml>"
+    );
+    let redacted = suite
+        .redacted(&event("suite.suite_ticket", SUITE_ID, &ticket))
+        .expect("redacted");
+    let text = String::from_utf8(redacted.to_vec()).expect("utf8");
+    assert_eq!(
+        text,
+        ticket.replace("asdfasfdasdfasdf", "redacted"),
+        "only the ticket changes"
+    );
+    let auth = format!(
+        "<xml><SuiteId><![CDATA[{SUITE_ID}]]></SuiteId><AuthCode><![CDATA[AUTHCODE&amp;x]]></AuthCode><InfoType><![CDATA[create_auth]]></InfoType><TimeStamp>1403610513</TimeStamp></xml>"
+    );
+    let redacted = suite
+        .redacted(&event("suite.create_auth", SUITE_ID, &auth))
+        .expect("redacted");
+    let text = String::from_utf8(redacted.to_vec()).expect("utf8");
+    assert!(
+        !text.contains("AUTHCODE") && text.contains("create_auth") && text.contains(SUITE_ID),
+        "an escaped code leaves only what routes need: {text}"
+    );
+    let message = "<xml><ToUserName>wpCorp</ToUserName><MsgType>text</MsgType></xml>";
+    assert!(
+        suite
+            .redacted(&event("message.text", "wpCorp", message))
+            .is_none()
+    );
+}

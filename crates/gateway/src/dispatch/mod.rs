@@ -292,13 +292,19 @@ async fn handle<S: Store>(
             return;
         }
     };
-    let event = &delivery.event;
     // A multi-tenant source's push (a ticket, a tenant leaving) changes the store first; the
-    // event then goes to its route as any other.
-    if let Err(error) = crate::ingress::tenants::apply(shared, event).await {
-        summaries.note("tenancy_failed", None, &error.to_string());
-        return release_and_retry(shared, &delivery, &key).await;
-    }
+    // event then goes to its route as any other, any credential in it redacted.
+    let redacted = match crate::ingress::tenants::apply(shared, &delivery.event).await {
+        Ok(redacted) => redacted.map(|payload| oncegate_core::Event {
+            payload,
+            ..delivery.event.clone()
+        }),
+        Err(error) => {
+            summaries.note("tenancy_failed", None, &error.to_string());
+            return release_and_retry(shared, &delivery, &key).await;
+        }
+    };
+    let event = redacted.as_ref().unwrap_or(&delivery.event);
     let owner = crate::owner::of(event);
     let Some(route) = shared.route_for(&event.event_type, owner) else {
         stats.bump(&stats.unrouted, "oncegate_unrouted_total");

@@ -256,7 +256,10 @@ async fn callback<S: Store>(
         // An event whose route answers it (a passive reply) is a synchronous call too.
         Decoded::Admit { admit, stamp } => {
             let routes = shared.routes.load();
+            // A push that changes the source's tenancy is queued whatever its route: the
+            // dispatcher applies it before any route sees it.
             let replying = routes.replying
+                && decoder.tenancy(&admit.event).is_none()
                 && routes
                     .route_for(&admit.event.event_type, crate::owner::of(&admit.event))
                     .is_some_and(|route| route.reply);

@@ -117,17 +117,23 @@ pub(crate) fn tickets(source: &str) -> String {
 
 /// Applies what `event` changes in the tenancy of the multi-tenant source it came from, before
 /// it goes to its route; an error leaves the event to be retried. Nothing for other events.
-pub(crate) async fn apply<S: Store>(shared: &Shared<S>, event: &Event) -> Result<(), StoreError> {
+/// The answer is the payload routes get instead of the event's when it carried a credential
+/// the gateway keeps (a ticket, an authorisation code): redacted.
+pub(crate) async fn apply<S: Store>(
+    shared: &Shared<S>,
+    event: &Event,
+) -> Result<Option<bytes::Bytes>, StoreError> {
     let sources = shared.ingress.sources.load_full();
     for name in &sources.multi_tenant {
         let Some(source) = sources.by_name.get(name) else {
             continue;
         };
         if let Some(change) = source.decoder.tenancy(event) {
-            return change_tenancy(shared, name, change).await;
+            change_tenancy(shared, name, change).await?;
+            return Ok(source.decoder.redacted(event));
         }
     }
-    Ok(())
+    Ok(None)
 }
 
 async fn change_tenancy<S: Store>(
