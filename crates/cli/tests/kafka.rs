@@ -34,6 +34,7 @@ struct Record {
     event_id: String,
     /// The `oncegate-tenant` header.
     tenant: String,
+    topic: String,
 }
 
 /// Reads every partition of the topic from its beginning, on a thread of its own, until
@@ -46,6 +47,11 @@ struct Reader {
 
 impl Reader {
     fn start(brokers: &str) -> Self {
+        Self::start_on(brokers, &[TOPIC])
+    }
+
+    /// Reads every partition of each of `topics`.
+    fn start_on(brokers: &str, topics: &[&str]) -> Self {
         let consumer: BaseConsumer = ClientConfig::new()
             .set("bootstrap.servers", brokers)
             .set("group.id", "oncegate-test")
@@ -53,10 +59,12 @@ impl Reader {
             .create()
             .expect("consumer");
         let mut partitions = TopicPartitionList::new();
-        for partition in 0..PARTITIONS {
-            partitions
-                .add_partition_offset(TOPIC, partition, Offset::Beginning)
-                .expect("partition");
+        for topic in topics {
+            for partition in 0..PARTITIONS {
+                partitions
+                    .add_partition_offset(topic, partition, Offset::Beginning)
+                    .expect("partition");
+            }
         }
         consumer.assign(&partitions).expect("assign");
         let records: Arc<Mutex<Vec<Record>>> = Arc::default();
@@ -87,6 +95,7 @@ impl Reader {
                         idempotency_key: header("idempotency-key"),
                         event_type: header("event-type"),
                         tenant: header("oncegate-tenant"),
+                        topic: message.topic().to_owned(),
                         event_id: body["event_id"].as_str().unwrap_or_default().to_owned(),
                     };
                     records.lock().expect("records").push(record);
@@ -128,6 +137,16 @@ impl Drop for Reader {
 
 /// A gateway on `redis` whose every event goes to the topic on `brokers`.
 fn start_gateway(dir: &std::path::Path, brokers: &str, redis: &OwnRedis) -> Gateway {
+    start_gateway_to(dir, brokers, redis, TOPIC)
+}
+
+/// A gateway on `redis` whose every event goes to `topic` on `brokers`.
+fn start_gateway_to(
+    dir: &std::path::Path,
+    brokers: &str,
+    redis: &OwnRedis,
+    topic: &str,
+) -> Gateway {
     let store = format!(
         "backend = \"redis\"\nurl = \"{}\"\nprefix = \"kafka\"\npartitions = 4",
         redis.url()
@@ -141,7 +160,7 @@ fn start_gateway(dir: &std::path::Path, brokers: &str, redis: &OwnRedis) -> Gate
         .expect("the events route is the last");
     let text = format!(
         "{head}[[route]]\nevents = [\"*\"]\nsink = \"kafka\"\nbrokers = \"{brokers}\"\n\
-         topic = \"{TOPIC}\"\ntimeout = \"10s\"\n"
+         topic = \"{topic}\"\ntimeout = \"10s\"\n"
     );
     std::fs::write(&config, text).expect("config");
     Gateway::run(&config)
@@ -363,6 +382,62 @@ async fn events_reach_the_topic_once_in_chat_order_and_a_kill_after_the_ack_only
             records.iter().filter(|r| &r.event_id == id).count(),
             1,
             "{id}"
+        );
+    }
+    drop(gateway);
+}
+
+/// A topic naming `{tenant}`: each tenant's events in a topic of their own (an id Kafka would
+/// refuse in a name written out, not passed on), none in another's, each event once, with its
+/// tenant's header.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_naming_the_tenant_takes_that_tenants_events_only() {
+    let cluster = MockCluster::new(1).expect("mock cluster");
+    // "tenant.b": the `.` is written out, so no id makes `..` or a name Kafka refuses.
+    let topics = [("t", "chat.t"), ("tenant.b", "chat.tenant_2Eb")];
+    for (_, topic) in topics {
+        cluster.create_topic(topic, PARTITIONS, 1).expect("topic");
+    }
+    let brokers = cluster.bootstrap_servers();
+    let reader = Reader::start_on(&brokers, &topics.map(|(_, topic)| topic));
+    let redis = OwnRedis::start();
+    let dir = tempfile::tempdir().expect("dir");
+    let gateway = start_gateway_to(dir.path(), &brokers, &redis, "chat.{tenant}");
+    let client = client();
+    let mut posted = Vec::new();
+    for n in 0..6 {
+        let (tenant, _) = topics[n % 2];
+        let id = format!("tenanted-{n}");
+        let body = message(&id, &format!("oc_{n}"), 1_000 + n as u64).replace(
+            "\"tenant_key\":\"t\"",
+            &format!("\"tenant_key\":\"{tenant}\""),
+        );
+        assert!(body.contains(tenant), "{body}");
+        let (status, answer) = post(&client, &gateway.url, &sign(&body))
+            .await
+            .expect("post");
+        assert_eq!(status, 200, "{id}: {answer}");
+        posted.push((id, tenant));
+    }
+    reader
+        .wait_for("every event", |records| records.len() >= posted.len())
+        .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let records = reader.records();
+    assert_eq!(records.len(), posted.len(), "each event once: {records:?}");
+    for (id, tenant) in &posted {
+        let record = records
+            .iter()
+            .find(|r| &r.event_id == id)
+            .unwrap_or_else(|| panic!("{id} produced: {records:?}"));
+        let topic = topics
+            .iter()
+            .find(|(t, _)| t == tenant)
+            .map(|(_, topic)| *topic);
+        assert_eq!(
+            (Some(&*record.topic), &*record.tenant),
+            (topic, *tenant),
+            "{id} in its tenant's topic"
         );
     }
     drop(gateway);

@@ -3,7 +3,9 @@
 //! a `create_auth` pushed to either is answered `success` at once and its code exchanged from the
 //! queue, so that the corp's first message is taken within 2 s without a restart; `/send` as
 //! each corp carries that corp's token and no other's, the suite and corp tokens fetched once
-//! for both gateways; `cancel_auth` stops the corp's callbacks and sends.
+//! for both gateways; `change_auth` has the corp's authorisation read again, so that every
+//! gateway sends as the agent it authorised now; `cancel_auth` stops the corp's callbacks and
+//! sends.
 
 mod support;
 
@@ -60,6 +62,17 @@ fn cancel_auth(corp: &str) -> SealedRequest {
             "<xml><SuiteId><![CDATA[{SUITE_ID}]]></SuiteId><InfoType><![CDATA[cancel_auth]]></InfoType><TimeStamp>{now}</TimeStamp><AuthCorpId><![CDATA[{corp}]]></AuthCorpId></xml>"
         ),
         &format!("c-{corp}"),
+    )
+}
+
+/// `change_auth` as WeCom documents it (path 90642): SuiteId, InfoType, TimeStamp, AuthCorpId.
+fn change_auth(corp: &str) -> SealedRequest {
+    let now = now();
+    suite_push(
+        &format!(
+            "<xml><SuiteId><![CDATA[{SUITE_ID}]]></SuiteId><InfoType><![CDATA[change_auth]]></InfoType><TimeStamp>{now}</TimeStamp><AuthCorpId><![CDATA[{corp}]]></AuthCorpId><State><![CDATA[]]></State><ExtraInfo><![CDATA[]]></ExtraInfo></xml>"
+        ),
+        &format!("ch-{corp}"),
     )
 }
 
@@ -216,6 +229,48 @@ async fn a_corp_authorised_through_create_auth_is_served_and_sent_as_with_its_ow
     let (status, body) = send(&a, "suite/wpNobody", "nobody", "u").await;
     assert_eq!(status, 404, "{body}");
 
+    // Corp 5 changes what it authorised: the suite's agent in it is another. Until its
+    // change_auth is taken, WeCom refuses a send as the old agent.
+    platform.change_agent(&corps[5], 2_000_005);
+    let path = format!("suite/{}", corps[5]);
+    let (status, body) = send(&a, &path, "before-change", "u").await;
+    assert_ne!(status, 200, "{body}");
+    let (status, body) = post(&b, &change_auth(&corps[5])).await;
+    assert_eq!((status, body.as_str()), (200, "success"));
+    // B takes it and reads the corp's authorisation again; A, which holds a sender for the old
+    // agent, sends as the new one within a second or two.
+    let changed = Instant::now();
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let (status, body) = send(&a, &path, &format!("after-change-{tries}"), "u").await;
+        if status == 200 {
+            break;
+        }
+        assert!(
+            changed.elapsed() < Duration::from_secs(3),
+            "{status} {body}; {}",
+            b.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!(
+        "change_auth: sent as the new agent {:?} after it",
+        changed.elapsed()
+    );
+    let (corp, body) = platform.sends().pop().expect("a send");
+    let body: serde_json::Value = serde_json::from_str(&body).expect("body");
+    assert_eq!(
+        (corp.as_str(), body["agentid"].as_i64()),
+        (corps[5].as_str(), Some(2_000_005))
+    );
+    assert_eq!(
+        platform.suite_calls("get_auth_info"),
+        1,
+        "the change read once"
+    );
+    let sent_before_cancel = platform.sends().len();
+
     // Corp 3 cancels: its callbacks are refused and nothing is sent as it, on both gateways.
     let (status, body) = post(&a, &cancel_auth(&corps[3])).await;
     assert_eq!((status, body.as_str()), (200, "success"));
@@ -239,7 +294,7 @@ async fn a_corp_authorised_through_create_auth_is_served_and_sent_as_with_its_ow
     }
     let (status, body) = send(&b, &format!("suite/{}", corps[3]), "after-cancel", "u").await;
     assert_eq!(status, 404, "{body}");
-    assert_eq!(platform.sends().len(), 202);
+    assert_eq!(platform.sends().len(), sent_before_cancel);
 
     // Every corp message admitted was delivered once, as its corp's.
     wait_until(

@@ -17,6 +17,38 @@ fn valid_topic(topic: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
+/// The topic of one event: `template` with `{tenant}` and `{agent}` replaced by the event's
+/// owner, `None` when that is not a topic name Kafka accepts (too long, or a template that is
+/// not one). Letters, digits and `-` of an id stay; every other byte becomes `_` and its two
+/// hex digits (`_` alone for an owner the event has not), so that two tenants never share a
+/// topic and an id cannot make `.`, `..` or a byte Kafka refuses.
+pub fn kafka_topic(template: &str, tenant: Option<&str>, agent: Option<&str>) -> Option<String> {
+    let topic = if template.contains('{') {
+        template
+            .replace("{tenant}", &topic_part(tenant))
+            .replace("{agent}", &topic_part(agent))
+    } else {
+        template.to_owned()
+    };
+    valid_topic(&topic).then_some(topic)
+}
+
+/// An owner's id as it stands in a topic name (see [`kafka_topic`]).
+fn topic_part(id: Option<&str>) -> String {
+    let Some(id) = id.filter(|id| !id.is_empty()) else {
+        return "_".to_owned();
+    };
+    let mut part = String::with_capacity(id.len());
+    for byte in id.bytes() {
+        if byte.is_ascii_alphanumeric() || byte == b'-' {
+            part.push(char::from(byte));
+        } else {
+            part.push_str(&format!("_{byte:02X}"));
+        }
+    }
+    part
+}
+
 /// A broker list's hosts that are not loopback.
 fn remote_brokers(brokers: &str) -> Vec<&str> {
     brokers
@@ -105,11 +137,12 @@ pub(crate) fn check(
             &at("topic"),
             "sink = \"kafka\" needs a topic".into(),
         ),
-        Some(topic) if !valid_topic(topic) => report(
+        Some(topic) if kafka_topic(topic, None, None).is_none() => report(
             Severity::Error,
             &at("topic"),
             format!(
-                "{topic:?} is not a Kafka topic name: 1 to 249 of letters, digits, '.', '_' and '-'"
+                "{topic:?} is not a Kafka topic name: 1 to 249 of letters, digits, '.', '_' and \
+                 '-', where {{tenant}} and {{agent}} may stand for the event's owner"
             ),
         ),
         Some(_) => {}
@@ -188,6 +221,42 @@ mod tests {
     }
 
     #[test]
+    fn a_topic_names_its_tenant_and_agent_and_no_two_tenants_share_one() {
+        assert_eq!(
+            kafka_topic("chat.{tenant}.{agent}", Some("ww8e1c5f2a"), Some("1000002")).as_deref(),
+            Some("chat.ww8e1c5f2a.1000002")
+        );
+        assert_eq!(
+            kafka_topic("chat-{tenant}", None, None).as_deref(),
+            Some("chat-_")
+        );
+        assert_eq!(
+            kafka_topic("chat-{tenant}", Some(""), None).as_deref(),
+            Some("chat-_")
+        );
+        // What Kafka would refuse, or take for a separator, is written out.
+        assert_eq!(
+            kafka_topic("{tenant}", Some("../a b_c"), None).as_deref(),
+            Some("_2E_2E_2Fa_20b_5Fc")
+        );
+        assert_eq!(
+            kafka_topic("{tenant}", Some("."), None).as_deref(),
+            Some("_2E")
+        );
+        // Distinct ids, distinct topics: `_` never stands for itself.
+        let ids = ["a_b", "a_5Fb", "a.b", "a-b", "a", "_", "ab", "企业"];
+        let topics: std::collections::HashSet<_> = ids
+            .iter()
+            .map(|id| kafka_topic("t.{tenant}", Some(id), None).expect("a topic"))
+            .collect();
+        assert_eq!(topics.len(), ids.len(), "{topics:?}");
+        // Too long once filled in: no topic (the delivery is refused, not cut short).
+        assert_eq!(kafka_topic("{tenant}", Some(&"x".repeat(250)), None), None);
+        assert_eq!(kafka_topic("a{tenant", Some("x"), None), None);
+        assert_eq!(kafka_topic("a{other}", Some("x"), None), None);
+    }
+
+    #[test]
     fn a_kafka_route_names_brokers_and_a_topic_and_keeps_acks_all() {
         assert_eq!(
             problems("brokers = \"127.0.0.1:9092\"\ntopic = \"chat-events\""),
@@ -204,6 +273,19 @@ mod tests {
             problems("brokers = \"127.0.0.1:9092\"\ntopic = \"a/b\""),
             [(Severity::Error, "topic".to_owned())]
         );
+        assert_eq!(
+            problems("brokers = \"127.0.0.1:9092\"\ntopic = \"chat.{tenant}.{agent}\""),
+            []
+        );
+        for template in ["chat.{corp}", "chat.{tenant", "chat.{{tenant}}"] {
+            assert_eq!(
+                problems(&format!(
+                    "brokers = \"127.0.0.1:9092\"\ntopic = \"{template}\""
+                )),
+                [(Severity::Error, "topic".to_owned())],
+                "{template}"
+            );
+        }
         assert_eq!(
             problems("brokers = \"127.0.0.1:9092\"\ntopic = \"t\"\nkafka = { acks = \"1\" }"),
             [(Severity::Error, "kafka.\"acks\"".to_owned())]

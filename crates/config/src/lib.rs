@@ -28,7 +28,7 @@ pub use checks::{Problem, Severity};
 pub use dedup::*;
 pub use dispatcher::*;
 pub use encryption::{EncryptionKey, EncryptionSettings, MAX_KEY_ID};
-pub use kafka::KAFKA_FIXED;
+pub use kafka::{KAFKA_FIXED, kafka_topic};
 pub use load::*;
 pub use log::{LogConfig, LogFormat};
 pub use retries::{RetrySchedule, STANDARD_WEBHOOKS_SCHEDULE};

@@ -37,6 +37,13 @@ pub enum TenancyChange {
         /// The temporary authorisation code (10 minutes, one use). A secret: never logged.
         auth_code: String,
     },
+    /// A tenant changed what it authorised (WeCom's `change_auth`: the app's visibility, its
+    /// permissions, a 代开发 app enabled or disabled): what the gateway keeps of it (its
+    /// agent, its name) is read again from the platform, from the queue.
+    Rescoped {
+        /// The tenant.
+        tenant: String,
+    },
 }
 
 /// Tickets and codes are secrets: shown as their kind only.
@@ -52,6 +59,9 @@ impl std::fmt::Debug for TenancyChange {
             }
             TenancyChange::Joined { tenant } => {
                 f.debug_struct("Joined").field("tenant", tenant).finish()
+            }
+            TenancyChange::Rescoped { tenant } => {
+                f.debug_struct("Rescoped").field("tenant", tenant).finish()
             }
             TenancyChange::Authorised { .. } => {
                 f.debug_struct("Authorised").finish_non_exhaustive()

@@ -2,7 +2,9 @@
 //! calls in flight (45033), WeCom's silent drop past 30 messages per minute to one member, and
 //! a count of what it really delivered. With [`LocalWecomApi::serve_suite`] it is also a
 //! suite's ISV API (`shared/protocols/tenants.md` §1.3): suite tokens for the ticket it issued
-//! last, one-use authorisation codes exchanged for permanent codes, and each corp's tokens,
+//! last, one-use authorisation codes exchanged for permanent codes, each corp's authorisation as it
+//! stands (its agent, which a `change_auth` may change, the only one its sends may name), and
+//! each corp's tokens,
 //! each send recorded with the corp whose token it carried.
 
 use std::collections::HashMap;
@@ -43,6 +45,8 @@ struct Suite {
     codes: HashMap<String, (String, i64)>,
     /// Permanent codes: code → corp.
     permanent: HashMap<String, String>,
+    /// The suite's agent in each authorised corp: a send as the corp names it (40056 else).
+    agents: HashMap<String, i64>,
     /// Calls to each of the suite's endpoints, by path.
     calls: HashMap<&'static str, u64>,
 }
@@ -103,6 +107,7 @@ impl LocalWecomApi {
             .route("/cgi-bin/service/get_suite_token", post(suite_token))
             .route("/cgi-bin/service/get_permanent_code", post(permanent_code))
             .route("/cgi-bin/service/get_corp_token", post(corp_token))
+            .route("/cgi-bin/service/get_auth_info", post(auth_info))
             .with_state(shared.clone());
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, router).await;
@@ -159,8 +164,16 @@ impl LocalWecomApi {
         code
     }
 
+    /// Corp `corp_id` changes what it authorised (what its `change_auth` push tells): the
+    /// suite's agent in it is now `agent_id`, the only one its sends may name.
+    pub fn change_agent(&self, corp_id: &str, agent_id: i64) {
+        let mut inner = self.shared.lock();
+        let suite = inner.suite.get_or_insert_with(Suite::default);
+        suite.agents.insert(corp_id.to_owned(), agent_id);
+    }
+
     /// Calls made to the suite endpoint `path` (`get_suite_token`, `get_permanent_code`,
-    /// `get_corp_token`).
+    /// `get_corp_token`, `get_auth_info`).
     pub fn suite_calls(&self, path: &str) -> u64 {
         self.shared
             .lock()
@@ -294,13 +307,54 @@ async fn permanent_code(
     };
     let permanent = format!("permanent-{corp}-{}", suite.permanent.len() + 1);
     suite.permanent.insert(permanent.clone(), corp.clone());
-    Json(json!({
-        "access_token": "unused",
-        "expires_in": 7200,
-        "permanent_code": permanent,
+    suite.agents.insert(corp.clone(), agent);
+    let mut answer = authorisation(&corp, agent);
+    answer["access_token"] = json!("unused");
+    answer["expires_in"] = json!(7200);
+    answer["permanent_code"] = json!(permanent);
+    Json(answer)
+}
+
+/// What WeCom says of a corp's authorisation (`get_permanent_code`, `get_auth_info`).
+fn authorisation(corp: &str, agent: i64) -> Value {
+    json!({
         "auth_corp_info": {"corpid": corp, "corp_name": format!("Corp {corp}")},
         "auth_info": {"agent": [{"agentid": agent, "name": "app"}]},
-    }))
+    })
+}
+
+/// The corp a call's `auth_corpid` and `permanent_code` name, or WeCom's refusal.
+fn corp_of(suite: &Suite, body: &Value) -> Result<String, Value> {
+    let corp = body["auth_corpid"].as_str().unwrap_or_default();
+    let owner = body["permanent_code"]
+        .as_str()
+        .and_then(|code| suite.permanent.get(code));
+    if owner.map(String::as_str) != Some(corp) {
+        return Err(json!({"errcode": 40084, "errmsg": "invalid permanent_code"}));
+    }
+    Ok(corp.to_owned())
+}
+
+async fn auth_info(
+    State(shared): State<Arc<Shared>>,
+    Query(query): Query<HashMap<String, String>>,
+    Json(body): Json<Value>,
+) -> Json<Value> {
+    let mut inner = shared.lock();
+    let suite = match suite_of(&mut inner, "get_auth_info") {
+        Ok(suite) => suite,
+        Err(refusal) => return Json(refusal),
+    };
+    if !suite_token_of(suite, &query) {
+        return Json(json!({"errcode": 42009, "errmsg": "suite_access_token expired"}));
+    }
+    match corp_of(suite, &body) {
+        Ok(corp) => {
+            let agent = suite.agents.get(&corp).copied().unwrap_or_default();
+            Json(authorisation(&corp, agent))
+        }
+        Err(refusal) => Json(refusal),
+    }
 }
 
 async fn corp_token(
@@ -317,14 +371,10 @@ async fn corp_token(
         if !suite_token_of(suite, &query) {
             return Json(json!({"errcode": 42009, "errmsg": "suite_access_token expired"}));
         }
-        let corp = body["auth_corpid"].as_str().unwrap_or_default();
-        let owner = body["permanent_code"]
-            .as_str()
-            .and_then(|code| suite.permanent.get(code));
-        if owner.map(String::as_str) != Some(corp) {
-            return Json(json!({"errcode": 40084, "errmsg": "invalid permanent_code"}));
+        match corp_of(suite, &body) {
+            Ok(corp) => corp,
+            Err(refusal) => return Json(refusal),
         }
-        corp.to_owned()
     };
     Json(issue(&mut inner, corp))
 }
@@ -360,6 +410,14 @@ async fn answer(
     else {
         return json!({"errcode": 40014, "errmsg": "invalid access_token"});
     };
+    // A suite's corp sends as the agent it authorised now, no other.
+    let authorised = inner
+        .suite
+        .as_ref()
+        .and_then(|suite| suite.agents.get(&corp));
+    if authorised.is_some_and(|agent| body["agentid"].as_i64() != Some(*agent)) {
+        return json!({"errcode": 40056, "errmsg": "invalid agentid"});
+    }
     let now = Instant::now();
     inner.bodies.push((corp, body.to_string()));
     for member in body["touser"]

@@ -1,5 +1,6 @@
 //! A WeCom third-party suite's own API (服务商接口): the suite token from the pushed ticket, a
-//! corp's permanent code from its authorisation code, and each corp's token. Knows no store:
+//! corp's permanent code from its authorisation code, its authorisation as it stands, and each
+//! corp's token. Knows no store:
 //! the gateway keeps the ticket, the codes and the tokens, shared by every gateway.
 //! Facts: `shared/protocols/tenants.md` §1.3.
 
@@ -141,12 +142,26 @@ impl WecomSuiteApi {
                     .into(),
             });
         };
-        Ok(Authorisation {
-            corp_id: corp_id.to_owned(),
-            corp_name: corp["corp_name"].as_str().map(str::to_owned),
-            permanent_code: permanent_code.to_owned(),
-            agent_id: doc["auth_info"]["agent"][0]["agentid"].as_i64(),
-        })
+        Ok(authorisation(&doc, corp_id, permanent_code))
+    }
+
+    /// A corp's authorisation as it stands now (`get_auth_info`), for its `permanent_code`:
+    /// what a `change_auth` push asks the ISV to read again (its agent may have changed).
+    pub async fn auth_info(
+        &self,
+        suite_token: &str,
+        corp_id: &str,
+        permanent_code: &str,
+    ) -> Result<Authorisation, SendError> {
+        let answer = self
+            .post(
+                "/cgi-bin/service/get_auth_info",
+                Some(suite_token),
+                &json!({ "auth_corpid": corp_id, "permanent_code": permanent_code }),
+            )
+            .await?;
+        let doc = checked(&answer, "get_auth_info")?;
+        Ok(authorisation(&doc, corp_id, permanent_code))
     }
 
     /// Corp `corp_id`'s token: `get_corp_token` with the suite token, or for a 代开发 template
@@ -193,6 +208,19 @@ impl WecomSuiteApi {
         crate::feishu::read(sent)
             .await
             .map_err(SendError::Transient)
+    }
+}
+
+/// What an answer with `auth_corp_info` and `auth_info` says of `corp_id`, whose code is
+/// `permanent_code`.
+fn authorisation(doc: &Value, corp_id: &str, permanent_code: &str) -> Authorisation {
+    Authorisation {
+        corp_id: corp_id.to_owned(),
+        corp_name: doc["auth_corp_info"]["corp_name"]
+            .as_str()
+            .map(str::to_owned),
+        permanent_code: permanent_code.to_owned(),
+        agent_id: doc["auth_info"]["agent"][0]["agentid"].as_i64(),
     }
 }
 

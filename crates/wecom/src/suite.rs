@@ -296,6 +296,9 @@ impl WebhookSource for WecomSuite {
             "cancel_auth" => Some(TenancyChange::Left {
                 tenant: fields.text("AuthCorpId")?.to_owned(),
             }),
+            "change_auth" => Some(TenancyChange::Rescoped {
+                tenant: fields.text("AuthCorpId")?.to_owned(),
+            }),
             "create_auth" | "reset_permanent_code" => Some(TenancyChange::Authorised {
                 auth_code: fields.text("AuthCode")?.to_owned(),
             }),

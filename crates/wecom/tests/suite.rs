@@ -43,6 +43,9 @@ const CREATE_AUTH_QUERY: &str =
 const CANCEL_AUTH_BODY: &str = "<xml><ToUserName><![CDATA[ww4asffe99e54c0f4c]]></ToUserName><Encrypt><![CDATA[P2reb3zff+KmB1E79HyKB6zgsuFPpxzYAkTaAURNRnXXIbloKInAPl0bxwxkcU+lh4dyLgDNCNObdRuHqdYPX9fcV0YlIKDaRh1LjhwQgR7qgOLj8K/JhCE3YC22xKBaS0NncV3edaVIFpXAczenBCipeWbgMHIsF2v9lc5yZ00+5AxJHgQespuT9ozu18bzNsU5SQVTaSm4Hygbges8/h9wLUKqITPW+T5XhnYNZvJaDP1VMAHzFRogvj9bAyNXJMP+I+92J1k7bWqQOAUtJogX0MHVAYjop7Q6p3z/bt+9StEz+8GYwSKlVpLI4//6UPqYoH8NqgjMi574WsKXsg==]]></Encrypt></xml>";
 const CANCEL_AUTH_QUERY: &str =
     "msg_signature=602d7c71e9718f207774a6538ca984f491f9df7e&timestamp=1700000000&nonce=1372623149";
+const CHANGE_AUTH_BODY: &str = "<xml><ToUserName><![CDATA[ww4asffe99e54c0f4c]]></ToUserName><Encrypt><![CDATA[29msLXlBlxIKuH4yb5RrCVLiB3hdjgD1HdRE9incpAqw5msPVO3/qMaPsbkObupVE9lP1PHKugfUO6MlldT+1yQEjiVXzCwmVOCOX535BtdOaTMBcLiGgdlAn8blS8Xw2hKIGXcIuleFMGWA5ESEYHUkJraNSY8P0bMr51bLdyFW7iuo/LlSvPQZl8xMJ/OLlJAz8rhRhdY12sh//i7yymgjAxk8x3EyXpwrntl6O49RFnGPfLtzbzoSxLKKysgtT2a/Eu8oxK4IqddXYJ50l/tdhod5d4B6VwBAWDDEFM3NBoR5nBJxv9BSIorDeLQ64jwvz9boR5kVnPvPf1e3evF6iw4T9IPRGfIoN2N1n4T3UYeRsKEtAFsz9rq76uumESSRorUA3XSjkYUO2LKXj4DXaotr5hJXzA/FXBdme9Q=]]></Encrypt></xml>";
+const CHANGE_AUTH_QUERY: &str =
+    "msg_signature=652bedf4d3b5cd24385944f47ee224ce275ac570&timestamp=1700000000&nonce=1372623149";
 const CORP_A_BODY: &str = "<xml><ToUserName><![CDATA[wpAbCdEf0123456789ZzYy]]></ToUserName><Encrypt><![CDATA[cXHVRIYRoJNvjKP73MDpFskGEfqrmxWB5o5lvdRdjU6MDUPwfRNHrJ+yrzUUC6jqEBrRsHv3IUA1uRDCubeM1Ndr7c52AYDNy8qXNUNsPhLRNtQ4gCeovUIhYnxcK5AyU/qeXM0EIq5cgKWxcXpRBJfrvXSLlI3xjF1EUyxAGGibO3S/stofebrlK41zKE97aSnQycsCxmp0b0sGUE/hqwftQxP/QhbcYgxgx0eV0Q5zztJOaAsE72/B8gQJKKFfdmCnIk8UhoFs95Dvk9K61zitMCrJ0wnPWaQzqLXePS8C66EYpYZMoS7dUobbjuHMzxBEmKDpYY3zq0ww0ZDoobUdrMa8vX5B/UxgkM2hXL+lIlIew7nWPBDvO0pER1Wb/PtoWmQLxX8yAkAkT1lf2d1woxl+k9QUK6w5Nmx6oxfccMSaIEFIjp6/ygIoyKG2XpM6MUttaHpxyRFTt1QaRw==]]></Encrypt></xml>";
 const CORP_A_QUERY: &str =
     "msg_signature=36dcc9fea5d89e50544d40dc5b609b069d59f11d&timestamp=1700000000&nonce=1372623149";
@@ -123,6 +126,19 @@ fn the_suites_own_pushes_are_events_answered_success() {
             tenant: CORP_A.into()
         })
     );
+    // A change_auth (the documentation's sample, 90642) has the corp's authorisation read
+    // again: its own key, about its corp.
+    let change = admitted(&source, CHANGE_AUTH_QUERY, CHANGE_AUTH_BODY);
+    assert_eq!(&*change.event.event_type, "suite.change_auth");
+    assert_eq!(change.event.tenant.as_deref(), Some(CORP_B));
+    assert!(keys.iter().all(|key| *key != change.keys.primary()));
+    assert_eq!(
+        source.tenancy(&change.event),
+        Some(TenancyChange::Rescoped {
+            tenant: CORP_B.into()
+        })
+    );
+    assert_eq!(source.redacted(&change.event), None, "nothing secret in it");
     // A create_auth's code is what the gateway exchanges for the corp's permanent code.
     assert_eq!(
         source.tenancy(&create.event),

@@ -48,11 +48,15 @@ impl Senders {
         self.held().senders.get(tenant).cloned()
     }
 
-    /// Holds `sender` for `tenant` (the one held already, if another caller was first).
+    /// Holds `sender` for `tenant`: the one held already if another caller was first with the
+    /// same scope; one held for another scope (the tenant's agent changed) is replaced.
     pub(crate) fn keep(&self, tenant: &str, sender: Arc<Sender>) -> Arc<Sender> {
         let mut held = self.held();
         let Held { senders, order } = &mut *held;
-        if let Some(first) = senders.get(tenant) {
+        if let Some(first) = senders.get_mut(tenant) {
+            if first.scope != sender.scope {
+                *first = sender;
+            }
             return first.clone();
         }
         while senders.len() >= MAX_SENDERS {
@@ -130,6 +134,20 @@ impl Keeper {
         }
     }
 
+    /// Reads a tenant's authorisation again (a WeCom suite's `change_auth`); `None` for a
+    /// keeper that has nothing to read again.
+    #[cfg(feature = "wecom")]
+    pub(crate) async fn rescope(
+        &self,
+        tenant: &str,
+    ) -> Option<Result<oncegate_send::Authorisation, SendError>> {
+        match self {
+            Keeper::Suite(keeper) => Some(keeper.rescope(tenant).await),
+            #[cfg(feature = "feishu")]
+            Keeper::StoreApp(_) => None,
+        }
+    }
+
     /// Forgets a tenant that left: its credentials and its sender.
     pub(crate) async fn forget(&self, tenant: &str) -> Result<(), StoreError> {
         match self {
@@ -179,10 +197,16 @@ mod tests {
         assert_eq!(senders.len(), MAX_SENDERS);
         assert!(senders.get("t0").is_none() && senders.get("t9").is_none());
         assert!(senders.get("t10").is_some());
-        // The first kept wins over a second built meanwhile.
-        let other = sender("other");
-        let kept = senders.keep("t10", other);
+        // The first kept wins over a second built meanwhile for the same scope...
+        let again = sender("one");
+        let kept = senders.keep("t10", again);
         assert!(Arc::ptr_eq(&kept, &one));
+        // ...and gives way to one for another (the tenant's agent changed).
+        let other = sender("other");
+        let kept = senders.keep("t10", other.clone());
+        assert!(Arc::ptr_eq(&kept, &other));
+        assert!(Arc::ptr_eq(&senders.get("t10").expect("held"), &other));
+        assert_eq!(senders.len(), MAX_SENDERS);
         senders.forget("t10");
         assert!(senders.get("t10").is_none());
         assert_eq!(senders.len(), MAX_SENDERS - 1);

@@ -125,6 +125,31 @@ impl SuiteKeeper {
                 |token| async move { self.api.permanent_code(&token, auth_code).await },
             )
             .await?;
+        self.keep(&authorised).await.map_err(unavailable)?;
+        // A renewed code invalidates the corp's token.
+        self.tokens
+            .forget(&corp_token(&authorised.corp_id))
+            .await
+            .map_err(unavailable)?;
+        Ok(authorised)
+    }
+
+    /// Reads a corp's authorisation again, as its `change_auth` asks (`get_auth_info`), and
+    /// keeps what changed: its agent (every gateway's next send as the corp names it) and its
+    /// name.
+    pub(crate) async fn rescope(&self, corp: &str) -> Result<Authorisation, SendError> {
+        let code = self.credential(corp).await?.permanent_code;
+        let code = &code;
+        let now = self
+            .with_suite_token(|token| async move { self.api.auth_info(&token, corp, code).await })
+            .await?;
+        self.keep(&now).await.map_err(unavailable)?;
+        Ok(now)
+    }
+
+    /// Keeps a corp's authorisation: its credential, and its settings in the registry (what an
+    /// operator set there, such as `disabled`, stays).
+    async fn keep(&self, authorised: &Authorisation) -> Result<(), StoreError> {
         let corp = &authorised.corp_id;
         let credential = json!({
             "permanent_code": authorised.permanent_code,
@@ -138,26 +163,37 @@ impl SuiteKeeper {
                 Expect::Any,
                 None,
             )
-            .await
-            .map_err(unavailable)?;
-        // A renewed code invalidates the corp's token and sender.
-        self.forget_tokens(corp).await.map_err(unavailable)?;
-        let settings = json!({
-            "name": authorised.corp_name,
-            "agent_id": authorised.agent_id,
-            "authorised": true,
-        });
-        self.store
-            .put(
-                &tenants::namespace(&self.source),
-                corp,
-                Bytes::from(settings.to_string()),
-                Expect::Any,
-                None,
-            )
-            .await
-            .map_err(unavailable)?;
-        Ok(authorised)
+            .await?;
+        self.senders.forget(corp);
+        let namespace = tenants::namespace(&self.source);
+        for _ in 0..8 {
+            let kept = self.store.get(&namespace, corp).await?;
+            let mut settings = kept
+                .as_ref()
+                .and_then(|kept| serde_json::from_slice::<Value>(&kept.value).ok())
+                .filter(Value::is_object)
+                .unwrap_or_else(|| json!({}));
+            settings["name"] = json!(authorised.corp_name);
+            settings["agent_id"] = json!(authorised.agent_id);
+            settings["authorised"] = json!(true);
+            let expect = kept.map_or(Expect::Absent, |kept| Expect::Version(kept.version));
+            let put = self
+                .store
+                .put(
+                    &namespace,
+                    corp,
+                    Bytes::from(settings.to_string()),
+                    expect,
+                    None,
+                )
+                .await?;
+            if let oncegate_core::Changed::Done(_) = put {
+                return Ok(());
+            }
+        }
+        Err(StoreError::Unavailable(format!(
+            "the settings of corp {corp:?} kept changing under eight writes in a row"
+        )))
     }
 
     /// Forgets a corp that left: its permanent code, its token, its sender.
@@ -217,16 +253,20 @@ impl SuiteKeeper {
             .await
     }
 
-    /// The sender of corp `corp` (one of the registry's): its messages carry its token only.
+    /// The sender of corp `corp` (one of the registry's): its messages carry its token only,
+    /// and name the agent the corp authorised as the store holds it now — read at each send,
+    /// since any gateway may have taken a `change_auth` that changed it.
     pub(crate) async fn sender(self: &Arc<Self>, corp: &str) -> Result<Arc<Sender>, SendError> {
-        if let Some(sender) = self.senders.get(corp) {
-            return Ok(sender);
-        }
         let credential = self.credential(corp).await?;
         let agent = credential.agent_id.ok_or_else(|| SendError::Permanent {
             code: 0,
             message: format!("corp {corp:?} authorised no agent of the suite: nothing to send as"),
         })?;
+        if let Some(sender) = self.senders.get(corp)
+            && sender.scope == scope(corp, agent)
+        {
+            return Ok(sender);
+        }
         let tokens = Arc::new(TenantToken {
             keeper: Arc::downgrade(self),
             tenant: corp.to_owned(),
@@ -243,13 +283,17 @@ impl SuiteKeeper {
             options,
             self.api.http(),
         );
-        let api = Api::Wecom(api);
         let sender = Arc::new(Sender {
-            scope: api.scope().unwrap_or_else(|| corp.to_owned()),
-            api,
+            scope: scope(corp, agent),
+            api: Api::Wecom(api),
         });
         Ok(self.senders.keep(corp, sender))
     }
+}
+
+/// What a corp's sender sends as (the WeCom API's own scope): the corp and its agent.
+fn scope(corp: &str, agent: i64) -> String {
+    format!("{corp}/{agent}")
 }
 
 fn corp_token(corp: &str) -> String {

@@ -148,6 +148,7 @@ async fn change_tenancy<S: Store>(
             life,
         } => keep_ticket(&*shared.store, &tickets(source), &ticket, issued_secs, life).await,
         TenancyChange::Authorised { auth_code } => authorise(shared, source, &auth_code).await,
+        TenancyChange::Rescoped { tenant } => rescope(shared, source, &tenant).await,
         TenancyChange::Joined { tenant } => {
             let namespace = namespace(source);
             let settings = bytes::Bytes::from_static(br#"{"joined":true}"#);
@@ -193,36 +194,86 @@ async fn authorise<S: Store>(
         Some(keeper) => keeper.authorise(auth_code).await,
         None => None,
     } {
-        use oncegate_send::SendError;
-        return match exchanged {
-            Ok(authorised) => {
-                metrics::counter!("oncegate_tenancy_changes_total", "source" => source.to_owned(), "change" => "authorised").increment(1);
-                tracing::info!(source, tenant = %authorised.corp_id, agent = ?authorised.agent_id, "a tenant authorised the suite: its callbacks are taken from the next poll on, and /send sends as it");
-                Ok(())
-            }
-            Err(SendError::Permanent { code, message }) => {
-                metrics::counter!("oncegate_tenancy_changes_total", "source" => source.to_owned(), "change" => "authorisation_refused").increment(1);
-                tracing::error!(
-                    source,
-                    code,
-                    "WeCom refused to exchange an authorisation code ({message}): the corp was not added; it can be added with oncegate tenants add, or authorise again"
-                );
-                Ok(())
-            }
-            Err(other) => Err(StoreError::Unavailable(format!(
-                "the authorisation of a tenant of {source:?} waits: {other}"
-            ))),
-        };
+        return settled(
+            source,
+            ["authorised", "authorisation_refused"],
+            exchanged,
+            "a tenant authorised the suite: its callbacks are taken from the next poll on, and \
+             /send sends as it",
+            "the corp was not added; it can be added with oncegate tenants add, or authorise \
+             again",
+        );
     }
     let _ = auth_code;
     shared.summaries.note(
         "authorisation_unexchanged",
         None,
         &format!(
-            "source {source:?} received an authorisation (create_auth) but has no suite_secret              to exchange it: add the corp with oncegate tenants add, or set suite_secret"
+            "source {source:?} received an authorisation (create_auth) but has no suite_secret \
+             to exchange it: add the corp with oncegate tenants add, or set suite_secret"
         ),
     );
     Ok(())
+}
+
+/// Reads a tenant's authorisation again (WeCom's `change_auth`: the corp changed what it
+/// authorised): its agent and name as WeCom says them now. Retried as `authorise` is; a refusal
+/// for good is said, and the event still goes to its route.
+async fn rescope<S: Store>(
+    shared: &Shared<S>,
+    source: &str,
+    tenant: &str,
+) -> Result<(), StoreError> {
+    #[cfg(all(feature = "send", feature = "wecom"))]
+    if let Some(read) = match shared.api.keepers.load().get(source).cloned() {
+        Some(keeper) => keeper.rescope(tenant).await,
+        None => None,
+    } {
+        return settled(
+            source,
+            ["rescoped", "rescope_refused"],
+            read,
+            "a tenant changed what it authorised: /send sends as the agent it authorised now",
+            "what the gateway keeps of the corp is unchanged",
+        );
+    }
+    shared.summaries.note(
+        "rescope_unread",
+        None,
+        &format!(
+            "source {source:?} received a change of authorisation (change_auth) of corp \
+             {tenant:?} but has no suite_secret to read it again (get_auth_info)"
+        ),
+    );
+    Ok(())
+}
+
+/// What an exchange with the platform about a tenant came to: counted as `changes[0]` when
+/// done, as `changes[1]` and said when refused for good (the event goes on to its route); an
+/// error that may pass (no ticket yet, a busy API) retries the event.
+#[cfg(all(feature = "send", feature = "wecom"))]
+fn settled(
+    source: &str,
+    changes: [&'static str; 2],
+    outcome: Result<oncegate_send::Authorisation, oncegate_send::SendError>,
+    done: &str,
+    refused: &str,
+) -> Result<(), StoreError> {
+    match outcome {
+        Ok(authorised) => {
+            metrics::counter!("oncegate_tenancy_changes_total", "source" => source.to_owned(), "change" => changes[0]).increment(1);
+            tracing::info!(source, tenant = %authorised.corp_id, agent = ?authorised.agent_id, "{done}");
+            Ok(())
+        }
+        Err(oncegate_send::SendError::Permanent { code, message }) => {
+            metrics::counter!("oncegate_tenancy_changes_total", "source" => source.to_owned(), "change" => changes[1]).increment(1);
+            tracing::error!(source, code, "WeCom refused ({message}): {refused}");
+            Ok(())
+        }
+        Err(other) => Err(StoreError::Unavailable(format!(
+            "a change of a tenant of {source:?} waits: {other}"
+        ))),
+    }
 }
 
 /// Keeps `ticket` as the newest, unless a newer one is kept already (a late retry of an older

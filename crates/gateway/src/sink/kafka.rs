@@ -33,7 +33,8 @@ impl ClientContext for Quiet {
 
 type KafkaProducer = FutureProducer<Quiet>;
 
-/// Produces each event to one topic.
+/// Produces each event to one topic, or to its tenant's and agent's where the topic names
+/// `{tenant}` or `{agent}`.
 pub struct KafkaSink {
     settings: ClientConfig,
     producer: Mutex<Arc<KafkaProducer>>,
@@ -170,7 +171,20 @@ impl Sink for KafkaSink {
                     value: Some(traceparent),
                 });
             }
-            let record = FutureRecord::to(&self.topic)
+            // A topic naming its tenant or agent is filled in per event (checked with the
+            // configuration; only an id too long for a topic name is left to refuse here).
+            let Some(topic) = oncegate_config::kafka_topic(
+                &self.topic,
+                outgoing.owner.tenant,
+                outgoing.owner.agent,
+            ) else {
+                return Err(SinkError::Permanent(format!(
+                    "the topic {:?} with this event's tenant and agent is longer than the 249 \
+                     bytes Kafka allows",
+                    self.topic
+                )));
+            };
+            let record = FutureRecord::to(&topic)
                 .key(key)
                 .payload(&body)
                 .headers(headers);
