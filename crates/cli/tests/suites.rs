@@ -93,26 +93,14 @@ async fn send(gateway: &Serve, path: &str, key: &str, to: &str) -> (u16, serde_j
     (status, response.json().await.unwrap_or_default())
 }
 
-/// Posts `sealed` until it is answered `status`, `limit` at most: how long that took.
+/// Posts `sealed` to the suite until it is answered `status`, `limit` at most.
 async fn until_answered(
     gateway: &Serve,
     sealed: &SealedRequest,
     status: u16,
     limit: Duration,
 ) -> Duration {
-    let started = Instant::now();
-    loop {
-        let (got, body) = post(gateway, sealed).await;
-        if got == status {
-            return started.elapsed();
-        }
-        assert!(
-            started.elapsed() < limit,
-            "still {got} ({body}) after {limit:?}; {}",
-            gateway.stderr()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    support::until_answered(gateway, "suite", sealed, status, limit).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -16,7 +16,7 @@ use support::suite::{
     KEY, SUITE_ID, TOKEN, corp_message, post, readme_block, readme_source_by_hand, suite_push,
     ticket,
 };
-use support::{Serve, file_route, lines, oncegate, redis_store, wait_until};
+use support::{Serve, file_route, lines, redis_store, run, wait_until};
 
 const PROVIDER: &str = "wwprovider00000001";
 /// An encrypted corp id, and another corp whose id differs only in case.
@@ -79,34 +79,10 @@ fn tenants(gateway: &Serve, args: &[&str]) -> Result<String, String> {
     run(&all)
 }
 
-/// `oncegate <args>`: its output, or why it failed.
-fn run(args: &[String]) -> Result<String, String> {
-    let output = oncegate().args(args).output().expect("oncegate");
-    let text = String::from_utf8_lossy(&output.stdout).into_owned()
-        + &String::from_utf8_lossy(&output.stderr);
-    if output.status.success() {
-        Ok(text)
-    } else {
-        Err(text)
-    }
-}
-
 /// Posts `sealed` to `gateway` until it is answered `status` (a second at most): how long the
 /// change took to reach it.
 async fn until_answered(gateway: &Serve, sealed: &SealedRequest, status: u16) -> Duration {
-    let started = Instant::now();
-    loop {
-        let (got, body) = post(gateway, sealed).await;
-        if got == status {
-            return started.elapsed();
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(1),
-            "still {got} ({body}) a second after the change; {}",
-            gateway.stderr()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    support::until_answered(gateway, "suite", sealed, status, Duration::from_secs(1)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -721,6 +721,40 @@ url = "https://{tenant}.example.com/events"
     }
 
     #[test]
+    fn a_wecom_template_names_no_corp_and_holds_no_secret() {
+        let problems = |sources: &str| -> Vec<(Severity, String)> {
+            let config = crate::load_str(sources, std::path::Path::new("t.toml"), Vec::new())
+                .expect("parses");
+            validate(&config)
+                .into_iter()
+                .filter(|p| p.setting.starts_with("source["))
+                .map(|p| (p.severity, p.setting))
+                .collect()
+        };
+        let template = "[[source]]\nname = \"corps\"\nplatform = \"wecom\"\ntemplate = true\n";
+        // Two templates, no corp ids: neither is the other's app.
+        assert_eq!(
+            problems(&format!("{template}{}", template.replace("corps", "more"))),
+            Vec::new()
+        );
+        assert_eq!(
+            problems(&format!(
+                "{template}corp_id = \"ww1\"\ntoken = \"t\"\nencoding_aes_key = \"k\"\n"
+            )),
+            vec![
+                (Severity::Error, "source[corps].corp_id".to_owned()),
+                (Severity::Error, "source[corps].token".to_owned()),
+                (Severity::Error, "source[corps].encoding_aes_key".to_owned()),
+            ]
+        );
+        // Without template, the same source is one corp's, and needs its corp and secrets.
+        assert!(
+            problems(&template.replace("template = true\n", ""))
+                .contains(&(Severity::Error, "source[corps].token".to_owned()))
+        );
+    }
+
+    #[test]
     fn a_wecom_suite_needs_its_token_and_key_and_a_short_name() {
         let problems = |name: &str, extra: &str| -> Vec<(Severity, String)> {
             let config = crate::load_str(

@@ -277,6 +277,9 @@ pub struct Callback<'a> {
     pub headers: &'a dyn Headers,
     /// The body, as received.
     pub body: &'a [u8],
+    /// The tenant the URL names (`/webhook/<source>/<tenant>`), when it names one: a source
+    /// that serves many tenants checks the callback against that tenant's secrets only.
+    pub tenant: Option<&'a str>,
 }
 
 /// A platform's webhook receiver: it turns one callback into a challenge answer, an admission

@@ -76,6 +76,21 @@ pub trait TenantSet: Send + Sync {
     /// Replaces the set.
     fn replace(&self, tenants: Vec<String>);
 
+    /// Replaces the set with `tenants` and each one's settings (the JSON object the registry
+    /// keeps), answering the tenants it left out, each with why: settings it cannot serve a
+    /// tenant with. A set of ids only (the default) takes every one.
+    fn replace_with_settings(&self, tenants: Vec<(String, bytes::Bytes)>) -> Vec<(String, String)> {
+        self.replace(tenants.into_iter().map(|(tenant, _)| tenant).collect());
+        Vec::new()
+    }
+
+    /// Whether a tenant with `settings` can be served: the refusal is said to whoever adds
+    /// it. Any settings do for a set of ids only (the default).
+    fn check_settings(&self, settings: &[u8]) -> Result<(), String> {
+        let _ = settings;
+        Ok(())
+    }
+
     /// Whether `tenant` is in the set.
     fn contains(&self, tenant: &str) -> bool;
 

@@ -183,6 +183,7 @@ mod tests {
             query: None,
             headers: &headers,
             body: &body,
+            tenant: None,
         };
         let Ok(Decoded::Admit { admit, stamp }) = app.decode(&callback(Method::Post)) else {
             panic!("an admission")
@@ -246,6 +247,7 @@ mod tests {
             query: None,
             headers: &headers,
             body: &sealed.body,
+            tenant: None,
         });
         let Ok(Decoded::Admit { admit, stamp }) = decoded else {
             panic!("{decoded:?}")

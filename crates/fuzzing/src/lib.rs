@@ -15,7 +15,7 @@ pub use aibot::aibot_frames;
 pub use feishu_ws::feishu_ws_frames;
 pub use keys::keys_body;
 pub use send::send_body;
-pub use wecom::{wecom_callback, wecom_decrypt, wecom_xml};
+pub use wecom::{wecom_callback, wecom_decrypt, wecom_template, wecom_xml};
 
 use oncegate_core::replay::{ReplayGuard, ReplayVerdict};
 use oncegate_feishu::{FeishuApp, FeishuError, Inbound, SignedHeaders};
@@ -32,6 +32,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("wecom_callback", wecom_callback),
     ("wecom_decrypt", wecom_decrypt),
     ("wecom_xml", wecom_xml),
+    ("wecom_template", wecom_template),
     ("feishu_ws_frames", feishu_ws_frames),
     ("send_body", send_body),
     ("keys_body", keys_body),

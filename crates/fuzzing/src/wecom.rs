@@ -1,8 +1,8 @@
 //! The WeCom and WeChat decoders: the whole callback, the AES scheme and the XML reader.
 
-use oncegate_core::{Callback, Headers, Method, RefusalKind, Sealer, WebhookSource};
+use oncegate_core::{Callback, Headers, Method, RefusalKind, Sealer, TenantSet, WebhookSource};
 use oncegate_wecom::xml::Fields;
-use oncegate_wecom::{AesKey, WechatApp, WecomApp, crypto};
+use oncegate_wecom::{AesKey, WechatApp, WecomApp, WecomCorps, crypto};
 
 const KEY: &str = "jWmYm7qr5nMoAUwZRjGtBxmz3KA1tkAj3ykkR6q2B2C";
 const TOKEN: &str = "fuzz-token";
@@ -47,6 +47,7 @@ pub fn wecom_callback(data: &[u8]) {
             query: sealed.query.as_deref(),
             headers: &NoHeaders,
             body: &sealed.body,
+            tenant: None,
         });
         if let Ok(oncegate_core::Decoded::Admit { admit, .. }) = &opened {
             assert!(!admit.keys.as_slice().is_empty(), "an event without keys");
@@ -67,6 +68,7 @@ pub fn wecom_callback(data: &[u8]) {
         ),
         headers: &NoHeaders,
         body: rest,
+        tenant: None,
     });
     match forged {
         Err(refusal) => assert_eq!(
@@ -104,5 +106,59 @@ pub fn wecom_decrypt(data: &[u8]) {
 pub fn wecom_xml(data: &[u8]) {
     if let Ok(fields) = Fields::parse(data) {
         assert_eq!(Fields::parse(data).ok(), Some(fields), "deterministic");
+    }
+}
+
+/// A template serving self-built apps of many corps. The first byte chooses: bit 0 the rest is
+/// a corp's registry settings (taken or left out with a reason, never a panic, and the check
+/// before adding agrees with what the registry takes); else the rest is a callback body under
+/// a forged signature, at the one URL for all (bit 1 clear) or at the registered corp's URL,
+/// bit 2 a GET. A forgery is refused: as unsigned, or as a stranger's or unreadable envelope —
+/// never admitted, never decrypted with a key it did not name.
+pub fn wecom_template(data: &[u8]) {
+    let Some((&mode, rest)) = data.split_first() else {
+        return;
+    };
+    let template = WecomCorps::new();
+    let corps = template.corps();
+    if mode & 1 != 0 {
+        let checked = corps.check_settings(rest);
+        let left_out =
+            corps.replace_with_settings(vec![(CORP.into(), bytes::Bytes::copy_from_slice(rest))]);
+        assert_eq!(
+            checked.is_ok(),
+            left_out.is_empty(),
+            "{checked:?} {left_out:?}"
+        );
+        assert_eq!(corps.contains(CORP), left_out.is_empty());
+        return;
+    }
+    let settings =
+        format!("{{\"token\": \"{TOKEN}\", \"encoding_aes_key\": \"{KEY}\", \"agent_id\": 1}}");
+    let left_out = corps.replace_with_settings(vec![(CORP.into(), bytes::Bytes::from(settings))]);
+    assert!(left_out.is_empty(), "{left_out:?}");
+    let method = if mode & 4 != 0 {
+        Method::Get
+    } else {
+        Method::Post
+    };
+    let forged = template.decode(&Callback {
+        method,
+        query: Some("msg_signature=0000&timestamp=1&nonce=2&echostr=AAAA"),
+        headers: &NoHeaders,
+        body: rest,
+        tenant: (mode & 2 != 0).then_some(CORP),
+    });
+    match forged {
+        Err(refusal) => assert!(
+            matches!(
+                (refusal.kind, refusal.label),
+                (RefusalKind::Unauthenticated, "bad_signature")
+                    | (RefusalKind::Unavailable, "unknown_tenant")
+                    | (RefusalKind::BadInput, "bad_xml")
+            ),
+            "a forgery told more: {refusal:?}"
+        ),
+        Ok(decoded) => panic!("a forged request passed: {decoded:?}"),
     }
 }

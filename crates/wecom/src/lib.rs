@@ -8,6 +8,7 @@
 //! and leases never meet (every key names the corp or app id).
 
 mod aibot;
+mod corps;
 pub mod crypto;
 pub mod events;
 mod keys;
@@ -18,6 +19,7 @@ mod suite;
 pub mod xml;
 
 pub use aibot::AiBot;
+pub use corps::{CorpApps, MAX_UNNAMED_VERIFICATION, WecomCorps};
 pub use crypto::AesKey;
 pub use source::owner;
 pub use suite::{SUITE_EVENTS, SuiteTenants, WecomSuite};

@@ -126,6 +126,13 @@ impl WecomSuite {
                 let (document, receiver) = crypto::decrypt_any(&self.key, &encrypt)?;
                 if self.is_own(&receiver) {
                     self.push(document, stamp)
+                } else if callback.tenant.is_some_and(|named| named != receiver) {
+                    // The data URL's `$CORPID$`: the corp it names is the one it encrypted for.
+                    Err(WecomError::WrongReceiver {
+                        expected: callback.tenant.unwrap_or_default().to_owned(),
+                        got: receiver,
+                    }
+                    .into())
                 } else if self.tenants.contains(&receiver) {
                     let origin = Origin {
                         platform: "wecom",

@@ -46,6 +46,7 @@ fn an_unsigned_json_body_is_refused_without_a_tree() {
         query: Some("msg_signature=0000&timestamp=1700000000&nonce=n1"),
         headers: &NoHeaders,
         body: body.as_bytes(),
+        tenant: None,
     };
     let before = peak_kib();
     let refused = app.decode(&callback);

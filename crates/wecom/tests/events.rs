@@ -21,6 +21,7 @@ fn decode(source: &dyn WebhookSource, query: &str, body: &[u8]) -> Event {
         query: Some(query),
         headers: &NoHeaders,
         body,
+        tenant: None,
     });
     match decoded {
         Ok(Decoded::Admit { admit, .. }) => admit.event,

@@ -23,6 +23,7 @@ fn call(method: Method, query: &str, body: &[u8]) -> Callback<'static> {
         query: Some(query),
         headers: &NoHeaders,
         body,
+        tenant: None,
     }
 }
 

@@ -23,6 +23,7 @@ fn call<'a>(method: Method, query: &'a str, body: &'a [u8]) -> Callback<'a> {
         query: Some(query),
         headers: &NoHeaders,
         body,
+        tenant: None,
     }
 }
 
@@ -320,5 +321,29 @@ fn tickets_and_codes_are_redacted_for_routes() {
         suite
             .redacted(&event("message.text", "wpCorp", message))
             .is_none()
+    );
+}
+
+/// The data URL may name its corp (`$CORPID$`, `/webhook/<source>/<corp>`): a callback there is
+/// taken only when encrypted for that corp.
+#[test]
+fn a_data_url_naming_a_corp_takes_that_corps_callbacks_only() {
+    let source = suite();
+    source
+        .tenants()
+        .replace(vec![CORP_A.to_owned(), CORP_B.to_owned()]);
+    let at = |tenant| Callback {
+        tenant: Some(tenant),
+        ..call(Method::Post, CORP_A_QUERY, CORP_A_BODY.as_bytes())
+    };
+    assert!(matches!(
+        source.decode(&at(CORP_A)),
+        Ok(Decoded::Admit { .. })
+    ));
+    // Corp ids are case-sensitive: B differs from A only in case.
+    let refused = source.decode(&at(CORP_B)).expect_err("another corp's URL");
+    assert_eq!(
+        (refused.kind, refused.label),
+        (RefusalKind::BadInput, "wrong_app")
     );
 }

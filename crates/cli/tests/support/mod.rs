@@ -206,6 +206,42 @@ pub(crate) async fn post_sealed(
     (status, response.text().await.unwrap_or_default())
 }
 
+/// `oncegate <args>`: its output, or why it failed.
+pub(crate) fn run(args: &[String]) -> Result<String, String> {
+    let output = oncegate().args(args).output().expect("oncegate");
+    let text = String::from_utf8_lossy(&output.stdout).into_owned()
+        + &String::from_utf8_lossy(&output.stderr);
+    if output.status.success() {
+        Ok(text)
+    } else {
+        Err(text)
+    }
+}
+
+/// Posts `sealed` to `gateway`'s `/webhook/<path>` until it is answered `status`, `limit` at
+/// most: how long that took (how long a change took to reach the gateway).
+pub(crate) async fn until_answered(
+    gateway: &Serve,
+    path: &str,
+    sealed: &oncegate_core::SealedRequest,
+    status: u16,
+    limit: Duration,
+) -> Duration {
+    let started = Instant::now();
+    loop {
+        let (got, body) = post_sealed(gateway, path, sealed).await;
+        if got == status {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < limit,
+            "still {got} ({body}) after {limit:?}; {}",
+            gateway.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// `N` gateways, each in a fresh directory (which lives as long as it is held) with the file
 /// `config` writes for that directory: several gateways on one store.
 pub(crate) fn start_in_dirs<const N: usize>(

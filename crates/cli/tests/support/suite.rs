@@ -71,7 +71,21 @@ pub(crate) fn ticket(value: &str, issued_secs: u64) -> String {
 /// A corp's message as WeCom posts it to the suite's data URL: encrypted for the corp with the
 /// suite's token and key, stamped now.
 pub(crate) fn corp_message(corp: &str, id: &str) -> SealedRequest {
-    let sealer = WecomApp::new(corp, TOKEN, KEY).expect("sealer");
+    corp_message_sealed(corp, (TOKEN, KEY, None), id)
+}
+
+/// A message of `corp`'s app (of `agent`, when given) encrypted for the corp with `token` and
+/// `key`, stamped now, as WeCom posts it.
+pub(crate) fn corp_message_sealed(
+    corp: &str,
+    (token, key, agent): (&str, &str, Option<&str>),
+    id: &str,
+) -> SealedRequest {
+    let sealer = WecomApp::new(corp, token, key).expect("sealer");
+    let sealer = match agent {
+        Some(agent) => sealer.for_agent(agent),
+        None => sealer,
+    };
     let now = now();
     let plain = sealer.message(&SyntheticMessage {
         id: id.to_owned(),

@@ -42,14 +42,15 @@ pub(crate) fn check(config: &Config, report: &mut impl FnMut(Severity, &str, Str
             PlatformConfig::WecomSuite(_) => "suite_id",
             _ => "app_id",
         };
-        if source.app_id().trim().is_empty() {
+        let template = crate::WecomSettings::is_template(&source.platform);
+        if source.app_id().trim().is_empty() && !template {
             report(
                 Severity::Error,
                 &at(id_field),
                 "empty; every source names its app".into(),
             );
         }
-        if !apps.insert(source.identity()) {
+        if !template && !apps.insert(source.identity()) {
             report(
                 Severity::Error,
                 &at(id_field),
@@ -99,7 +100,11 @@ pub(crate) fn check(config: &Config, report: &mut impl FnMut(Severity, &str, Str
                         Severity::AtRisk,
                         "dispatcher.max_queued",
                         format!(
-                            "source {:?} is a WeCom AI bot: WeCom never sends one of its                              callbacks again, so they are admitted beyond the bound of {max}                              queued events rather than refused and lost (counted in                              oncegate_admitted_over_bound_total); the bound holds for the                              other sources",
+                            "source {:?} is a WeCom AI bot: WeCom never sends one of its \
+                             callbacks again, so they are admitted beyond the bound of {max} \
+                             queued events rather than refused and lost (counted in \
+                             oncegate_admitted_over_bound_total); the bound holds for the \
+                             other sources",
                             source.name
                         ),
                     );
@@ -124,6 +129,9 @@ pub(crate) fn check(config: &Config, report: &mut impl FnMut(Severity, &str, Str
             PlatformConfig::WecomSuite(suite) => {
                 check_suite(report, &label, &source.name, suite);
             }
+            PlatformConfig::Wecom(wecom) if wecom.template => {
+                check_template(report, &label, &source.name, wecom);
+            }
             PlatformConfig::Wecom(crate::WecomSettings { token, .. })
             | PlatformConfig::Wechat(crate::WechatSettings { token, .. }) => {
                 if token.is_none() {
@@ -136,6 +144,7 @@ pub(crate) fn check(config: &Config, report: &mut impl FnMut(Severity, &str, Str
             }
         }
         if let PlatformConfig::Wecom(wecom) = &source.platform
+            && !wecom.template
             && let Some(secret) = &wecom.secret
         {
             if let Err(message) = secret.resolve() {
@@ -156,6 +165,7 @@ pub(crate) fn check(config: &Config, report: &mut impl FnMut(Severity, &str, Str
         plain_transport(&source.platform, &at, report);
         if let PlatformConfig::Wecom(wecom) = &source.platform
             && wecom.encoding_aes_key.is_none()
+            && !wecom.template
         {
             report(
                 Severity::Error,
@@ -195,6 +205,45 @@ fn check_suite(
             &at("name"),
             format!(
                 "{} characters: a suite's name keys its tenant registry, at most {MAX_SUITE_NAME}",
+                name.len()
+            ),
+        );
+    }
+}
+
+/// A template's corps bring their own secrets, from the registry: none in the file.
+fn check_template(
+    report: &mut impl FnMut(Severity, &str, String),
+    label: &str,
+    name: &str,
+    wecom: &crate::WecomSettings,
+) {
+    let at = |field: &str| format!("{label}.{field}");
+    let given = [
+        ("corp_id", !wecom.corp_id.is_empty()),
+        ("agent_id", wecom.agent_id.is_some()),
+        ("token", wecom.token.is_some()),
+        ("encoding_aes_key", wecom.encoding_aes_key.is_some()),
+        ("secret", wecom.secret.is_some()),
+    ];
+    for (field, _) in given.iter().filter(|(_, given)| *given) {
+        report(
+            Severity::Error,
+            &at(field),
+            format!(
+                "a template's corps each bring their own {field}: leave it out here and give \
+                 it in each corp's settings (oncegate tenants add {name} <corp id> --settings \
+                 '{{\"token\": …, \"encoding_aes_key\": …, \"agent_id\": …}}')"
+            ),
+        );
+    }
+    if name.len() > MAX_SUITE_NAME {
+        report(
+            Severity::Error,
+            &at("name"),
+            format!(
+                "{} characters: a template's name keys its tenant registry, at most \
+                 {MAX_SUITE_NAME}",
                 name.len()
             ),
         );

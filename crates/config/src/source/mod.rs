@@ -259,6 +259,18 @@ pub struct WecomSettings {
     pub secret: Option<Secret>,
     /// WeCom's API address: `https://qyapi.weixin.qq.com` unless set (a local server, a proxy).
     pub domain: Option<String>,
+    /// A template for the self-built apps of many corps: no corp, token or key here — each
+    /// corp's token, EncodingAESKey and AgentID are its settings in the tenant registry
+    /// (`oncegate tenants add`), its callbacks checked with those alone, at
+    /// `/webhook/<source>/<corp id>` or at `/webhook/<source>` for all.
+    pub template: bool,
+}
+
+impl WecomSettings {
+    /// Whether `platform` is a WeCom template (self-built apps of many corps).
+    pub fn is_template(platform: &PlatformConfig) -> bool {
+        matches!(platform, PlatformConfig::Wecom(settings) if settings.template)
+    }
 }
 
 /// A WeChat Official Account.

@@ -26,7 +26,8 @@ fn registry<S: Store>(shared: &Shared<S>, source: &str) -> Result<String, Refuse
             "no_registry",
             format!(
                 "source {source:?} serves one tenant; a tenant registry belongs to a source that \
-                 serves many (platform = \"wecom-suite\", or a Feishu store_app)"
+                 serves many (platform = \"wecom-suite\", a WeCom template, or a Feishu \
+                 store_app)"
             ),
         )),
         None => Err(Refused::new(
@@ -49,9 +50,7 @@ async fn refresh<S: Store>(shared: &Shared<S>, source: &str, namespace: &str) {
     else {
         return;
     };
-    if let Ok(tenants) = crate::ingress::tenants::all(&*shared.store, namespace).await {
-        set.replace(tenants);
-    }
+    let _ = crate::ingress::tenants::load(&*shared.store, namespace, &*set).await;
 }
 
 /// A tenant id as given: opaque and case-sensitive, so never trimmed or folded — one that
@@ -106,6 +105,29 @@ fn shown(value: &[u8]) -> Value {
         .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(value).into_owned()))
 }
 
+/// Settings that are secrets (a template's corp's callback secrets, an API secret): never in
+/// an answer, shown as `"redacted"`.
+const SECRET_SETTINGS: [&str; 5] = [
+    "token",
+    "encoding_aes_key",
+    "secret",
+    "app_secret",
+    "permanent_code",
+];
+
+/// A tenant's settings as an answer shows them: every secret among them redacted.
+fn listed(value: &[u8]) -> Value {
+    let mut shown = shown(value);
+    if let Value::Object(settings) = &mut shown {
+        for name in SECRET_SETTINGS {
+            if let Some(secret) = settings.get_mut(name) {
+                *secret = Value::String("redacted".into());
+            }
+        }
+    }
+    shown
+}
+
 #[derive(Deserialize)]
 pub(crate) struct Page {
     after: Option<String>,
@@ -139,7 +161,7 @@ pub(crate) async fn list<S: Store>(
             let tenants: Vec<Value> = tenants
                 .iter()
                 .map(|(tenant, value)| {
-                    json!({"tenant": tenant, "version": value.version, "settings": shown(&value.value)})
+                    json!({"tenant": tenant, "version": value.version, "settings": listed(&value.value)})
                 })
                 .collect();
             axum::Json(json!({"source": source, "tenants": tenants, "next_after": next}))
@@ -163,6 +185,13 @@ pub(crate) async fn put<S: Store>(
     if let Err(refusal) = checked(&tenant) {
         return refusal.into_response();
     }
+    let set = shared
+        .ingress
+        .sources
+        .load()
+        .by_name
+        .get(&source)
+        .and_then(|found| found.decoder.tenants());
     let settings = if body.iter().all(u8::is_ascii_whitespace) {
         Bytes::from_static(b"{}")
     } else {
@@ -180,6 +209,11 @@ pub(crate) async fn put<S: Store>(
             }
         }
     };
+    // What the source cannot serve the tenant with (a template's corp without its secrets) is
+    // refused here, where whoever adds it reads why.
+    if let Some(Err(why)) = set.map(|set| set.check_settings(&settings)) {
+        return refused(RefusalKind::BadInput, "bad_settings", why);
+    }
     match shared
         .store
         .state_put(&namespace, &tenant, settings, Expect::Any, None)

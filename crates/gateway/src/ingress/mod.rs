@@ -79,6 +79,7 @@ impl Sources {
 pub(crate) fn router<S: Store>(shared: Arc<Shared<S>>) -> Router {
     Router::new()
         .route("/webhook/{source}", any(webhook::<S>))
+        .route("/webhook/{source}/{tenant}", any(tenant_webhook::<S>))
         .fallback(not_found)
         .with_state(shared)
 }
@@ -127,12 +128,35 @@ async fn webhook<S: Store>(
     Path(name): Path<String>,
     request: Request,
 ) -> Response {
+    receive(shared, name, None, request).await
+}
+
+/// `/webhook/<source>/<tenant>`: a callback to a source that serves many tenants, at the URL of
+/// one of them (a WeCom template's corp, a suite's `$CORPID$`). Other sources have no such
+/// URLs.
+async fn tenant_webhook<S: Store>(
+    State(shared): State<Arc<Shared<S>>>,
+    Path((name, tenant)): Path<(String, String)>,
+    request: Request,
+) -> Response {
+    receive(shared, name, Some(tenant), request).await
+}
+
+async fn receive<S: Store>(
+    shared: Arc<Shared<S>>,
+    name: String,
+    tenant: Option<String>,
+    request: Request,
+) -> Response {
     let started = std::time::Instant::now();
     let (parts, body) = request.into_parts();
     let peer = crate::server::peer();
     let stats = &shared.stats;
     stats.bump(&stats.requests, "oncegate_requests_total");
-    let Some(source) = shared.ingress.sources.load().by_name.get(&name).cloned() else {
+    let found = shared.ingress.sources.load().by_name.get(&name).cloned();
+    // A tenant's URL exists for sources that serve many: for any other it is no URL at all.
+    let found = found.filter(|source| tenant.is_none() || source.decoder.tenants().is_some());
+    let Some(source) = found else {
         // The configured names are not told: they are part of what an attacker looks for.
         let refusal = Refusal::new(
             RefusalKind::NotFound,
@@ -141,7 +165,14 @@ async fn webhook<S: Store>(
         );
         return crate::refusal::counted(&shared, peer, refusal);
     };
-    let response = callback(&shared, (&name, &source), peer, parts, body).await;
+    let response = callback(
+        &shared,
+        (&name, &source),
+        peer,
+        tenant.as_deref(),
+        (parts, body),
+    )
+    .await;
     source
         .answers
         .count(&name, source.decoder.platform(), response.status());
@@ -194,8 +225,8 @@ async fn callback<S: Store>(
     shared: &Arc<Shared<S>>,
     (name, source): (&str, &Source),
     peer: Option<SocketAddr>,
-    parts: axum::http::request::Parts,
-    body: axum::body::Body,
+    tenant: Option<&str>,
+    (parts, body): (axum::http::request::Parts, axum::body::Body),
 ) -> Response {
     let stats = &shared.stats;
     let received = shared.traces.on().then(std::time::SystemTime::now);
@@ -223,6 +254,7 @@ async fn callback<S: Store>(
         query: parts.uri.query(),
         headers: &HttpHeaders(&parts.headers),
         body: &body,
+        tenant,
     };
     // What decoded the request answers it too: a reply sealed with the secret it came with.
     let (decoder, decoded) = match decode((name, source), &callback, shared.now_ms()) {

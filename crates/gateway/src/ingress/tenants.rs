@@ -31,11 +31,11 @@ pub(crate) fn enabled(settings: &[u8]) -> bool {
         .map_or(true, |doc| doc["disabled"] != serde_json::Value::Bool(true))
 }
 
-/// Every tenant of `namespace` that is served (not disabled), page by page.
-pub(crate) async fn all<S: StateStore>(
+/// Every tenant of `namespace` that is served (not disabled), with its settings, page by page.
+async fn all<S: StateStore>(
     store: &S,
     namespace: &str,
-) -> Result<Vec<String>, StoreError> {
+) -> Result<Vec<(String, bytes::Bytes)>, StoreError> {
     let mut tenants = Vec::new();
     let mut after: Option<String> = None;
     loop {
@@ -47,12 +47,35 @@ pub(crate) async fn all<S: StateStore>(
         tenants.extend(
             page.into_iter()
                 .filter(|(_, kept)| enabled(&kept.value))
-                .map(|(name, _)| name),
+                .map(|(name, kept)| (name, kept.value)),
         );
         if !full {
             return Ok(tenants);
         }
     }
+}
+
+/// Reads the registry `namespace` into `set`: the tenants served after it. A tenant whose
+/// settings the set cannot serve (a template's corp without its secrets) is left out, said in
+/// the log, and its callbacks are refused as a stranger's.
+pub(crate) async fn load<S: StateStore>(
+    store: &S,
+    namespace: &str,
+    set: &dyn TenantSet,
+) -> Result<usize, StoreError> {
+    let tenants = all(store, namespace).await?;
+    let left_out = set.replace_with_settings(tenants);
+    for (tenant, why) in left_out.iter().take(8) {
+        tracing::warn!(registry = namespace, tenant = %tenant, "a tenant is not served: {why}");
+    }
+    if left_out.len() > 8 {
+        tracing::warn!(
+            registry = namespace,
+            more = left_out.len() - 8,
+            "more tenants are not served for their settings"
+        );
+    }
+    Ok(set.len())
 }
 
 /// Keeps every multi-tenant source's set current until `shutdown`; a registry that cannot be
@@ -87,13 +110,13 @@ pub(crate) async fn sync<S: Store>(shared: Arc<Shared<S>>, shutdown: Cancellatio
                 if loaded.get(&namespace) == Some(&(generation, identity)) {
                     return Ok(None);
                 }
-                Ok::<_, StoreError>(Some((generation, all(&*shared.store, &namespace).await?)))
+                let served = load(&*shared.store, &namespace, &*set).await?;
+                Ok::<_, StoreError>(Some((generation, served)))
             };
             match read.await {
-                Ok(Some((generation, tenants))) => {
+                Ok(Some((generation, served))) => {
                     metrics::gauge!("oncegate_tenants", "registry" => namespace.clone())
-                        .set(tenants.len() as f64);
-                    set.replace(tenants);
+                        .set(served as f64);
                     loaded.insert(namespace, (generation, identity));
                 }
                 Ok(None) => {}

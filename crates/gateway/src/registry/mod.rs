@@ -70,6 +70,8 @@ enum App {
     Wechat(oncegate_wecom::WechatApp),
     #[cfg(feature = "wecom")]
     Suite(oncegate_wecom::WecomSuite),
+    #[cfg(feature = "wecom")]
+    Corps(oncegate_wecom::WecomCorps),
 }
 
 /// The configured app of `source`.
@@ -77,6 +79,10 @@ fn app(source: &SourceConfig) -> Result<App, GatewayError> {
     match &source.platform {
         #[cfg(feature = "feishu")]
         PlatformConfig::Feishu(_) | PlatformConfig::Lark(_) => feishu::app(source).map(App::Feishu),
+        #[cfg(feature = "wecom")]
+        PlatformConfig::Wecom(settings) if settings.template => {
+            Ok(App::Corps(oncegate_wecom::WecomCorps::new()))
+        }
         #[cfg(feature = "wecom")]
         PlatformConfig::Wecom(settings) => wecom::wecom(source, settings).map(App::Wecom),
         #[cfg(feature = "wecom")]
@@ -169,6 +175,8 @@ pub fn source(config: &SourceConfig) -> Result<SharedSource, GatewayError> {
         App::Wechat(app) => Arc::new(app),
         #[cfg(feature = "wecom")]
         App::Suite(suite) => Arc::new(suite),
+        #[cfg(feature = "wecom")]
+        App::Corps(corps) => Arc::new(corps),
     })
 }
 
@@ -191,6 +199,14 @@ pub fn sealer(config: &SourceConfig) -> Result<Arc<dyn Sealer>, GatewayError> {
                 config,
                 "oncegate simulate does not play a WeCom suite's callbacks yet; simulate one of \
                  its corps as a platform = \"wecom\" source",
+            ));
+        }
+        #[cfg(feature = "wecom")]
+        App::Corps(_) => {
+            return Err(platform_error(
+                config,
+                "a template's corps are in the registry: simulate one of them as a platform = \
+                 \"wecom\" source with its corp_id, token and encoding_aes_key",
             ));
         }
     })

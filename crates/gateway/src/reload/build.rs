@@ -126,7 +126,7 @@ async fn sources<S: Store>(
         }
         if let Some(set) = new.decoder.tenants().filter(|_| reloading) {
             let namespace = ingress::tenants::namespace(&source.name);
-            let tenants = ingress::tenants::all(&*shared.store, &namespace)
+            ingress::tenants::load(&*shared.store, &namespace, &*set)
                 .await
                 .map_err(|error| {
                     GatewayError::Config(format!(
@@ -134,7 +134,6 @@ async fn sources<S: Store>(
                         source.name
                     ))
                 })?;
-            set.replace(tenants);
         }
         new.origin = Some(resolved);
         sources.insert(source.name.clone(), Arc::new(new));
