@@ -92,7 +92,20 @@ impl SharedTokens {
                 .await
                 .map_err(unavailable)?;
             if let Changed::Done(_) = taken {
-                break;
+                // A fetch that ended between the look above and the lease kept its token and
+                // let the lease go: that token, not a second fetch.
+                match self.current(name).await {
+                    Ok(None) => break,
+                    kept => {
+                        let _ = self
+                            .store
+                            .remove(&self.namespace, &lease(name), Expect::Any)
+                            .await;
+                        if let Some(token) = kept? {
+                            return Ok(token);
+                        }
+                    }
+                }
             }
             if Instant::now() > gave_up {
                 return Err(SendError::Transient(format!(
@@ -190,5 +203,77 @@ impl<K: TenantTokenKeeper> oncegate_send::TokenSource for TenantToken<K> {
                 keeper.tokens().refused(&name, token).await;
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::credentials::shared_state::Call;
+
+    /// A gateway whose store answers its lease requests late: it asks for the lease after
+    /// another gateway's fetch looked, fetched, kept the token and let the lease go.
+    struct LateLeases(Arc<dyn SharedState>);
+
+    impl SharedState for LateLeases {
+        fn get<'a>(
+            &'a self,
+            namespace: &'a str,
+            name: &'a str,
+        ) -> Call<'a, Option<oncegate_core::Versioned>> {
+            self.0.get(namespace, name)
+        }
+
+        fn put<'a>(
+            &'a self,
+            namespace: &'a str,
+            name: &'a str,
+            value: Bytes,
+            expect: Expect,
+            ttl: Option<Duration>,
+        ) -> Call<'a, Changed> {
+            Box::pin(async move {
+                if name.starts_with("fetching:") {
+                    tokio::time::sleep(Duration::from_millis(40)).await;
+                }
+                self.0.put(namespace, name, value, expect, ttl).await
+            })
+        }
+
+        fn remove<'a>(
+            &'a self,
+            namespace: &'a str,
+            name: &'a str,
+            expect: Expect,
+        ) -> Call<'a, Changed> {
+            self.0.remove(namespace, name, expect)
+        }
+    }
+
+    /// Two gateways on one store ask for a token none keeps: one fetch, whichever asked late
+    /// — before, the late one took the lease the first had let go, and fetched again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lease_taken_after_anothers_fetch_takes_that_token_not_a_second() {
+        let store: Arc<dyn SharedState> = Arc::new(oncegate_memory::MemoryStore::new());
+        let first = SharedTokens::new(store.clone(), "tokens:t".into());
+        let late = SharedTokens::new(Arc::new(LateLeases(store)), "tokens:t".into());
+        let fetches = AtomicUsize::new(0);
+        let fetch = async || {
+            let n = fetches.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            Ok((format!("token-{n}"), Duration::from_secs(7200)))
+        };
+        let (a, b) = tokio::join!(first.get("app", fetch), async {
+            // Looks while the first fetches, and asks for the lease after it is let go.
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            late.get("app", fetch).await
+        });
+        assert_eq!(fetches.load(Ordering::SeqCst), 1, "one fetch for both");
+        assert_eq!(
+            (a.expect("first"), b.expect("late")),
+            ("token-0".into(), "token-0".into())
+        );
     }
 }
