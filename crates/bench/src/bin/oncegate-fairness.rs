@@ -2,7 +2,7 @@
 //! downstream the gateway's route posts to (each delivery answered after `--downstream-ms`),
 //! sends `--quiet` tenants' events at `--rate` each per second (each tenant its own chat), and
 //! measures each event's delivery latency (from its creation, stamped when it is sealed, to
-//! its arrival downstream). Two phases in one run, side by side: the quiet tenants alone, then
+//! the downstream's answer). Two phases in one run, side by side: the quiet tenants alone, then
 //! the quiet tenants while one tenant floods `--flood` events over `--flood-chats` chats as
 //! fast as the gateway takes them. It prints the quiet tenants' p50 and p99 in each phase,
 //! their ratio, and how far the flood got.
@@ -76,6 +76,9 @@ async fn downstream(
     let app = axum::Router::new().fallback(move |body: axum::body::Bytes| {
         let arrivals = arrivals.clone();
         async move {
+            // Delivered when the downstream is done with it: its own time counts, as a
+            // receiver sees it.
+            tokio::time::sleep(delay).await;
             let now = unix_ms();
             if let Ok(envelope) = serde_json::from_slice::<serde_json::Value>(&body) {
                 let tenant = envelope["owner"]["tenant"]
@@ -89,7 +92,6 @@ async fn downstream(
                     .seen
                     .push((tenant, now.saturating_sub(created), now));
             }
-            tokio::time::sleep(delay).await;
             axum::http::StatusCode::OK
         }
     });
