@@ -109,11 +109,12 @@ async fn a_template_serves_each_corp_with_its_own_secrets_on_every_gateway() {
     let [(a_dir, a), (b_dir, b)] = support::start_in_dirs(|dir| config(dir, &store));
     let a_secrets = (TOKEN_A, KEY_A, AGENT_A);
     let first = message(CORP_A, a_secrets, "1");
-    // No corp yet: 503 for WeCom to retry, on both.
+    // No corp yet: answered as unsigned (no corp's secrets vouch for it), for WeCom to retry,
+    // on both.
     for gateway in [&a, &b] {
         let (status, body) = post(gateway, None, &first).await;
-        assert_eq!(status, 503, "{body}");
-        assert!(body.contains("not in this template's registry"), "{body}");
+        assert_eq!(status, 401, "{body}");
+        assert!(body.contains("the signature does not verify"), "{body}");
     }
 
     // The README's command on A; B serves the corp within a second.

@@ -22,13 +22,20 @@ fn valid_topic(topic: &str) -> bool {
 /// not one). Letters, digits and `-` of an id stay; every other byte becomes `_` and its two
 /// hex digits (`_` alone for an owner the event has not), so that two tenants never share a
 /// topic and an id cannot make `.`, `..` or a byte Kafka refuses.
-pub fn kafka_topic(template: &str, tenant: Option<&str>, agent: Option<&str>) -> Option<String> {
+/// A template without placeholders is its own topic, borrowed: no allocation per event.
+pub fn kafka_topic<'t>(
+    template: &'t str,
+    tenant: Option<&str>,
+    agent: Option<&str>,
+) -> Option<std::borrow::Cow<'t, str>> {
     let topic = if template.contains('{') {
-        template
-            .replace("{tenant}", &topic_part(tenant))
-            .replace("{agent}", &topic_part(agent))
+        std::borrow::Cow::Owned(
+            template
+                .replace("{tenant}", &topic_part(tenant))
+                .replace("{agent}", &topic_part(agent)),
+        )
     } else {
-        template.to_owned()
+        std::borrow::Cow::Borrowed(template)
     };
     valid_topic(&topic).then_some(topic)
 }
@@ -43,7 +50,10 @@ fn topic_part(id: Option<&str>) -> String {
         if byte.is_ascii_alphanumeric() || byte == b'-' {
             part.push(char::from(byte));
         } else {
-            part.push_str(&format!("_{byte:02X}"));
+            const HEX: &[u8; 16] = b"0123456789ABCDEF";
+            part.push('_');
+            part.push(char::from(HEX[usize::from(byte >> 4)]));
+            part.push(char::from(HEX[usize::from(byte & 15)]));
         }
     }
     part

@@ -45,8 +45,15 @@ fn agent<'de, D: serde::Deserializer<'de>>(reader: D) -> Result<Option<String>, 
 
 /// The app a corp's settings make, or why they cannot make one.
 fn app_of(corp: &str, settings: &[u8]) -> Result<WecomApp, String> {
-    let settings: CorpSettings = serde_json::from_slice(settings)
-        .map_err(|error| format!("the settings are not a template corp's: {error}"))?;
+    // serde's message may quote the value it could not read (a secret): only its place.
+    let settings: CorpSettings = serde_json::from_slice(settings).map_err(|error| {
+        format!(
+            "the settings are not a template corp's (line {}, column {}): a JSON object whose \
+             token and encoding_aes_key are strings and agent_id a number or a string",
+            error.line(),
+            error.column()
+        )
+    })?;
     let (Some(token), Some(key)) = (settings.token, settings.encoding_aes_key) else {
         return Err(
             "a template's corp needs its own \"token\" and \"encoding_aes_key\" (its app's \
@@ -161,34 +168,20 @@ impl WecomCorps {
             (None, Method::Post) => Fields::parse(callback.body)
                 .ok()
                 .and_then(|fields| fields.text("ToUserName").map(str::to_owned))
-                .ok_or_else(|| {
-                    Refusal::new(
-                        RefusalKind::BadInput,
-                        "bad_xml",
-                        "a callback to a template names its corp: the envelope's ToUserName, or \
-                         the URL /webhook/<source>/<corp id>",
-                    )
-                })?,
+                .ok_or_else(|| crate::WecomError::BadSignature.refusal())?,
             (None, Method::Get) => return Ok(None),
         };
-        self.corps
-            .app(&corp)
-            .map(Some)
-            .ok_or_else(|| unknown(&corp))
+        self.corps.app(&corp).map(Some).ok_or_else(unknown)
     }
 }
 
-/// A corp not in the registry: its secrets are unknown, so nothing about the callback is
-/// known either; WeCom retries, and a corp being added is served within a moment.
-fn unknown(corp: &str) -> Refusal {
-    Refusal::new(
-        RefusalKind::Unavailable,
-        "unknown_tenant",
-        format!(
-            "a callback for corp {corp:?}, which is not in this template's registry: add it with \
-             its token and encoding_aes_key (oncegate tenants add) if it should be served"
-        ),
-    )
+/// A callback for a corp not in the registry: with its secrets unknown nothing about it is
+/// authentic, so it is answered as any unsigned callback — a prober learns no corp the template
+/// serves — and counted apart (`unknown_tenant`) for the operator. WeCom retries, and a corp
+/// being added is served within a moment.
+fn unknown() -> Refusal {
+    let unsigned = crate::WecomError::BadSignature.refusal();
+    Refusal::new(unsigned.kind, "unknown_tenant", unsigned.message)
 }
 
 impl WebhookSource for WecomCorps {
@@ -201,8 +194,7 @@ impl WebhookSource for WecomCorps {
             return app.decode(callback);
         }
         // A URL verification at the one URL for all: the corp whose signature it carries.
-        let apps = self.corps.all();
-        if apps.len() > MAX_UNNAMED_VERIFICATION {
+        if self.corps.len() > MAX_UNNAMED_VERIFICATION {
             return Err(Refusal::new(
                 RefusalKind::BadInput,
                 "name_the_tenant",
@@ -212,13 +204,9 @@ impl WebhookSource for WecomCorps {
                 ),
             ));
         }
+        let apps = self.corps.all();
         if apps.is_empty() {
-            return Err(Refusal::new(
-                RefusalKind::Unavailable,
-                "unknown_tenant",
-                "this template has no corps in its registry yet: add each with its token and \
-                 encoding_aes_key (oncegate tenants add)",
-            ));
+            return Err(unknown());
         }
         let mut refused = None;
         for app in apps {
@@ -230,13 +218,7 @@ impl WebhookSource for WecomCorps {
                 Err(refusal) => return Err(refusal),
             }
         }
-        Err(refused.unwrap_or_else(|| {
-            Refusal::new(
-                RefusalKind::Unauthenticated,
-                "bad_signature",
-                "no corp signed it",
-            )
-        }))
+        Err(refused.unwrap_or_else(|| crate::WecomError::BadSignature.refusal()))
     }
 
     /// WeCom takes an empty 200 as "received".

@@ -151,31 +151,50 @@ fn url_verification_answers_each_corp_at_its_url_or_the_one_for_all() {
         refused(&corps, &call(Method::Get, ECHO_A_QUERY, b"", Some(CORP_B))).0,
         RefusalKind::Unauthenticated
     );
-    // With no corps yet, nothing verifies: the registry is empty, said as such.
+    // With no corps yet, nothing verifies: answered as unsigned, counted apart.
     assert_eq!(
         refused(
             &WecomCorps::new(),
             &call(Method::Get, ECHO_A_QUERY, b"", None)
         ),
-        (RefusalKind::Unavailable, "unknown_tenant")
+        (RefusalKind::Unauthenticated, "unknown_tenant")
     );
 }
 
 #[test]
 fn corps_not_in_the_registry_or_of_another_agent_are_refused() {
     let corps = both();
-    // B leaves; A stays. B's callbacks are a stranger's: 503 (WeCom retries), never opened.
+    // B leaves; A stays. B's callbacks are a stranger's, never opened: answered as any unsigned
+    // callback (a prober learns no corp the template serves), counted apart; WeCom retries.
     let left_out = corps
         .corps()
         .replace_with_settings(vec![(CORP_A.into(), settings(TOKEN_A, KEY_A, 1.into()))]);
     assert!(left_out.is_empty());
     assert!(corps.corps().contains(CORP_A) && !corps.corps().contains(CORP_B));
+    let stranger = corps
+        .decode(&call(
+            Method::Post,
+            MESSAGE_B_QUERY,
+            MESSAGE_B.as_bytes(),
+            None,
+        ))
+        .expect_err("a stranger's");
+    let forged = corps
+        .decode(&call(
+            Method::Post,
+            MESSAGE_B_QUERY,
+            b"<xml>junk</xml>",
+            Some(CORP_A),
+        ))
+        .expect_err("forged");
     assert_eq!(
-        refused(
-            &corps,
-            &call(Method::Post, MESSAGE_B_QUERY, MESSAGE_B.as_bytes(), None)
+        (stranger.kind, stranger.label, &stranger.message),
+        (
+            RefusalKind::Unauthenticated,
+            "unknown_tenant",
+            &forged.message
         ),
-        (RefusalKind::Unavailable, "unknown_tenant")
+        "the same answer as a forgery's"
     );
     admitted(
         &corps,
@@ -192,7 +211,7 @@ fn corps_not_in_the_registry_or_of_another_agent_are_refused() {
         ),
         (RefusalKind::BadInput, "wrong_app")
     );
-    // No corp in the envelope and none in the URL: nothing to check it with.
+    // No corp in the envelope and none in the URL: nothing to check it with — unsigned.
     assert_eq!(
         refused(
             &corps,
@@ -203,7 +222,7 @@ fn corps_not_in_the_registry_or_of_another_agent_are_refused() {
                 None
             )
         ),
-        (RefusalKind::BadInput, "bad_xml")
+        (RefusalKind::Unauthenticated, "bad_signature")
     );
 }
 
@@ -225,6 +244,11 @@ fn settings_without_the_corps_secrets_are_refused_and_left_out() {
         set.check_settings(&settings(TOKEN_A, KEY_A, 1.into()))
             .is_ok()
     );
+    // A value of the wrong type is refused without being quoted: it may be a secret.
+    let quoted = set
+        .check_settings(br#"{"token": 9876543210123, "encoding_aes_key": "x"}"#)
+        .expect_err("a number for a token");
+    assert!(!quoted.contains("9876543210123"), "{quoted}");
     let left_out = set.replace_with_settings(vec![
         (CORP_A.into(), settings(TOKEN_A, KEY_A, 1.into())),
         (

@@ -247,6 +247,7 @@ async fn main() -> anyhow::Result<()> {
         url: format!("http://{}/webhook/{}", config.server.listen, source.name),
         client: reqwest::Client::builder()
             .pool_max_idle_per_host(256)
+            .timeout(Duration::from_secs(30))
             .build()?,
     });
     let arrivals = Arc::new(Mutex::new(Arrivals::default()));
