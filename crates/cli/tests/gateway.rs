@@ -1285,3 +1285,69 @@ async fn a_spool_under_encryption_keeps_no_payload_in_clear() {
         assert!(got.iter().all(|g| g.payload.contains(MARKER)), "{got:?}");
     }
 }
+
+/// `message` of Feishu tenant `tenant`.
+fn message_of(tenant: &str, event_id: &str, chat: &str) -> String {
+    let plain = message(event_id, chat, now_secs() * 1000);
+    let mine = plain.replace(
+        "\"tenant_key\":\"t\"",
+        &format!("\"tenant_key\":\"{tenant}\""),
+    );
+    assert_ne!(plain, mine, "the message names its tenant");
+    mine
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_tenants_event_goes_before_another_tenants_backlog_in_every_partition() {
+    const FLOOD: usize = 48;
+    let dir = tempfile::tempdir().expect("dir");
+    let (downstream, addr) = Downstream::start().await;
+    downstream.behavior.lock().expect("behavior").delay = Duration::from_millis(100);
+    let store = format!(
+        "path = \"{}\"\npartitions = 8",
+        dir.path().join("store").display()
+    );
+    let config = write_config(dir.path(), addr, false, &store, "30s", "5s");
+    let text = std::fs::read_to_string(&config).expect("config");
+    std::fs::write(&config, text.replace("concurrency = 32", "concurrency = 2")).expect("config");
+    let gateway = Gateway::run(&config);
+    let client = client();
+    // One tenant's backlog over 24 chats (so over every partition), all admitted first.
+    for i in 0..FLOOD {
+        let request = sign(&message_of(
+            "flood",
+            &format!("flood-{i}"),
+            &format!("oc_flood{}", i % 24),
+        ));
+        let (status, _) = post(&client, &gateway.url, &request).await.expect("post");
+        assert_eq!(status, 200);
+    }
+    let request = sign(&message_of("quiet", "quiet-0", "oc_quiet"));
+    let (status, _) = post(&client, &gateway.url, &request).await.expect("post");
+    assert_eq!(status, 200);
+    let admitted_at = downstream.got().len();
+    downstream
+        .wait_for("the quiet tenant's event", |got| {
+            got.iter().any(|g| g.event_id == "quiet-0")
+        })
+        .await;
+    let got = downstream.got();
+    let quiet_at = got
+        .iter()
+        .position(|g| g.event_id == "quiet-0")
+        .expect("delivered");
+    // The two handlers running when it came end first; the next free handler is its.
+    let flood_between = quiet_at.saturating_sub(admitted_at);
+    assert!(
+        flood_between <= 4,
+        "{flood_between} of the backlog went before the quiet tenant's one event \
+         ({admitted_at} were delivered before it was admitted)"
+    );
+    assert!(
+        admitted_at + flood_between < FLOOD,
+        "the backlog was not drained first"
+    );
+    downstream
+        .wait_for("the whole backlog", |got| got.len() > FLOOD)
+        .await;
+}

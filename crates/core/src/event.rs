@@ -108,6 +108,13 @@ impl Event {
         }
     }
 
+    /// The hash of whose event this is, for fairness between tenants: its platform, app and
+    /// tenant (a Feishu `tenant_key`, a WeCom agent of its corp). The queue hands out to the
+    /// group with the fewest events out first, so that one tenant's backlog delays no other's.
+    pub fn group_hash(&self) -> u64 {
+        group_of(&self.platform, &self.app, self.tenant.as_deref())
+    }
+
     /// The partition of this event among `partitions` (at least one).
     pub fn partition(&self, partitions: u16) -> u16 {
         partition_of(self.order_hash(), partitions)
@@ -115,6 +122,12 @@ impl Event {
 }
 
 pub use crate::key::partition_of;
+
+/// The group hash of an event of `platform`, `app` and `tenant` ([`Event::group_hash`]), for a
+/// store that reads those fields alone.
+pub fn group_of(platform: &str, app: &str, tenant: Option<&str>) -> u64 {
+    key_for(platform, app, "group", tenant.unwrap_or("")).low64()
+}
 
 #[cfg(test)]
 mod tests {

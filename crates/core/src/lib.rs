@@ -25,6 +25,7 @@ pub use clock::{Clock, ManualClock, SteadyClock, SystemClock};
 pub use durability::Durability;
 pub use event::Event;
 pub use key::{DeliveryId, KeyHash, hex_into, key_for, sender_key};
+pub use queue_index::{GroupLoad, Unranked};
 pub use rates::{Rate, RateVerdict};
 pub use record::{
     Admission, Claim, DeadLetter, Delivery, FenceCheck, FencingToken, Fingerprint, Lease, Nonce,
@@ -38,6 +39,6 @@ pub use source::{
 };
 pub use state::{Changed, Expect, StateStore, Versioned};
 pub use store::{
-    ClaimedDelivery, DedupStore, EventQueue, RateStore, Store, StoreError, WatermarkStore,
+    ClaimedDelivery, DedupStore, EventQueue, Loads, RateStore, Store, StoreError, WatermarkStore,
 };
 pub use typed::{FromEvent, ShapeError};

@@ -181,6 +181,25 @@ pub trait DedupStore: Send + Sync + 'static {
 /// A handed-out event with its key's claim (see [`EventQueue::pull_claimed`]).
 pub type ClaimedDelivery = (Delivery, Result<Claim, StoreError>);
 
+/// The dispatcher's view of each group's load, shared with the store's ranked pulls.
+pub type Loads = std::sync::Arc<dyn crate::GroupLoad>;
+
+/// Claims each pulled event's key for `lease`, as the default `pull_claimed` does.
+async fn claim_each<S: DedupStore>(
+    store: &S,
+    pulled: Vec<Delivery>,
+    lease: Duration,
+) -> Vec<ClaimedDelivery> {
+    let mut claimed = Vec::with_capacity(pulled.len());
+    for delivery in pulled {
+        let claim = store
+            .claim(&delivery.key, delivery.id.partition, lease)
+            .await;
+        claimed.push((delivery, claim));
+    }
+    claimed
+}
+
 /// The durable queue of admitted events, split into partitions by order key.
 pub trait EventQueue: Send + Sync + 'static {
     /// How many partitions the queue has.
@@ -212,15 +231,51 @@ pub trait EventQueue: Send + Sync + 'static {
     {
         async move {
             let pulled = self.pull(partition, max).await?;
-            let mut claimed = Vec::with_capacity(pulled.len());
-            for delivery in pulled {
-                let claim = self
-                    .claim(&delivery.key, delivery.id.partition, lease)
-                    .await;
-                claimed.push((delivery, claim));
-            }
-            Ok(claimed)
+            Ok(claim_each(self, pulled, lease).await)
         }
+    }
+
+    /// `pull`, each hand-out to the group `load` finds least busy across the dispatcher (see
+    /// [`PartitionIndex::take_ranked`](crate::queue_index::PartitionIndex::take_ranked)); a
+    /// group `load` holds back gets none. A backend that cannot rank pulls in its own order.
+    fn pull_ranked(
+        &self,
+        partition: u16,
+        max: usize,
+        load: &Loads,
+    ) -> impl Future<Output = Result<Vec<Delivery>, StoreError>> + Send {
+        let _ = load;
+        self.pull(partition, max)
+    }
+
+    /// `pull_claimed`, ranked as [`pull_ranked`](Self::pull_ranked) ranks.
+    fn pull_claimed_ranked(
+        &self,
+        partition: u16,
+        max: usize,
+        lease: Duration,
+        load: &Loads,
+    ) -> impl Future<Output = Result<Vec<ClaimedDelivery>, StoreError>> + Send
+    where
+        Self: DedupStore + Sized,
+    {
+        async move {
+            let pulled = self.pull_ranked(partition, max, load).await?;
+            Ok(claim_each(self, pulled, lease).await)
+        }
+    }
+
+    /// The group (tenant, [`Event::group_hash`](crate::Event::group_hash)) of the event a
+    /// ranked pull of `partition` would hand out now, `None` when it would hand out none: what
+    /// a dispatcher gives a free handler to first. A backend that cannot tell answers
+    /// `Some(0)` (something may be ready, of no group known).
+    fn next_group(
+        &self,
+        partition: u16,
+        load: &Loads,
+    ) -> impl Future<Output = Result<Option<u64>, StoreError>> + Send {
+        let _ = (partition, load);
+        async { Ok(Some(0)) }
     }
 
     /// Removes a handled event. `false`: no such event was handed out.

@@ -272,9 +272,10 @@ pub(super) fn load_order(
         let queued: codec::Queued = decode(value.value())?;
         let partition = oncegate_core::event::partition_of(queued.order_hash, partitions);
         if let Some(index) = order.get_mut(usize::from(partition)) {
-            index.push(
+            index.push_in(
                 seq,
                 queued.order_hash,
+                queued.event.group_hash(),
                 queued.not_before_ms,
                 queued.event.payload.len(),
             );

@@ -1,19 +1,22 @@
 //! The queue: pull, ack, retry, dead letters; through the writer thread.
 
 use super::*;
+use oncegate_core::{GroupLoad, Loads, Unranked};
 
-impl<C: Clock + Clone> EventQueue for EmbeddedStore<C> {
-    fn partitions(&self) -> u16 {
-        self.shared.partitions
-    }
-
-    async fn pull(&self, partition: u16, max: usize) -> Result<Vec<Delivery>, StoreError> {
+impl<C: Clock + Clone> EmbeddedStore<C> {
+    /// Hands out up to `max` ready events of `partition`, ranked by `load`.
+    fn pull_by(
+        &self,
+        partition: u16,
+        max: usize,
+        load: &dyn GroupLoad,
+    ) -> Result<Vec<Delivery>, StoreError> {
         if partition >= self.shared.partitions {
             return Err(StoreError::Invalid(format!("no partition {partition}")));
         }
         let now_ms = self.clock.now_ms();
         let ready = match self.order(partition) {
-            Some(mut order) => order.take_ready(now_ms, max),
+            Some(mut order) => order.take_ranked(now_ms, max, load),
             None => Vec::new(),
         };
         if ready.is_empty() {
@@ -43,6 +46,35 @@ impl<C: Clock + Clone> EventQueue for EmbeddedStore<C> {
             });
         }
         Ok(out)
+    }
+}
+
+impl<C: Clock + Clone> EventQueue for EmbeddedStore<C> {
+    fn partitions(&self) -> u16 {
+        self.shared.partitions
+    }
+
+    async fn pull(&self, partition: u16, max: usize) -> Result<Vec<Delivery>, StoreError> {
+        self.pull_by(partition, max, &Unranked)
+    }
+
+    async fn pull_ranked(
+        &self,
+        partition: u16,
+        max: usize,
+        load: &Loads,
+    ) -> Result<Vec<Delivery>, StoreError> {
+        self.pull_by(partition, max, &**load)
+    }
+
+    async fn next_group(&self, partition: u16, load: &Loads) -> Result<Option<u64>, StoreError> {
+        if partition >= self.shared.partitions {
+            return Err(StoreError::Invalid(format!("no partition {partition}")));
+        }
+        let now_ms = self.clock.now_ms();
+        Ok(self
+            .order(partition)
+            .and_then(|order| order.next_group(now_ms, &**load)))
     }
 
     async fn ack(&self, id: QueueId) -> Result<bool, StoreError> {

@@ -12,7 +12,8 @@ use crate::unavailable;
 pub(crate) const SWEEP_BUDGET: usize = 512;
 
 /// A replayed dead letter's new place: its id, order hash and payload bytes.
-pub(crate) type Replayed = (QueueId, u64, usize);
+/// A replayed dead letter's place, order hash, group hash and payload bytes.
+pub(crate) type Replayed = (QueueId, u64, u64, usize);
 
 pub(crate) struct Tables<'t> {
     /// Records gained (+) or lost (-) per state in this batch: pending, processing, completed.
@@ -168,6 +169,7 @@ pub(crate) fn replay_dead(
         Err(corrupt) => return Ok(Err(corrupt)),
     };
     let order_hash = letter.event.order_hash();
+    let group = letter.event.group_hash();
     let payload_bytes = letter.event.payload.len();
     let queued = Queued {
         key: letter.key,
@@ -193,6 +195,7 @@ pub(crate) fn replay_dead(
             seq,
         },
         order_hash,
+        group,
         payload_bytes,
     ))))
 }

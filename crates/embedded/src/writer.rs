@@ -106,7 +106,7 @@ fn answer<T: Send + 'static>(reply: Reply<T>, result: Result<T, StoreError>) -> 
 fn answer_admit(
     reply: Reply<Admission>,
     result: Result<Admission, StoreError>,
-    order_hash: u64,
+    (order_hash, group): (u64, u64),
     payload_bytes: usize,
 ) -> Finish {
     Box::new(move |shared, failed| {
@@ -116,7 +116,7 @@ fn answer_admit(
                 if let Ok(Admission::Admitted { id }) = result
                     && let Some(order) = shared.order.get(usize::from(id.partition))
                 {
-                    lock(order).push(id.seq, order_hash, 0, payload_bytes);
+                    lock(order).push_in(id.seq, order_hash, group, 0, payload_bytes);
                 }
                 result
             }
@@ -133,9 +133,9 @@ fn answer_replay(
         let _ = reply.send(match failed {
             Some(error) => Err(unavailable(error)),
             None => result.map(|replayed| {
-                replayed.map(|(id, order_hash, payload_bytes)| {
+                replayed.map(|(id, order_hash, group, payload_bytes)| {
                     if let Some(order) = shared.order.get(usize::from(id.partition)) {
-                        lock(order).push(id.seq, order_hash, 0, payload_bytes);
+                        lock(order).push_in(id.seq, order_hash, group, 0, payload_bytes);
                     }
                     id
                 })
@@ -324,7 +324,7 @@ impl<C: Clock> Writer<C> {
                     retention_ms,
                     reply,
                 } => {
-                    let order_hash = event.order_hash();
+                    let order = (event.order_hash(), event.group_hash());
                     let payload_bytes = event.payload.len();
                     let result = self.admit(
                         &mut tables,
@@ -334,7 +334,7 @@ impl<C: Clock> Writer<C> {
                         now_ms,
                         &mut next_seq,
                     )?;
-                    answer_admit(reply, result, order_hash, payload_bytes)
+                    answer_admit(reply, result, order, payload_bytes)
                 }
                 Command::Claim {
                     key,

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::chunked::ChunkedDeque;
+use oncegate_core::{GroupLoad, Loads, Unranked};
 
 #[derive(Debug)]
 pub(super) struct Queued {
@@ -105,6 +106,7 @@ impl Partition {
         let id = QueueId { partition, seq };
         log(id, &event);
         let bytes = event.payload.len();
+        let group = event.group_hash();
         queue.place(
             seq,
             Queued {
@@ -113,7 +115,7 @@ impl Partition {
                 attempt: 0,
             },
         );
-        queue.order.push(seq, order_hash, 0, bytes);
+        queue.order.push_in(seq, order_hash, group, 0, bytes);
         id
     }
 }
@@ -133,12 +135,14 @@ impl<C: Clock, J: Journal> Tables<C, J> {
     }
 }
 
-impl<C: Clock, J: Journal> EventQueue for MemoryStore<C, J> {
-    fn partitions(&self) -> u16 {
-        self.partitions.len() as u16
-    }
-
-    async fn pull(&self, partition: u16, max: usize) -> Result<Vec<Delivery>, StoreError> {
+impl<C: Clock, J: Journal> MemoryStore<C, J> {
+    /// Hands out up to `max` ready events of `partition`, ranked by `load`.
+    async fn pull_by(
+        &self,
+        partition: u16,
+        max: usize,
+        load: &dyn GroupLoad,
+    ) -> Result<Vec<Delivery>, StoreError> {
         let queue = self
             .partitions
             .get(usize::from(partition))
@@ -146,7 +150,7 @@ impl<C: Clock, J: Journal> EventQueue for MemoryStore<C, J> {
         let now_ms = self.clock.now_ms();
         let out = {
             let mut queue = lock(queue);
-            let ready = queue.order.take_ready(now_ms, max);
+            let ready = queue.order.take_ranked(now_ms, max, load);
             let mut out = Vec::with_capacity(ready.len());
             for seq in ready {
                 if let Some(entry) = queue.get_mut(seq) {
@@ -166,6 +170,34 @@ impl<C: Clock, J: Journal> EventQueue for MemoryStore<C, J> {
         }
         // An event goes out only once its admission is durable.
         self.synced(Ok(out)).await
+    }
+}
+
+impl<C: Clock, J: Journal> EventQueue for MemoryStore<C, J> {
+    fn partitions(&self) -> u16 {
+        self.partitions.len() as u16
+    }
+
+    async fn pull(&self, partition: u16, max: usize) -> Result<Vec<Delivery>, StoreError> {
+        self.pull_by(partition, max, &Unranked).await
+    }
+
+    async fn pull_ranked(
+        &self,
+        partition: u16,
+        max: usize,
+        load: &Loads,
+    ) -> Result<Vec<Delivery>, StoreError> {
+        self.pull_by(partition, max, &**load).await
+    }
+
+    async fn next_group(&self, partition: u16, load: &Loads) -> Result<Option<u64>, StoreError> {
+        let queue = self
+            .partitions
+            .get(usize::from(partition))
+            .ok_or_else(|| StoreError::Invalid(format!("no partition {partition}")))?;
+        let now_ms = self.clock.now_ms();
+        Ok(lock(queue).order.next_group(now_ms, &**load))
     }
 
     async fn ack(&self, id: QueueId) -> Result<bool, StoreError> {

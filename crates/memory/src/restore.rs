@@ -139,9 +139,10 @@ impl<C: Clock, J: Journal> Restore<C, J> {
             let mut partition = lock(slot);
             partition.next_seq = next;
             for (seq, entry) in entries {
-                partition.order.push(
+                partition.order.push_in(
                     seq,
                     entry.order_hash,
+                    entry.event.group_hash(),
                     entry.not_before_ms,
                     entry.event.payload.len(),
                 );

@@ -312,7 +312,13 @@ impl<C: Clock> Inner<C> {
                 // Taken over from an owner that may still run its lean hand-outs.
                 not_before = not_before.max(queue.hold_until_ms);
             }
-            queue.order.push(seq, order, not_before, stored.len());
+            queue.order.push_in(
+                seq,
+                order,
+                group_of_stored(&stored, order),
+                not_before,
+                stored.len(),
+            );
             queue.last_seq = seq;
             if fresh {
                 queue.keep_body(seq, key, stored, attempt);
@@ -363,4 +369,62 @@ pub(super) async fn fetch<C>(
         )?));
     }
     Ok(out)
+}
+
+/// The fields of a stored event that say whose it is: postcard reads them from the front of
+/// the stored bytes and leaves the rest (the payload) unread.
+#[derive(serde::Deserialize)]
+struct Whose<'a> {
+    #[serde(borrow)]
+    platform: &'a str,
+    #[serde(borrow)]
+    app: &'a str,
+    #[serde(borrow)]
+    tenant: Option<&'a str>,
+}
+
+/// A stored event's group hash ([`oncegate_core::Event::group_hash`]); one that does not read
+/// is a group of its own chain (handed out in queue order, as before groups).
+fn group_of_stored(stored: &[u8], order: u64) -> u64 {
+    #[derive(serde::Deserialize)]
+    struct StoredWhose<'a> {
+        #[serde(borrow)]
+        event: Whose<'a>,
+    }
+    match postcard::from_bytes::<StoredWhose<'_>>(stored) {
+        Ok(StoredWhose { event }) => {
+            oncegate_core::event::group_of(event.platform, event.app, event.tenant)
+        }
+        Err(_) => order,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the hand-out order reads of a stored event is the event's own group: every
+    /// gateway groups an event as the store that admitted it does.
+    #[test]
+    fn a_stored_events_group_is_the_events_own() {
+        for tenant in [Some("t1"), Some(""), None] {
+            let mut event = oncegate_contract::event("e1", Some("oc_chat"));
+            event.tenant = tenant.map(std::sync::Arc::from);
+            let stored = postcard::to_stdvec(&Stored {
+                event: event.clone(),
+            })
+            .expect("encodes");
+            assert_eq!(
+                group_of_stored(&stored, 7),
+                event.group_hash(),
+                "{tenant:?}"
+            );
+        }
+        let other = oncegate_contract::event("e2", Some("oc_chat"));
+        let mut another = other.clone();
+        another.tenant = Some("someone else".into());
+        assert_ne!(other.group_hash(), another.group_hash());
+        // Bytes that do not read: a group of the chain's own.
+        assert_eq!(group_of_stored(b"\xff", 7), 7);
+    }
 }

@@ -1,6 +1,7 @@
 //! The queue: pull, ack, retry, dead letters.
 
 use super::*;
+use oncegate_core::{GroupLoad, Loads, Unranked};
 
 impl<C: Clock> EventQueue for RedisStore<C> {
     fn partitions(&self) -> u16 {
@@ -10,7 +11,9 @@ impl<C: Clock> EventQueue for RedisStore<C> {
     async fn pull(&self, partition: u16, max: usize) -> Result<Vec<Delivery>, StoreError> {
         require_partition(partition, self.inner.partitions)?;
         self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
-            Ok(hand_out(&inner, &mut conn, partition, max).await?.0)
+            Ok(hand_out(&inner, &mut conn, partition, max, &Unranked)
+                .await?
+                .0)
         })
         .await
     }
@@ -21,9 +24,44 @@ impl<C: Clock> EventQueue for RedisStore<C> {
         max: usize,
         lease: Duration,
     ) -> Result<Vec<oncegate_core::ClaimedDelivery>, StoreError> {
+        self.pull_claimed_ranked(partition, max, lease, &unranked())
+            .await
+    }
+
+    async fn pull_ranked(
+        &self,
+        partition: u16,
+        max: usize,
+        load: &Loads,
+    ) -> Result<Vec<Delivery>, StoreError> {
         require_partition(partition, self.inner.partitions)?;
+        let load = load.clone();
         self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
-            let (pulled, epoch) = hand_out(&inner, &mut conn, partition, max).await?;
+            Ok(hand_out(&inner, &mut conn, partition, max, &*load).await?.0)
+        })
+        .await
+    }
+
+    async fn next_group(&self, partition: u16, load: &Loads) -> Result<Option<u64>, StoreError> {
+        require_partition(partition, self.inner.partitions)?;
+        let load = load.clone();
+        self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
+            next_group(&inner, &mut conn, partition, &*load).await
+        })
+        .await
+    }
+
+    async fn pull_claimed_ranked(
+        &self,
+        partition: u16,
+        max: usize,
+        lease: Duration,
+        load: &Loads,
+    ) -> Result<Vec<oncegate_core::ClaimedDelivery>, StoreError> {
+        require_partition(partition, self.inner.partitions)?;
+        let load = load.clone();
+        self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
+            let (pulled, epoch) = hand_out(&inner, &mut conn, partition, max, &*load).await?;
             if pulled.is_empty() {
                 return Ok(Vec::new());
             }
@@ -296,13 +334,50 @@ async fn find_dead<C>(
     }
 }
 
-/// Hands out up to `max` ready events of `partition` (see `EventQueue::pull`), with the epoch
-/// they were handed out under.
+/// A load that ranks nothing: each partition's own order.
+fn unranked() -> Loads {
+    Arc::new(Unranked)
+}
+
+/// Whether the partition's hand-out order is recent enough to hand out from without a read:
+/// chats whose next event is here already go out without waiting for one, since what a read
+/// brings is newer than all of it.
+fn fresh(queue: &Partition) -> bool {
+    queue.read.is_some_and(|at| at.elapsed() < READ_EVERY) && !queue.reclaim && !queue.resync
+}
+
+/// The group a ranked hand-out of `partition` would serve next (see `EventQueue::next_group`):
+/// from the order as it stands while it is fresh, else after a read. The hand-out that follows
+/// finds the order fresh and costs no second read.
+async fn next_group<C: Clock>(
+    inner: &Inner<C>,
+    conn: &mut Conn,
+    partition: u16,
+    load: &dyn GroupLoad,
+) -> Result<Option<u64>, StoreError> {
+    inner.balance_if_due(conn).await?;
+    let mut queue = inner.queues[usize::from(partition)].lock().await;
+    if !queue.serving(Duration::from_millis(inner.ownership_ms)) {
+        return Ok(None);
+    }
+    let now = inner.clock.now_ms();
+    if fresh(&queue)
+        && let Some(group) = queue.order.next_group(now, load)
+    {
+        return Ok(Some(group));
+    }
+    inner.catch_up(conn, partition, &mut queue).await?;
+    Ok(queue.order.next_group(now, load))
+}
+
+/// Hands out up to `max` ready events of `partition` (see `EventQueue::pull`), ranked by
+/// `load`, with the epoch they were handed out under.
 async fn hand_out<C: Clock>(
     inner: &Inner<C>,
     conn: &mut Conn,
     partition: u16,
     max: usize,
+    load: &dyn GroupLoad,
 ) -> Result<(Vec<Delivery>, u64), StoreError> {
     inner.balance_if_due(conn).await?;
     let mut queue = inner.queues[usize::from(partition)].lock().await;
@@ -310,19 +385,15 @@ async fn hand_out<C: Clock>(
         return Ok((Vec::new(), 0));
     }
     let now = inner.clock.now_ms();
-    // Chats whose next event is here already go out without waiting for a read: what
-    // a read brings is newer than all of it. The next pull reads.
-    let mut ready = if queue.read.is_some_and(|at| at.elapsed() < READ_EVERY)
-        && !queue.reclaim
-        && !queue.resync
-    {
-        queue.order.take_ready(now, max)
+    // The next pull reads.
+    let mut ready = if fresh(&queue) {
+        queue.order.take_ranked(now, max, load)
     } else {
         Vec::new()
     };
     if ready.is_empty() {
         inner.catch_up(conn, partition, &mut queue).await?;
-        ready = queue.order.take_ready(now, max);
+        ready = queue.order.take_ranked(now, max, load);
     }
     // Kept payloads go out as they are; only the others are read again.
     let mut kept = Vec::with_capacity(ready.len());

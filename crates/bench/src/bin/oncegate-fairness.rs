@@ -34,6 +34,9 @@ struct Args {
     /// Events per second each quiet tenant sends.
     #[arg(long, default_value_t = 1.0)]
     rate: f64,
+    /// Seconds the quiet tenants send before the first phase, not measured.
+    #[arg(long, default_value_t = 3)]
+    warmup: u64,
     /// Seconds each phase lasts.
     #[arg(long, default_value_t = 20)]
     seconds: u64,
@@ -46,6 +49,11 @@ struct Args {
     /// Connections the flood is sent over.
     #[arg(long, default_value_t = 16)]
     flood_connections: usize,
+    /// Where the gateways listen (`host:port`, repeated: events go to each in turn, as a
+    /// platform reaches any instance behind its one URL); the configuration's own address
+    /// when none is given.
+    #[arg(long = "gateway")]
+    gateways: Vec<String>,
     /// How long, at most, to wait for the quiet tenants' last events after the flooded phase
     /// (they may wait behind the whole flood): each one counts, none is left out of the p99.
     #[arg(long, default_value_t = 600)]
@@ -104,13 +112,21 @@ async fn downstream(
 /// Sends signed events of one source.
 struct Sender {
     sealer: Arc<dyn Sealer>,
-    url: String,
+    urls: Vec<String>,
+    next: std::sync::atomic::AtomicUsize,
     client: reqwest::Client,
 }
 
 impl Sender {
-    /// Seals and posts one event of `tenant` in `chat`, created now: the answer's status.
-    async fn send(&self, tenant: &str, chat: &str, id: &str) -> u16 {
+    /// Seals and posts one event of `tenant` in `chat`, created now: the answer's status, and
+    /// how long the answer took (ms).
+    async fn send(&self, tenant: &str, chat: &str, id: &str) -> (u16, u64) {
+        let asked = Instant::now();
+        let status = self.post(tenant, chat, id).await;
+        (status, asked.elapsed().as_millis() as u64)
+    }
+
+    async fn post(&self, tenant: &str, chat: &str, id: &str) -> u16 {
         let created_ms = unix_ms();
         let message = SyntheticMessage {
             id: id.to_owned(),
@@ -129,7 +145,8 @@ impl Sender {
         let nonce = format!("{:016x}", fastrand::u64(..));
         let iv: [u8; 16] = std::array::from_fn(|_| fastrand::u8(..));
         let sealed = self.sealer.seal(&plain, created_ms / 1000, &nonce, iv);
-        let mut url = self.url.clone();
+        let turn = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut url = self.urls[turn % self.urls.len()].clone();
         if let Some(query) = &sealed.query {
             url = format!("{url}?{query}");
         }
@@ -151,7 +168,7 @@ async fn quiet(
     rate: f64,
     until: Instant,
     phase: &str,
-) -> usize {
+) -> (usize, Vec<u64>) {
     let every = Duration::from_secs_f64(1.0 / rate.max(0.001));
     let mut tasks = tokio::task::JoinSet::new();
     for t in 0..tenants {
@@ -160,26 +177,30 @@ async fn quiet(
             // Spread over the first interval, so that they do not all send at once.
             tokio::time::sleep(every.mul_f64(t as f64 / tenants.max(1) as f64)).await;
             let mut sent = 0;
+            let mut answers = Vec::new();
             let mut tick = tokio::time::interval(every);
             while Instant::now() < until {
                 tick.tick().await;
                 let id = format!("{phase}-quiet{t}-{sent}");
-                if sender
+                let (status, took) = sender
                     .send(&format!("quiet{t:03}"), &format!("oc_quiet{t}"), &id)
-                    .await
-                    == 200
-                {
+                    .await;
+                answers.push(took);
+                if status == 200 {
                     sent += 1;
                 }
             }
-            sent
+            (sent, answers)
         });
     }
-    let mut total = 0;
-    while let Some(sent) = tasks.join_next().await {
-        total += sent.unwrap_or(0);
+    let (mut total, mut answers) = (0, Vec::new());
+    while let Some(done) = tasks.join_next().await {
+        if let Ok((sent, took)) = done {
+            total += sent;
+            answers.extend(took);
+        }
     }
-    total
+    (total, answers)
 }
 
 /// The flooding tenant: `events` over `chats` chats on `connections` senders, as fast as taken.
@@ -196,7 +217,7 @@ async fn flood(sender: Arc<Sender>, events: usize, chats: usize, connections: us
                     return admitted;
                 }
                 let chat = format!("oc_flood{}", i % chats.max(1));
-                if sender.send("flood", &chat, &format!("flood-{i}")).await == 200 {
+                if sender.send("flood", &chat, &format!("flood-{i}")).await.0 == 200 {
                     admitted += 1;
                 }
             }
@@ -244,7 +265,15 @@ async fn main() -> anyhow::Result<()> {
     let sealer = oncegate_gateway::registry::sealer(source)?;
     let sender = Arc::new(Sender {
         sealer,
-        url: format!("http://{}/webhook/{}", config.server.listen, source.name),
+        urls: if args.gateways.is_empty() {
+            vec![config.server.listen.to_string()]
+        } else {
+            args.gateways.clone()
+        }
+        .iter()
+        .map(|listen| format!("http://{listen}/webhook/{}", source.name))
+        .collect(),
+        next: std::sync::atomic::AtomicUsize::new(0),
         client: reqwest::Client::builder()
             .pool_max_idle_per_host(256)
             .timeout(Duration::from_secs(30))
@@ -259,8 +288,24 @@ async fn main() -> anyhow::Result<()> {
     .await?;
     let phase = Duration::from_secs(args.seconds);
 
+    // Unmeasured: connections opened, the gateway's first events.
+    quiet(
+        sender.clone(),
+        args.quiet,
+        args.rate,
+        Instant::now() + Duration::from_secs(args.warmup),
+        "warmup",
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let first_from = arrivals
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .seen
+        .len();
+
     // Phase 1: the quiet tenants alone.
-    let sent_alone = quiet(
+    let (sent_alone, mut answers_alone) = quiet(
         sender.clone(),
         args.quiet,
         args.rate,
@@ -270,7 +315,7 @@ async fn main() -> anyhow::Result<()> {
     .await;
     // What was sent arrives within the downstream's delay and the dispatch.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let mut alone = quiet_latencies(&arrivals, 0);
+    let mut alone = quiet_latencies(&arrivals, first_from);
     let second_from = arrivals
         .lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -285,7 +330,7 @@ async fn main() -> anyhow::Result<()> {
         args.flood_chats,
         args.flood_connections,
     ));
-    let sent_flooded = quiet(
+    let (sent_flooded, mut answers_flooded) = quiet(
         sender.clone(),
         args.quiet,
         args.rate,
@@ -321,6 +366,13 @@ async fn main() -> anyhow::Result<()> {
     println!(
         "quiet flooded:  {sent_flooded} sent, {} delivered, p50 {flooded_p50} ms, p99 {flooded_p99} ms",
         flooded.len()
+    );
+    println!(
+        "quiet answers:  p50 {} / p99 {} ms alone, p50 {} / p99 {} ms flooded (ingress's share of the latency)",
+        percentile(&mut answers_alone, 50.0),
+        percentile(&mut answers_alone, 99.0),
+        percentile(&mut answers_flooded, 50.0),
+        percentile(&mut answers_flooded, 99.0),
     );
     println!(
         "flood:          {} delivered of {} in the phase's {:.1} s",

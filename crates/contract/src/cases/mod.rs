@@ -2,6 +2,7 @@
 
 mod admit;
 mod claim;
+mod fair;
 mod fingerprint;
 mod operators;
 mod queue;
@@ -11,6 +12,7 @@ mod state;
 
 pub use admit::*;
 pub use claim::*;
+pub use fair::*;
 pub use fingerprint::*;
 pub use operators::*;
 pub use queue::*;

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use metrics::{Counter, Histogram};
 use oncegate_core::{
     Admission, Claim, DeadLetter, DedupStore, Delivery, Event, EventQueue, FenceCheck, Fingerprint,
-    KeyHash, Lease, Nonce, QueueId, QueueSummary, QueuedEvent, Rate, RateStore, RateVerdict,
+    KeyHash, Lease, Loads, Nonce, QueueId, QueueSummary, QueuedEvent, Rate, RateStore, RateVerdict,
     Record, Store, StoreError, StoreStats, WatermarkOutcome, WatermarkStore,
 };
 
@@ -277,29 +277,13 @@ impl<S: Store> DedupStore for Timed<S> {
     }
 }
 
-impl<S: Store> EventQueue for Timed<S> {
-    fn partitions(&self) -> u16 {
-        self.inner.partitions()
-    }
-
-    async fn pull(&self, partition: u16, max: usize) -> Result<Vec<Delivery>, StoreError> {
-        let mut pulled = self.time(Op::Pull, self.inner.pull(partition, max)).await?;
-        self.open_events(pulled.iter_mut().map(|delivery| &mut delivery.event))?;
-        Ok(pulled)
-    }
-
-    async fn pull_claimed(
+impl<S: Store> Timed<S> {
+    /// A pull's claimed hand-outs with their events and done claims opened, the claims made
+    /// in the hand-out counted as `claim` would count them.
+    fn opened_claims(
         &self,
-        partition: u16,
-        max: usize,
-        lease: Duration,
-    ) -> Result<Vec<oncegate_core::ClaimedDelivery>, StoreError>
-    where
-        Self: DedupStore + Sized,
-    {
-        let mut pulled = self
-            .time(Op::Pull, self.inner.pull_claimed(partition, max, lease))
-            .await?;
+        mut pulled: Vec<oncegate_core::ClaimedDelivery>,
+    ) -> Result<Vec<oncegate_core::ClaimedDelivery>, StoreError> {
         self.open_events(pulled.iter_mut().map(|(delivery, _)| &mut delivery.event))?;
         for (_, claim) in &mut pulled {
             if let Ok(done @ Claim::Done { .. }) = claim {
@@ -315,6 +299,70 @@ impl<S: Store> EventQueue for Timed<S> {
             }
         }
         Ok(pulled)
+    }
+}
+
+impl<S: Store> EventQueue for Timed<S> {
+    fn partitions(&self) -> u16 {
+        self.inner.partitions()
+    }
+
+    async fn pull(&self, partition: u16, max: usize) -> Result<Vec<Delivery>, StoreError> {
+        let mut pulled = self.time(Op::Pull, self.inner.pull(partition, max)).await?;
+        self.open_events(pulled.iter_mut().map(|delivery| &mut delivery.event))?;
+        Ok(pulled)
+    }
+
+    async fn pull_ranked(
+        &self,
+        partition: u16,
+        max: usize,
+        load: &Loads,
+    ) -> Result<Vec<Delivery>, StoreError> {
+        let mut pulled = self
+            .time(Op::Pull, self.inner.pull_ranked(partition, max, load))
+            .await?;
+        self.open_events(pulled.iter_mut().map(|delivery| &mut delivery.event))?;
+        Ok(pulled)
+    }
+
+    async fn next_group(&self, partition: u16, load: &Loads) -> Result<Option<u64>, StoreError> {
+        self.time(Op::Pull, self.inner.next_group(partition, load))
+            .await
+    }
+
+    async fn pull_claimed(
+        &self,
+        partition: u16,
+        max: usize,
+        lease: Duration,
+    ) -> Result<Vec<oncegate_core::ClaimedDelivery>, StoreError>
+    where
+        Self: DedupStore + Sized,
+    {
+        let pulled = self
+            .time(Op::Pull, self.inner.pull_claimed(partition, max, lease))
+            .await?;
+        self.opened_claims(pulled)
+    }
+
+    async fn pull_claimed_ranked(
+        &self,
+        partition: u16,
+        max: usize,
+        lease: Duration,
+        load: &Loads,
+    ) -> Result<Vec<oncegate_core::ClaimedDelivery>, StoreError>
+    where
+        Self: DedupStore + Sized,
+    {
+        let pulled = self
+            .time(
+                Op::Pull,
+                self.inner.pull_claimed_ranked(partition, max, lease, load),
+            )
+            .await?;
+        self.opened_claims(pulled)
     }
 
     async fn ack(&self, id: QueueId) -> Result<bool, StoreError> {

@@ -4,18 +4,19 @@
 //! Per-chat order comes from the queue: it hands out only the first waiting event of each order
 //! key, so everything pulled at once belongs to different chats and can run concurrently.
 
+mod partition;
 pub(crate) mod retries;
 pub(crate) mod routes;
+mod slots;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use oncegate_core::{
-    Claim, Delivery, FenceCheck, KeyHash, QueueId, Store, StoreError, WatermarkOutcome, key_for,
+    Delivery, FenceCheck, KeyHash, QueueId, Store, StoreError, WatermarkOutcome, key_for,
 };
-use oncegate_once::{Claimed, Held, OnceKey, Panicked};
-use tokio::sync::Semaphore;
+use oncegate_once::{Claimed, Held, Panicked};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -23,11 +24,8 @@ use crate::Shared;
 use crate::base::meters::ClaimOutcome;
 use crate::base::traces::{self, EventTrace};
 use crate::sink::{Outgoing, SinkError};
-
-/// How long an idle partition waits before looking again (retries become due without a wake).
-const IDLE_POLL: Duration = Duration::from_millis(100);
-/// How long to back off when the store cannot answer.
-const STORE_BACKOFF: Duration = Duration::from_millis(500);
+use partition::partition_loop;
+use slots::Slots;
 
 /// The keys of handlers running now, by their queue entry: what shutdown gives back.
 type Running<S> = Arc<Mutex<HashMap<QueueId, Arc<Held<S>>>>>;
@@ -38,14 +36,17 @@ pub(crate) async fn run<S: Store>(
     shared: Arc<Shared<S>>,
     shutdown: CancellationToken,
 ) -> Result<(), String> {
-    let permits = Arc::new(Semaphore::new(shared.timing.dispatcher.concurrency.max(1)));
+    let slots = Slots::new(
+        shared.timing.dispatcher.concurrency,
+        shared.timing.dispatcher.tenant_concurrency,
+    );
     let held: Running<S> = Arc::default();
     let mut partitions = JoinSet::new();
     for partition in 0..shared.store.partitions() {
         partitions.spawn(partition_loop(
             shared.clone(),
             partition,
-            permits.clone(),
+            slots.clone(),
             held.clone(),
             shutdown.clone(),
         ));
@@ -76,96 +77,6 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-async fn partition_loop<S: Store>(
-    shared: Arc<Shared<S>>,
-    partition: u16,
-    permits: Arc<Semaphore>,
-    held: Running<S>,
-    shutdown: CancellationToken,
-) {
-    let mut running = JoinSet::new();
-    // One timer and one cancellation waiter for the loop's life: made anew at each idle wait
-    // (after nearly every event), they cost a timer-wheel insert and removal and a waiter-list
-    // lock each time.
-    let mut idle = tokio::time::interval(IDLE_POLL);
-    idle.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    idle.reset();
-    let cancelled = shutdown.cancelled();
-    tokio::pin!(cancelled);
-    loop {
-        if shutdown.is_cancelled() {
-            break;
-        }
-        let free = permits.available_permits().clamp(1, 64);
-        let pulled = match shared
-            .store
-            .pull_claimed(partition, free, shared.timing.lease)
-            .await
-        {
-            Ok(pulled) => pulled,
-            Err(error) => {
-                shared
-                    .summaries
-                    .note("pull_failed", None, &error.to_string());
-                tokio::select! {
-                    _ = tokio::time::sleep(STORE_BACKOFF) => {}
-                    _ = &mut cancelled => break,
-                }
-                continue;
-            }
-        };
-        if pulled.is_empty() {
-            let wake = shared.wake.get(usize::from(partition));
-            tokio::select! {
-                _ = async { if let Some(wake) = wake { wake.notified().await } else { std::future::pending().await } } => {}
-                _ = idle.tick() => {}
-                _ = &mut cancelled => break,
-                Some(_) = running.join_next(), if !running.is_empty() => {}
-            }
-            continue;
-        }
-        for (delivery, claim) in pulled {
-            let claim = claim.map(|claim| claimed(&shared, &delivery, claim));
-            let permit = tokio::select! {
-                permit = permits.clone().acquire_owned() => permit,
-                _ = &mut cancelled => {
-                    // Not started: hand it back, and its key.
-                    if let Ok(Claimed::Run(key)) = &claim {
-                        let _ = key.release().await;
-                    }
-                    let _ = shared.store.retry(delivery.id, 0).await;
-                    continue;
-                }
-            };
-            let Ok(permit) = permit else { break };
-            let (shared, held) = (shared.clone(), held.clone());
-            running.spawn(async move {
-                handle(&shared, delivery, claim, &held).await;
-                shared.wake(partition);
-                drop(permit);
-            });
-        }
-        while running.try_join_next().is_some() {}
-    }
-    // Let running handlers finish within the grace; what is left is released by `run`.
-    let grace = shared.timing.dispatcher.shutdown_grace;
-    let _ = tokio::time::timeout(grace, async {
-        while running.join_next().await.is_some() {}
-    })
-    .await;
-    running.abort_all();
-    while running.join_next().await.is_some() {}
-}
-
-/// The claim a hand-out made for `delivery`'s key, as the protocol holds it: renewed every
-/// `lease.renew_every` by the lease's length while the handler runs.
-fn claimed<S: Store>(shared: &Shared<S>, delivery: &Delivery, claim: Claim) -> Claimed<S> {
-    let key = OnceKey::new(delivery.key, delivery.id.partition)
-        .lease(shared.timing.lease)
-        .renew_every(shared.timing.renew_every);
-    shared.once.claimed(claim, key)
 }
 
 /// Repeats a store call that must happen (the queue entry stays handed out until it does)

@@ -1,0 +1,120 @@
+//! Ranked hand-outs: each store reads an event's tenant (its group) as the dispatcher does, and
+//! hands out to the tenant the dispatcher's load finds least busy, never past a cap.
+
+use super::*;
+use oncegate_core::{Event, GroupLoad, Loads};
+
+/// A dispatcher's view of each group's handlers running, and a cap for all.
+struct Load(HashMap<u64, u32>, Option<u32>);
+
+impl GroupLoad for Load {
+    fn load(&self, group: u64) -> Option<u32> {
+        let load = self.0.get(&group).copied().unwrap_or(0);
+        (self.1.is_none_or(|cap| load < cap)).then_some(load)
+    }
+
+    fn cap(&self) -> Option<u32> {
+        self.1
+    }
+}
+
+fn of(tenant: &str, id: &str, chat: &str) -> Event {
+    let mut event = event(id, Some(chat));
+    event.tenant = Some(std::sync::Arc::from(tenant));
+    event
+}
+
+/// In one partition, a busy tenant's backlog admitted before a quiet tenant's event and an
+/// idle one's: the ranked hand-out serves the least loaded first, `next_group` names that
+/// tenant, and a tenant at the cap gets nothing while another has a ready event.
+pub fn ranked_pulls_serve_the_least_loaded_tenant<S: Store>(make: impl Fn(ManualClock) -> S) {
+    let store = make(clock());
+    block_on(async {
+        let tenants = ["busy", "busy", "busy", "quiet", "idle"];
+        let mut admitted_ids: Vec<(oncegate_core::QueueId, Event)> = Vec::new();
+        let mut chat = 0;
+        while admitted_ids.len() < tenants.len() {
+            let tenant = tenants[admitted_ids.len()];
+            let id = format!("fair{chat}");
+            let event = of(tenant, &id, &format!("chat-{chat}"));
+            chat += 1;
+            let queued = admitted(
+                store
+                    .admit(event.clone(), &[key(&id)], DAY)
+                    .await
+                    .expect("admit"),
+            );
+            if admitted_ids
+                .first()
+                .is_none_or(|(first, _)| first.partition == queued.partition)
+            {
+                admitted_ids.push((queued, event));
+            } else {
+                let mut out = store.pull(queued.partition, 100).await.expect("pull");
+                out.retain(|d| d.id == queued);
+                assert_eq!(out.len(), 1, "{queued:?} was not handed out");
+                assert!(store.ack(queued).await.expect("ack"));
+            }
+        }
+        let partition = admitted_ids[0].0.partition;
+        let group = |at: usize| admitted_ids[at].1.group_hash();
+        let (busy, quiet, idle) = (group(0), group(3), group(4));
+        assert!(busy != quiet && quiet != idle && busy != idle);
+        // The busy tenant runs 5 handlers elsewhere, the quiet one 1, the idle one none.
+        let load = |cap| -> Loads {
+            std::sync::Arc::new(Load(HashMap::from([(busy, 5), (quiet, 1)]), cap))
+        };
+        assert_eq!(
+            store
+                .next_group(partition, &load(None))
+                .await
+                .expect("next"),
+            Some(idle),
+            "the idle tenant's event is next"
+        );
+        let pulled = store
+            .pull_claimed_ranked(partition, 2, LEASE, &load(None))
+            .await
+            .expect("pull");
+        let ids: Vec<_> = pulled.iter().map(|(d, _)| d.id).collect();
+        assert_eq!(
+            ids,
+            vec![admitted_ids[4].0, admitted_ids[3].0],
+            "the idle tenant's, then the quiet one's, before the busy backlog"
+        );
+        for (delivery, _) in &pulled {
+            assert_eq!(
+                delivery.event.group_hash(),
+                admitted_ids
+                    .iter()
+                    .find(|(id, _)| *id == delivery.id)
+                    .map(|(_, e)| e.group_hash())
+                    .expect("admitted")
+            );
+        }
+        // The busy tenant at a cap of 5: nothing for it.
+        assert_eq!(
+            store
+                .next_group(partition, &load(Some(5)))
+                .await
+                .expect("next"),
+            None
+        );
+        assert!(
+            store
+                .pull_ranked(partition, 3, &load(Some(5)))
+                .await
+                .expect("pull")
+                .is_empty()
+        );
+        // A cap of 7 leaves it room for two: two of its three, oldest first.
+        let pulled = store
+            .pull_ranked(partition, 3, &load(Some(7)))
+            .await
+            .expect("pull");
+        assert_eq!(
+            pulled.iter().map(|d| d.id).collect::<Vec<_>>(),
+            vec![admitted_ids[0].0, admitted_ids[1].0]
+        );
+    });
+}
