@@ -1351,3 +1351,102 @@ async fn a_quiet_tenants_event_goes_before_another_tenants_backlog_in_every_part
         .wait_for("the whole backlog", |got| got.len() > FLOOD)
         .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_over_its_queue_bound_gets_503_while_others_are_admitted_and_nothing_is_lost() {
+    const FLOOD: usize = 30;
+    let dir = tempfile::tempdir().expect("dir");
+    let (downstream, addr) = Downstream::start().await;
+    downstream.behavior.lock().expect("behavior").delay = Duration::from_millis(200);
+    let store = format!(
+        "path = \"{}\"\npartitions = 8",
+        dir.path().join("store").display()
+    );
+    let config = write_config(dir.path(), addr, false, &store, "30s", "5s");
+    let text = std::fs::read_to_string(&config).expect("config");
+    std::fs::write(
+        &config,
+        text.replace(
+            "concurrency = 32",
+            "concurrency = 1\nmax_queued_per_tenant = 5",
+        ),
+    )
+    .expect("config");
+    let gateway = Gateway::run(&config);
+    let client = client();
+    let flood: Vec<Signed> = (0..FLOOD)
+        .map(|i| {
+            sign(&message_of(
+                "flood",
+                &format!("bound-{i}"),
+                &format!("oc_bound{}", i % 10),
+            ))
+        })
+        .collect();
+    let mut refused = Vec::new();
+    for (i, request) in flood.iter().enumerate() {
+        let (status, body) = post(&client, &gateway.url, request).await.expect("post");
+        match status {
+            200 => {}
+            503 => {
+                assert!(body.contains("max_queued_per_tenant"), "{body}");
+                refused.push(i);
+            }
+            other => panic!("event {i}: {other} {body}"),
+        }
+    }
+    let admitted = FLOOD - refused.len();
+    assert!(
+        (5..=8).contains(&admitted),
+        "{admitted} of the flooding tenant's events were admitted with a bound of 5"
+    );
+    // Another tenant is admitted while the flooding one is refused.
+    let quiet = sign(&message_of("quiet", "bound-quiet", "oc_bound_quiet"));
+    assert_eq!(
+        post(&client, &gateway.url, &quiet).await.expect("post").0,
+        200
+    );
+    assert_eq!(
+        post(&client, &gateway.url, &flood[refused[0]])
+            .await
+            .expect("post")
+            .0,
+        503,
+        "still full"
+    );
+    assert!(
+        gateway.stats().await["gateway"]["tenant_queue_full"].as_u64()
+            >= Some(refused.len() as u64 + 1)
+    );
+    // The platform sends each refused callback again until it is taken.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !refused.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "{} never admitted",
+            refused.len()
+        );
+        let mut left = Vec::new();
+        for i in refused {
+            match post(&client, &gateway.url, &flood[i])
+                .await
+                .expect("post")
+                .0
+            {
+                200 => {}
+                503 => left.push(i),
+                other => panic!("event {i}: {other}"),
+            }
+        }
+        refused = left;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    downstream
+        .wait_for("every event", |got| got.len() > FLOOD)
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for i in 0..FLOOD {
+        assert_eq!(downstream.count(&format!("bound-{i}")), 1, "bound-{i}");
+    }
+    assert_eq!(downstream.count("bound-quiet"), 1);
+}

@@ -278,6 +278,18 @@ pub trait EventQueue: Send + Sync + 'static {
         async { Ok(Some(0)) }
     }
 
+    /// Events of `group` (a tenant, [`Event::group_hash`](crate::Event::group_hash)) in the
+    /// queue, handed out or not; `None` when the backend cannot count them. Read for each
+    /// tenant at most every 100 ms or so (a per-tenant queue bound): it may cost a read of
+    /// each partition.
+    fn group_queued(
+        &self,
+        group: u64,
+    ) -> impl Future<Output = Result<Option<u64>, StoreError>> + Send {
+        let _ = group;
+        async { Ok(None) }
+    }
+
     /// Removes a handled event. `false`: no such event was handed out.
     fn ack(&self, id: QueueId) -> impl Future<Output = Result<bool, StoreError>> + Send;
 

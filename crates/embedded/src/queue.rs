@@ -67,6 +67,16 @@ impl<C: Clock + Clone> EventQueue for EmbeddedStore<C> {
         self.pull_by(partition, max, &**load)
     }
 
+    async fn group_queued(&self, group: u64) -> Result<Option<u64>, StoreError> {
+        Ok(Some(
+            (0..self.shared.partitions)
+                .filter_map(|partition| {
+                    self.order(partition).map(|order| order.group_events(group))
+                })
+                .sum(),
+        ))
+    }
+
     async fn next_group(&self, partition: u16, load: &Loads) -> Result<Option<u64>, StoreError> {
         if partition >= self.shared.partitions {
             return Err(StoreError::Invalid(format!("no partition {partition}")));

@@ -229,8 +229,7 @@ pub(crate) struct Shared<S> {
     pub(crate) limits: ServerLimits,
     /// Rate-limited log lines for refusals and repeated failures.
     pub(crate) summaries: Arc<Summaries>,
-    /// Beyond this many queued events ingress answers 503 (`u64::MAX`: no bound); a reload
-    /// may change it.
+    /// Beyond this many queued events ingress answers 503 (`u64::MAX`: none); reloadable.
     pub(crate) max_queued: AtomicU64,
     /// Queued events, as last sampled from the store plus admits since.
     pub(crate) queued: AtomicU64,
@@ -440,6 +439,7 @@ impl<S: Store> Gateway<S> {
                     #[cfg(feature = "long-connection")]
                     long_sources: Vec::new(),
                     body_limit: parts.body_limit,
+                    tenant_depths: Default::default(),
                 },
                 api: api::ApiState::default(),
                 admin: admin::AdminState {

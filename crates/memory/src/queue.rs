@@ -191,6 +191,15 @@ impl<C: Clock, J: Journal> EventQueue for MemoryStore<C, J> {
         self.pull_by(partition, max, &**load).await
     }
 
+    async fn group_queued(&self, group: u64) -> Result<Option<u64>, StoreError> {
+        Ok(Some(
+            self.partitions
+                .iter()
+                .map(|queue| lock(queue).order.group_events(group))
+                .sum(),
+        ))
+    }
+
     async fn next_group(&self, partition: u16, load: &Loads) -> Result<Option<u64>, StoreError> {
         let queue = self
             .partitions

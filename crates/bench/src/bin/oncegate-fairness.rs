@@ -217,8 +217,16 @@ async fn flood(sender: Arc<Sender>, events: usize, chats: usize, connections: us
                     return admitted;
                 }
                 let chat = format!("oc_flood{}", i % chats.max(1));
-                if sender.send("flood", &chat, &format!("flood-{i}")).await.0 == 200 {
-                    admitted += 1;
+                // A 503 (the tenant's queue bound) is sent again, as the platform would.
+                loop {
+                    match sender.send("flood", &chat, &format!("flood-{i}")).await.0 {
+                        200 => {
+                            admitted += 1;
+                            break;
+                        }
+                        503 => tokio::time::sleep(Duration::from_millis(50)).await,
+                        _ => break,
+                    }
                 }
             }
         });

@@ -60,6 +60,13 @@ pub fn ranked_pulls_serve_the_least_loaded_tenant<S: Store>(make: impl Fn(Manual
         let group = |at: usize| admitted_ids[at].1.group_hash();
         let (busy, quiet, idle) = (group(0), group(3), group(4));
         assert!(busy != quiet && quiet != idle && busy != idle);
+        // Each tenant's share of the queue, where the store counts it (Redis does not yet:
+        // check-config says a per-tenant bound is not kept there).
+        for (tenant, events) in [(busy, 3), (quiet, 1), (idle, 1)] {
+            if let Some(counted) = store.group_queued(tenant).await.expect("group queued") {
+                assert_eq!(counted, events);
+            }
+        }
         // The busy tenant runs 5 handlers elsewhere, the quiet one 1, the idle one none.
         let load = |cap| -> Loads {
             std::sync::Arc::new(Load(HashMap::from([(busy, 5), (quiet, 1)]), cap))
@@ -116,5 +123,13 @@ pub fn ranked_pulls_serve_the_least_loaded_tenant<S: Store>(make: impl Fn(Manual
             pulled.iter().map(|d| d.id).collect::<Vec<_>>(),
             vec![admitted_ids[0].0, admitted_ids[1].0]
         );
+        // Handed out, they are still queued; acked, they are not.
+        if store.group_queued(busy).await.expect("counted").is_some() {
+            assert_eq!(store.group_queued(busy).await.expect("counted"), Some(3));
+            assert!(store.ack(admitted_ids[0].0).await.expect("ack"));
+            assert!(store.retry(admitted_ids[1].0, 0).await.expect("retry"));
+            assert_eq!(store.group_queued(busy).await.expect("counted"), Some(2));
+            assert_eq!(store.group_queued(idle).await.expect("counted"), Some(1));
+        }
     });
 }

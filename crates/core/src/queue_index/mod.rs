@@ -29,6 +29,8 @@ struct Group {
     waiting: BTreeSet<(u64, u64)>,
     /// Heads handed out.
     in_flight: u32,
+    /// Events of the group in the partition, handed out or not.
+    events: u64,
 }
 
 /// The hand-out order of one partition.
@@ -89,6 +91,15 @@ impl PartitionIndex {
         if first {
             self.wait(group, seq, order_hash);
         }
+        // The group exists now: its chain has this event. Its turn does not count events.
+        if let Some(state) = self.groups.get_mut(&group) {
+            state.events += 1;
+        }
+    }
+
+    /// Events of `group` in the partition, handed out or not: a tenant's share of the queue.
+    pub fn group_events(&self, group: u64) -> u64 {
+        self.groups.get(&group).map_or(0, |state| state.events)
     }
 
     /// The key of `group`'s turn as it stands, if it has a waiting head.
@@ -105,7 +116,7 @@ impl PartitionIndex {
         }
         let state = self.groups.entry(group).or_default();
         change(state);
-        if state.waiting.is_empty() && state.in_flight == 0 {
+        if state.waiting.is_empty() && state.in_flight == 0 && state.events == 0 {
             self.groups.remove(&group);
         } else if let Some(turn) = self.turn(group) {
             self.turns.insert(turn);
@@ -245,10 +256,10 @@ impl PartitionIndex {
         let Some(chain) = self.chains.get_mut(&order) else {
             return true;
         };
-        if let Some((_, bytes)) = chain.seqs.pop_front() {
+        let popped = chain.seqs.pop_front().map(|(_, bytes)| {
             self.events -= 1;
             self.bytes -= u64::from(bytes);
-        }
+        });
         chain.in_flight = false;
         chain.not_before_ms = 0;
         let group = chain.group;
@@ -257,7 +268,10 @@ impl PartitionIndex {
             self.chains.remove(&order);
         }
         self.change_group(group, |state| {
-            state.in_flight = state.in_flight.saturating_sub(1)
+            state.in_flight = state.in_flight.saturating_sub(1);
+            if popped.is_some() {
+                state.events = state.events.saturating_sub(1);
+            }
         });
         if let Some(next) = next {
             self.wait(group, next, order);

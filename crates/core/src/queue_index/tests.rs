@@ -180,6 +180,15 @@ proptest::proptest! {
             }
             let waiting: usize = chains.values().map(VecDeque::len).sum();
             proptest::prop_assert_eq!(index.len(), waiting);
+            // Each tenant's share of the queue, as counted.
+            for group in chains.keys().map(|&chain| group_of(chain)) {
+                let events: usize = chains
+                    .iter()
+                    .filter(|(chain, _)| group_of(**chain) == group)
+                    .map(|(_, queue)| queue.len())
+                    .sum();
+                proptest::prop_assert_eq!(index.group_events(group), events as u64);
+            }
             proptest::prop_assert_eq!(index.in_flight(), out.len());
         }
         // Everything drains, each event acked once, in chain order.

@@ -38,6 +38,7 @@ counters! {
     bad_requests: "Requests refused for bad input (signature, token, body, envelope, size).",
     store_unavailable: "Requests answered 503 because the store could not admit.",
     queue_full: "Requests answered 503 because the queue held dispatcher.max_queued events.",
+    tenant_queue_full: "Requests answered 503 because their tenant held dispatcher.max_queued_per_tenant events.",
     delivered: "Events handed to a sink successfully.",
     retries: "Delivery attempts that failed transiently and were scheduled again.",
     dead_letters: "Events given up after a permanent failure or too many attempts.",

@@ -326,6 +326,10 @@ impl<S: Store> EventQueue for Timed<S> {
         Ok(pulled)
     }
 
+    async fn group_queued(&self, group: u64) -> Result<Option<u64>, StoreError> {
+        self.time(Op::Queued, self.inner.group_queued(group)).await
+    }
+
     async fn next_group(&self, partition: u16, load: &Loads) -> Result<Option<u64>, StoreError> {
         self.time(Op::Pull, self.inner.next_group(partition, load))
             .await

@@ -48,6 +48,21 @@ async fn admit<S: Store>(
             ),
         ));
     }
+    if let Some(depth) = super::tenant_bound::tenant_full(shared, &admit.event).await {
+        if bound == Bound::Exceed {
+            metrics::counter!("oncegate_admitted_over_bound_total").increment(1);
+        } else {
+            let stats = &shared.stats;
+            stats.bump(&stats.tenant_queue_full, "oncegate_tenant_queue_full_total");
+            return Err(Refusal::new(
+                RefusalKind::Unavailable,
+                "tenant_queue_full",
+                format!(
+                    "this tenant has {depth} events queued (dispatcher.max_queued_per_tenant): nothing was recorded, retry later"
+                ),
+            ));
+        }
+    }
     clamp_creation_time(shared, &mut admit.event);
     if !shared.ingress.secondary_keys {
         admit.keys = admit.keys.primary_only();
@@ -108,6 +123,8 @@ pub(crate) async fn to_store<S: Store>(
     let partition = admit.event.partition(shared.store.partitions());
     let Admit { event, keys, nonce } = admit;
     let (platform, app) = (event.platform.clone(), event.app.clone());
+    let bounded = shared.timing.dispatcher.max_queued_per_tenant.is_some();
+    let group = bounded.then(|| event.group_hash());
     let started = std::time::Instant::now();
     let admission = shared
         .store
@@ -120,6 +137,9 @@ pub(crate) async fn to_store<S: Store>(
             stats.bump(&stats.admitted, "oncegate_admitted_total");
             shared.meters.admitted(&platform, &app);
             shared.queued.fetch_add(1, Ordering::Relaxed);
+            if let Some(group) = group {
+                shared.ingress.tenant_depths.admitted(group);
+            }
             shared.wake(partition);
         }
         Admission::Duplicate { key_index } => {

@@ -6,6 +6,7 @@ pub(crate) mod admission;
 pub(crate) mod longconn;
 pub(crate) mod spooling;
 pub(crate) mod sync_call;
+pub(crate) mod tenant_bound;
 pub(crate) mod tenants;
 
 use std::net::SocketAddr;
@@ -44,6 +45,8 @@ pub(crate) struct IngressState {
     pub(crate) long_sources: Vec<longconn::LongSource>,
     /// The largest callback body.
     pub(crate) body_limit: usize,
+    /// Each tenant's sampled queue depth, for `dispatcher.max_queued_per_tenant`.
+    pub(crate) tenant_depths: tenant_bound::TenantDepths,
 }
 
 /// The sources in force, by name.
