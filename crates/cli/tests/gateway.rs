@@ -1286,6 +1286,18 @@ async fn a_spool_under_encryption_keeps_no_payload_in_clear() {
     }
 }
 
+/// A gateway on the embedded store (8 partitions) whose dispatcher has `dispatcher` for its
+/// concurrency, posting to a downstream that answers after `delay_ms`.
+async fn slow_gateway(dir: &Path, delay_ms: u64, dispatcher: &str) -> (Downstream, Gateway) {
+    let (downstream, addr) = Downstream::start().await;
+    downstream.behavior.lock().expect("behavior").delay = Duration::from_millis(delay_ms);
+    let store = format!("path = \"{}\"\npartitions = 8", dir.join("store").display());
+    let config = write_config(dir, addr, false, &store, "30s", "5s");
+    let text = std::fs::read_to_string(&config).expect("config");
+    std::fs::write(&config, text.replace("concurrency = 32", dispatcher)).expect("config");
+    (downstream, Gateway::run(&config))
+}
+
 /// `message` of Feishu tenant `tenant`.
 fn message_of(tenant: &str, event_id: &str, chat: &str) -> String {
     let plain = message(event_id, chat, now_secs() * 1000);
@@ -1301,16 +1313,7 @@ fn message_of(tenant: &str, event_id: &str, chat: &str) -> String {
 async fn a_quiet_tenants_event_goes_before_another_tenants_backlog_in_every_partition() {
     const FLOOD: usize = 48;
     let dir = tempfile::tempdir().expect("dir");
-    let (downstream, addr) = Downstream::start().await;
-    downstream.behavior.lock().expect("behavior").delay = Duration::from_millis(100);
-    let store = format!(
-        "path = \"{}\"\npartitions = 8",
-        dir.path().join("store").display()
-    );
-    let config = write_config(dir.path(), addr, false, &store, "30s", "5s");
-    let text = std::fs::read_to_string(&config).expect("config");
-    std::fs::write(&config, text.replace("concurrency = 32", "concurrency = 2")).expect("config");
-    let gateway = Gateway::run(&config);
+    let (downstream, gateway) = slow_gateway(dir.path(), 100, "concurrency = 2").await;
     let client = client();
     // One tenant's backlog over 24 chats (so over every partition), all admitted first.
     for i in 0..FLOOD {
@@ -1356,23 +1359,12 @@ async fn a_quiet_tenants_event_goes_before_another_tenants_backlog_in_every_part
 async fn a_tenant_over_its_queue_bound_gets_503_while_others_are_admitted_and_nothing_is_lost() {
     const FLOOD: usize = 30;
     let dir = tempfile::tempdir().expect("dir");
-    let (downstream, addr) = Downstream::start().await;
-    downstream.behavior.lock().expect("behavior").delay = Duration::from_millis(200);
-    let store = format!(
-        "path = \"{}\"\npartitions = 8",
-        dir.path().join("store").display()
-    );
-    let config = write_config(dir.path(), addr, false, &store, "30s", "5s");
-    let text = std::fs::read_to_string(&config).expect("config");
-    std::fs::write(
-        &config,
-        text.replace(
-            "concurrency = 32",
-            "concurrency = 1\nmax_queued_per_tenant = 5",
-        ),
+    let (downstream, gateway) = slow_gateway(
+        dir.path(),
+        200,
+        "concurrency = 1\nmax_queued_per_tenant = 5",
     )
-    .expect("config");
-    let gateway = Gateway::run(&config);
+    .await;
     let client = client();
     let flood: Vec<Signed> = (0..FLOOD)
         .map(|i| {

@@ -31,31 +31,16 @@ pub fn ranked_pulls_serve_the_least_loaded_tenant<S: Store>(make: impl Fn(Manual
     let store = make(clock());
     block_on(async {
         let tenants = ["busy", "busy", "busy", "quiet", "idle"];
-        let mut admitted_ids: Vec<(oncegate_core::QueueId, Event)> = Vec::new();
-        let mut chat = 0;
-        while admitted_ids.len() < tenants.len() {
-            let tenant = tenants[admitted_ids.len()];
-            let id = format!("fair{chat}");
-            let event = of(tenant, &id, &format!("chat-{chat}"));
-            chat += 1;
-            let queued = admitted(
-                store
-                    .admit(event.clone(), &[key(&id)], DAY)
-                    .await
-                    .expect("admit"),
-            );
-            if admitted_ids
-                .first()
-                .is_none_or(|(first, _)| first.partition == queued.partition)
-            {
-                admitted_ids.push((queued, event));
-            } else {
-                let mut out = store.pull(queued.partition, 100).await.expect("pull");
-                out.retain(|d| d.id == queued);
-                assert_eq!(out.len(), 1, "{queued:?} was not handed out");
-                assert!(store.ack(queued).await.expect("ack"));
-            }
-        }
+        let admitted_ids: Vec<(oncegate_core::QueueId, Event)> =
+            in_one_partition(&store, tenants.len(), |at, chat| {
+                let id = format!("fair{chat}");
+                let event = of(tenants[at], &id, &format!("chat-{chat}"));
+                (id, event)
+            })
+            .await
+            .into_iter()
+            .map(|(queued, _, event)| (queued, event))
+            .collect();
         let partition = admitted_ids[0].0.partition;
         let group = |at: usize| admitted_ids[at].1.group_hash();
         let (busy, quiet, idle) = (group(0), group(3), group(4));

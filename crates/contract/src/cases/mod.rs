@@ -70,6 +70,41 @@ fn admitted(admission: Admission) -> oncegate_core::QueueId {
     }
 }
 
+/// Admits events until `n` of them share one partition, each made by `make(position, chat)`
+/// (its position among those kept, and a fresh chat number) as its id and event; the others,
+/// in other partitions, are handed out and acked out of the way. The kept ones' queue ids, ids
+/// and events, in admission order.
+async fn in_one_partition<S: Store>(
+    store: &S,
+    n: usize,
+    make: impl Fn(usize, usize) -> (String, oncegate_core::Event),
+) -> Vec<(oncegate_core::QueueId, String, oncegate_core::Event)> {
+    let mut kept: Vec<(oncegate_core::QueueId, String, oncegate_core::Event)> = Vec::new();
+    let mut chat = 0;
+    while kept.len() < n {
+        let (id, event) = make(kept.len(), chat);
+        chat += 1;
+        let queued = admitted(
+            store
+                .admit(event.clone(), &[key(&id)], DAY)
+                .await
+                .expect("admit"),
+        );
+        if kept
+            .first()
+            .is_none_or(|(first, _, _)| first.partition == queued.partition)
+        {
+            kept.push((queued, id, event));
+        } else {
+            let mut out = store.pull(queued.partition, 100).await.expect("pull");
+            out.retain(|d| d.id == queued);
+            assert_eq!(out.len(), 1, "{queued:?} was not handed out");
+            assert!(store.ack(queued).await.expect("ack"));
+        }
+    }
+    kept
+}
+
 /// Run `f` on `threads` OS threads at once, each with its own runtime, after a common start.
 fn race<S: Store, T: Send>(store: &S, threads: usize, f: impl Fn(&S, usize) -> T + Sync) -> Vec<T> {
     let barrier = Barrier::new(threads);

@@ -265,32 +265,15 @@ pub fn pull_claimed_claims_every_hand_out<S: Store>(make: impl Fn(ManualClock) -
     let store = make(clock());
     block_on(async {
         // Three chats of one partition.
-        let mut ids = Vec::new();
-        let mut chat = 0;
-        while ids.len() < 3 {
+        let ids: Vec<(oncegate_core::QueueId, String)> = in_one_partition(&store, 3, |_, chat| {
             let id = format!("pc{chat}");
-            let queued = admitted(
-                store
-                    .admit(event(&id, Some(&format!("chat-{chat}"))), &[key(&id)], DAY)
-                    .await
-                    .expect("admit"),
-            );
-            chat += 1;
-            if ids
-                .first()
-                .is_none_or(|(first, _): &(oncegate_core::QueueId, String)| {
-                    first.partition == queued.partition
-                })
-            {
-                ids.push((queued, id));
-            } else {
-                // Another partition's: out of the way.
-                let mut out = store.pull(queued.partition, 100).await.expect("pull");
-                out.retain(|d| d.id == queued);
-                assert_eq!(out.len(), 1, "{queued:?} was not handed out");
-                assert!(store.ack(queued).await.expect("ack"));
-            }
-        }
+            let event = event(&id, Some(&format!("chat-{chat}")));
+            (id, event)
+        })
+        .await
+        .into_iter()
+        .map(|(queued, id, _)| (queued, id))
+        .collect();
         let partition = ids[0].0.partition;
         let held = lease_of(
             store
