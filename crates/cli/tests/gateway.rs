@@ -1406,6 +1406,21 @@ async fn a_tenant_over_its_queue_bound_gets_503_while_others_are_admitted_and_no
         503,
         "still full"
     );
+    // The platform's retry (signed anew) of one it admitted before gets the success answer,
+    // not a 503 it would send again until the queue drains.
+    let first_admitted = (0..FLOOD)
+        .find(|i| !refused.contains(i))
+        .expect("one admitted");
+    let retry = sign(&message_of(
+        "flood",
+        &format!("bound-{first_admitted}"),
+        &format!("oc_bound{}", first_admitted % 10),
+    ));
+    let (status, body) = post(&client, &gateway.url, &retry).await.expect("post");
+    assert_eq!(
+        status, 200,
+        "a retry of an admitted event while its tenant is full: {body}"
+    );
     assert!(
         gateway.stats().await["gateway"]["tenant_queue_full"].as_u64()
             >= Some(refused.len() as u64 + 1)

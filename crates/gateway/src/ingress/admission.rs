@@ -33,33 +33,41 @@ async fn admit<S: Store>(
     mut admit: Admit,
     bound: Bound,
 ) -> Result<Accepted, Refusal> {
-    let full = queue_full(shared);
-    if full && bound == Bound::Exceed {
-        metrics::counter!("oncegate_admitted_over_bound_total").increment(1);
-    } else if full {
-        let stats = &shared.stats;
-        stats.bump(&stats.queue_full, "oncegate_queue_full_total");
-        return Err(Refusal::new(
-            RefusalKind::Unavailable,
+    let stats = &shared.stats;
+    let full = if queue_full(shared) {
+        let depth = shared.queued.load(Ordering::Relaxed);
+        Some((
             "queue_full",
-            format!(
-                "the queue holds {} events (dispatcher.max_queued): nothing was recorded, retry later",
-                shared.queued.load(Ordering::Relaxed)
-            ),
-        ));
-    }
-    if let Some(depth) = super::tenant_bound::tenant_full(shared, &admit.event).await {
+            (&stats.queue_full, "oncegate_queue_full_total"),
+            format!("the queue holds {depth} events (dispatcher.max_queued)"),
+        ))
+    } else {
+        super::tenant_bound::tenant_full(shared, &admit.event)
+            .await
+            .map(|depth| {
+                (
+                    "tenant_queue_full",
+                    (&stats.tenant_queue_full, "oncegate_tenant_queue_full_total"),
+                    format!(
+                        "this tenant has {depth} events queued (dispatcher.max_queued_per_tenant)"
+                    ),
+                )
+            })
+    };
+    if let Some((label, (count, metric), why)) = full {
         if bound == Bound::Exceed {
             metrics::counter!("oncegate_admitted_over_bound_total").increment(1);
+        } else if known(shared, &admit).await {
+            // The platform's retry of an event admitted before the queue filled: its success
+            // answer, or it would send it again until the queue drains.
+            stats.bump(&stats.duplicates, "oncegate_duplicates_total");
+            return Ok(Accepted::Duplicate);
         } else {
-            let stats = &shared.stats;
-            stats.bump(&stats.tenant_queue_full, "oncegate_tenant_queue_full_total");
+            stats.bump(count, metric);
             return Err(Refusal::new(
                 RefusalKind::Unavailable,
-                "tenant_queue_full",
-                format!(
-                    "this tenant has {depth} events queued (dispatcher.max_queued_per_tenant): nothing was recorded, retry later"
-                ),
+                label,
+                format!("{why}: nothing was recorded, retry later"),
             ));
         }
     }
@@ -150,6 +158,16 @@ pub(crate) async fn to_store<S: Store>(
         Admission::Replayed => {}
     }
     Ok(admission)
+}
+
+/// Whether `admit`'s event was admitted before (its first key has a live record): one read,
+/// made only for a request a queue bound would refuse.
+async fn known<S: Store>(shared: &Shared<S>, admit: &Admit) -> bool {
+    let Some(key) = admit.keys.as_slice().first() else {
+        return false;
+    };
+    let partition = admit.event.partition(shared.store.partitions());
+    matches!(shared.store.record(key, partition).await, Ok(Some(_)))
 }
 
 /// The refusal of a replayed request.
