@@ -101,14 +101,7 @@ async fn a_redis_without_persistence_is_refused_by_fsync_and_said_by_memory() {
             .is_some_and(|r| r.contains("persistence is off")),
         "{check}"
     );
-    let metrics = client()
-        .get(format!("{}/metrics", gateway.admin))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let metrics = support::metrics_text(&gateway.admin).await;
     assert!(
         metrics.contains("oncegate_store_durability_at_risk{mode=\"memory\"} 1"),
         "{metrics}"

@@ -103,19 +103,27 @@ async fn until_answered(
     support::until_answered(gateway, "suite", sealed, status, limit).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_corp_authorised_through_create_auth_is_served_and_sent_as_with_its_own_token() {
-    let platform = LocalWecomApi::start("wwisvcorp", "unused-secret", 64)
+/// A local ISV API answering 45033 past `in_flight` calls at once, and two gateways on one
+/// Redis (keys under `prefix`) serving its suite, the ticket pushed to the first.
+async fn suite_on_two_gateways(
+    prefix: &str,
+    in_flight: usize,
+) -> (LocalWecomApi, [(tempfile::TempDir, Serve); 2]) {
+    let platform = LocalWecomApi::start("wwisvcorp", "unused-secret", in_flight)
         .await
         .expect("api");
     platform.serve_suite(SUITE_ID, SUITE_SECRET);
-    let store = redis_store("suites");
-    let [(a_dir, a), (b_dir, b)] =
-        support::start_in_dirs(|dir| config(dir, &store, &platform.domain()));
-
-    // The ticket reaches A; B fetches the suite token with it.
-    let (status, body) = post(&a, &ticket_push(&platform.issue_ticket())).await;
+    let store = redis_store(prefix);
+    let gateways = support::start_in_dirs(|dir| config(dir, &store, &platform.domain()));
+    let (status, body) = post(&gateways[0].1, &ticket_push(&platform.issue_ticket())).await;
     assert_eq!((status, body.as_str()), (200, "success"));
+    (platform, gateways)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_corp_authorised_through_create_auth_is_served_and_sent_as_with_its_own_token() {
+    // The ticket reaches A; B fetches the suite token with it.
+    let (platform, [(a_dir, a), (b_dir, b)]) = suite_on_two_gateways("suites", 64).await;
 
     // Corp 0 authorises; its create_auth reaches B, answered `success` within WeCom's 1000 ms.
     let corps: Vec<String> = (0..50).map(|i| format!("wpCorp{i:02}Xy")).collect();
@@ -318,4 +326,132 @@ async fn a_corp_authorised_through_create_auth_is_served_and_sent_as_with_its_ow
     }
     assert_eq!(seen.len(), 51 + taken_meanwhile, "{seen:?}");
     assert!(seen.values().all(|count| *count == 1), "{seen:?}");
+}
+
+/// A hundred corps of one suite burst at once on two gateways sharing a Redis, against a local
+/// WeCom whose calls in flight are capped (45033) and whose quota for one corp is spent by
+/// another system (45009): every other corp's messages go out once each; the spent corp's
+/// sends are told to come back later, and after WeCom's first 45009 neither gateway calls for
+/// it again until WeCom's minute is over; both answers are seen in `/admin/send-budgets` and
+/// the metrics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_corp_whose_quota_is_spent_holds_back_no_other_corp_and_is_not_called_again() {
+    let (platform, [(_a_dir, a), (_b_dir, b)]) = suite_on_two_gateways("suitelimits", 8).await;
+    let corps: Vec<String> = (0..100).map(|i| format!("wpLimit{i:03}Zz")).collect();
+    for (i, corp) in corps.iter().enumerate() {
+        let code = platform.authorise(corp, 1_000_000 + i64::try_from(i).expect("i"));
+        let gateway = if i % 2 == 0 { &a } else { &b };
+        let (status, body) = post(gateway, &create_auth(&code)).await;
+        assert_eq!((status, body.as_str()), (200, "success"));
+    }
+    for corp in &corps {
+        let hello = corp_message(corp, &format!("hello-{corp}"));
+        until_answered(&b, &hello, 200, Duration::from_secs(10)).await;
+    }
+    let spent = corps[0].clone();
+    platform.block(&spent);
+
+    // Five sends per corp, all at once, half through each gateway.
+    let mut sends = Vec::new();
+    for (c, corp) in corps.iter().enumerate() {
+        for m in 0..5 {
+            let gateway = if (c + m) % 2 == 0 { &a } else { &b };
+            let (api, corp) = (gateway.api.clone().expect("api"), corp.clone());
+            sends.push(tokio::spawn(async move {
+                let key = format!("burst-{corp}-{m}");
+                let body = json!({"touser": format!("member{m}"), "msgtype": "text",
+                                  "text": {"content": key}, "wait_ms": 15000});
+                let response = client()
+                    .post(format!("{api}/send/suite/{corp}"))
+                    .bearer_auth(CALLER)
+                    .header("idempotency-key", &key)
+                    .json(&body)
+                    .send()
+                    .await
+                    .expect("send");
+                let after = response
+                    .headers()
+                    .get("retry-after")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse::<u64>().ok());
+                (response.status().as_u16(), after, key, corp)
+            }));
+        }
+    }
+    let mut expected: HashMap<String, String> = HashMap::new();
+    for sent in sends {
+        let (status, after, key, corp) = sent.await.expect("task");
+        if corp == spent {
+            assert_eq!(status, 429, "{key}");
+            assert!(
+                after.is_some_and(|s| s >= 30),
+                "{key}: Retry-After {after:?}"
+            );
+        } else {
+            assert_eq!(status, 200, "{key}: {}", a.stderr());
+            expected.insert(key, corp);
+        }
+    }
+    assert!(
+        platform.busy() > 0,
+        "WeCom's cap on calls in flight was met"
+    );
+    // Each of the other corps' messages went out once, with its own token.
+    let delivered = platform.sends();
+    assert_eq!(delivered.len(), 99 * 5);
+    for (corp, body) in &delivered {
+        let body: serde_json::Value = serde_json::from_str(body).expect("body");
+        let key = body["text"]["content"].as_str().expect("content");
+        assert_eq!(
+            expected.remove(key).as_deref(),
+            Some(corp.as_str()),
+            "{key}"
+        );
+    }
+    assert!(expected.is_empty(), "{expected:?}");
+
+    // WeCom blocks the spent corp for a minute: neither gateway calls for it again meanwhile,
+    // and another corp is sent at once.
+    let refused = platform.blocked_calls(&spent);
+    assert!((1..=5).contains(&refused), "{refused} calls answered 45009");
+    for gateway in [&a, &b] {
+        let (status, body) = send(gateway, &format!("suite/{spent}"), "after-block", "u").await;
+        assert_eq!(status, 429, "{body}");
+        let (status, body) = send(gateway, &format!("suite/{}", corps[7]), "x", "u").await;
+        assert_eq!(status, 200, "{body}");
+    }
+    assert_eq!(
+        platform.blocked_calls(&spent),
+        refused,
+        "no call while WeCom blocks"
+    );
+
+    // Both answers are in the gateways' views and metrics.
+    let (mut budgets, mut capped) = (Vec::new(), 0);
+    let mut lowered = 0.0;
+    for gateway in [&a, &b] {
+        let (status, body) = gateway.admin_get("/admin/send-budgets").await;
+        assert_eq!(status, 200, "{body}");
+        let view: serde_json::Value = serde_json::from_str(&body).expect("json");
+        for budget in view["lowered"].as_array().expect("lowered") {
+            budgets.push(budget["budget"].as_str().expect("budget").to_owned());
+        }
+        capped += view["capped"].as_array().expect("capped").len();
+        lowered += support::metrics_text(&gateway.admin)
+            .await
+            .lines()
+            .filter(|line| line.starts_with("oncegate_send_budget_lowered_total"))
+            .filter(|line| line.contains("limit=\"app\""))
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>();
+    }
+    assert!(
+        budgets
+            .iter()
+            .all(|b| b.starts_with(&format!("{spent}/")) && b.ends_with(" app")),
+        "the spent corp's budget, no other: {budgets:?}"
+    );
+    assert!(!budgets.is_empty(), "the spent corp's budget is lowered");
+    assert!(capped > 0, "a sender capped after 45033");
+    assert_eq!(lowered, refused as f64, "each 45009 counted");
 }

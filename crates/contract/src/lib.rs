@@ -103,6 +103,7 @@ macro_rules! contract_suite {
             watermarks_only_move_up_and_expire,
             rates_grant_a_burst_then_the_sustained_rate,
             racing_takers_never_exceed_the_budget,
+            adjusted_buckets_give_back_and_hold,
             lookups_and_stats_for_operators,
             queue_summaries_and_listings_show_each_partition,
             racing_admits_admit_once,

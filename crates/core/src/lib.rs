@@ -26,7 +26,7 @@ pub use durability::Durability;
 pub use event::Event;
 pub use key::{DeliveryId, KeyHash, hex_into, key_for, sender_key};
 pub use queue_index::{GroupLoad, Unranked};
-pub use rates::{Rate, RateVerdict};
+pub use rates::{Rate, RateAdjust, RateVerdict};
 pub use record::{
     Admission, Claim, DeadLetter, Delivery, FenceCheck, FencingToken, Fingerprint, Lease, Nonce,
     PartitionOwner, QueueId, QueueSummary, QueuedEvent, QueuedState, Record, RecordState,

@@ -72,6 +72,33 @@ pub fn gcra(tat_us: Option<u64>, now_us: u64, rate: Rate) -> (RateVerdict, Optio
     (RateVerdict::Granted, Some(tat + rate.emission_us()))
 }
 
+/// A change to a bucket other than a call taken: what the platform's own limit answers teach.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RateAdjust {
+    /// A call taken under `rate` did not go out (a later bucket of the same send said wait):
+    /// its share is given back, so a bucket counts only the calls that were made.
+    GiveBack(Rate),
+    /// The platform blocked the bucket: no call under `rate` is granted for this long from now.
+    Hold(Rate, Duration),
+}
+
+/// The new arrival time of a bucket whose arrival time is `tat_us` (`None`: fresh) at `now_us`
+/// after `adjust`; `None` when the bucket is as good as fresh.
+pub fn adjusted(tat_us: Option<u64>, now_us: u64, adjust: RateAdjust) -> Option<u64> {
+    match adjust {
+        RateAdjust::GiveBack(rate) => tat_us
+            .map(|tat| tat.saturating_sub(rate.emission_us()))
+            .filter(|tat| *tat > now_us),
+        RateAdjust::Hold(rate, pause) => {
+            let pause = u64::try_from(pause.as_micros()).unwrap_or(u64::MAX);
+            let until = now_us
+                .saturating_add(pause)
+                .saturating_add(rate.tolerance_us());
+            Some(tat_us.unwrap_or(0).max(until))
+        }
+    }
+}
+
 /// Buckets kept in this process: the rate store of backends that one gateway owns.
 #[derive(Debug)]
 pub struct LocalRates {
@@ -111,6 +138,23 @@ impl LocalRates {
             }
         }
         verdict
+    }
+
+    /// Changes `bucket` at `now_us` as `adjust` says.
+    pub fn adjust(&self, bucket: &KeyHash, adjust: RateAdjust, now_us: u64) {
+        let mut buckets = self
+            .buckets
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        match adjusted(buckets.get(bucket).copied(), now_us, adjust) {
+            Some(tat) if buckets.len() < self.max_buckets || buckets.contains_key(bucket) => {
+                buckets.insert(*bucket, tat);
+            }
+            Some(_) => {}
+            None => {
+                buckets.remove(bucket);
+            }
+        }
     }
 
     /// Buckets held.
@@ -189,6 +233,46 @@ mod tests {
                 prop_assert!(inside as u32 <= count + burst, "{} in one second", inside);
             }
         }
+    }
+
+    #[test]
+    fn a_call_given_back_is_not_counted_and_a_hold_blocks_for_its_pause() {
+        let rates = LocalRates::default();
+        let bucket = KeyHash::of(&["corp"]);
+        let rate = Rate::per_second(2);
+        assert_eq!(rates.take(&bucket, rate, 0), RateVerdict::Granted);
+        assert_eq!(rates.take(&bucket, rate, 0), RateVerdict::Granted);
+        assert!(matches!(rates.take(&bucket, rate, 0), RateVerdict::Wait(_)));
+        rates.adjust(&bucket, RateAdjust::GiveBack(rate), 0);
+        assert_eq!(rates.take(&bucket, rate, 0), RateVerdict::Granted);
+        // Held for 60 s: nothing before, the whole burst after.
+        rates.adjust(
+            &bucket,
+            RateAdjust::Hold(rate, Duration::from_secs(60)),
+            1_000_000,
+        );
+        assert_eq!(
+            rates.take(&bucket, rate, 1_000_000),
+            RateVerdict::Wait(Duration::from_secs(60))
+        );
+        assert_eq!(rates.take(&bucket, rate, 61_000_000), RateVerdict::Granted);
+        // A shorter hold does not shorten a longer one.
+        let other = KeyHash::of(&["other"]);
+        rates.adjust(&other, RateAdjust::Hold(rate, Duration::from_secs(60)), 0);
+        rates.adjust(&other, RateAdjust::Hold(rate, Duration::from_secs(1)), 0);
+        assert!(matches!(
+            rates.take(&other, rate, 2_000_000),
+            RateVerdict::Wait(wait) if wait == Duration::from_secs(58)
+        ));
+        // Giving back more than was taken leaves a fresh bucket, not a debt.
+        let fresh = KeyHash::of(&["fresh"]);
+        rates.adjust(&fresh, RateAdjust::GiveBack(rate), 5_000_000);
+        assert_eq!(rates.take(&fresh, rate, 5_000_000), RateVerdict::Granted);
+        assert_eq!(rates.take(&fresh, rate, 5_000_000), RateVerdict::Granted);
+        assert!(matches!(
+            rates.take(&fresh, rate, 5_000_000),
+            RateVerdict::Wait(_)
+        ));
     }
 
     #[test]

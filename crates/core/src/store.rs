@@ -385,6 +385,14 @@ pub trait RateStore: Send + Sync + 'static {
         bucket: &KeyHash,
         rate: crate::rates::Rate,
     ) -> impl Future<Output = Result<crate::rates::RateVerdict, StoreError>> + Send;
+
+    /// Changes `bucket` as `adjust` says: a call given back, or a block the platform asked for,
+    /// seen by every gateway that shares the bucket.
+    fn adjust_rate(
+        &self,
+        bucket: &KeyHash,
+        adjust: crate::rates::RateAdjust,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
 
 /// A complete backend.

@@ -343,6 +343,16 @@ impl<C: Clock> oncegate_core::RateStore for EmbeddedStore<C> {
             .rates
             .take(bucket, rate, self.clock.now_ms().saturating_mul(1000)))
     }
+
+    async fn adjust_rate(
+        &self,
+        bucket: &KeyHash,
+        adjust: oncegate_core::RateAdjust,
+    ) -> Result<(), StoreError> {
+        self.rates
+            .adjust(bucket, adjust, self.clock.now_ms().saturating_mul(1000));
+        Ok(())
+    }
 }
 
 /// The earlier embedded format (one redb file) keeps no shared state: it stays readable for

@@ -127,9 +127,12 @@ fn add_ai_bot_senders<S: Store>(shared: &mut crate::Shared<base::timed_store::Ti
         if let ingress::longconn::Link::AiBot { bot, outbound, .. } = &source.link {
             let api = oncegate_send::Api::AiBot(oncegate_send::AiBotApi::new(outbound.clone()));
             let scope = bot.bot_id().to_owned();
-            shared
-                .api
-                .add_sender(source.name.clone(), api::send::Sender { api, scope });
+            let sender = api::send::Sender {
+                api,
+                scope,
+                shared: Vec::new(),
+            };
+            shared.api.add_sender(source.name.clone(), sender);
         }
     }
 }

@@ -137,6 +137,14 @@ impl oncegate_core::RateStore for Switchable {
     ) -> Result<oncegate_core::RateVerdict, StoreError> {
         self.inner.take_rate(bucket, rate).await
     }
+
+    async fn adjust_rate(
+        &self,
+        bucket: &KeyHash,
+        adjust: oncegate_core::RateAdjust,
+    ) -> Result<(), StoreError> {
+        self.inner.adjust_rate(bucket, adjust).await
+    }
 }
 
 impl oncegate_core::StateStore for Switchable {

@@ -580,4 +580,14 @@ impl<C: Clock, J: Journal> oncegate_core::RateStore for MemoryStore<C, J> {
             .rates
             .take(bucket, rate, self.clock.now_ms().saturating_mul(1000)))
     }
+
+    async fn adjust_rate(
+        &self,
+        bucket: &KeyHash,
+        adjust: oncegate_core::RateAdjust,
+    ) -> Result<(), StoreError> {
+        self.rates
+            .adjust(bucket, adjust, self.clock.now_ms().saturating_mul(1000));
+        Ok(())
+    }
 }

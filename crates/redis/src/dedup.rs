@@ -394,33 +394,6 @@ impl<C: Clock> WatermarkStore for RedisStore<C> {
     }
 }
 
-impl<C: Clock> RateStore for RedisStore<C> {
-    async fn take_rate(&self, bucket: &KeyHash, rate: Rate) -> Result<RateVerdict, StoreError> {
-        let bucket = *bucket;
-        self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
-            let reply: Value = inner
-                .scripts
-                .rate
-                .key(format!("{}:r:{bucket}", inner.prefix))
-                .arg(inner.clock.now_ms().saturating_mul(1000))
-                .arg(rate.emission_us())
-                .arg(rate.tolerance_us())
-                .invoke_async(&mut conn)
-                .await
-                .map_err(from_redis)?;
-            let reply = array(reply)?;
-            match (reply.first().and_then(int), reply.get(1).and_then(int)) {
-                (Some(1), _) => Ok(RateVerdict::Granted),
-                (Some(0), Some(wait_us)) => Ok(RateVerdict::Wait(Duration::from_micros(wait_us))),
-                _ => Err(StoreError::Corrupt(format!(
-                    "unexpected rate reply {reply:?}"
-                ))),
-            }
-        })
-        .await
-    }
-}
-
 /// A claim waiting for its partition's next claim script.
 pub(super) struct ClaimCall {
     key: KeyHash,

@@ -64,6 +64,7 @@ mod lean;
 mod partition;
 mod promise;
 mod queue;
+mod rates;
 mod reply;
 mod sentinel;
 mod server_clock;
@@ -129,6 +130,7 @@ struct Scripts {
     records: Script,
     watermark: Script,
     rate: Script,
+    rate_adjust: Script,
     dead_letter: Script,
     dead_replay: Script,
     dead_purge: Script,
@@ -413,6 +415,7 @@ impl<C: Clock> RedisStore<C> {
                 )),
                 watermark: Script::new(include_str!("../lua/watermark.lua")),
                 rate: Script::new(include_str!("../lua/rate.lua")),
+                rate_adjust: Script::new(include_str!("../lua/rate_adjust.lua")),
                 dead_letter: Script::new(concat!(
                     include_str!("../lua/owns.lua"),
                     include_str!("../lua/dead_letter.lua")

@@ -22,10 +22,12 @@ fn refusal(code: i64, message: String) -> SendError {
         FREQUENCY => SendError::RetryAfter {
             after: Duration::from_secs(60),
             code,
+            limit: crate::Limit::Receiver,
         },
         CONCURRENCY => SendError::RetryAfter {
             after: Duration::from_secs(1),
             code,
+            limit: crate::Limit::Concurrency,
         },
         NOT_SUBSCRIBED | BUSY => {
             SendError::Transient(format!("WeCom answered errcode {code}: {message}"))

@@ -7,7 +7,10 @@ use serde_json::{Value, json};
 
 use crate::aibot::{AiBotApi, AiBotMessage};
 use crate::feishu::{FeishuApi, Message};
-use crate::limits::{FEISHU_APP, FEISHU_PACE, FEISHU_RECEIVER, WECOM_APP, WECOM_MEMBER};
+use crate::limits::{
+    FEISHU_APP, FEISHU_APP_MINUTE, FEISHU_PACE, FEISHU_RECEIVER, WECOM_APP, WECOM_APP_HOUR,
+    WECOM_MEMBER, WECOM_MEMBER_HOUR,
+};
 use crate::wecom::{WecomApi, WecomMessage};
 use crate::{Budget, SendError};
 
@@ -22,12 +25,17 @@ pub enum Api {
     AiBot(AiBotApi),
 }
 
+/// The name of the budget of the app in its tenant, per API: the one a platform's frequency
+/// answer ([`crate::Limit::App`]) lowers.
+pub const APP: &str = "app";
+
 /// A caller's send, ready to go.
 #[derive(Debug, Clone)]
 pub struct Prepared {
     /// What a reuse of the caller's key must match (not how long it may wait).
     pub payload: Value,
-    /// The budgets the send spends, each by its bucket's name.
+    /// The budgets the send spends, each by its bucket's name, the narrowest (the receiver's)
+    /// first: a platform's answer about a receiver lowers the first.
     pub budgets: Vec<(String, Budget)>,
     /// The message this send edits, if it is an edit: edits of one message go one at a time
     /// and the latest wins.
@@ -130,7 +138,11 @@ impl Api {
                     payload,
                     repeat_safe: true,
                     pace: Some((bucket.clone(), FEISHU_PACE)),
-                    budgets: vec![(bucket, FEISHU_RECEIVER), ("app".into(), FEISHU_APP)],
+                    budgets: vec![
+                        (bucket, FEISHU_RECEIVER),
+                        (APP.into(), FEISHU_APP),
+                        ("app-minute".into(), FEISHU_APP_MINUTE),
+                    ],
                     edit_of: message.update_of.clone(),
                     outgoing: Outgoing::Feishu(message),
                 })
@@ -139,9 +151,15 @@ impl Api {
                 let message = api.prepare(body)?;
                 let mut budgets: Vec<(String, Budget)> = message
                     .members()
-                    .map(|member| (format!("member:{member}"), WECOM_MEMBER))
+                    .flat_map(|member| {
+                        [
+                            (format!("member:{member}"), WECOM_MEMBER),
+                            (format!("member-hour:{member}"), WECOM_MEMBER_HOUR),
+                        ]
+                    })
                     .collect();
-                budgets.push(("app".into(), WECOM_APP));
+                budgets.push((APP.into(), WECOM_APP));
+                budgets.push(("app-hour".into(), WECOM_APP_HOUR));
                 let checked = message
                     .body
                     .get("enable_duplicate_check")

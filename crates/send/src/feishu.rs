@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::SendError;
 use crate::token::{TokenCache, TokenSource};
+use crate::{Limit, SendError};
 
 /// Feishu's answers that no retry changes: a receiver the bot cannot reach, a card older than
 /// 14 days, a streaming card that expired, and the like.
@@ -16,7 +16,19 @@ const PERMANENT: &[i64] = &[
     230001, 230002, 230006, 230011, 230013, 230017, 230018, 230031, 230099, 200850, 99991672,
 ];
 /// "request trigger frequency limit" (HTTP 429), and the message API's own limit (HTTP 400).
-const RATE_LIMITED: &[i64] = &[99991400, 230020];
+const RATE_LIMITED: &[i64] = &[99991400, CHAT_LIMITED];
+/// The send-message limit of one chat (5 per second, shared by the chat's bots).
+const CHAT_LIMITED: i64 = 230020;
+
+/// Which budget a 429 speaks of: `x-ogw-ratelimit-limit` is the window's limit, and a limit of
+/// at most 5 is a receiver's (5 per second to a user or a chat); any other, or none, the app's
+/// in its tenant (50 per second, 1 000 per minute for sends).
+fn limit_of(window: Option<u64>) -> Limit {
+    match window {
+        Some(1..=5) => Limit::Receiver,
+        _ => Limit::App,
+    }
+}
 /// The token is not (or no longer) valid.
 const BAD_TOKEN: &[i64] = &[99991663, 99991671, 99991661];
 /// The largest answer read from Feishu.
@@ -269,11 +281,14 @@ impl FeishuApi {
             .await
             .map_err(|error| Refused::Send(classify_io(error)))?;
         let status = sent.status().as_u16();
-        let reset = sent
-            .headers()
-            .get("x-ogw-ratelimit-reset")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok());
+        let header = |name: &str| {
+            sent.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        };
+        let reset = header("x-ogw-ratelimit-reset");
+        let limit = limit_of(header("x-ogw-ratelimit-limit"));
         // The request was taken: an answer cut off leaves the outcome unknown.
         let body = read(sent)
             .await
@@ -293,11 +308,17 @@ impl FeishuApi {
                 Err(Refused::Send(SendError::RetryAfter {
                     after: Duration::from_secs(reset.unwrap_or(1).clamp(1, 3600)),
                     code,
+                    limit: if code == CHAT_LIMITED {
+                        Limit::Receiver
+                    } else {
+                        limit
+                    },
                 }))
             }
             None if status == 429 => Err(Refused::Send(SendError::RetryAfter {
                 after: Duration::from_secs(reset.unwrap_or(1).clamp(1, 3600)),
                 code: 0,
+                limit,
             })),
             Some(code) if PERMANENT.contains(&code) || (400..500).contains(&status) => {
                 Err(Refused::Send(SendError::Permanent {
@@ -399,5 +420,23 @@ pub(crate) async fn read(mut response: reqwest::Response) -> Result<Vec<u8>, Str
             Ok(None) => return Ok(body),
             Err(error) => return Err(error.without_url().to_string()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Feishu's documents name the window's limit but not which one it is: a limit of 5 can
+    /// only be a receiver's, the app's are 50 per second or 1 000 per minute; no header at all
+    /// lowers the app's (the wider, the safer).
+    #[test]
+    fn a_rate_answer_names_the_budget_it_counts() {
+        assert_eq!(limit_of(Some(5)), Limit::Receiver);
+        assert_eq!(limit_of(Some(1)), Limit::Receiver);
+        assert_eq!(limit_of(Some(50)), Limit::App);
+        assert_eq!(limit_of(Some(1000)), Limit::App);
+        assert_eq!(limit_of(Some(0)), Limit::App);
+        assert_eq!(limit_of(None), Limit::App);
     }
 }

@@ -20,7 +20,7 @@ pub mod wecom_suite;
 use std::time::Duration;
 
 pub use aibot::{AiBotApi, AiBotMessage};
-pub use api::{Api, Prepared};
+pub use api::{APP, Api, Prepared};
 pub use feishu::{FeishuApi, Message, RECEIVE_ID_TYPES};
 pub use feishu_store::FeishuStoreApi;
 pub use oncegate_core::Rate as Budget;
@@ -51,8 +51,42 @@ pub mod limits {
     /// A bucket of `n` per minute with a burst of `b` lets `n + b - 1` through in some minute,
     /// so 24 with a burst of 5: 28 at most in any 60 s, two spare for arrival jitter.
     pub const WECOM_MEMBER: Budget = Budget::per_minute(24, 5);
-    /// WeCom: 10 000 calls per minute per API and corp.
-    pub const WECOM_APP: Budget = Budget::per_minute(10_000, 200);
+    /// WeCom: 10 000 calls per minute per API and corp (9 699 at most in any minute: the
+    /// slack covers a second of arrival jitter).
+    pub const WECOM_APP: Budget = Budget::per_minute(9_500, 200);
+    /// WeCom: and 150 000 per hour per API and corp (144 999 at most in any hour).
+    pub const WECOM_APP_HOUR: Budget = per_hour(135_000, 10_000);
+    /// WeCom: 1 000 messages per hour to one member (beyond, dropped without a word).
+    pub const WECOM_MEMBER_HOUR: Budget = per_hour(950, 29);
+    /// WeCom: a service provider's calls from one egress address, all its corps together:
+    /// 40 000 per minute per API (38 999 at most in any minute) …
+    pub const WECOM_ISV: Budget = Budget::per_minute(37_000, 2_000);
+    /// … and 1 200 000 per hour (1 149 999 at most).
+    pub const WECOM_ISV_HOUR: Budget = per_hour(1_100_000, 50_000);
+    /// Feishu: sending messages is 1 000 per minute per app and tenant, besides 50 per second
+    /// (949 at most in any minute).
+    pub const FEISHU_APP_MINUTE: Budget = Budget::per_minute(900, 50);
+
+    const fn per_hour(count: u32, burst: u32) -> Budget {
+        Budget {
+            count,
+            per: Duration::from_secs(3600),
+            burst,
+        }
+    }
+}
+
+/// Which limit a platform's rate answer speaks of, so that the budget it names is the one
+/// lowered, and another tenant's or receiver's is not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    /// The receiver's (Feishu's 5 per second to a chat or user, an AI bot's conversation).
+    Receiver,
+    /// The app's in its tenant, per API (Feishu's app × tenant, WeCom's corp): the frequency
+    /// window the platform blocks.
+    App,
+    /// Calls in flight at once (WeCom's 45033), not a rate.
+    Concurrency,
 }
 
 /// Why a send did not go out (or may not have).
@@ -74,6 +108,8 @@ pub enum SendError {
         after: Duration,
         /// The platform's error code.
         code: i64,
+        /// Which of the send's budgets the platform counted over.
+        limit: Limit,
     },
     /// The request may have reached the platform (a timeout, a reset connection): the message
     /// may be out. Only a retry with the same key is safe.

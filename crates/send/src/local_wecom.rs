@@ -1,5 +1,5 @@
 //! A WeCom-like message API on loopback, for tests: tokens (40014 for a stale one), a cap on
-//! calls in flight (45033), WeCom's silent drop past 30 messages per minute to one member, and
+//! calls in flight (45033), corps whose quota is spent (45009), WeCom's silent drop past 30 messages per minute to one member, and
 //! a count of what it really delivered. With [`LocalWecomApi::serve_suite`] it is also a
 //! suite's ISV API (`shared/protocols/tenants.md` §1.3): suite tokens for the ticket it issued
 //! last, one-use authorisation codes exchanged for permanent codes, each corp's authorisation as it
@@ -29,6 +29,9 @@ struct Inner {
     bodies: Vec<(String, String)>,
     dropped: u64,
     busy: u64,
+    /// Corps whose sends are answered 45009 (another system spent their quota), and how many
+    /// each was answered.
+    blocked: HashMap<String, u64>,
     suite: Option<Suite>,
 }
 
@@ -218,6 +221,21 @@ impl LocalWecomApi {
     /// Calls answered 45033 (too many in flight).
     pub fn busy(&self) -> u64 {
         self.shared.lock().busy
+    }
+
+    /// Answers `corp`'s sends 45009 from now on, as WeCom does when the corp's quota is spent
+    /// (by another system sending as it): the call counts, nothing is sent.
+    pub fn block(&self, corp: &str) {
+        self.shared
+            .lock()
+            .blocked
+            .entry(corp.to_owned())
+            .or_default();
+    }
+
+    /// `corp`'s sends answered 45009 so far.
+    pub fn blocked_calls(&self, corp: &str) -> u64 {
+        self.shared.lock().blocked.get(corp).copied().unwrap_or(0)
     }
 }
 
@@ -417,6 +435,10 @@ async fn answer(
         .and_then(|suite| suite.agents.get(&corp));
     if authorised.is_some_and(|agent| body["agentid"].as_i64() != Some(*agent)) {
         return json!({"errcode": 40056, "errmsg": "invalid agentid"});
+    }
+    if let Some(calls) = inner.blocked.get_mut(&corp) {
+        *calls += 1;
+        return json!({"errcode": 45009, "errmsg": "api freq out of limit, hint: [local]"});
     }
     let now = Instant::now();
     inner.bodies.push((corp, body.to_string()));

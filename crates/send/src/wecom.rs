@@ -283,15 +283,18 @@ impl WecomApi {
                     self.refused(&token).await;
                 }
                 FREQUENCY => {
+                    // WeCom blocks the window a minute ("按分钟拦截则被屏蔽60秒").
                     return Err(SendError::RetryAfter {
                         after: Duration::from_secs(60),
                         code,
+                        limit: crate::Limit::App,
                     });
                 }
                 CONCURRENCY => {
                     return Err(SendError::RetryAfter {
                         after: Duration::from_secs(1),
                         code,
+                        limit: crate::Limit::Concurrency,
                     });
                 }
                 BUSY | -2 => return Err(SendError::Transient(format!("code {code}: {text}"))),

@@ -60,6 +60,11 @@ impl std::fmt::Debug for WecomSuiteApi {
 }
 
 impl WecomSuiteApi {
+    /// The suite's id.
+    pub fn suite_id(&self) -> &str {
+        &self.suite_id
+    }
+
     /// The suite `suite_id` with its `secret`, at `domain` (`https://qyapi.weixin.qq.com` or a
     /// local server), each call within `timeout`.
     pub fn new(

@@ -86,8 +86,13 @@ async fn rate_limits_and_refusals_are_classed() {
     for i in 0..8 {
         match api.send(&text("oc_busy", &format!("burst{i}"))).await {
             Ok(_) => {}
-            Err(SendError::RetryAfter { after, code }) => {
+            Err(SendError::RetryAfter { after, code, limit }) => {
                 assert_eq!(code, 99991400);
+                assert_eq!(
+                    limit,
+                    oncegate_send::Limit::Receiver,
+                    "x-ogw-ratelimit-limit: 5 is a receiver's"
+                );
                 assert!(after >= Duration::from_secs(1));
                 limited += 1;
             }

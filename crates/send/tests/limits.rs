@@ -6,7 +6,10 @@ use std::time::Duration;
 
 use oncegate_core::rates::gcra;
 use oncegate_core::{Rate, RateVerdict};
-use oncegate_send::limits::{FEISHU_RECEIVER, WECOM_MEMBER};
+use oncegate_send::limits::{
+    FEISHU_APP_MINUTE, FEISHU_RECEIVER, WECOM_APP, WECOM_APP_HOUR, WECOM_ISV, WECOM_ISV_HOUR,
+    WECOM_MEMBER, WECOM_MEMBER_HOUR,
+};
 use proptest::prelude::*;
 
 /// Grants of `budget` to callers who ask again at once after each grant and as soon as told,
@@ -78,4 +81,57 @@ proptest! {
 fn an_unjittered_wecom_burst_is_counted_as_documented() {
     let arrivals = arrivals(WECOM_MEMBER, Duration::from_secs(60), &[0]);
     assert_eq!(most_in_any(&arrivals, Duration::from_secs(60)), 28);
+}
+
+/// The minute and hour budgets, each against the count the platform publishes for it, with
+/// calls reaching the platform up to a second after their grants: never over.
+#[test]
+fn the_minute_and_hour_budgets_stay_inside_the_published_counts() {
+    let minute = Duration::from_secs(60);
+    let hour = Duration::from_secs(3600);
+    let jitters = [0, 1_000_000, 400_000, 0, 0, 999_000, 10];
+    for (name, budget, window, published) in [
+        ("WeCom per member per hour", WECOM_MEMBER_HOUR, hour, 1_000),
+        ("WeCom per corp per minute", WECOM_APP, minute, 10_000),
+        ("WeCom per corp per hour", WECOM_APP_HOUR, hour, 150_000),
+        (
+            "WeCom per provider address per minute",
+            WECOM_ISV,
+            minute,
+            40_000,
+        ),
+        (
+            "WeCom per provider address per hour",
+            WECOM_ISV_HOUR,
+            hour,
+            1_200_000,
+        ),
+        (
+            "Feishu sends per app and tenant per minute",
+            FEISHU_APP_MINUTE,
+            minute,
+            1_000,
+        ),
+    ] {
+        let arrivals = arrivals(budget, window * 2, &jitters);
+        let most = most_in_window(&arrivals, window);
+        assert!(most <= published, "{name}: {most} in one window");
+        assert!(
+            most * 100 >= published * 90,
+            "{name}: {most} in one window, a budget that wastes the quota"
+        );
+    }
+}
+
+/// `most_in_any` in one pass, for windows of a million calls.
+fn most_in_window(arrivals: &[u64], window: Duration) -> usize {
+    let window = window.as_micros() as u64;
+    let (mut most, mut first) = (0, 0);
+    for (last, at) in arrivals.iter().enumerate() {
+        while *at - arrivals[first] >= window {
+            first += 1;
+        }
+        most = most.max(last + 1 - first);
+    }
+    most
 }

@@ -89,8 +89,13 @@ async fn the_in_flight_cap_keeps_wecom_from_refusing_and_tokens_are_shared() {
     for send in sends {
         match send.await.expect("join") {
             Ok(_) => {}
-            Err(SendError::RetryAfter { code: 45033, after }) => {
+            Err(SendError::RetryAfter {
+                code: 45033,
+                after,
+                limit,
+            }) => {
                 assert_eq!(after, Duration::from_secs(1));
+                assert_eq!(limit, oncegate_send::Limit::Concurrency, "not a rate");
                 waits += 1;
             }
             Err(other) => panic!("{other:?}"),

@@ -316,15 +316,9 @@ pub(crate) fn redis_store(prefix: &str) -> String {
 /// The value of the unlabelled series `name` on the admin listener `admin`'s `/metrics` (0 when
 /// it is not there yet).
 pub(crate) async fn metric(admin: &str, name: &str) -> f64 {
-    let text = client()
-        .get(format!("{admin}/metrics"))
-        .send()
+    metrics_text(admin)
         .await
-        .expect("metrics")
-        .text()
-        .await
-        .unwrap_or_default();
-    text.lines()
+        .lines()
         .filter_map(|line| line.strip_prefix(name))
         .find_map(|rest| rest.strip_prefix(' '))
         .and_then(|value| value.trim().parse().ok())
@@ -350,4 +344,16 @@ name = "{name}"
 token = "{token}"
 "#
     )
+}
+
+/// The admin listener `admin`'s `/metrics`, whole.
+pub(crate) async fn metrics_text(admin: &str) -> String {
+    client()
+        .get(format!("{admin}/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .unwrap_or_default()
 }

@@ -1,6 +1,7 @@
 //! The admin listener: health, readiness, metrics, counters, records and dead letters.
 
 pub(crate) mod auth;
+mod budgets;
 pub(crate) mod dlq;
 pub(crate) mod history;
 pub(crate) mod queue_view;
@@ -63,6 +64,7 @@ pub(crate) fn router<S: Store>(shared: Arc<Shared<S>>) -> Router {
             post(crate::admin::dlq::purge::<S>),
         )
         .route("/admin/routes", get(crate::admin::routes::list::<S>))
+        .route("/admin/send-budgets", get(crate::admin::budgets::list::<S>))
         .route("/admin/reload", post(crate::admin::reload::reload::<S>))
         .route(
             "/admin/routes/{index}/resume",

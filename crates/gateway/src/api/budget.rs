@@ -102,7 +102,10 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// Takes one call from every budget, waiting until `deadline` at most (a send counts itself
-/// among the waiting with [`Waiting::enter`] first).
+/// among the waiting with [`Waiting::enter`] first). All or none: when a budget says wait, the
+/// calls taken from those before it are given back and the send waits before taking any — a
+/// call counted long before it goes out would let its first budgets' calls bunch up. Each
+/// budget's rate is as the platform's answers have left it (`adapt`).
 pub(crate) async fn take<S: Store>(
     shared: &Shared<S>,
     source: &str,
@@ -122,28 +125,52 @@ pub(crate) async fn take<S: Store>(
             place.high.push(*bucket);
         }
     }
-    for (bucket, rate) in budgets {
-        loop {
-            let yields = lane == Lane::Bulk && lock(&waiting.high).contains_key(bucket);
-            if yields {
-                if Instant::now() + YIELD > deadline {
-                    return Err(NoBudget::Later(YIELD));
-                }
-                tokio::time::sleep(YIELD).await;
-                continue;
+    'round: loop {
+        let yields = lane == Lane::Bulk && {
+            let high = lock(&waiting.high);
+            budgets.iter().any(|(bucket, _)| high.contains_key(bucket))
+        };
+        if yields {
+            if Instant::now() + YIELD > deadline {
+                return Err(NoBudget::Later(YIELD));
             }
-            match shared.store.take_rate(bucket, *rate).await {
-                Ok(RateVerdict::Granted) => break,
-                Ok(RateVerdict::Wait(pause)) if Instant::now() + pause <= deadline => {
+            tokio::time::sleep(YIELD).await;
+            continue;
+        }
+        let mut taken: Vec<(KeyHash, Rate)> = Vec::with_capacity(budgets.len());
+        for (bucket, rate) in budgets {
+            let rate = shared.api.learned.rate(bucket, *rate, Instant::now());
+            match shared.store.take_rate(bucket, rate).await {
+                Ok(RateVerdict::Granted) => taken.push((*bucket, rate)),
+                Ok(RateVerdict::Wait(pause)) => {
+                    give_back(shared, &taken).await;
+                    if Instant::now() + pause > deadline {
+                        return Err(NoBudget::Later(pause));
+                    }
                     metrics::counter!("oncegate_send_rate_waits_total", "source" => source.to_owned())
                         .increment(1);
                     tokio::time::sleep(pause).await;
+                    continue 'round;
                 }
-                Ok(RateVerdict::Wait(pause)) => return Err(NoBudget::Later(pause)),
-                Err(error) => return Err(NoBudget::Store(error)),
+                Err(error) => {
+                    give_back(shared, &taken).await;
+                    return Err(NoBudget::Store(error));
+                }
             }
         }
+        break;
     }
     drop(place);
     Ok(())
+}
+
+/// Gives back the calls of a send that does not go out now.
+async fn give_back<S: Store>(shared: &Shared<S>, taken: &[(KeyHash, Rate)]) {
+    for (bucket, rate) in taken {
+        // Not given back, the call stays counted: the budget is spent sooner, never exceeded.
+        let _ = shared
+            .store
+            .adjust_rate(bucket, oncegate_core::RateAdjust::GiveBack(*rate))
+            .await;
+    }
 }

@@ -1,6 +1,7 @@
 //! The API for callers in other languages: business keys (`/keys`) and sends (`/send`), with
 //! their budgets, pacing and edits.
 
+pub(crate) mod adapt;
 pub(crate) mod budget;
 pub(crate) mod callers;
 #[cfg(feature = "send")]
@@ -44,6 +45,8 @@ pub(crate) struct ApiState {
     pub(crate) send_timeout: std::time::Duration,
     /// Sends (and replies) waiting for their rate budgets.
     pub(crate) sends_waiting: budget::Waiting,
+    /// The budgets and senders the platforms' rate answers lowered.
+    pub(crate) learned: adapt::Learned,
     /// How many sends may wait.
     #[cfg(feature = "send")]
     pub(crate) max_waiting_sends: usize,
@@ -87,6 +90,7 @@ impl Default for ApiState {
             #[cfg(feature = "send")]
             send_timeout: std::time::Duration::from_secs(10),
             sends_waiting: budget::Waiting::default(),
+            learned: adapt::Learned::default(),
             #[cfg(feature = "send")]
             max_waiting_sends: 1000,
             #[cfg(feature = "send")]

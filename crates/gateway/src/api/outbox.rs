@@ -7,9 +7,9 @@
 
 use std::time::Duration;
 
-use oncegate_core::{Store, key_for};
+use oncegate_core::{KeyHash, Rate, Store, key_for};
 use oncegate_once::{Claimed, OnceKey};
-use oncegate_send::{Api, SendError, platform_key};
+use oncegate_send::{Api, Limit, SendError, platform_key};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
@@ -25,6 +25,9 @@ pub(crate) struct Sender {
     pub(crate) api: Api,
     /// What its rate buckets are named by: the app (and corp) it is.
     pub(crate) scope: String,
+    /// The budgets it shares with the other tenants of its source, around its own (a WeCom
+    /// suite's, all its corps' calls from one egress address), each with its name.
+    pub(crate) shared: Vec<(String, KeyHash, Rate)>,
 }
 
 impl Sender {
@@ -32,7 +35,11 @@ impl Sender {
     /// AI bot, whose budgets are named by its bot where its connection is configured.
     pub(crate) fn of(api: Api) -> Option<Self> {
         let scope = api.scope()?;
-        Some(Self { api, scope })
+        Some(Self {
+            api,
+            scope,
+            shared: Vec::new(),
+        })
     }
 }
 
@@ -291,10 +298,19 @@ pub(crate) async fn send<S: Store>(
         },
         None => None,
     };
-    let budgets: Vec<_> = prepared
+    // Its own budgets, the narrowest first, then those it shares with the other tenants.
+    let named: Vec<(String, KeyHash, Rate)> = prepared
         .budgets
         .iter()
-        .map(|(name, rate)| (crate::api::budget::bucket(&sender.scope, name), *rate))
+        .map(|(name, rate)| {
+            let bucket = crate::api::budget::bucket(&sender.scope, name);
+            (name.clone(), bucket, *rate)
+        })
+        .chain(sender.shared.iter().cloned())
+        .collect();
+    let budgets: Vec<_> = named
+        .iter()
+        .map(|(_, bucket, rate)| (*bucket, *rate))
         .collect();
     let deadline = started + wait;
     // Nothing sent: the key is given back at once, for the caller's retry here or elsewhere.
@@ -348,6 +364,10 @@ pub(crate) async fn send<S: Store>(
         {
             return Err(no_budget(NoBudget::Later(after)).await);
         }
+        // The sender's calls in flight, where the platform capped them (45033).
+        let Some(in_flight) = shared.api.learned.enter(&sender.scope, deadline).await else {
+            return Err(no_budget(NoBudget::Later(crate::api::adapt::CAP_STEP)).await);
+        };
         // Every attempt spends the budgets, a retry after the platform's 429 too: a retry
         // outside them would crowd the receiver further.
         if let Err(why) = crate::api::budget::take(shared, source, &budgets, lane, deadline).await {
@@ -361,6 +381,10 @@ pub(crate) async fn send<S: Store>(
         if let Some(turn) = &turn {
             turn.answered();
         }
+        if let Err(SendError::RetryAfter { limit, after, .. }) = &sent {
+            learn(shared, source, &sender, &named, *limit, *after).await;
+        }
+        drop(in_flight);
         let (status, answer) = match sent {
             Ok(answer) => (200, answer),
             // The platform's own limit: back off as it says, within the send's wait.
@@ -370,7 +394,7 @@ pub(crate) async fn send<S: Store>(
                 tokio::time::sleep(after).await;
                 continue;
             }
-            Err(SendError::RetryAfter { after, code }) => {
+            Err(SendError::RetryAfter { after, code, .. }) => {
                 let reason = format!("the platform's rate limit (code {code})");
                 return Err(give_back(NotSent::Later { after, reason }, "rate_limited").await);
             }
@@ -427,4 +451,59 @@ pub(crate) async fn send<S: Store>(
             replayed: false,
         });
     }
+}
+
+/// What a platform's rate answer to `sender`'s call teaches: the budget it speaks of (of
+/// `named`, the send's) is lowered in this gateway and held on the shared store for the pause
+/// the platform named, or the sender's calls in flight are capped.
+async fn learn<S: Store>(
+    shared: &Shared<S>,
+    source: &str,
+    sender: &Sender,
+    named: &[(String, KeyHash, Rate)],
+    limit: Limit,
+    after: Duration,
+) {
+    let now = Instant::now();
+    let label = match limit {
+        Limit::Concurrency => {
+            let cap = shared.api.learned.lower_in_flight(&sender.scope, now);
+            tracing::warn!(
+                source,
+                scope = sender.scope,
+                cap,
+                "the platform answered too many calls in flight: capped"
+            );
+            "concurrency"
+        }
+        Limit::Receiver | Limit::App => {
+            let spoken = match limit {
+                Limit::App => named.iter().find(|(name, ..)| name == oncegate_send::APP),
+                _ => None,
+            };
+            let Some((name, bucket, rate)) = spoken.or(named.first()) else {
+                return;
+            };
+            let label = format!("{} {name}", sender.scope);
+            let factor = shared.api.learned.lower(bucket, &label, now);
+            let hold = oncegate_core::RateAdjust::Hold(*rate, after);
+            if let Err(error) = shared.store.adjust_rate(bucket, hold).await {
+                tracing::warn!(source, "a platform's block not kept on the store: {error}");
+            }
+            tracing::warn!(
+                source,
+                budget = label,
+                factor,
+                pause_ms = after.as_millis() as u64,
+                "the platform answered over its rate: lowered and held"
+            );
+            if limit == Limit::App {
+                "app"
+            } else {
+                "receiver"
+            }
+        }
+    };
+    metrics::counter!("oncegate_send_budget_lowered_total", "source" => source.to_owned(), "limit" => label)
+        .increment(1);
 }

@@ -455,6 +455,15 @@ impl<S: Store> RateStore for Timed<S> {
         self.time(Op::Rate, self.inner.take_rate(bucket, rate))
             .await
     }
+
+    async fn adjust_rate(
+        &self,
+        bucket: &KeyHash,
+        adjust: oncegate_core::RateAdjust,
+    ) -> Result<(), StoreError> {
+        self.time(Op::Rate, self.inner.adjust_rate(bucket, adjust))
+            .await
+    }
 }
 
 impl<S: Store> oncegate_core::StateStore for Timed<S> {

@@ -182,6 +182,7 @@ mod tests {
         Arc::new(Sender {
             api: oncegate_send::Api::Feishu(api),
             scope: scope.to_owned(),
+            shared: Vec::new(),
         })
     }
 

@@ -169,6 +169,8 @@ impl StoreAppKeeper {
         let sender = Arc::new(Sender {
             scope: format!("{}:{tenant}", self.api.app_id()),
             api,
+            // Feishu counts a store app's calls per tenant, its own alone.
+            shared: Vec::new(),
         });
         self.senders.keep(tenant, sender)
     }

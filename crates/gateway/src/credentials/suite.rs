@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use oncegate_core::{Expect, StoreError};
+use oncegate_send::limits::{WECOM_ISV, WECOM_ISV_HOUR};
 use oncegate_send::wecom::{TokenFuture, WecomOptions};
 use oncegate_send::wecom_suite::{SUITE_TOKEN_REFUSED, TICKET_REFUSED};
 use oncegate_send::{Api, Authorisation, SendError, WecomApi, WecomSuiteApi};
@@ -286,8 +287,25 @@ impl SuiteKeeper {
         let sender = Arc::new(Sender {
             scope: scope(corp, agent),
             api: Api::Wecom(api),
+            shared: self.shared_budgets(),
         });
         Ok(self.senders.keep(corp, sender))
+    }
+}
+
+impl SuiteKeeper {
+    /// The budgets all the suite's corps share: WeCom counts a service provider's calls from
+    /// one egress address together (`tenants.md` §3.1), kept here per suite — a provider with
+    /// several suites behind one address would share it across them too.
+    fn shared_budgets(&self) -> Vec<(String, oncegate_core::KeyHash, oncegate_core::Rate)> {
+        let scope = format!("suite:{}", self.api.suite_id());
+        [("isv", WECOM_ISV), ("isv-hour", WECOM_ISV_HOUR)]
+            .into_iter()
+            .map(|(name, rate)| {
+                let bucket = crate::api::budget::bucket(&scope, name);
+                (format!("{scope} {name}"), bucket, rate)
+            })
+            .collect()
     }
 }
 
