@@ -117,16 +117,19 @@ fn message(tenant: &str, id: &str) -> String {
     )
 }
 
-/// `POST /send/store/<tenant>` with `key`.
+/// `POST /send/store/<tenant>` with `key`, to the tenant's chat.
 async fn send(api: &str, tenant: &str, key: &str) -> (u16, serde_json::Value) {
+    send_to(api, tenant, &format!("oc_{tenant}"), key).await
+}
+
+/// `POST /send/store/<tenant>` with `key`, to `chat`.
+async fn send_to(api: &str, tenant: &str, chat: &str, key: &str) -> (u16, serde_json::Value) {
     let response = client()
         .post(format!("{api}/send/store/{tenant}"))
         .bearer_auth(CALLER)
         .header("idempotency-key", key)
-        .json(
-            &json!({"receive_id": format!("oc_{tenant}"), "msg_type": "text",
-                      "content": {"text": key}, "wait_ms": 20000}),
-        )
+        .json(&json!({"receive_id": chat, "msg_type": "text",
+                      "content": {"text": key}, "wait_ms": 20000}))
         .send()
         .await
         .expect("send");
@@ -216,6 +219,63 @@ async fn a_store_app_keeps_its_ticket_and_sends_as_each_tenant_with_its_own_toke
         assert_eq!(platform.tenant_token_requests(tenant), 1, "{tenant}");
     }
 
+    // Another system spends tenant 1's quota: Feishu lets 20 a second through for it and
+    // answers the rest 429 (`x-ogw-ratelimit-limit: 20`). A burst of 60 to 60 of its chats goes
+    // out once each; the gateways lower tenant 1's app budget, no other; tenant 2's burst
+    // meanwhile goes at once.
+    platform.limit_tenant(&tenants[1], oncegate_core::Rate::per_second(20));
+    let mut bursts = Vec::new();
+    for (t, count) in [(1, 60), (2, 20)] {
+        for i in 0..count {
+            let (tenant, api) = (tenants[t].clone(), if i % 2 == 0 { &a } else { &b });
+            let api = api.api.clone().expect("api");
+            bursts.push(tokio::spawn(async move {
+                let (chat, key) = (format!("oc_burst{t}_{i}"), format!("burst-{t}-{i}"));
+                let started = std::time::Instant::now();
+                let (status, body) = send_to(&api, &tenant, &chat, &key).await;
+                (t, status, body, started.elapsed())
+            }));
+        }
+    }
+    for burst in bursts {
+        let (t, status, body, took) = burst.await.expect("send");
+        assert_eq!(status, 200, "tenant {t}: {body}");
+        if t == 2 {
+            assert!(took < Duration::from_secs(2), "tenant 2 waited {took:?}");
+        }
+    }
+    let limited = platform.limited_in(&tenants[1]);
+    assert!(limited > 0, "Feishu's limit was met");
+    let burst: Vec<_> = platform
+        .sent()
+        .into_iter()
+        .filter(|m| m.receive_id.starts_with("oc_burst"))
+        .collect();
+    assert_eq!(burst.len(), 80, "each once");
+    let mut lowered = Vec::new();
+    let mut counted = 0.0;
+    for gateway in [&a, &b] {
+        let (_, body) = gateway.admin_get("/admin/send-budgets").await;
+        let view: serde_json::Value = serde_json::from_str(&body).expect("json");
+        for budget in view["lowered"].as_array().expect("lowered") {
+            lowered.push(budget["budget"].as_str().expect("budget").to_owned());
+        }
+        counted += support::metrics_text(&gateway.admin)
+            .await
+            .lines()
+            .filter(|line| line.starts_with("oncegate_send_budget_lowered_total"))
+            .filter(|line| line.contains("limit=\"app\""))
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>();
+    }
+    let own = format!("{APP}:{} app", tenants[1]);
+    assert!(
+        !lowered.is_empty() && lowered.iter().all(|b| *b == own),
+        "{lowered:?}"
+    );
+    assert_eq!(counted, limited as f64, "every 429 counted");
+    eprintln!("tenant 1's burst met {limited} 429s");
+
     // A tenant's message reaches its route naming its tenant.
     let (status, _) = post(&a.base, &message(&tenants[3], "m-t3")).await;
     assert_eq!(status, 200);
@@ -289,7 +349,7 @@ async fn a_store_app_keeps_its_ticket_and_sends_as_each_tenant_with_its_own_toke
     assert_eq!(response.status().as_u16(), 400);
     assert_eq!(
         platform.sent().len(),
-        101,
+        181,
         "nothing more was sent: {}",
         a.stderr()
     );

@@ -44,6 +44,9 @@ struct Lowered {
     /// The share of its rate it kept when last lowered.
     factor: f64,
     at: Instant,
+    /// Until when the pause the platform named lasts: the answers to calls made before it
+    /// speak of the same excess, and lower it no further.
+    pause_until: Instant,
     /// The budget, as `/admin/send-budgets` names it: its sender's scope and its name.
     label: String,
     times: u64,
@@ -96,8 +99,15 @@ impl Learned {
         scaled(rate, factor)
     }
 
-    /// Lowers `bucket` after a platform's rate answer: the share it keeps now.
-    pub(crate) fn lower(&self, bucket: &KeyHash, label: &str, now: Instant) -> f64 {
+    /// Lowers `bucket` after a platform's rate answer that asked for `pause`: the share it
+    /// keeps now. Once a pause: a burst's many answers are one excess, halved once.
+    pub(crate) fn lower(
+        &self,
+        bucket: &KeyHash,
+        label: &str,
+        now: Instant,
+        pause: Duration,
+    ) -> f64 {
         let mut lowered = lock(&self.lowered);
         if !lowered.contains_key(bucket) && lowered.len() >= MAX_KEPT {
             lowered.retain(|_, entry| entry.factor_at(now) < 1.0);
@@ -115,12 +125,17 @@ impl Learned {
         let entry = lowered.entry(*bucket).or_insert_with(|| Lowered {
             factor: 1.0,
             at: now,
+            pause_until: now,
             label: label.to_owned(),
             times: 0,
         });
+        entry.times += 1;
+        if now < entry.pause_until {
+            return entry.factor_at(now);
+        }
         entry.factor = (entry.factor_at(now) / 2.0).max(FLOOR);
         entry.at = now;
-        entry.times += 1;
+        entry.pause_until = now + pause;
         entry.factor
     }
 
@@ -272,7 +287,8 @@ mod tests {
         let rate = Rate::per_minute(10_000, 200);
         let start = Instant::now();
         assert_eq!(learned.rate(&bucket, rate, start), rate, "whole until told");
-        assert_eq!(learned.lower(&bucket, "ww1/1 app", start), 0.5);
+        let pause = Duration::from_secs(1);
+        assert_eq!(learned.lower(&bucket, "ww1/1 app", start, pause), 0.5);
         assert_eq!(
             learned.rate(&bucket, rate, start),
             Rate::per_minute(5_000, 100)
@@ -282,9 +298,17 @@ mod tests {
             rate,
             "one tenant's answer only"
         );
-        for _ in 0..10 {
-            learned.lower(&bucket, "ww1/1 app", start);
+        // The other answers to one burst, within the pause, are the same excess.
+        for _ in 0..5 {
+            assert_eq!(learned.lower(&bucket, "ww1/1 app", start, pause), 0.5);
         }
+        // Each excess after a pause halves it again, to the floor.
+        let mut at = start;
+        for _ in 0..5 {
+            at += pause;
+            learned.lower(&bucket, "ww1/1 app", at, pause);
+        }
+        let start = at;
         assert_eq!(
             learned.rate(&bucket, rate, start),
             Rate::per_minute(625, 12)

@@ -485,7 +485,7 @@ async fn learn<S: Store>(
                 return;
             };
             let label = format!("{} {name}", sender.scope);
-            let factor = shared.api.learned.lower(bucket, &label, now);
+            let factor = shared.api.learned.lower(bucket, &label, now, after);
             let hold = oncegate_core::RateAdjust::Hold(*rate, after);
             if let Err(error) = shared.store.adjust_rate(bucket, hold).await {
                 tracing::warn!(source, "a platform's block not kept on the store: {error}");

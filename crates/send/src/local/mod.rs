@@ -55,6 +55,9 @@ struct Inner {
     most_at_once: usize,
     /// A store app's state: tickets, app tokens, the tenant of each tenant token.
     store: store_app::StoreState,
+    /// Tenants whose sends Feishu limits below the published rate (another system spends the
+    /// app's quota in them), and the calls answered 429 for each.
+    tenant_limits: HashMap<String, (Rate, u64)>,
 }
 
 struct Shared {
@@ -192,6 +195,37 @@ impl LocalFeishuApi {
     pub fn sent(&self) -> Vec<Sent> {
         self.shared.lock().sent.clone()
     }
+
+    /// Limits the store app's sends in `tenant` to `rate`, answered past it as Feishu answers
+    /// an app's limit: 429, 99991400, `x-ogw-ratelimit-limit` (the rate's count) and
+    /// `x-ogw-ratelimit-reset`.
+    pub fn limit_tenant(&self, tenant: &str, rate: Rate) {
+        let mut inner = self.shared.lock();
+        inner.tenant_limits.insert(tenant.to_owned(), (rate, 0));
+    }
+
+    /// The calls answered 429 for `tenant`'s limit.
+    pub fn limited_in(&self, tenant: &str) -> u64 {
+        let inner = self.shared.lock();
+        inner
+            .tenant_limits
+            .get(tenant)
+            .map_or(0, |(_, calls)| *calls)
+    }
+}
+
+/// Feishu's answer to a call over a limit of `limit` a window, free again in `wait`.
+fn over_limit(limit: u32, wait: Duration) -> Response {
+    let reset = wait.as_secs_f64().ceil().max(1.0) as u64;
+    (
+        StatusCode::TOO_MANY_REQUESTS,
+        [
+            ("x-ogw-ratelimit-limit", limit.to_string()),
+            ("x-ogw-ratelimit-reset", reset.to_string()),
+        ],
+        Json(json!({"code": 99991400, "msg": "request trigger frequency limit"})),
+    )
+        .into_response()
 }
 
 fn answer(status: StatusCode, body: Value) -> Response {
@@ -305,23 +339,24 @@ async fn deliver(shared: &Shared, headers: &HeaderMap, receiver: String, body: &
         let message_id = match known {
             Some(id) => id,
             None => {
-                let bucket = KeyHash::of(&["local", &receiver]);
                 let now_us = now.duration_since(shared.started).as_micros() as u64;
+                let tenant = given.and_then(|token| inner.store.tenant_of(token));
+                if let Some((rate, calls)) = tenant
+                    .as_ref()
+                    .and_then(|tenant| inner.tenant_limits.get_mut(tenant))
+                {
+                    let bucket = KeyHash::of(&["local tenant", tenant.as_deref().unwrap_or("")]);
+                    if let RateVerdict::Wait(wait) = shared.rates.take(&bucket, *rate, now_us) {
+                        *calls += 1;
+                        return over_limit(rate.count, wait);
+                    }
+                }
+                let bucket = KeyHash::of(&["local", &receiver]);
                 if let RateVerdict::Wait(wait) = shared.rates.take(&bucket, PER_RECEIVER, now_us) {
                     inner.limited += 1;
-                    let reset = wait.as_secs_f64().ceil().max(1.0) as u64;
-                    return (
-                        StatusCode::TOO_MANY_REQUESTS,
-                        [
-                            ("x-ogw-ratelimit-limit", "5".to_owned()),
-                            ("x-ogw-ratelimit-reset", reset.to_string()),
-                        ],
-                        Json(json!({"code": 99991400, "msg": "request trigger frequency limit"})),
-                    )
-                        .into_response();
+                    return over_limit(PER_RECEIVER.count, wait);
                 }
                 let id = format!("om_local_{}", inner.sent.len() + 1);
-                let tenant = given.and_then(|token| inner.store.tenant_of(token));
                 inner.sent.push(Sent {
                     receive_id: receiver.clone(),
                     uuid: uuid.clone(),
