@@ -85,15 +85,6 @@ pub(crate) fn check(config: &Config, report: &mut impl FnMut(Severity, &str, Str
             "a bound of 0 refuses every event; use e.g. 10000, or leave it out".into(),
         );
     }
-    if config.dispatcher.max_queued_per_tenant.is_some()
-        && matches!(config.store, StoreConfig::Redis(_))
-    {
-        report(
-            Severity::Warning,
-            "dispatcher.max_queued_per_tenant",
-            "the Redis store cannot count one tenant's queued events yet: this bound is not kept (dispatcher.max_queued is); leave it out, or use the embedded store".into(),
-        );
-    }
     if config.dispatcher.max_attempts == 0 {
         report(
             Severity::Error,
@@ -130,7 +121,7 @@ mod tests {
     }
 
     #[test]
-    fn tenant_bounds_are_checked_and_one_redis_cannot_keep_is_said() {
+    fn tenant_bounds_are_checked_on_every_store() {
         let mut config = Config::default();
         assert_eq!(found(&config), []);
         config.dispatcher.tenant_concurrency = Some(0);
@@ -159,12 +150,6 @@ mod tests {
         config.store = toml::from_str::<Config>("[store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:1\"\ndurability = \"memory\"\n")
             .expect("redis")
             .store;
-        assert_eq!(
-            found(&config),
-            [(
-                Severity::Warning,
-                "dispatcher.max_queued_per_tenant".to_owned()
-            )]
-        );
+        assert_eq!(found(&config), [], "Redis counts each tenant's events too");
     }
 }

@@ -14,6 +14,7 @@ pub(super) struct PartitionNames {
     dead_index: String,
     tokens: String,
     owner: String,
+    groups: String,
 }
 
 impl PartitionNames {
@@ -28,6 +29,7 @@ impl PartitionNames {
                 dead_index: made(prefix, partition, DEAD_INDEX),
                 tokens: made(prefix, partition, TOKENS),
                 owner: made(prefix, partition, OWNER),
+                groups: made(prefix, partition, GROUPS),
             })
             .collect()
     }
@@ -40,6 +42,7 @@ const DEAD: &str = "dead";
 const DEAD_INDEX: &str = "deadidx";
 const TOKENS: &str = "token";
 const OWNER: &str = "own";
+const GROUPS: &str = "qg";
 
 /// `{prefix:partition}:suffix`.
 fn made(prefix: &str, partition: u16, suffix: &str) -> String {
@@ -91,6 +94,11 @@ impl<C> Inner<C> {
     /// partition's slot, so that every owner's script can check it.
     pub(super) fn owner(&self, partition: u16) -> Cow<'_, str> {
         self.name(partition, |n| &n.owner, OWNER)
+    }
+    /// Each tenant's events in the partition, as its owner last published them
+    /// (`groups.rs`).
+    pub(super) fn groups(&self, partition: u16) -> Cow<'_, str> {
+        self.name(partition, |n| &n.groups, GROUPS)
     }
     /// Written just before a `WAIT` for replicas, in the partition's slot (`promise.rs`).
     pub(super) fn replication_mark(&self, partition: u16) -> String {

@@ -59,6 +59,7 @@ mod consumer;
 mod dedup;
 mod durability;
 mod gather;
+mod groups;
 mod keys;
 mod lean;
 mod partition;

@@ -49,6 +49,9 @@ pub(crate) struct Partition {
     /// Entries taken over from an owner whose ownership ran out wait until then (this store's
     /// clock, ms): that owner may still be running those it handed out lean.
     pub(crate) hold_until_ms: u64,
+    /// Each tenant's events as last published (`groups.rs`), and when.
+    pub(crate) published: std::collections::HashMap<u64, u64>,
+    pub(crate) published_at: Option<std::time::Instant>,
 }
 
 /// A lean hand-out: the lease the dispatcher holds, and when it was handed out.

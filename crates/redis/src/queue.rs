@@ -263,6 +263,13 @@ impl<C: Clock> EventQueue for RedisStore<C> {
         .await
     }
 
+    async fn group_queued(&self, group: u64) -> Result<Option<u64>, StoreError> {
+        self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
+            inner.group_queued(&mut conn, group).await.map(Some)
+        })
+        .await
+    }
+
     async fn queue_summary(&self, partition: u16) -> Result<QueueSummary, StoreError> {
         require_partition(partition, self.inner.partitions)?;
         self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
@@ -395,6 +402,10 @@ async fn hand_out<C: Clock>(
         inner.catch_up(conn, partition, &mut queue).await?;
         ready = queue.order.take_ranked(now, max, load);
     }
+    // A count not published now is published at the next hand-out or renewal.
+    let _ = inner
+        .publish_groups(conn, partition, &mut queue, false)
+        .await;
     // Kept payloads go out as they are; only the others are read again.
     let mut kept = Vec::with_capacity(ready.len());
     let mut missing = Vec::new();

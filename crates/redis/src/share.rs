@@ -151,6 +151,7 @@ impl<C: Clock> Inner<C> {
             match self.own_call(conn, partition, "renew", queue.epoch).await? {
                 Own::Done => {
                     queue.renewed = Some(sent);
+                    let _ = self.publish_groups(conn, partition, &mut queue, true).await;
                     // Its lean leases must outlive a lost ownership once they run long.
                     self.claim_lean(conn, partition, &mut queue, Some(self.lean_for()))
                         .await?;

@@ -351,3 +351,63 @@ fn a_handler_that_outlasts_the_handover_keeps_its_chat_through_its_claim() {
         seen[0].1
     );
 }
+
+/// A tenant's events counted on every gateway (a per-tenant queue bound): each owner counts
+/// its partitions from its own order and publishes them; another gateway reads the published
+/// counts. Handed-out events still count, acked ones no longer once their owner has pulled
+/// again; a gateway that owns nothing counts them all the same.
+#[test]
+fn every_gateway_counts_a_tenants_events_in_partitions_owned_elsewhere() {
+    let prefix = format!("groups{}", fastrand::u32(..));
+    let (a, b) = (store(&prefix, 4), store(&prefix, 4));
+    until(&[&a, &b], Duration::from_secs(10), "two owners", || {
+        sorted_counts(&shares(&a)) == vec![2, 2]
+    });
+    let tenant = |id: &str, chat: &str| {
+        let mut event = event(id, Some(chat));
+        event.tenant = Some(std::sync::Arc::from("T-busy"));
+        event
+    };
+    let group = tenant("probe", "x").group_hash();
+    // Two events of the tenant in each partition, admitted through A.
+    for partition in 0..4 {
+        let chat = chat_in(partition, 4);
+        for n in 0..2 {
+            let id = format!("g{partition}-{n}");
+            let admitted =
+                block_on(a.admit(tenant(&id, &chat), &[key(&id)], Duration::from_secs(60)));
+            assert!(
+                matches!(admitted.expect("admit"), Admission::Admitted { .. }),
+                "{id}"
+            );
+        }
+    }
+    let counted = |store: &RedisStore| block_on(store.group_queued(group)).expect("count");
+    until(
+        &[&a, &b],
+        Duration::from_secs(5),
+        "8 counted on both",
+        || counted(&a) == Some(8) && counted(&b) == Some(8),
+    );
+    // Each owner hands out and acks its partitions' first events (a pull from a partition
+    // owned elsewhere hands out nothing).
+    let mut acked = 0;
+    for store in [&a, &b] {
+        for partition in 0..4 {
+            for delivery in block_on(store.pull(partition, 1)).expect("pull") {
+                assert!(block_on(store.ack(delivery.id)).expect("ack"));
+                acked += 1;
+            }
+        }
+    }
+    assert_eq!(acked, 4);
+    until(
+        &[&a, &b],
+        Duration::from_secs(5),
+        "4 counted on both",
+        || counted(&a) == Some(4) && counted(&b) == Some(4),
+    );
+    // A gateway that owns nothing reads every partition's published count.
+    let c = store(&prefix, 4);
+    assert_eq!(counted(&c), Some(4));
+}

@@ -102,6 +102,15 @@ impl PartitionIndex {
         self.groups.get(&group).map_or(0, |state| state.events)
     }
 
+    /// Each group with events in the partition, and how many (handed out or not): what a
+    /// shared store publishes for the gateways that do not own the partition.
+    pub fn group_counts(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.groups
+            .iter()
+            .filter(|(_, state)| state.events > 0)
+            .map(|(group, state)| (*group, state.events))
+    }
+
     /// The key of `group`'s turn as it stands, if it has a waiting head.
     fn turn(&self, group: u64) -> Option<(u32, u64, u64)> {
         let state = self.groups.get(&group)?;
