@@ -1460,9 +1460,23 @@ async fn tenant_bound(dir: &Path, store: &str) {
         gateway.stats().await["gateway"]["tenant_queue_full"].as_u64()
             >= Some(refused.len() as u64 + 1)
     );
-    // The platform sends each refused callback again until it is taken.
+    // The platform sends each refused callback again until it is taken; meanwhile the tenants
+    // view names the flooding tenant first, its events queued, its refusals.
+    let refusals = refused.len() as u64 + 1;
+    let mut seen_first = None;
     let deadline = Instant::now() + Duration::from_secs(60);
     while !refused.is_empty() {
+        let view = tenants_view(&gateway).await;
+        let first = &view["tenants"][0];
+        if first["tenant"]
+            .as_str()
+            .is_some_and(|name| name.ends_with(" flood"))
+            && first["queued"].as_u64() >= Some(1)
+        {
+            assert!(first["refused"].as_u64() >= Some(refusals), "{view}");
+            assert!(first["in_flight"].as_u64() <= Some(1), "{view}");
+            seen_first = Some(view);
+        }
         assert!(
             Instant::now() < deadline,
             "{} never admitted",
@@ -1483,6 +1497,7 @@ async fn tenant_bound(dir: &Path, store: &str) {
         refused = left;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    assert!(seen_first.is_some(), "{}", tenants_view(&gateway).await);
     downstream
         .wait_for("every event", |got| got.len() > FLOOD)
         .await;
@@ -1491,4 +1506,14 @@ async fn tenant_bound(dir: &Path, store: &str) {
         assert_eq!(downstream.count(&format!("bound-{i}")), 1, "bound-{i}");
     }
     assert_eq!(downstream.count("bound-quiet"), 1);
+}
+
+/// `GET /admin/tenants` of `gateway`.
+async fn tenants_view(gateway: &Gateway) -> serde_json::Value {
+    reqwest::get(format!("{}/admin/tenants", gateway.admin))
+        .await
+        .expect("tenants")
+        .json()
+        .await
+        .expect("json")
 }

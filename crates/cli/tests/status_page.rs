@@ -331,6 +331,16 @@ async fn the_status_page_shows_a_gateway_under_load_and_its_charts_move() {
         drops.as_str().unwrap_or_default().contains("event_key"),
         "{drops}"
     );
+    // The busiest tenants are listed from /admin/tenants (the file route keeps the queue
+    // near empty: none, or the one tenant of the traffic).
+    let tenants = page
+        .eval("document.getElementById('tenants').textContent")
+        .await;
+    let tenants = tenants.as_str().unwrap_or_default();
+    assert!(
+        tenants == "none queued" || tenants.starts_with("feishu "),
+        "{tenants}"
+    );
     // The queue's age tile reads the per-partition samples.
     let queue_note = page
         .eval("document.getElementById('t-queue_age').textContent")

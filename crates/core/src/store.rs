@@ -290,6 +290,17 @@ pub trait EventQueue: Send + Sync + 'static {
         async { Ok(None) }
     }
 
+    /// The `max` tenants (groups) with the most events in the queue, most first, each with
+    /// its count; `None` when the backend cannot count them. For views polled every few
+    /// seconds: its cost grows with the tenants that have events queued, not with the events.
+    fn busiest_groups(
+        &self,
+        max: usize,
+    ) -> impl Future<Output = Result<Option<Vec<(u64, u64)>>, StoreError>> + Send {
+        let _ = max;
+        async { Ok(None) }
+    }
+
     /// Removes a handled event. `false`: no such event was handed out.
     fn ack(&self, id: QueueId) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
@@ -399,6 +410,19 @@ pub trait RateStore: Send + Sync + 'static {
 pub trait Store: DedupStore + EventQueue + WatermarkStore + RateStore + StateStore {}
 
 impl<T: DedupStore + EventQueue + WatermarkStore + RateStore + StateStore> Store for T {}
+
+/// The `max` largest of `counts` (group, events) summed by group, most first: what
+/// [`EventQueue::busiest_groups`] answers from per-partition counts.
+pub fn busiest(counts: impl IntoIterator<Item = (u64, u64)>, max: usize) -> Vec<(u64, u64)> {
+    let mut summed: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
+    for (group, events) in counts {
+        *summed.entry(group).or_default() += events;
+    }
+    let mut busiest: Vec<(u64, u64)> = summed.into_iter().collect();
+    busiest.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    busiest.truncate(max);
+    busiest
+}
 
 /// The check every backend's `admit` starts with: at least one key.
 pub fn require_keys(keys: &[KeyHash]) -> Result<(), StoreError> {

@@ -77,6 +77,16 @@ impl<C: Clock + Clone> EventQueue for EmbeddedStore<C> {
         ))
     }
 
+    async fn busiest_groups(&self, max: usize) -> Result<Option<Vec<(u64, u64)>>, StoreError> {
+        let mut counts = Vec::new();
+        for partition in 0..self.shared.partitions {
+            if let Some(order) = self.order(partition) {
+                counts.extend(order.group_counts());
+            }
+        }
+        Ok(Some(oncegate_core::store::busiest(counts, max)))
+    }
+
     async fn next_group(&self, partition: u16, load: &Loads) -> Result<Option<u64>, StoreError> {
         if partition >= self.shared.partitions {
             return Err(StoreError::Invalid(format!("no partition {partition}")));

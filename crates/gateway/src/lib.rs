@@ -444,9 +444,7 @@ impl<S: Store> Gateway<S> {
                 api: api::ApiState::default(),
                 admin: admin::AdminState {
                     token: parts.admin_token,
-                    metrics_render: None,
-                    sampled: std::sync::Mutex::default(),
-                    history: admin::history::History::default(),
+                    ..Default::default()
                 },
                 reload: reload::ReloadState::default(),
             }),

@@ -200,6 +200,14 @@ impl<C: Clock, J: Journal> EventQueue for MemoryStore<C, J> {
         ))
     }
 
+    async fn busiest_groups(&self, max: usize) -> Result<Option<Vec<(u64, u64)>>, StoreError> {
+        let mut counts = Vec::new();
+        for queue in &self.partitions {
+            counts.extend(lock(queue).order.group_counts());
+        }
+        Ok(Some(oncegate_core::store::busiest(counts, max)))
+    }
+
     async fn next_group(&self, partition: u16, load: &Loads) -> Result<Option<u64>, StoreError> {
         let queue = self
             .partitions

@@ -98,4 +98,30 @@ impl<C: Clock> Inner<C> {
         }
         Ok(events)
     }
+
+    /// The `max` tenants with the most events: this gateway's orders for its partitions, the
+    /// published counts (`HGETALL`, one a partition) for the others.
+    pub(super) async fn busiest_groups(
+        &self,
+        conn: &mut Conn,
+        max: usize,
+    ) -> Result<Vec<(u64, u64)>, StoreError> {
+        let mut counts: Vec<(u64, u64)> = Vec::new();
+        for partition in 0..self.partitions {
+            {
+                let queue = self.queues[usize::from(partition)].lock().await;
+                if queue.owned {
+                    counts.extend(queue.order.group_counts());
+                    continue;
+                }
+            }
+            let published: HashMap<u64, u64> = redis::cmd("HGETALL")
+                .arg(&*self.groups(partition))
+                .query_async(conn)
+                .await
+                .map_err(from_redis)?;
+            counts.extend(published);
+        }
+        Ok(oncegate_core::store::busiest(counts, max))
+    }
 }

@@ -270,6 +270,13 @@ impl<C: Clock> EventQueue for RedisStore<C> {
         .await
     }
 
+    async fn busiest_groups(&self, max: usize) -> Result<Option<Vec<(u64, u64)>>, StoreError> {
+        self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
+            inner.busiest_groups(&mut conn, max).await.map(Some)
+        })
+        .await
+    }
+
     async fn queue_summary(&self, partition: u16) -> Result<QueueSummary, StoreError> {
         require_partition(partition, self.inner.partitions)?;
         self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {

@@ -410,4 +410,8 @@ fn every_gateway_counts_a_tenants_events_in_partitions_owned_elsewhere() {
     // A gateway that owns nothing reads every partition's published count.
     let c = store(&prefix, 4);
     assert_eq!(counted(&c), Some(4));
+    assert_eq!(
+        block_on(c.busiest_groups(5)).expect("busiest"),
+        Some(vec![(group, 4)])
+    );
 }

@@ -63,6 +63,13 @@ pub fn ranked_pulls_serve_the_least_loaded_tenant<S: Store>(make: impl Fn(Manual
             let counted = store.group_queued(tenant).await.expect("group queued");
             assert_eq!(counted, Some(events));
         }
+        // The busiest first, ties by group: what a tenants view shows.
+        let mut quiet_ones = [quiet, idle];
+        quiet_ones.sort_unstable();
+        assert_eq!(
+            store.busiest_groups(2).await.expect("busiest"),
+            Some(vec![(busy, 3), (quiet_ones[0], 1)])
+        );
         let pulled = store
             .pull_claimed_ranked(partition, 2, LEASE, &load(None))
             .await
@@ -113,5 +120,7 @@ pub fn ranked_pulls_serve_the_least_loaded_tenant<S: Store>(make: impl Fn(Manual
         assert!(store.retry(admitted_ids[1].0, 0).await.expect("retry"));
         assert_eq!(store.group_queued(busy).await.expect("counted"), Some(2));
         assert_eq!(store.group_queued(idle).await.expect("counted"), Some(1));
+        let busiest = store.busiest_groups(10).await.expect("busiest");
+        assert_eq!(busiest.as_deref().and_then(|b| b.first()), Some(&(busy, 2)));
     });
 }

@@ -7,6 +7,7 @@ pub(crate) mod history;
 pub(crate) mod queue_view;
 mod reload;
 mod routes;
+mod tenant_load;
 mod tenants;
 
 use std::sync::Arc;
@@ -24,6 +25,7 @@ use crate::Shared;
 use crate::admin::auth::{authorized, authorized_query};
 
 /// The admin wing's state.
+#[derive(Default)]
 pub(crate) struct AdminState {
     /// The bearer token of the admin listener, if set.
     pub(crate) token: Option<String>,
@@ -31,6 +33,10 @@ pub(crate) struct AdminState {
     pub(crate) metrics_render: Option<Box<dyn Fn() -> String + Send + Sync>>,
     /// The queue as last sampled from the store (`queue_view::watch`), for the status page.
     pub(crate) sampled: std::sync::Mutex<queue_view::Sampled>,
+    /// The tenants seen, for `/admin/tenants`.
+    pub(crate) tenants: crate::base::tenant_names::TenantNames,
+    /// Each tenant's handlers running in this gateway's dispatcher, once it runs.
+    pub(crate) loads: std::sync::OnceLock<oncegate_core::Loads>,
     /// The last hour, a point every 10 s, for the status page's charts.
     pub(crate) history: history::History,
 }
@@ -70,6 +76,7 @@ pub(crate) fn router<S: Store>(shared: Arc<Shared<S>>) -> Router {
             "/admin/routes/{index}/resume",
             post(crate::admin::routes::resume::<S>),
         )
+        .route("/admin/tenants", get(crate::admin::tenant_load::list::<S>))
         .route(
             "/admin/tenants/{source}",
             get(crate::admin::tenants::list::<S>),

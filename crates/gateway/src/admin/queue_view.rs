@@ -21,6 +21,10 @@ use oncegate_core::RefusalKind;
 
 /// How often the per-partition gauges are sampled: a few store calls per partition each time.
 const SAMPLE: Duration = Duration::from_secs(5);
+/// The busiest tenants sampled for `/admin/tenants` and the status page, every
+/// `TENANTS_SAMPLE`.
+pub(crate) const BUSIEST: usize = 20;
+const TENANTS_SAMPLE: Duration = Duration::from_secs(1);
 /// The most events one listing returns.
 const MOST_LISTED: usize = 1000;
 
@@ -34,9 +38,12 @@ pub(crate) struct Sampled {
     owners: Vec<PartitionOwner>,
     /// The dead letters the store keeps (not only this run's); `None` before the first read.
     dead_letters: Option<u64>,
+    /// The busiest tenants (group, events) and when they were read; `None` before the first
+    /// read, or when the store cannot count them.
+    pub(crate) tenants: Option<(Vec<(u64, u64)>, std::time::Instant)>,
 }
 
-fn lock_sampled<S>(shared: &Shared<S>) -> std::sync::MutexGuard<'_, Sampled> {
+pub(crate) fn lock_sampled<S>(shared: &Shared<S>) -> std::sync::MutexGuard<'_, Sampled> {
     shared
         .admin
         .sampled
@@ -80,15 +87,34 @@ fn oldest_age_seconds(summary: &QueueSummary, now_ms: u64) -> f64 {
 
 /// Samples every partition's summary into its gauges and `Shared::sampled`, with the owners
 /// and the dead letters kept, until `shutdown`.
+/// Reads the busiest tenants for `/admin/tenants`: its cost grows with the tenants that have
+/// events queued, not with the events.
+async fn sample_tenants<S: Store>(shared: &Shared<S>) {
+    match shared.store.busiest_groups(BUSIEST).await {
+        Ok(busiest) => {
+            lock_sampled(shared).tenants =
+                busiest.map(|busiest| (busiest, std::time::Instant::now()));
+        }
+        Err(error) => shared
+            .summaries
+            .note("busiest_tenants_failed", None, &error.to_string()),
+    }
+}
+
 pub(crate) async fn watch<S: Store>(shared: Arc<Shared<S>>, shutdown: CancellationToken) {
     let gauges: Vec<PartitionGauges> = (0..shared.store.partitions())
         .map(PartitionGauges::new)
         .collect();
     let dead_gauge = metrics::gauge!("oncegate_dead_letters_kept");
     let mut tick = tokio::time::interval(SAMPLE);
+    let mut tenants_tick = tokio::time::interval(TENANTS_SAMPLE);
     loop {
         tokio::select! {
             _ = tick.tick() => {}
+            _ = tenants_tick.tick() => {
+                sample_tenants(&shared).await;
+                continue;
+            }
             _ = shutdown.cancelled() => return,
         }
         let mut summaries = Vec::with_capacity(gauges.len());

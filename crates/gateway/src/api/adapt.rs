@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+#[cfg(any(feature = "send", test))]
 use std::time::Duration;
 
 use oncegate_core::{KeyHash, Rate};
@@ -16,10 +17,12 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 /// The least a lowered budget keeps of its rate.
+#[cfg(feature = "send")]
 const FLOOR: f64 = 1.0 / 16.0;
 /// How much of its rate a lowered budget gets back a minute.
 const RECOVERY_PER_MINUTE: f64 = 0.2;
 /// Budgets (and senders) remembered as lowered at most: recovered ones make way first.
+#[cfg(feature = "send")]
 const MAX_KEPT: usize = 4096;
 /// How long a lowered cap on calls in flight takes to allow one more.
 #[cfg(feature = "send")]
@@ -46,6 +49,7 @@ struct Lowered {
     at: Instant,
     /// Until when the pause the platform named lasts: the answers to calls made before it
     /// speak of the same excess, and lower it no further.
+    #[cfg_attr(not(feature = "send"), allow(dead_code))]
     pause_until: Instant,
     /// The budget, as `/admin/send-budgets` names it: its sender's scope and its name.
     label: String,
@@ -101,6 +105,7 @@ impl Learned {
 
     /// Lowers `bucket` after a platform's rate answer that asked for `pause`: the share it
     /// keeps now. Once a pause: a burst's many answers are one excess, halved once.
+    #[cfg(feature = "send")]
     pub(crate) fn lower(
         &self,
         bucket: &KeyHash,

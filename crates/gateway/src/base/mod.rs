@@ -7,5 +7,6 @@ pub(crate) mod meters;
 pub(crate) mod recorder;
 pub mod stats;
 pub(crate) mod summary;
+pub(crate) mod tenant_names;
 pub(crate) mod timed_store;
 pub(crate) mod traces;

@@ -330,6 +330,10 @@ impl<S: Store> EventQueue for Timed<S> {
         self.time(Op::Queued, self.inner.group_queued(group)).await
     }
 
+    async fn busiest_groups(&self, max: usize) -> Result<Option<Vec<(u64, u64)>>, StoreError> {
+        self.time(Op::Queued, self.inner.busiest_groups(max)).await
+    }
+
     async fn next_group(&self, partition: u16, load: &Loads) -> Result<Option<u64>, StoreError> {
         self.time(Op::Pull, self.inner.next_group(partition, load))
             .await

@@ -40,6 +40,7 @@ pub(crate) async fn run<S: Store>(
         shared.timing.dispatcher.concurrency,
         shared.timing.dispatcher.tenant_concurrency,
     );
+    let _ = shared.admin.loads.set(slots.clone());
     let held: Running<S> = Arc::default();
     let mut partitions = JoinSet::new();
     for partition in 0..shared.store.partitions() {

@@ -115,7 +115,9 @@ pub(super) async fn partition_loop<S: Store>(
         taken.truncate(pulled.len());
         for ((delivery, claim), mut slot) in pulled.into_iter().zip(taken) {
             let claim = claim.map(|claim| claimed(&shared, &delivery, claim));
-            if !slot.assign(delivery.event.group_hash()) {
+            let group = delivery.event.group_hash();
+            shared.admin.tenants.note(group, &delivery.event);
+            if !slot.assign(group) {
                 // Its tenant reached its cap meanwhile: not started, so hand it back, and
                 // its key, for a handler when one of the tenant's ends.
                 if let Ok(Claimed::Run(key)) = &claim {

@@ -64,6 +64,12 @@ async fn admit<S: Store>(
             return Ok(Accepted::Duplicate);
         } else {
             stats.bump(count, metric);
+            if label == "tenant_queue_full" {
+                shared
+                    .admin
+                    .tenants
+                    .refused(admit.event.group_hash(), &admit.event);
+            }
             return Err(Refusal::new(
                 RefusalKind::Unavailable,
                 label,
@@ -133,6 +139,9 @@ pub(crate) async fn to_store<S: Store>(
     let (platform, app) = (event.platform.clone(), event.app.clone());
     let bounded = shared.timing.dispatcher.max_queued_per_tenant.is_some();
     let group = bounded.then(|| event.group_hash());
+    if let Some(group) = group {
+        shared.admin.tenants.note(group, &event);
+    }
     let started = std::time::Instant::now();
     let admission = shared
         .store
