@@ -329,14 +329,15 @@ async fn a_corp_authorised_through_create_auth_is_served_and_sent_as_with_its_ow
 }
 
 /// A hundred corps of one suite burst at once on two gateways sharing a Redis, against a local
-/// WeCom whose calls in flight are capped (45033) and whose quota for one corp is spent by
-/// another system (45009): every other corp's messages go out once each; the spent corp's
+/// WeCom that allows each corp 2 calls in flight (45033 beyond) and whose quota for one corp is
+/// spent by another system (45009): every other corp's messages go out once each; the spent corp's
 /// sends are told to come back later, and after WeCom's first 45009 neither gateway calls for
 /// it again until WeCom's minute is over; both answers are seen in `/admin/send-budgets` and
 /// the metrics.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_corp_whose_quota_is_spent_holds_back_no_other_corp_and_is_not_called_again() {
-    let (platform, [(_a_dir, a), (_b_dir, b)]) = suite_on_two_gateways("suitelimits", 8).await;
+    let (platform, [(_a_dir, a), (_b_dir, b)]) = suite_on_two_gateways("suitelimits", 4096).await;
+    platform.limit_corp_in_flight(2);
     let corps: Vec<String> = (0..100).map(|i| format!("wpLimit{i:03}Zz")).collect();
     for (i, corp) in corps.iter().enumerate() {
         let code = platform.authorise(corp, 1_000_000 + i64::try_from(i).expect("i"));

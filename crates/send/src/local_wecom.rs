@@ -32,6 +32,10 @@ struct Inner {
     /// Corps whose sends are answered 45009 (another system spent their quota), and how many
     /// each was answered.
     blocked: HashMap<String, u64>,
+    /// Calls in flight at once per corp, where WeCom counts them per corp
+    /// (`limit_corp_in_flight`), and each corp's now.
+    corp_in_flight_max: Option<usize>,
+    corp_in_flight: HashMap<String, usize>,
     suite: Option<Suite>,
 }
 
@@ -233,6 +237,12 @@ impl LocalWecomApi {
             .or_default();
     }
 
+    /// Answers 45033 to a corp's call while `max` of its calls are in flight (WeCom's
+    /// concurrency limits are per API and, as far as anyone reports, per corp).
+    pub fn limit_corp_in_flight(&self, max: usize) {
+        self.shared.lock().corp_in_flight_max = Some(max);
+    }
+
     /// `corp`'s sends answered 45009 so far.
     pub fn blocked_calls(&self, corp: &str) -> u64 {
         self.shared.lock().blocked.get(corp).copied().unwrap_or(0)
@@ -418,9 +428,33 @@ async fn answer(
         shared.lock().busy += 1;
         return json!({"errcode": 45033, "errmsg": "api concurrent out of limit"});
     }
+    let corp_slot = {
+        let mut inner = shared.lock();
+        let corp = query
+            .get("access_token")
+            .and_then(|token| inner.tokens.get(token))
+            .cloned();
+        match (inner.corp_in_flight_max, corp) {
+            (Some(max), Some(corp)) => {
+                if inner.corp_in_flight.get(&corp).copied().unwrap_or(0) >= max {
+                    inner.busy += 1;
+                    return json!({"errcode": 45033, "errmsg": "api concurrent out of limit"});
+                }
+                *inner.corp_in_flight.entry(corp.clone()).or_default() += 1;
+                Some(corp)
+            }
+            _ => None,
+        }
+    };
     // Every call takes a little while, so that concurrency shows.
     tokio::time::sleep(Duration::from_millis(20)).await;
     let mut inner = shared.lock();
+    if let Some(count) = corp_slot
+        .as_ref()
+        .and_then(|corp| inner.corp_in_flight.get_mut(corp))
+    {
+        *count -= 1;
+    }
     let Some(corp) = query
         .get("access_token")
         .and_then(|token| inner.tokens.get(token))
