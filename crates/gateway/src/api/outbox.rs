@@ -388,10 +388,19 @@ pub(crate) async fn send<S: Store>(
         let (status, answer) = match sent {
             Ok(answer) => (200, answer),
             // The platform's own limit: back off as it says, within the send's wait.
-            Err(SendError::RetryAfter { after, .. }) if Instant::now() + after <= deadline => {
+            Err(SendError::RetryAfter { after, limit, .. })
+                if Instant::now() + after <= deadline =>
+            {
                 metrics::counter!("oncegate_send_rate_waits_total", "source" => source.to_owned())
                     .increment(1);
-                tokio::time::sleep(after).await;
+                // Calls refused together for too many in flight would all come back together
+                // and be refused together again: each waits between half and one and a half
+                // of the pause. (A rate's pause is held in the store: that one is exact.)
+                let pause = match limit {
+                    Limit::Concurrency => after.mul_f64(0.5 + fastrand::f64()),
+                    Limit::Receiver | Limit::App => after,
+                };
+                tokio::time::sleep(pause).await;
                 continue;
             }
             Err(SendError::RetryAfter { after, code, .. }) => {
