@@ -260,13 +260,12 @@ async fn a_store_app_keeps_its_ticket_and_sends_as_each_tenant_with_its_own_toke
         for budget in view["lowered"].as_array().expect("lowered") {
             lowered.push(budget["budget"].as_str().expect("budget").to_owned());
         }
-        counted += support::metrics_text(&gateway.admin)
-            .await
-            .lines()
-            .filter(|line| line.starts_with("oncegate_send_budget_lowered_total"))
-            .filter(|line| line.contains("limit=\"app\""))
-            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>();
+        counted += support::metric_sum(
+            &gateway.admin,
+            "oncegate_send_budget_lowered_total",
+            "limit=\"app\"",
+        )
+        .await;
     }
     let own = format!("{APP}:{} app", tenants[1]);
     assert!(

@@ -438,13 +438,12 @@ async fn a_corp_whose_quota_is_spent_holds_back_no_other_corp_and_is_not_called_
             budgets.push(budget["budget"].as_str().expect("budget").to_owned());
         }
         capped += view["capped"].as_array().expect("capped").len();
-        lowered += support::metrics_text(&gateway.admin)
-            .await
-            .lines()
-            .filter(|line| line.starts_with("oncegate_send_budget_lowered_total"))
-            .filter(|line| line.contains("limit=\"app\""))
-            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>();
+        lowered += support::metric_sum(
+            &gateway.admin,
+            "oncegate_send_budget_lowered_total",
+            "limit=\"app\"",
+        )
+        .await;
     }
     assert!(
         budgets

@@ -357,3 +357,14 @@ pub(crate) async fn metrics_text(admin: &str) -> String {
         .await
         .unwrap_or_default()
 }
+
+/// The sum of `name`'s series on `admin`'s `/metrics` whose labels contain `label` (e.g.
+/// `limit="app"`).
+pub(crate) async fn metric_sum(admin: &str, name: &str, label: &str) -> f64 {
+    metrics_text(admin)
+        .await
+        .lines()
+        .filter(|line| line.starts_with(name) && line.contains(label))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}

@@ -20,6 +20,9 @@ const MAX_PULL: usize = 64;
 /// How long to back off when the store cannot answer.
 const STORE_BACKOFF: Duration = Duration::from_millis(500);
 
+/// Tenants a partition loop remembers having named, at most.
+const NAMED_HERE: usize = 4096;
+
 pub(super) async fn partition_loop<S: Store>(
     shared: Arc<Shared<S>>,
     partition: u16,
@@ -29,6 +32,9 @@ pub(super) async fn partition_loop<S: Store>(
 ) {
     let mut running = JoinSet::new();
     let loads: Loads = slots.clone();
+    // The tenants this loop has named for the tenants view: the shared names' lock is taken
+    // once per tenant, not once per event.
+    let mut named: std::collections::HashSet<u64> = std::collections::HashSet::new();
     // One timer and one cancellation waiter for the loop's life: made anew at each idle wait
     // (after nearly every event), they cost a timer-wheel insert and removal and a waiter-list
     // lock each time.
@@ -116,7 +122,12 @@ pub(super) async fn partition_loop<S: Store>(
         for ((delivery, claim), mut slot) in pulled.into_iter().zip(taken) {
             let claim = claim.map(|claim| claimed(&shared, &delivery, claim));
             let group = delivery.event.group_hash();
-            shared.admin.tenants.note(group, &delivery.event);
+            if named.insert(group) {
+                shared.admin.tenants.note(group, &delivery.event);
+                if named.len() > NAMED_HERE {
+                    named.clear();
+                }
+            }
             if !slot.assign(group) {
                 // Its tenant reached its cap meanwhile: not started, so hand it back, and
                 // its key, for a handler when one of the tenant's ends.
