@@ -1365,6 +1365,139 @@ async fn a_quiet_tenants_event_goes_before_another_tenants_backlog_in_every_part
         .await;
 }
 
+/// The bot's open_id in the priority test's configuration.
+const BOT_OPEN_ID: &str = "ou_e2e_bot";
+
+/// A group text message of tenant `tenant` in `chat`, as Feishu documents
+/// `im.message.receive_v1`, mentioning `mentions` (open_ids).
+fn group_message(tenant: &str, event_id: &str, chat: &str, mentions: &[&str]) -> String {
+    let mentions: Vec<serde_json::Value> = mentions
+        .iter()
+        .enumerate()
+        .map(|(at, open_id)| {
+            serde_json::json!({"key": format!("@_user_{}", at + 1),
+                "id": {"open_id": open_id, "union_id": format!("on_{at}")},
+                "name": "someone", "tenant_key": tenant})
+        })
+        .collect();
+    serde_json::json!({
+        "schema": "2.0",
+        "header": {"event_id": event_id, "token": TOKEN, "create_time": (now_secs() * 1000).to_string(),
+                   "event_type": "im.message.receive_v1", "tenant_key": tenant, "app_id": APP_ID},
+        "event": {
+            "sender": {"sender_id": {"open_id": "ou_person"}, "sender_type": "user", "tenant_key": tenant},
+            "message": {"message_id": format!("om_{event_id}"), "chat_id": chat, "chat_type": "group",
+                        "message_type": "text", "content": "{\"text\":\"@_user_1 hi\"}",
+                        "create_time": (now_secs() * 1000).to_string(), "mentions": mentions}}
+    })
+    .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_at_mention_passes_its_tenants_backlog_but_not_its_chats_earlier_events() {
+    const BACKLOG: usize = 40;
+    let dir = tempfile::tempdir().expect("dir");
+    let (downstream, config) = {
+        let (downstream, addr) = Downstream::start().await;
+        downstream.behavior.lock().expect("behavior").delay = Duration::from_millis(40);
+        let store = format!(
+            "path = \"{}\"\npartitions = 8",
+            dir.path().join("store").display()
+        );
+        let config = write_config(dir.path(), addr, false, &store, "30s", "5s");
+        // The README's route for messages, first, to the downstream.
+        let route = readme_block("**Messages to the bot first.**", &[]).replace(
+            "https://bot.internal/feishu",
+            &format!("http://{addr}/events"),
+        ) + &format!("secret = \"{SECRET}\"\n");
+        let text = std::fs::read_to_string(&config).expect("config");
+        let text = text
+            .replace("concurrency = 32", "concurrency = 1")
+            .replace(
+                &format!("app_id = \"{APP_ID}\""),
+                &format!("app_id = \"{APP_ID}\"\nbot_open_id = \"{BOT_OPEN_ID}\""),
+            )
+            .replacen("[[route]]", &format!("{route}\n[[route]]"), 1);
+        assert!(text.contains("bot_open_id") && text.contains("priority = \"mentions\""));
+        std::fs::write(&config, text).expect("config");
+        (downstream, config)
+    };
+    let gateway = Gateway::run(&config);
+    let client = client();
+    let post_ok = |body: String| {
+        let client = client.clone();
+        let url = gateway.url.clone();
+        async move {
+            let (status, _) = post(&client, &url, &sign(&body)).await.expect("post");
+            assert_eq!(status, 200);
+        }
+    };
+    // One tenant's backlog over 40 chats (every partition), mentioning a person, not the bot;
+    // amid it, chat X's first event.
+    for i in 0..BACKLOG {
+        if i == BACKLOG / 2 {
+            post_ok(group_message("busy", "x-plain", "oc_x", &[])).await;
+        }
+        let chat = format!("oc_backlog{i}");
+        post_ok(group_message(
+            "busy",
+            &format!("backlog-{i}"),
+            &chat,
+            &["ou_person2"],
+        ))
+        .await;
+    }
+    // Then chat X's @-mention of the bot, and chat Y's.
+    post_ok(group_message("busy", "x-mention", "oc_x", &[BOT_OPEN_ID])).await;
+    let admitted_at = downstream.got().len();
+    post_ok(group_message(
+        "busy",
+        "y-mention",
+        "oc_y",
+        &["ou_person2", BOT_OPEN_ID],
+    ))
+    .await;
+    downstream
+        .wait_for("every event", |got| got.len() >= BACKLOG + 3)
+        .await;
+    let got = downstream.got();
+    let at = |id: &str| {
+        got.iter()
+            .position(|g| g.event_id == id)
+            .unwrap_or_else(|| panic!("{id} delivered"))
+    };
+    assert_eq!(got.len(), BACKLOG + 3, "each once");
+    let (plain, mention) = (at("x-plain"), at("x-mention"));
+    eprintln!(
+        "delivered before the mentions: {admitted_at}; y-mention {}th, x-plain {plain}th, x-mention {mention}th",
+        at("y-mention")
+    );
+    assert!(
+        plain >= admitted_at,
+        "x-plain was delivered before x-mention came: nothing to hold it back"
+    );
+    // Y's mention: at most the handler running when it came, then its turn.
+    assert!(
+        at("y-mention") <= admitted_at + 2,
+        "y-mention delivered {}th, admitted after {admitted_at}",
+        at("y-mention")
+    );
+    assert!(
+        at("y-mention") + 10 < BACKLOG,
+        "the backlog was not drained first"
+    );
+    // X's mention waits for X's first event, then passes what remains of the backlog.
+    assert!(plain < mention, "x-plain {plain}, x-mention {mention}");
+    assert!(
+        mention <= plain + 2,
+        "x-mention {mention}th, x-plain {plain}th"
+    );
+    assert!(
+        mention + 10 < got.len(),
+        "the backlog was drained before x-plain ({plain}th): nothing left to pass"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_over_its_queue_bound_gets_503_while_others_are_admitted_and_nothing_is_lost() {
     let dir = tempfile::tempdir().expect("dir");

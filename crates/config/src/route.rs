@@ -25,6 +25,28 @@ pub enum SinkKind {
     Kafka,
 }
 
+/// Which of a route's events go before the rest of their tenant's backlog (never before an
+/// earlier event of their own chat): what a person waits for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Priority {
+    /// Messages addressed to the bot: a group message that @-mentions it, a direct message
+    /// (Feishu `p2p`; a WeCom app's, a WeChat account's or an AI bot's messages, which are
+    /// only ever sent to it — an AI bot gets a group message only when @-mentioned).
+    #[default]
+    Mentions,
+    /// Every event of the route.
+    All,
+    /// None: the route's events go in their tenant's turn, oldest first.
+    None,
+}
+
+impl Priority {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
 /// `[[route]]`: events whose type matches go to one sink.
 #[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -72,6 +94,10 @@ pub struct RouteConfig {
         skip_serializing_if = "Option::is_none"
     )]
     pub hold_chat: Option<Duration>,
+    /// Which of its events go before the rest of their tenant's backlog: `"mentions"` (the
+    /// default: messages addressed to the bot), `"all"` or `"none"`.
+    #[serde(default, skip_serializing_if = "Priority::is_default")]
+    pub priority: Priority,
     /// The tenants whose events it takes (a Feishu `tenant_key`, a WeCom corp id), matched
     /// exactly; every tenant's when empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -108,6 +134,7 @@ impl std::fmt::Debug for RouteConfig {
             .field("reply", &self.reply)
             .field("retry_schedule", &self.retry_schedule)
             .field("hold_chat", &self.hold_chat)
+            .field("priority", &self.priority)
             .field("tenants", &self.tenants)
             .field("agents", &self.agents)
             .field("brokers", &self.brokers)

@@ -210,6 +210,40 @@ mod tests {
     use crate::{Secret, SourceConfig};
 
     #[test]
+    fn a_routes_priority_is_mentions_unless_said_and_a_bot_id_is_an_open_id() {
+        let route = |priority: &str| {
+            toml::from_str::<Config>(&format!(
+                "[[route]]\nevents = [\"*\"]\nsink = \"stdout\"\n{priority}"
+            ))
+            .map(|config| config.routes[0].priority)
+        };
+        assert_eq!(route("").expect("parses"), Priority::Mentions);
+        assert_eq!(route("priority = \"all\"").expect("parses"), Priority::All);
+        assert_eq!(
+            route("priority = \"none\"").expect("parses"),
+            Priority::None
+        );
+        let wrong = route("priority = \"urgent\"").expect_err("refused");
+        assert!(wrong.to_string().contains("mentions"), "{wrong}");
+        let sources = |bot: &str| -> Vec<String> {
+            let text = format!(
+                "[[source]]\nname = \"f\"\nplatform = \"feishu\"\napp_id = \"cli_a\"\n\
+                 verification_token = \"t\"\nbot_open_id = \"{bot}\"\n"
+            );
+            let config =
+                crate::load_str(&text, std::path::Path::new("t.toml"), Vec::new()).expect("parses");
+            errors(&config)
+        };
+        assert_eq!(
+            sources("ou_84aad35d084aa403a838cf73ee18467"),
+            Vec::<String>::new()
+        );
+        for bad in ["", "cli_a", "ou_", "ou_a b"] {
+            assert_eq!(sources(bad), ["source[f].bot_open_id"], "{bad:?}");
+        }
+    }
+
+    #[test]
     fn a_route_names_owners_exactly_and_never_in_its_host() {
         let mut config: Config = toml::from_str(
             r#"
@@ -249,6 +283,7 @@ url = "https://{tenant}.example.com/events"
             reply: true,
             retry_schedule: None,
             hold_chat: None,
+            priority: Default::default(),
             tenants: Vec::new(),
             agents: Vec::new(),
             brokers: None,
@@ -585,6 +620,7 @@ url = "https://{tenant}.example.com/events"
             reply: false,
             retry_schedule: None,
             hold_chat: None,
+            priority: Default::default(),
             tenants: Vec::new(),
             agents: Vec::new(),
             brokers: None,

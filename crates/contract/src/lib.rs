@@ -95,6 +95,7 @@ macro_rules! contract_suite {
             queue_hands_out_in_order_per_key,
             pull_claimed_claims_every_hand_out,
             ranked_pulls_serve_the_least_loaded_tenant,
+            a_first_event_passes_its_tenants_backlog_not_its_chats,
             queue_retry_waits_and_counts_attempts,
             queue_dead_letters_keep_the_reason,
             dead_letters_replay_once_and_purge,

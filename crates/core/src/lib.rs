@@ -8,6 +8,7 @@ pub mod durability;
 pub mod event;
 pub mod key;
 pub mod passthrough;
+pub mod precedence;
 pub mod queue_index;
 pub mod rates;
 pub mod record;
@@ -25,7 +26,8 @@ pub use clock::{Clock, ManualClock, SteadyClock, SystemClock};
 pub use durability::Durability;
 pub use event::Event;
 pub use key::{DeliveryId, KeyHash, hex_into, key_for, sender_key};
-pub use queue_index::{GroupLoad, Unranked};
+pub use precedence::{FirstRule, Precedence};
+pub use queue_index::{GroupLoad, Next, Unranked};
 pub use rates::{Rate, RateAdjust, RateVerdict};
 pub use record::{
     Admission, Claim, DeadLetter, Delivery, FenceCheck, FencingToken, Fingerprint, Lease, Nonce,

@@ -266,16 +266,16 @@ pub trait EventQueue: Send + Sync + 'static {
     }
 
     /// The group (tenant, [`Event::group_hash`](crate::Event::group_hash)) of the event a
-    /// ranked pull of `partition` would hand out now, `None` when it would hand out none: what
-    /// a dispatcher gives a free handler to first. A backend that cannot tell answers
-    /// `Some(0)` (something may be ready, of no group known).
+    /// ranked pull of `partition` would hand out now, and whether it goes first in its group;
+    /// `None` when it would hand out none: what a dispatcher gives a free handler to first. A
+    /// backend that cannot tell answers group 0 (something may be ready, of no group known).
     fn next_group(
         &self,
         partition: u16,
         load: &Loads,
-    ) -> impl Future<Output = Result<Option<u64>, StoreError>> + Send {
+    ) -> impl Future<Output = Result<Option<crate::queue_index::Next>, StoreError>> + Send {
         let _ = (partition, load);
-        async { Ok(Some(0)) }
+        async { Ok(Some(crate::queue_index::Next::of(0))) }
     }
 
     /// Events of `group` (a tenant, [`Event::group_hash`](crate::Event::group_hash)) in the
@@ -299,6 +299,19 @@ pub trait EventQueue: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Option<Vec<(u64, u64)>>, StoreError>> + Send {
         let _ = max;
         async { Ok(None) }
+    }
+
+    /// Hands the events `rule` names out before the rest of their group's waiting events in
+    /// each partition (never before an earlier event of their chain; see
+    /// [`PartitionIndex::mark_first`](crate::queue_index::PartitionIndex::mark_first)). Set
+    /// once, before the first pull: events queued already are ranked by it too, and a second
+    /// rule is refused. A backend that does not rank ignores it.
+    fn put_first(
+        &self,
+        rule: std::sync::Arc<dyn crate::Precedence>,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = rule;
+        async { Ok(()) }
     }
 
     /// Removes a handled event. `false`: no such event was handed out.

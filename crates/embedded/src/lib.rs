@@ -136,6 +136,8 @@ pub(crate) struct Shared {
     /// Records held per state (pending, processing, completed), counted once on open and kept
     /// up to date by the writer after each commit, so that stats cost no scan.
     pub(crate) counts: [AtomicU64; 3],
+    /// Which events go before the rest of their group's backlog.
+    pub(crate) first: oncegate_core::FirstRule,
 }
 
 /// The slot of a state in [`Shared::counts`].
@@ -189,8 +191,10 @@ impl<C: Clock + Clone> DedupStore for EmbeddedStore<C> {
     ) -> Result<Admission, StoreError> {
         oncegate_core::store::require_keys(keys)?;
         let keys = keys.to_vec();
+        let first = self.shared.first.first(&event);
         self.send(|reply| Command::Admit {
             event,
+            first,
             keys,
             retention_ms: millis(retention),
             reply,

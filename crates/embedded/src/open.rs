@@ -113,6 +113,7 @@ impl<C: Clock + Clone> EmbeddedStore<C> {
             committed_requests: AtomicU64::new(0),
             commit_nanos: AtomicU64::new(0),
             counts: counts.map(AtomicU64::new),
+            first: oncegate_core::FirstRule::default(),
         });
         let (commands, receiver) = mpsc::channel();
         let writer = Writer::new(

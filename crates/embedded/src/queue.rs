@@ -58,6 +58,33 @@ impl<C: Clock + Clone> EventQueue for EmbeddedStore<C> {
         self.pull_by(partition, max, &Unranked)
     }
 
+    async fn put_first(
+        &self,
+        rule: std::sync::Arc<dyn oncegate_core::Precedence>,
+    ) -> Result<(), StoreError> {
+        if !self.shared.first.set(rule) {
+            return Err(StoreError::Invalid(
+                "the store ranks by a rule set before; it is set once".into(),
+            ));
+        }
+        // What was queued before: read once from the queue table (admissions meanwhile are
+        // marked as they join; marking twice changes nothing).
+        let txn = self.shared.db.begin_read().map_err(unavailable)?;
+        let queue = txn.open_table(QUEUE).map_err(unavailable)?;
+        for entry in queue.iter().map_err(unavailable)? {
+            let (position, value) = entry.map_err(unavailable)?;
+            let queued: codec::Queued = decode(value.value())?;
+            if self.shared.first.first(&queued.event) {
+                let partition =
+                    oncegate_core::event::partition_of(queued.order_hash, self.shared.partitions);
+                if let Some(mut order) = self.order(partition) {
+                    order.mark_first(position.value(), queued.order_hash);
+                }
+            }
+        }
+        Ok(())
+    }
+
     async fn pull_ranked(
         &self,
         partition: u16,
@@ -87,7 +114,11 @@ impl<C: Clock + Clone> EventQueue for EmbeddedStore<C> {
         Ok(Some(oncegate_core::store::busiest(counts, max)))
     }
 
-    async fn next_group(&self, partition: u16, load: &Loads) -> Result<Option<u64>, StoreError> {
+    async fn next_group(
+        &self,
+        partition: u16,
+        load: &Loads,
+    ) -> Result<Option<oncegate_core::queue_index::Next>, StoreError> {
         if partition >= self.shared.partitions {
             return Err(StoreError::Invalid(format!("no partition {partition}")));
         }

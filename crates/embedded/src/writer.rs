@@ -27,6 +27,8 @@ const GATHER_FROM: usize = 8;
 pub(crate) enum Command {
     Admit {
         event: Event,
+        /// It goes before its group's other waiting events.
+        first: bool,
         keys: Vec<KeyHash>,
         retention_ms: u64,
         reply: Reply<Admission>,
@@ -106,7 +108,7 @@ fn answer<T: Send + 'static>(reply: Reply<T>, result: Result<T, StoreError>) -> 
 fn answer_admit(
     reply: Reply<Admission>,
     result: Result<Admission, StoreError>,
-    (order_hash, group): (u64, u64),
+    placed: Placed,
     payload_bytes: usize,
 ) -> Finish {
     Box::new(move |shared, failed| {
@@ -116,7 +118,7 @@ fn answer_admit(
                 if let Ok(Admission::Admitted { id }) = result
                     && let Some(order) = shared.order.get(usize::from(id.partition))
                 {
-                    lock(order).push_in(id.seq, order_hash, group, 0, payload_bytes);
+                    placed.join(&mut lock(order), id.seq, 0, payload_bytes);
                 }
                 result
             }
@@ -133,9 +135,9 @@ fn answer_replay(
         let _ = reply.send(match failed {
             Some(error) => Err(unavailable(error)),
             None => result.map(|replayed| {
-                replayed.map(|(id, order_hash, group, payload_bytes)| {
+                replayed.map(|(id, placed, payload_bytes)| {
                     if let Some(order) = shared.order.get(usize::from(id.partition)) {
-                        lock(order).push_in(id.seq, order_hash, group, 0, payload_bytes);
+                        placed.join(&mut lock(order), id.seq, 0, payload_bytes);
                     }
                     id
                 })
@@ -320,11 +322,16 @@ impl<C: Clock> Writer<C> {
             let finish = match command {
                 Command::Admit {
                     event,
+                    first,
                     keys,
                     retention_ms,
                     reply,
                 } => {
-                    let order = (event.order_hash(), event.group_hash());
+                    let order = Placed {
+                        order_hash: event.order_hash(),
+                        group: event.group_hash(),
+                        first,
+                    };
                     let payload_bytes = event.payload.len();
                     let result = self.admit(
                         &mut tables,
@@ -432,7 +439,7 @@ impl<C: Clock> Writer<C> {
                     answer_queue(reply, id, Then::Remove, result)
                 }
                 Command::ReplayDead { id, reply } => {
-                    let result = replay_dead(&mut tables, id, &mut next_seq)?;
+                    let result = replay_dead(&mut tables, id, &mut next_seq, &self.shared.first)?;
                     answer_replay(reply, result)
                 }
                 Command::PurgeDead { id, reply } => {

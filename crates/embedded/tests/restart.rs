@@ -96,3 +96,36 @@ fn a_restart_ends_the_previous_runs_leases_and_keeps_tokens_growing() {
         assert_eq!(queued, 2);
     });
 }
+
+/// Events queued before a restart are ranked by the rule set after it: in one partition, a
+/// backlog and then a mention, reopened, hand the mention out first.
+#[test]
+fn a_rule_set_after_a_restart_ranks_what_was_queued_before() {
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("s.redb");
+    let config = || EmbeddedConfig {
+        partitions: 1,
+        ..EmbeddedConfig::at(&path)
+    };
+    block_on(async {
+        let store = EmbeddedStore::open(config()).expect("open");
+        for id in ["backlog-1", "backlog-2", "mention-1"] {
+            let admitted = store
+                .admit(event(id, Some(id)), &[key(id)], Duration::from_secs(3600))
+                .await
+                .expect("admit");
+            assert!(matches!(admitted, Admission::Admitted { .. }));
+        }
+    });
+    block_on(async {
+        let store = EmbeddedStore::open(config()).expect("reopen");
+        let rule = |event: &oncegate_core::Event| event.event_id.starts_with("mention");
+        store
+            .put_first(std::sync::Arc::new(rule))
+            .await
+            .expect("rule");
+        let pulled = store.pull(0, 3).await.expect("pull");
+        let ids: Vec<&str> = pulled.iter().map(|d| &*d.event.event_id).collect();
+        assert_eq!(ids, ["mention-1", "backlog-1", "backlog-2"]);
+    });
+}

@@ -105,6 +105,32 @@ pub struct Mention {
     pub name: String,
 }
 
+impl MessageReceived {
+    /// Whether a person addressed it to the bot whose `open_id` is `bot_open_id`: a direct
+    /// (`p2p`) message, or a group message one of whose mentions names the bot — any mention
+    /// when the bot's id is not known (a bot that may not read every group message gets only
+    /// those that @-mention it).
+    pub fn addresses_bot(&self, bot_open_id: Option<&str>) -> bool {
+        if self.message.chat_type == "p2p" {
+            return true;
+        }
+        match bot_open_id {
+            Some(bot) => self
+                .message
+                .mentions
+                .iter()
+                .any(|mention| mention.id.open_id.as_deref() == Some(bot)),
+            None => !self.message.mentions.is_empty(),
+        }
+    }
+}
+
+/// Whether `event` is a message a person addressed to the bot ([`MessageReceived::addresses_bot`]);
+/// `false` for every other event, and for a message that does not read.
+pub fn addresses_bot(event: &Event, bot_open_id: Option<&str>) -> bool {
+    MessageReceived::from_event(event).is_ok_and(|message| message.addresses_bot(bot_open_id))
+}
+
 impl Message {
     /// The text of a `text` message (`content`'s `text`), mentions as their placeholders.
     pub fn text(&self) -> Option<String> {

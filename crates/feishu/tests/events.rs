@@ -99,3 +99,59 @@ fn another_family_is_a_clear_error_not_a_guess() {
     wecom.platform = "wecom".into();
     assert!(MessageReceived::from_event(&wecom).is_err());
 }
+
+/// The documented group message with its mentions replaced by `mentions` (JSON) and its chat
+/// type by `chat_type`.
+fn message_with(chat_type: &str, mentions: &str) -> Event {
+    let document = MESSAGE
+        .replace(r#""chat_type":"group""#, &format!(r#""chat_type":"{chat_type}""#))
+        .replace(
+            r#""mentions":[{"key":"@_user_1","id":{"union_id":"on_8ed6aa67826108097d9ee143816345","user_id":"e33ggbyz","open_id":"ou_84aad35d084aa403a838cf73ee18467"},"name":"Tom","tenant_key":"736588c9260f175e"}]"#,
+            &format!(r#""mentions":{mentions}"#),
+        );
+    assert!(document.contains(&format!(r#""mentions":{mentions}"#)));
+    decoded(&document)
+}
+
+#[test]
+fn a_message_addresses_the_bot_when_a_mention_names_it_or_it_is_direct() {
+    const BOT: &str = "ou_bot00000000000000000000000001";
+    // The documented message mentions Tom, a person.
+    let tom = decoded(MESSAGE);
+    assert!(!oncegate_feishu::events::addresses_bot(&tom, Some(BOT)));
+    assert!(oncegate_feishu::events::addresses_bot(
+        &tom,
+        Some("ou_84aad35d084aa403a838cf73ee18467")
+    ));
+    // The bot's id unknown: any mention counts (such a bot gets only messages mentioning it).
+    assert!(oncegate_feishu::events::addresses_bot(&tom, None));
+    // A mention of the bot, as bots have no user_id: with it left out, and given empty.
+    for id in [
+        format!(r#"{{"open_id":"{BOT}","union_id":"on_b1"}}"#),
+        format!(r#"{{"open_id":"{BOT}","union_id":"on_b1","user_id":""}}"#),
+    ] {
+        let mentions = format!(
+            r#"[{{"key":"@_user_1","id":{id},"name":"Bot","tenant_key":"736588c9260f175e"}}]"#
+        );
+        let event = message_with("group", &mentions);
+        assert!(
+            oncegate_feishu::events::addresses_bot(&event, Some(BOT)),
+            "{id}"
+        );
+    }
+    // A group message mentioning no one addresses nobody; a direct one addresses the bot.
+    let plain = message_with("group", "[]");
+    assert!(!oncegate_feishu::events::addresses_bot(&plain, None));
+    assert!(!oncegate_feishu::events::addresses_bot(&plain, Some(BOT)));
+    let direct = message_with("p2p", "[]");
+    assert!(oncegate_feishu::events::addresses_bot(&direct, Some(BOT)));
+    // Other events are never messages to the bot.
+    assert!(!oncegate_feishu::events::addresses_bot(
+        &decoded(CARD),
+        None
+    ));
+    assert!(!oncegate_feishu::events::addresses_bot(
+        &decoded(ADDED),
+        None
+    ));
+}

@@ -219,7 +219,7 @@ pub(crate) struct Shared<S> {
     /// The claim protocol on `store`: every claim, renewal and settling goes through it.
     pub(crate) once: Once<S>,
     /// The routes in force: a reload swaps them whole.
-    pub(crate) routes: arc_swap::ArcSwap<route::Routes>,
+    pub(crate) routes: Arc<arc_swap::ArcSwap<route::Routes>>,
     pub(crate) timing: Timing,
     pub(crate) stats: Arc<Stats>,
     /// Woken when a partition may have work: an admit, an ack that frees a chat.
@@ -294,9 +294,10 @@ impl<S: Store> Shared<S> {
             .map(|route| Route::clone(route))
             .collect();
         edit(&mut list)?;
-        self.routes.store(Arc::new(route::Routes::of(
-            list.into_iter().map(Arc::new).collect(),
-        )));
+        let bots = self.routes.load().bots.clone();
+        self.routes.store(Arc::new(
+            route::Routes::of(list.into_iter().map(Arc::new).collect()).with_bots(bots),
+        ));
         Ok(())
     }
 
@@ -415,7 +416,7 @@ impl<S: Store> Gateway<S> {
             shared: Arc::new(Shared {
                 store,
                 once,
-                routes: arc_swap::ArcSwap::default(),
+                routes: Arc::default(),
                 timing: parts.timing,
                 stats,
                 wake: (0..partitions).map(|_| Notify::new()).collect(),

@@ -22,6 +22,8 @@ pub(crate) struct Route {
     /// The tenants and agents whose events it takes (every one's when empty).
     pub(crate) tenants: Vec<String>,
     pub(crate) agents: Vec<String>,
+    /// Which of its events go before the rest of their tenant's backlog.
+    pub(crate) priority: oncegate_config::Priority,
     /// The `[[route]]` it was built from, its secrets resolved: a reload keeps the route (its
     /// sink, its connections, its gone state) when the new file describes it the same way.
     /// `None` for a route built in code.
@@ -44,6 +46,7 @@ impl Route {
             gone: Arc::default(),
             tenants: Vec::new(),
             agents: Vec::new(),
+            priority: oncegate_config::Priority::default(),
             origin: None,
         }
     }
@@ -61,13 +64,32 @@ pub(crate) struct Routes {
     pub(crate) list: Vec<Arc<Route>>,
     /// Whether any route replies: ingress looks an event's route up only then.
     pub(crate) replying: bool,
+    /// Each app's bot, by app id (a Feishu app's `bot_open_id`): whom a mention must name for
+    /// a route's `priority = "mentions"`.
+    pub(crate) bots: Arc<std::collections::HashMap<String, String>>,
 }
 
 impl Routes {
     /// The routes `list`, in order.
     pub(crate) fn of(list: Vec<Arc<Route>>) -> Self {
         let replying = list.iter().any(|route| route.reply);
-        Self { list, replying }
+        Self {
+            list,
+            replying,
+            bots: Arc::default(),
+        }
+    }
+
+    /// These routes, mentions to name `bots`.
+    pub(crate) fn with_bots(self, bots: Arc<std::collections::HashMap<String, String>>) -> Self {
+        Self { bots, ..self }
+    }
+
+    /// Which of `event`'s kind go before the rest of its tenant's backlog, by its route
+    /// (none for an event no route takes).
+    pub(crate) fn priority_of(&self, event: &oncegate_core::Event) -> oncegate_config::Priority {
+        self.route_for(&event.event_type, crate::owner::of(event))
+            .map_or(oncegate_config::Priority::None, |route| route.priority)
     }
 
     /// The first route that takes an event of `event_type` owned by `owner`.

@@ -11,6 +11,7 @@
 mod chunked;
 mod expiry;
 pub mod journal;
+mod marks;
 mod queue;
 mod restore;
 mod shard;
@@ -83,6 +84,8 @@ pub struct Tables<C: Clock, J: Journal> {
     evicted_early: AtomicU64,
     rates: oncegate_core::rates::LocalRates,
     states: Mutex<state::States>,
+    /// Which events go before the rest of their group's backlog.
+    first: oncegate_core::FirstRule,
 }
 
 /// Takes a lock even if a holder panicked: every critical section leaves the data consistent
@@ -158,6 +161,7 @@ impl<C: Clock, J: Journal> Tables<C, J> {
             clock,
             rates: oncegate_core::rates::LocalRates::default(),
             states: Mutex::default(),
+            first: oncegate_core::FirstRule::default(),
         }
     }
 
@@ -230,6 +234,7 @@ impl<C: Clock, J: Journal> Tables<C, J> {
             primary,
             order_hash,
             partition,
+            first,
         } = placed;
         let queue = self.partition(partition)?;
         let full = || StoreError::Full {
@@ -269,16 +274,23 @@ impl<C: Clock, J: Journal> Tables<C, J> {
         }
         // Queued (and journaled) while the shard locks are held: no one sees the key seen
         // before the event is in the queue.
-        let id = Partition::enqueue(queue, partition, primary, event, order_hash, |id, event| {
-            self.journal.append(&Change::Admit {
-                keys: Cow::Borrowed(keys),
-                record: Cow::Borrowed(&record),
-                id,
-                primary,
-                order_hash,
-                event: Cow::Borrowed(event),
-            });
-        });
+        let id = Partition::enqueue(
+            queue,
+            (partition, first),
+            primary,
+            event,
+            order_hash,
+            |id, event| {
+                self.journal.append(&Change::Admit {
+                    keys: Cow::Borrowed(keys),
+                    record: Cow::Borrowed(&record),
+                    id,
+                    primary,
+                    order_hash,
+                    event: Cow::Borrowed(event),
+                });
+            },
+        );
         Ok(Admission::Admitted { id })
     }
 
@@ -328,6 +340,8 @@ struct Placed {
     primary: KeyHash,
     order_hash: u64,
     partition: u16,
+    /// It goes before its group's other waiting events (the store's [`FirstRule`]).
+    first: bool,
 }
 
 impl<C: Clock, J: Journal> DedupStore for MemoryStore<C, J> {
@@ -347,6 +361,7 @@ impl<C: Clock, J: Journal> DedupStore for MemoryStore<C, J> {
             primary: keys[0],
             order_hash,
             partition,
+            first: self.first.first(&event),
         };
         if let [only] = keys {
             let key = only.in_partition(partition);
@@ -509,85 +524,5 @@ impl<C: Clock, J: Journal> DedupStore for MemoryStore<C, J> {
         }
         stats.dead_letters = lock(&self.dead_letters).by_order.len() as u64;
         Ok(stats)
-    }
-}
-
-impl<C: Clock, J: Journal> WatermarkStore for MemoryStore<C, J> {
-    async fn advance_watermark(
-        &self,
-        scope: &KeyHash,
-        value: u64,
-        retention: Duration,
-    ) -> Result<WatermarkOutcome, StoreError> {
-        self.journal.check()?;
-        let outcome = {
-            let now_ms = self.clock.now_ms();
-            let mut shard = self.shard(scope, now_ms);
-            let compact = Compact::of(scope);
-            let epoch = self.epoch;
-            let stored = shard
-                .watermarks
-                .find(compact.tag_hash(), |mark| mark.scope == compact)
-                .copied();
-            let current = stored
-                .filter(|mark| epoch.ms(mark.deadline_secs) > now_ms)
-                .map(|mark| mark.value);
-            let (outcome, next) = transition::watermark(current, value);
-            if let Some(value) = next {
-                let retention_ms = millis(retention);
-                let needed = epoch.secs_ceil(now_ms.saturating_add(retention_ms));
-                let kept = stored.map_or(0, |mark| mark.deadline_secs);
-                // A busy chat advances its mark on every event: extend the deadline with 1/8 of
-                // slack so that the expiry index gets one entry per eighth of the retention, not one
-                // per event.
-                let deadline_secs = if kept >= needed {
-                    kept
-                } else {
-                    let slack = retention_ms / 8;
-                    let deadline =
-                        epoch.secs_ceil(now_ms.saturating_add(retention_ms).saturating_add(slack));
-                    shard
-                        .expiry
-                        .push(compact.tag(), epoch.secs_floor(now_ms), deadline);
-                    deadline
-                };
-                self.journal.append(&Change::Mark {
-                    scope: *scope,
-                    value,
-                    deadline_ms: epoch.ms(deadline_secs),
-                });
-                let mark = Mark {
-                    scope: compact,
-                    value,
-                    deadline_secs,
-                };
-                shard.put_mark(mark);
-            }
-            outcome
-        };
-        self.synced(Ok(outcome)).await
-    }
-}
-
-impl<C: Clock, J: Journal> oncegate_core::RateStore for MemoryStore<C, J> {
-    async fn take_rate(
-        &self,
-        bucket: &KeyHash,
-        rate: oncegate_core::Rate,
-    ) -> Result<oncegate_core::RateVerdict, StoreError> {
-        // One gateway owns this store: its buckets live in its process.
-        Ok(self
-            .rates
-            .take(bucket, rate, self.clock.now_ms().saturating_mul(1000)))
-    }
-
-    async fn adjust_rate(
-        &self,
-        bucket: &KeyHash,
-        adjust: oncegate_core::RateAdjust,
-    ) -> Result<(), StoreError> {
-        self.rates
-            .adjust(bucket, adjust, self.clock.now_ms().saturating_mul(1000));
-        Ok(())
     }
 }

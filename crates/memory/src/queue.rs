@@ -91,11 +91,12 @@ impl DeadLetters {
 }
 
 impl Partition {
-    /// Appends `event` to the queue of `partition` (this one, behind `queue`'s lock), and calls
-    /// `log` with its place while the lock is held.
+    /// Appends `event` to the queue of `partition` (this one, behind `queue`'s lock), before
+    /// its group's other waiting events if `first`, and calls `log` with its place while the
+    /// lock is held.
     pub(super) fn enqueue(
         queue: &Mutex<Partition>,
-        partition: u16,
+        (partition, first): (u16, bool),
         key: KeyHash,
         event: Event,
         order_hash: u64,
@@ -116,6 +117,9 @@ impl Partition {
             },
         );
         queue.order.push_in(seq, order_hash, group, 0, bytes);
+        if first {
+            queue.order.mark_first(seq, order_hash);
+        }
         id
     }
 }
@@ -182,6 +186,30 @@ impl<C: Clock, J: Journal> EventQueue for MemoryStore<C, J> {
         self.pull_by(partition, max, &Unranked).await
     }
 
+    async fn put_first(
+        &self,
+        rule: std::sync::Arc<dyn oncegate_core::Precedence>,
+    ) -> Result<(), StoreError> {
+        if !self.first.set(rule) {
+            return Err(StoreError::Invalid(
+                "the store ranks by a rule set before; it is set once".into(),
+            ));
+        }
+        // What was queued before (restored from the journal, or admitted meanwhile).
+        for queue in self.partitions.iter() {
+            let mut queue = lock(queue);
+            let first: Vec<(u64, u64)> = queue
+                .entries_from(queue.head_seq)
+                .filter(|(_, entry)| self.first.first(&entry.event))
+                .map(|(seq, entry)| (seq, entry.event.order_hash()))
+                .collect();
+            for (seq, order_hash) in first {
+                queue.order.mark_first(seq, order_hash);
+            }
+        }
+        Ok(())
+    }
+
     async fn pull_ranked(
         &self,
         partition: u16,
@@ -208,7 +236,11 @@ impl<C: Clock, J: Journal> EventQueue for MemoryStore<C, J> {
         Ok(Some(oncegate_core::store::busiest(counts, max)))
     }
 
-    async fn next_group(&self, partition: u16, load: &Loads) -> Result<Option<u64>, StoreError> {
+    async fn next_group(
+        &self,
+        partition: u16,
+        load: &Loads,
+    ) -> Result<Option<oncegate_core::queue_index::Next>, StoreError> {
         let queue = self
             .partitions
             .get(usize::from(partition))
@@ -292,9 +324,10 @@ impl<C: Clock, J: Journal> EventQueue for MemoryStore<C, J> {
         };
         let order_hash = letter.event.order_hash();
         let letter_key = letter.key;
+        let first = self.first.first(&letter.event);
         let to = Partition::enqueue(
             queue,
-            letter.id.partition,
+            (letter.id.partition, first),
             letter.key,
             letter.event,
             order_hash,

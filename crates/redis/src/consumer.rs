@@ -319,6 +319,9 @@ impl<C: Clock> Inner<C> {
                 not_before,
                 stored.len(),
             );
+            if self.first.is_set() && first_of_stored(&self.first, &stored) {
+                queue.order.mark_first(seq, order);
+            }
             queue.last_seq = seq;
             if fresh {
                 queue.keep_body(seq, key, stored, attempt);
@@ -397,6 +400,11 @@ fn group_of_stored(stored: &[u8], order: u64) -> u64 {
         }
         Err(_) => order,
     }
+}
+
+/// Whether a stored event goes first by `rule`; one that does not read does not.
+fn first_of_stored(rule: &oncegate_core::FirstRule, stored: &[u8]) -> bool {
+    postcard::from_bytes::<Stored>(stored).is_ok_and(|stored| rule.first(&stored.event))
 }
 
 #[cfg(test)]

@@ -203,6 +203,10 @@ struct Inner<C> {
     /// Completions waiting for their partition's next complete-and-ack script.
     completions: Vec<Gather<CompleteCall, FenceCheck>>,
     breaker: Breaker,
+    /// Which events go before the rest of their group's backlog: asked of each entry as it
+    /// joins a partition's hand-out order here (every owner asks its own, so a partition
+    /// taken over ranks as its first owner did, given the same rule).
+    first: oncegate_core::FirstRule,
 }
 
 impl<C> Inner<C> {
@@ -459,6 +463,7 @@ impl<C: Clock> RedisStore<C> {
                 .collect(),
             claims: (0..partitions).map(|_| Gather::default()).collect(),
             completions: (0..partitions).map(|_| Gather::default()).collect(),
+            first: oncegate_core::FirstRule::default(),
         });
         if let Some(verdict) = verdict {
             inner.promise.set(verdict);

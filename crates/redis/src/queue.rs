@@ -8,6 +8,21 @@ impl<C: Clock> EventQueue for RedisStore<C> {
         self.inner.partitions
     }
 
+    async fn put_first(
+        &self,
+        rule: std::sync::Arc<dyn oncegate_core::Precedence>,
+    ) -> Result<(), StoreError> {
+        // Entries join the hand-out order as a pull reads them: set before the first pull,
+        // every entry is ranked by it.
+        if self.inner.first.set(rule) {
+            Ok(())
+        } else {
+            Err(StoreError::Invalid(
+                "the store ranks by a rule set before; it is set once".into(),
+            ))
+        }
+    }
+
     async fn pull(&self, partition: u16, max: usize) -> Result<Vec<Delivery>, StoreError> {
         require_partition(partition, self.inner.partitions)?;
         self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
@@ -42,7 +57,11 @@ impl<C: Clock> EventQueue for RedisStore<C> {
         .await
     }
 
-    async fn next_group(&self, partition: u16, load: &Loads) -> Result<Option<u64>, StoreError> {
+    async fn next_group(
+        &self,
+        partition: u16,
+        load: &Loads,
+    ) -> Result<Option<oncegate_core::queue_index::Next>, StoreError> {
         require_partition(partition, self.inner.partitions)?;
         let load = load.clone();
         self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
@@ -368,7 +387,7 @@ async fn next_group<C: Clock>(
     conn: &mut Conn,
     partition: u16,
     load: &dyn GroupLoad,
-) -> Result<Option<u64>, StoreError> {
+) -> Result<Option<oncegate_core::queue_index::Next>, StoreError> {
     inner.balance_if_due(conn).await?;
     let mut queue = inner.queues[usize::from(partition)].lock().await;
     if !queue.serving(Duration::from_millis(inner.ownership_ms)) {

@@ -51,6 +51,14 @@ fn of_type(family: &'static str, event: &Event, prefix: &str) -> Result<(), Shap
     }
 }
 
+/// Whether `event` is a message a person addressed to the bot: every message (`message.*`)
+/// is — a WeCom app and a WeChat account only receive the messages sent to them, and a WeCom
+/// AI bot receives a group message only when it is @-mentioned (its 1:1 messages are direct).
+/// Callback events (`event.*`: contact changes, entering a chat…) are not.
+pub fn addresses_bot(event: &Event) -> bool {
+    matches!(&*event.platform, "wecom" | "wechat") && event.event_type.starts_with("message.")
+}
+
 /// `message.text`: a text message to an app, an Official Account or an AI bot.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Text {

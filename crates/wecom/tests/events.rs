@@ -136,3 +136,33 @@ fn an_ai_bots_json_text_reads_as_text_and_other_platforms_do_not() {
         "{error}"
     );
 }
+
+#[test]
+fn messages_address_the_bot_and_callback_events_do_not() {
+    use oncegate_wecom::events::addresses_bot;
+    // WeCom's official sample message to an app, and an Official Account's text message.
+    let body = "<xml><ToUserName><![CDATA[wx5823bf96d3bd56c7]]></ToUserName><Encrypt><![CDATA[RypEvHKD8QQKFhvQ6QleEB4J58tiPdvo+rtK1I9qca6aM/wvqnLSV5zEPeusUiX5L5X/0lWfrf0QADHHhGd3QczcdCUpj911L3vg3W/sYYvuJTs3TUUkSUXxaccAS0qhxchrRYt66wiSpGLYL42aM6A8dTT+6k4aSknmPj48kzJs8qLjvd4Xgpue06DOdnLxAUHzM6+kDZ+HMZfJYuR+LtwGc2hgf5gsijff0ekUNXZiqATP7PF5mZxZ3Izoun1s4zG4LUMnvw2r+KqCKIw+3IQH03v+BCA9nMELNqbSf6tiWSrXJB3LAVGUcallcrw8V2t9EL4EhzJWrQUax5wLVMNS0+rUPA3k22Ncx4XXZS9o0MBH27Bo6BpNelZpS+/uh9KsNlY6bHCmJU9p8g7m3fVKn28H3KDYA5Pl/T8Z1ptDAVe0lXdQ2YoyyH2uyPIGHBZZIs2pDBS8R07+qN+E7Q==]]></Encrypt><AgentID><![CDATA[218]]></AgentID></xml>";
+    let query = "msg_signature=477715d11cdb4164915debcba66cb864d751f3e6&timestamp=1409659813&nonce=1372623149";
+    assert!(addresses_bot(&decode(&wecom(), query, body.as_bytes())));
+    // A customer-group change is an event, not a message to the bot.
+    let change = "<xml><ToUserName><![CDATA[wx5823bf96d3bd56c7]]></ToUserName><FromUserName><![CDATA[sys]]></FromUserName><CreateTime>1403610513</CreateTime><MsgType><![CDATA[event]]></MsgType><Event><![CDATA[change_external_chat]]></Event><ChatId><![CDATA[CHAT_ID]]></ChatId><ChangeType><![CDATA[update]]></ChangeType></xml>";
+    assert!(!addresses_bot(&sealed(&wecom(), change)));
+    // An AI bot's group text (doc 101463's sample: sent to it only when @-mentioned), and its
+    // enter_chat event.
+    let bot = oncegate_wecom::AiBot::new("AIBOTID").expect("bot");
+    let group = br#"{"msgid":"CAIQ16HMjQYY\/NGagIOAgAMgq4KM0AI=","aibotid":"AIBOTID","chatid":"CHATID","chattype":"group","from":{"userid":"USERID"},"msgtype":"text","text":{"content":"@RobotA hello robot"}}"#;
+    let admitted = bot
+        .admit(bytes::Bytes::from_static(group))
+        .expect("admitted");
+    assert!(addresses_bot(&admitted.event));
+    let enter = br#"{"msgid":"CAIQ2","aibotid":"AIBOTID","chattype":"single","from":{"userid":"lisi"},"msgtype":"event","event":{"eventtype":"enter_chat"}}"#;
+    let admitted = bot
+        .admit(bytes::Bytes::from_static(enter))
+        .expect("admitted");
+    assert!(!addresses_bot(&admitted.event));
+    // Another platform's message is not WeCom's to judge.
+    let mut feishu = admitted.event.clone();
+    feishu.platform = "feishu".into();
+    feishu.event_type = "message.text".into();
+    assert!(!addresses_bot(&feishu));
+}

@@ -362,6 +362,19 @@ fn check_feishu_secrets(
     feishu: &crate::FeishuSettings,
 ) {
     let at = |field: &str| format!("{label}.{field}");
+    if let Some(bot) = &feishu.bot_open_id
+        && (!bot.starts_with("ou_") || bot.len() < 4 || bot.chars().any(char::is_whitespace))
+    {
+        report(
+            Severity::Error,
+            &at("bot_open_id"),
+            format!(
+                "source {name:?}: bot_open_id {bot:?} is not an open_id; it is the bot's \
+                 `ou_…` id as GET /open-apis/bot/v3/info answers it (or leave it out: then any \
+                 mention in a group message counts as one of the bot)"
+            ),
+        );
+    }
     if feishu.store_app && feishu.transport == crate::Transport::Websocket {
         report(
             Severity::Error,

@@ -199,6 +199,13 @@ pub struct FeishuSettings {
     /// that tenant's token. Needs `app_secret`; webhooks only (Feishu gives store apps no long
     /// connection).
     pub store_app: bool,
+    /// The bot's own `open_id` (`ou_…`, as `GET /open-apis/bot/v3/info` answers it): a group
+    /// message goes before its tenant's backlog (a route's `priority = "mentions"`) only when
+    /// one of its mentions names it. Unset, any mention counts: right for a bot that receives
+    /// only the group messages that @-mention it (without the permission to read every group
+    /// message), where every group message it gets mentions it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bot_open_id: Option<String>,
 }
 
 /// How a Feishu source's events arrive.
@@ -238,6 +245,7 @@ impl Default for FeishuSettings {
             instances: Instances::All,
             pong_grace: None,
             store_app: false,
+            bot_open_id: None,
         }
     }
 }

@@ -54,7 +54,7 @@ pub fn ranked_pulls_serve_the_least_loaded_tenant<S: Store>(make: impl Fn(Manual
                 .next_group(partition, &load(None))
                 .await
                 .expect("next"),
-            Some(idle),
+            Some(oncegate_core::Next::of(idle)),
             "the idle tenant's event is next"
         );
         // Each tenant's share of the queue, where the store counts it: every store does once
@@ -122,5 +122,92 @@ pub fn ranked_pulls_serve_the_least_loaded_tenant<S: Store>(make: impl Fn(Manual
         assert_eq!(store.group_queued(idle).await.expect("counted"), Some(1));
         let busiest = store.busiest_groups(10).await.expect("busiest");
         assert_eq!(busiest.as_deref().and_then(|b| b.first()), Some(&(busy, 2)));
+    });
+}
+
+/// With a rule that puts some events first (an @-mention, as the gateway's routes say): one
+/// tenant's backlog of chats, then in chat X an event and an @-mention, then in chat Y an
+/// @-mention. Y's mention goes out before the backlog; X's waits for X's earlier event, then
+/// passes the backlog too — also once put back for a retry. A second rule is refused.
+pub fn a_first_event_passes_its_tenants_backlog_not_its_chats<S: Store>(
+    make: impl Fn(ManualClock) -> S,
+) {
+    let store = make(clock());
+    block_on(async {
+        let rule = |event: &Event| event.event_id.starts_with("mention");
+        store
+            .put_first(std::sync::Arc::new(rule))
+            .await
+            .expect("a rule");
+        const BACKLOG: usize = 10;
+        // X's chat: that of the last event tried for X's first place, which is the one kept
+        // (a place is tried until an event lands in the partition).
+        let chat_x = std::cell::RefCell::new(String::new());
+        let admitted: Vec<oncegate_core::QueueId> =
+            in_one_partition(&store, BACKLOG + 3, |at, chat| {
+                let (id, chat) = match at {
+                    at if at < BACKLOG => (format!("backlog{chat}"), format!("chat-{chat}")),
+                    at if at == BACKLOG => {
+                        chat_x.replace(format!("x-{chat}"));
+                        (format!("plain-x{chat}"), chat_x.borrow().clone())
+                    }
+                    at if at == BACKLOG + 1 => {
+                        (format!("mention-x{chat}"), chat_x.borrow().clone())
+                    }
+                    _ => (format!("mention-y{chat}"), format!("y-{chat}")),
+                };
+                (id.clone(), of("busy", &id, &chat))
+            })
+            .await
+            .into_iter()
+            .map(|(queued, _, _)| queued)
+            .collect();
+        let partition = admitted[0].partition;
+        let (backlog, plain_x, mention_x, mention_y) = (
+            &admitted[..BACKLOG],
+            admitted[BACKLOG],
+            admitted[BACKLOG + 1],
+            admitted[BACKLOG + 2],
+        );
+        let unranked = || -> Loads { std::sync::Arc::new(Load(HashMap::new(), None)) };
+        let pull = |max: usize| {
+            let store = &store;
+            async move {
+                store
+                    .pull_ranked(partition, max, &unranked())
+                    .await
+                    .expect("pull")
+                    .into_iter()
+                    .map(|delivery| delivery.id)
+                    .collect::<Vec<_>>()
+            }
+        };
+        assert_eq!(
+            pull(1).await,
+            vec![mention_y],
+            "Y's mention passes the backlog"
+        );
+        // X's mention waits behind X's first event: the backlog and X's first, in order.
+        let mut rest = backlog.to_vec();
+        rest.push(plain_x);
+        assert_eq!(
+            pull(BACKLOG + 5).await,
+            rest,
+            "X's mention is not handed out"
+        );
+        // The backlog put back, X's first done: X's mention goes before all of it.
+        for id in backlog {
+            assert!(store.retry(*id, 0).await.expect("retry"));
+        }
+        assert!(store.ack(plain_x).await.expect("ack"));
+        assert_eq!(pull(1).await, vec![mention_x]);
+        // Retried, it goes first again.
+        assert!(store.retry(mention_x, 0).await.expect("retry"));
+        assert_eq!(pull(2).await, vec![mention_x, backlog[0]]);
+        let again = store.put_first(std::sync::Arc::new(|_: &Event| true)).await;
+        assert!(
+            matches!(again, Err(oncegate_core::StoreError::Invalid(_))),
+            "a second rule: {again:?}"
+        );
     });
 }

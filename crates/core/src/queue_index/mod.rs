@@ -4,6 +4,10 @@
 //! between groups equally busy the oldest head first. Handing out, acking and retrying cost
 //! O(log n) however long the chains are and however many groups wait, and only a chain's head
 //! can ever be handed out, so per-key order holds by construction, whatever the groups.
+//!
+//! Within a group, heads marked first ([`mark_first`](PartitionIndex::mark_first): an event
+//! that @-mentions the bot) go before the group's other waiting heads, oldest first among
+//! them; a marked event that is not its chain's head still waits for the events before it.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 
@@ -12,8 +16,8 @@ use crate::record::QueuedState;
 
 #[derive(Debug, Default)]
 struct Chain {
-    /// Seq and payload bytes of each event, in queue order.
-    seqs: VecDeque<(u64, u32)>,
+    /// Each event, in queue order.
+    seqs: VecDeque<Entry>,
     /// The head may not go out before this time (a retry's backoff).
     not_before_ms: u64,
     /// The head is handed out.
@@ -22,11 +26,23 @@ struct Chain {
     group: u64,
 }
 
+/// One event of a chain.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    seq: u64,
+    /// Its payload's bytes.
+    bytes: u32,
+    /// It goes before its group's other waiting heads once it is its chain's head.
+    first: bool,
+}
+
 /// One group's chains: the heads waiting, and how many are handed out.
 #[derive(Debug, Default)]
 struct Group {
     /// (head seq, order hash) of the group's chains whose head is not handed out.
     waiting: BTreeSet<(u64, u64)>,
+    /// The part of `waiting` whose heads are marked first.
+    first: BTreeSet<(u64, u64)>,
     /// Heads handed out.
     in_flight: u32,
     /// Events of the group in the partition, handed out or not.
@@ -85,7 +101,11 @@ impl PartitionIndex {
         }
         let group = chain.group;
         let bytes = u32::try_from(bytes).unwrap_or(u32::MAX);
-        chain.seqs.push_back((seq, bytes));
+        chain.seqs.push_back(Entry {
+            seq,
+            bytes,
+            first: false,
+        });
         self.events += 1;
         self.bytes += u64::from(bytes);
         if first {
@@ -95,6 +115,28 @@ impl PartitionIndex {
         if let Some(state) = self.groups.get_mut(&group) {
             state.events += 1;
         }
+    }
+
+    /// Marks the event `seq` of the chain `order_hash` to go before its group's other waiting
+    /// heads (once it is its chain's head: never before an earlier event of its chain);
+    /// `false` when the index does not hold it.
+    pub fn mark_first(&mut self, seq: u64, order_hash: u64) -> bool {
+        let Some(chain) = self.chains.get_mut(&order_hash) else {
+            return false;
+        };
+        let Some(at) = chain.seqs.iter().rposition(|entry| entry.seq == seq) else {
+            return false;
+        };
+        if let Some(entry) = chain.seqs.get_mut(at) {
+            entry.first = true;
+        }
+        if at == 0 && !chain.in_flight {
+            let group = chain.group;
+            if let Some(state) = self.groups.get_mut(&group) {
+                state.first.insert((seq, order_hash));
+            }
+        }
+        true
     }
 
     /// Events of `group` in the partition, handed out or not: a tenant's share of the queue.
@@ -134,9 +176,17 @@ impl PartitionIndex {
 
     /// The head `seq` of chain `order` waits (again) in `group`.
     fn wait(&mut self, group: u64, seq: u64, order: u64) {
+        let first = self
+            .chains
+            .get(&order)
+            .and_then(|chain| chain.seqs.front())
+            .is_some_and(|entry| entry.seq == seq && entry.first);
         self.waiting.insert((seq, order));
         self.change_group(group, |state| {
             state.waiting.insert((seq, order));
+            if first {
+                state.first.insert((seq, order));
+            }
         });
     }
 
@@ -166,6 +216,7 @@ impl PartitionIndex {
             };
             self.change_group(group, |state| {
                 state.waiting.remove(&(seq, order));
+                state.first.remove(&(seq, order));
                 state.in_flight += 1;
             });
             self.waiting.remove(&(seq, order));
@@ -183,9 +234,17 @@ impl PartitionIndex {
     }
 
     /// The group whose head [`take_ranked`](Self::take_ranked) would hand out next at
-    /// `now_ms`, without handing it out: what a dispatcher ranks a partition by.
-    pub fn next_group(&self, now_ms: u64, load: &dyn GroupLoad) -> Option<u64> {
-        self.best(now_ms, load, |_| 0).map(|(group, _, _)| group)
+    /// `now_ms`, and whether that head is marked first, without handing it out: what a
+    /// dispatcher ranks a partition by.
+    pub fn next_group(&self, now_ms: u64, load: &dyn GroupLoad) -> Option<Next> {
+        self.best(now_ms, load, |_| 0)
+            .map(|(group, seq, order)| Next {
+                group,
+                first: self
+                    .groups
+                    .get(&group)
+                    .is_some_and(|state| state.first.contains(&(seq, order))),
+            })
     }
 
     /// The group, head seq and chain of the best ready head at `now_ms`: groups are visited in
@@ -223,15 +282,17 @@ impl PartitionIndex {
         best.map(|(_, group, (seq, order))| (group, seq, order))
     }
 
-    /// `group`'s oldest waiting head that may go out at `now_ms` (not waiting for a retry).
+    /// `group`'s oldest waiting head that may go out at `now_ms` (not waiting for a retry),
+    /// the oldest marked first before every other.
     fn ready_head(&self, group: u64, now_ms: u64) -> Option<(u64, u64)> {
-        self.groups.get(&group).and_then(|state| {
-            state.waiting.iter().copied().find(|(_, order)| {
-                self.chains
-                    .get(order)
-                    .is_some_and(|chain| chain.not_before_ms <= now_ms)
-            })
-        })
+        let state = self.groups.get(&group)?;
+        let ready = |&(_, order): &(u64, u64)| {
+            self.chains
+                .get(&order)
+                .is_some_and(|chain| chain.not_before_ms <= now_ms)
+        };
+        let first = state.first.iter().copied().find(ready);
+        first.or_else(|| state.waiting.iter().copied().find(ready))
     }
 
     /// Whether `seq` is handed out.
@@ -265,14 +326,14 @@ impl PartitionIndex {
         let Some(chain) = self.chains.get_mut(&order) else {
             return true;
         };
-        let popped = chain.seqs.pop_front().map(|(_, bytes)| {
+        let popped = chain.seqs.pop_front().map(|entry| {
             self.events -= 1;
-            self.bytes -= u64::from(bytes);
+            self.bytes -= u64::from(entry.bytes);
         });
         chain.in_flight = false;
         chain.not_before_ms = 0;
         let group = chain.group;
-        let next = chain.seqs.front().map(|&(next, _)| next);
+        let next = chain.seqs.front().map(|entry| entry.seq);
         if next.is_none() {
             self.chains.remove(&order);
         }
@@ -314,7 +375,7 @@ impl PartitionIndex {
         let mut seqs: Vec<u64> = self
             .chains
             .values()
-            .flat_map(|chain| chain.seqs.iter().map(|&(seq, _)| seq))
+            .flat_map(|chain| chain.seqs.iter().map(|entry| entry.seq))
             .filter(|&seq| after.is_none_or(|after| seq > after))
             .collect();
         if seqs.len() > limit {
@@ -333,7 +394,7 @@ impl PartitionIndex {
         }
         let chain = self.chains.get(&order_hash)?;
         match chain.seqs.front() {
-            Some(&(head, _)) if head == seq && chain.not_before_ms > now_ms => {
+            Some(entry) if entry.seq == seq && chain.not_before_ms > now_ms => {
                 Some(QueuedState::Delayed {
                     until_ms: chain.not_before_ms,
                 })
@@ -351,6 +412,27 @@ impl PartitionIndex {
     /// Handed-out events.
     pub fn in_flight(&self) -> usize {
         self.in_flight.len()
+    }
+}
+
+/// What a ranked hand-out of a partition would serve next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Next {
+    /// The group (tenant) of the event.
+    pub group: u64,
+    /// The event is marked to go before its group's other waiting events
+    /// ([`PartitionIndex::mark_first`]): a dispatcher serves it before the group's other
+    /// partitions.
+    pub first: bool,
+}
+
+impl Next {
+    /// Something of `group`, not marked first.
+    pub fn of(group: u64) -> Self {
+        Self {
+            group,
+            first: false,
+        }
     }
 }
 

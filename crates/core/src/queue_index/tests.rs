@@ -43,8 +43,9 @@ fn heads_go_out_in_queue_order_and_chains_wait() {
 /// A step of the property test.
 #[derive(Debug, Clone)]
 enum Step {
-    /// An event of chain `chain` (its group is the chain's tenant) arrives.
-    Push { chain: u8 },
+    /// An event of chain `chain` (its group is the chain's tenant) arrives, marked to go
+    /// first (an @-mention) or not.
+    Push { chain: u8, first: bool },
     /// Up to `max` heads are taken at `now`.
     Take { max: u8, now: u8 },
     /// The `nth` handed-out head is acked.
@@ -56,7 +57,8 @@ enum Step {
 fn step() -> impl proptest::strategy::Strategy<Value = Step> {
     use proptest::prelude::*;
     prop_oneof![
-        4 => (0u8..24).prop_map(|chain| Step::Push { chain }),
+        4 => (0u8..24, proptest::bool::weighted(0.2))
+            .prop_map(|(chain, first)| Step::Push { chain, first }),
         2 => (1u8..6, 0u8..40).prop_map(|(max, now)| Step::Take { max, now }),
         2 => any::<u8>().prop_map(|nth| Step::Ack { nth }),
         1 => (any::<u8>(), 0u8..40).prop_map(|(nth, at)| Step::Retry { nth, at }),
@@ -86,7 +88,8 @@ proptest::proptest! {
     /// other partitions (some tenants held back, a cap for all or none): a chain's events go out one at a time
     /// in the order they came, each exactly once acked; no hand-out goes to a tenant at its
     /// cap; and every hand-out goes to a group whose load (out here and elsewhere) is the
-    /// least among those with a head ready then.
+    /// least among those with a head ready then; within that group, to its oldest ready head
+    /// marked first if it has one, else to its oldest ready head.
     #[test]
     fn hand_outs_keep_each_chain_in_order_and_go_to_the_least_busy_group(
         steps in proptest::collection::vec(step(), 1..300),
@@ -106,11 +109,16 @@ proptest::proptest! {
         let mut not_before: HashMap<u64, u64> = HashMap::new();
         let mut acked: Vec<u64> = Vec::new();
         let mut next_seq = 0u64;
+        let mut marked: std::collections::HashSet<u64> = std::collections::HashSet::new();
         for step in steps {
             match step {
-                Step::Push { chain } => {
+                Step::Push { chain, first } => {
                     let chain = u64::from(chain);
                     index.push_in(next_seq, chain, group_of(chain), 0, 1);
+                    if first {
+                        proptest::prop_assert!(index.mark_first(next_seq, chain));
+                        marked.insert(next_seq);
+                    }
                     chains.entry(chain).or_default().push_back(next_seq);
                     chain_of.insert(next_seq, chain);
                     next_seq += 1;
@@ -156,6 +164,15 @@ proptest::proptest! {
                                     load(group_of(other)) >= mine,
                                     "seq {} of group {} went before a ready head of group {} with less load",
                                     seq, group_of(chain), group_of(other)
+                                );
+                            }
+                            if ready && other != chain && group_of(other) == group_of(chain) {
+                                // (marked, older) ranks a group's heads.
+                                let rank = |seq: u64| (!marked.contains(&seq), seq);
+                                proptest::prop_assert!(
+                                    rank(seq) < rank(head),
+                                    "seq {} (marked {}) went before the ready head {} (marked {}) of its group",
+                                    seq, marked.contains(&seq), head, marked.contains(&head)
                                 );
                             }
                         }
@@ -209,6 +226,43 @@ proptest::proptest! {
         acked.sort_unstable();
         proptest::prop_assert_eq!(acked, (0..next_seq).collect::<Vec<_>>());
     }
+}
+
+#[test]
+fn a_marked_event_passes_its_groups_backlog_but_not_its_own_chats_earlier_events() {
+    let mut index = PartitionIndex::new();
+    // One tenant's backlog: 20 chats, one event each.
+    for seq in 0..20 {
+        index.push_in(seq, seq, 1, 0, 1);
+    }
+    // Chat 50: an event, then an @-mention; chat 51: an @-mention alone.
+    index.push_in(20, 50, 1, 0, 1);
+    index.push_in(21, 50, 1, 0, 1);
+    assert!(index.mark_first(21, 50));
+    index.push_in(22, 51, 1, 0, 1);
+    assert!(index.mark_first(22, 51));
+    assert!(!index.mark_first(99, 51), "no such event");
+    // Chat 51's mention goes at once; chat 50's waits for the event before it.
+    assert_eq!(index.take_ready(0, 2), vec![22, 0]);
+    assert_eq!(index.take_ready(0, 1), vec![1]);
+    // Once chat 50's earlier event is out and done, its mention passes the backlog.
+    let backlog = index.take_ready(0, 19);
+    assert_eq!(
+        backlog,
+        (2..=20).collect::<Vec<_>>(),
+        "chat 50's first event in its turn"
+    );
+    assert!(index.remove(20));
+    assert_eq!(index.take_ready(0, 1), vec![21]);
+    // Put back for a retry, it still goes first when due.
+    assert!(index.retry(21, 5));
+    index.push_in(23, 52, 1, 0, 1);
+    assert_eq!(
+        index.take_ready(4, 1),
+        vec![23],
+        "not due yet: the others go"
+    );
+    assert_eq!(index.take_ready(5, 1), vec![21]);
 }
 
 #[test]

@@ -34,6 +34,7 @@ pub(crate) async fn list<S: Store>(
                 "index": index,
                 "events": route.patterns,
                 "reply": route.reply,
+                "priority": route.priority,
                 "gone": gone,
                 "public_key": route.sink.public_key(),
             })

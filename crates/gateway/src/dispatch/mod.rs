@@ -41,6 +41,18 @@ pub(crate) async fn run<S: Store>(
         shared.timing.dispatcher.tenant_concurrency,
     );
     let _ = shared.admin.loads.set(slots.clone());
+    // Messages to the bot go before their tenant's backlog, as each route says.
+    let rule = crate::registry::FirstByRoute(shared.routes.clone());
+    match shared.store.put_first(Arc::new(rule)).await {
+        Ok(()) => {}
+        // Set by an earlier run of this dispatcher on the same store: it holds.
+        Err(oncegate_core::StoreError::Invalid(_)) => {}
+        Err(error) => tracing::warn!(
+            %error,
+            "the queue could not rank what it holds by the routes' priority; events queued \
+             from now on are"
+        ),
+    }
     let held: Running<S> = Arc::default();
     let mut partitions = JoinSet::new();
     for partition in 0..shared.store.partitions() {

@@ -68,7 +68,7 @@ pub(super) async fn partition_loop<S: Store>(
                 continue;
             }
         };
-        let Some(group) = next else {
+        let Some(next) = next else {
             tokio::select! {
                 _ = woken() => {}
                 _ = idle.tick() => {}
@@ -78,13 +78,13 @@ pub(super) async fn partition_loop<S: Store>(
             }
             continue;
         };
-        let mut request = slots.request(group);
+        let mut request = slots.request(next);
         let first = loop {
             tokio::select! {
                 slot = request.granted() => break slot,
                 // A new event (or a chat's next): the partition may rank otherwise now.
                 _ = woken() => match shared.store.next_group(partition, &loads).await {
-                    Ok(Some(group)) => request.regroup(group),
+                    Ok(Some(next)) => request.regroup(next),
                     Ok(None) => continue 'partition,
                     Err(_) => {}
                 },

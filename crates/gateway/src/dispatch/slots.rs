@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use oncegate_core::GroupLoad;
+use oncegate_core::{GroupLoad, Next};
 use tokio::sync::{Notify, oneshot};
 
 /// The handlers of one dispatcher and the groups they run for.
@@ -34,7 +34,8 @@ struct State {
 
 struct Waiter {
     ticket: u64,
-    group: u64,
+    /// Its next event's group, and whether that event goes first in its group.
+    next: Next,
     give: oneshot::Sender<Slot>,
 }
 
@@ -64,9 +65,11 @@ impl Slots {
         })
     }
 
-    /// Asks for a handler for an event of `group`: granted at once while one is free, else
-    /// when one frees and `group` is then the least busy of the groups waiting.
-    pub(crate) fn request(self: &Arc<Self>, group: u64) -> Request {
+    /// Asks for a handler for the event `next` names: granted at once while one is free, else
+    /// when one frees and its group is then the least busy of the groups waiting (within a
+    /// group, an event marked first before the others, then the oldest request).
+    pub(crate) fn request(self: &Arc<Self>, next: Next) -> Request {
+        let group = next.group;
         let mut state = lock(self);
         let ticket = state.tickets;
         state.tickets += 1;
@@ -76,11 +79,7 @@ impl Slots {
             drop(state);
             let _ = give.send(Slot::unassigned(self));
         } else {
-            state.waiting.push(Waiter {
-                ticket,
-                group,
-                give,
-            });
+            state.waiting.push(Waiter { ticket, next, give });
         }
         Request {
             slots: self.clone(),
@@ -120,8 +119,11 @@ impl Slots {
                 .waiting
                 .iter()
                 .enumerate()
-                .filter(|(_, waiter)| !self.capped(state, waiter.group))
-                .min_by_key(|(_, waiter)| (state.load(waiter.group), waiter.ticket))
+                .filter(|(_, waiter)| !self.capped(state, waiter.next.group))
+                .min_by_key(|(_, waiter)| {
+                    let Next { group, first } = waiter.next;
+                    (state.load(group), !first, waiter.ticket)
+                })
                 .map(|(at, _)| at);
             let Some(at) = best else { break };
             let waiter = state.waiting.swap_remove(at);
@@ -179,16 +181,16 @@ impl Request {
         (&mut self.take).await.ok()
     }
 
-    /// The partition's next event is of `group` now: ranked as that group from here on,
-    /// keeping its place among requests.
-    pub(crate) fn regroup(&self, group: u64) {
+    /// The partition's next event is `next` now: ranked as it from here on, keeping its place
+    /// among requests.
+    pub(crate) fn regroup(&self, next: Next) {
         let mut state = lock(&self.slots);
         if let Some(waiter) = state
             .waiting
             .iter_mut()
             .find(|waiter| waiter.ticket == self.ticket)
         {
-            waiter.group = group;
+            waiter.next = next;
         }
         // A group that was capped may not be.
         self.slots.grant(&mut state);
@@ -275,14 +277,14 @@ mod tests {
     #[tokio::test]
     async fn a_freed_handler_goes_to_the_least_busy_group_then_the_oldest_request() {
         let slots = Slots::new(2, None);
-        let mut a = granted(&mut slots.request(1)).await;
+        let mut a = granted(&mut slots.request(Next::of(1))).await;
         assert!(a.assign(1));
-        let mut b = granted(&mut slots.request(1)).await;
+        let mut b = granted(&mut slots.request(Next::of(1))).await;
         assert!(b.assign(1));
         // Both busy with group 1: group 1 asks first, then 2, then 3.
-        let mut noisy = slots.request(1);
-        let mut quiet = slots.request(2);
-        let mut later = slots.request(3);
+        let mut noisy = slots.request(Next::of(1));
+        let mut quiet = slots.request(Next::of(2));
+        let mut later = slots.request(Next::of(3));
         assert_eq!(slots.load(1), Some(2));
         drop(a);
         // Groups 2 and 3 have none running, 1 has one: the older of 2 and 3.
@@ -298,9 +300,37 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn within_a_group_a_request_for_an_event_marked_first_goes_before_older_ones() {
+        let slots = Slots::new(2, None);
+        let mut running = granted(&mut slots.request(Next::of(1))).await;
+        assert!(running.assign(1));
+        let mut busy = granted(&mut slots.request(Next::of(1))).await;
+        assert!(busy.assign(1));
+        let mut backlog = slots.request(Next::of(1));
+        let mut other = slots.request(Next::of(2));
+        let mut mention = slots.request(Next {
+            group: 1,
+            first: true,
+        });
+        // Group 2 has none running: its turn first, the mention waits like its group.
+        drop(running);
+        let _busy = busy;
+        let mut got = granted(&mut other).await;
+        assert!(got.assign(2));
+        assert!(waits(&mut mention).await && waits(&mut backlog).await);
+        // Then group 1: the mention before the older request of its group.
+        drop(got);
+        let mut got = granted(&mut mention).await;
+        assert!(got.assign(1));
+        assert!(waits(&mut backlog).await);
+        drop(got);
+        granted(&mut backlog).await;
+    }
+
+    #[tokio::test]
     async fn a_group_at_its_cap_waits_while_others_pass_and_a_dropped_request_frees_its_grant() {
         let slots = Slots::new(3, Some(1));
-        let mut a = granted(&mut slots.request(1)).await;
+        let mut a = granted(&mut slots.request(Next::of(1))).await;
         assert!(a.assign(1));
         assert_eq!(slots.load(1), None, "group 1 is at its cap");
         // A handler pulled for group 1 by another partition meanwhile cannot run it.
@@ -308,18 +338,18 @@ mod tests {
         assert!(!late.assign(1));
         assert!(late.assign(5));
         drop(late);
-        let mut capped = slots.request(1);
-        let mut other = slots.request(2);
+        let mut capped = slots.request(Next::of(1));
+        let mut other = slots.request(Next::of(2));
         let _other = granted(&mut other).await;
         // One handler free, but not for group 1.
         assert_eq!(lock(&slots).free, 1);
         assert!(waits(&mut capped).await);
         // Regrouped to an uncapped group, it is served at once.
-        capped.regroup(3);
+        capped.regroup(Next::of(3));
         let third = granted(&mut capped).await;
         assert_eq!(lock(&slots).free, 0);
         // A request granted when a handler frees, then dropped, gives the handler back.
-        let gone = slots.request(4);
+        let gone = slots.request(Next::of(4));
         drop(third);
         assert_eq!(lock(&slots).free, 0, "granted to the waiting request");
         drop(gone);

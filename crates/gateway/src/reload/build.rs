@@ -25,6 +25,8 @@ pub(crate) struct Dynamic {
     #[cfg(all(feature = "send", any(feature = "feishu", feature = "wecom")))]
     pub(crate) new_keepers: crate::api::Keepers,
     routes: Vec<Arc<Route>>,
+    /// Each app's bot id, for mentions.
+    bots: Arc<HashMap<String, String>>,
     max_queued: Option<u64>,
     /// What changes against what is in force.
     pub(crate) report: Reloaded,
@@ -60,6 +62,7 @@ pub(crate) async fn build<S: Store>(
         #[cfg(all(feature = "send", any(feature = "feishu", feature = "wecom")))]
         new_keepers,
         routes,
+        bots: Arc::new(crate::registry::bot_ids(config)),
         max_queued: config.dispatcher.max_queued,
         report,
     })
@@ -77,7 +80,9 @@ pub(crate) fn install<S>(shared: &Shared<S>, dynamic: Dynamic) -> Reloaded {
     shared.api.senders.store(Arc::new(dynamic.senders));
     #[cfg(all(feature = "send", any(feature = "feishu", feature = "wecom")))]
     shared.api.keepers.store(Arc::new(dynamic.keepers));
-    shared.routes.store(Arc::new(Routes::of(dynamic.routes)));
+    shared
+        .routes
+        .store(Arc::new(Routes::of(dynamic.routes).with_bots(dynamic.bots)));
     shared.max_queued.store(
         dynamic.max_queued.unwrap_or(u64::MAX),
         std::sync::atomic::Ordering::Relaxed,
@@ -272,6 +277,7 @@ async fn routes<S>(
         }
         route.tenants = settings.tenants.clone();
         route.agents = settings.agents.clone();
+        route.priority = settings.priority;
         route.origin = Some(resolved);
         routes.push(Arc::new(route));
         changes
