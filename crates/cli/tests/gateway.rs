@@ -1608,6 +1608,30 @@ async fn tenant_bound(dir: &Path, store: &str) {
         {
             assert!(first["refused"].as_u64() >= Some(refusals), "{view}");
             assert!(first["in_flight"].as_u64() <= Some(1), "{view}");
+            if seen_first.is_none() {
+                // The same tenants, by name, in /metrics.
+                let name = first["tenant"].as_str().unwrap_or_default();
+                let metrics = reqwest::get(format!("{}/metrics", gateway.admin))
+                    .await
+                    .expect("metrics")
+                    .text()
+                    .await
+                    .expect("text");
+                let value = |metric: &str| {
+                    let series = format!("{metric}{{tenant=\"{name}\"}} ");
+                    metrics
+                        .lines()
+                        .find_map(|line| line.strip_prefix(&series))
+                        .and_then(|value| value.parse::<u64>().ok())
+                };
+                assert!(value("oncegate_tenant_queued").is_some(), "{metrics}");
+                assert!(value("oncegate_tenant_in_flight").is_some(), "{metrics}");
+                assert!(
+                    value("oncegate_tenant_refused") >= Some(refusals),
+                    "{metrics}"
+                );
+                assert!(metrics.contains("# TYPE oncegate_tenant_queued gauge"));
+            }
             seen_first = Some(view);
         }
         assert!(

@@ -227,7 +227,7 @@ const WHY_WITH_TOKEN: &str =
 
 async fn metrics<S: Store>(State(shared): State<Arc<Shared<S>>>) -> Response {
     match &shared.admin.metrics_render {
-        Some(render) => render().into_response(),
+        Some(render) => (render() + &tenant_load::exposition(&shared)).into_response(),
         None => (StatusCode::NOT_FOUND, "no metrics recorder installed").into_response(),
     }
 }
