@@ -131,6 +131,21 @@ pub enum SendError {
 }
 
 impl SendError {
+    /// For a rate answer that does not say which of the platform's windows was passed, the
+    /// longer block it may mean: WeCom's 45009 blocks 60 s for a minute's excess and 60 min
+    /// for an hour's ("按分钟拦截则被屏蔽60秒，按小时拦截则被屏蔽60分钟"), and answers both alike.
+    /// A caller that meets the same answer again right after the shorter pause takes this one.
+    pub fn longer_pause(&self) -> Option<Duration> {
+        match self {
+            SendError::RetryAfter {
+                code: wecom::FREQUENCY,
+                limit: Limit::App,
+                ..
+            } => Some(Duration::from_secs(3600)),
+            _ => None,
+        }
+    }
+
     /// A short label for metrics.
     pub fn label(&self) -> &'static str {
         match self {

@@ -103,3 +103,35 @@ async fn the_in_flight_cap_keeps_wecom_from_refusing_and_tokens_are_shared() {
     }
     assert!(waits > 0, "45033 is classed as a wait");
 }
+
+/// A corp whose quota is spent is answered 45009: a wait of a minute for the app's budget,
+/// which may mean the hour's block (WeCom answers both alike); 45033 has no longer window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spent_quota_waits_a_minute_or_the_hour_and_a_concurrency_refusal_only_a_moment() {
+    let server = LocalWecomApi::start(CORP, SECRET, 4).await.expect("server");
+    server.block(CORP);
+    let api = client(&server.domain(), 4);
+    let message = api
+        .prepare(json!({"touser": "m0", "msgtype": "text", "text": {"content": "hi"}}))
+        .expect("prepared");
+    let error = api.send(&message).await.expect_err("blocked");
+    assert!(
+        matches!(
+            error,
+            SendError::RetryAfter {
+                code: 45009,
+                limit: oncegate_send::Limit::App,
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    assert_eq!(error.longer_pause(), Some(Duration::from_secs(3600)));
+    assert_eq!(server.blocked_calls(CORP), 1);
+    let busy = SendError::RetryAfter {
+        after: Duration::from_secs(1),
+        code: 45033,
+        limit: oncegate_send::Limit::Concurrency,
+    };
+    assert_eq!(busy.longer_pause(), None);
+}

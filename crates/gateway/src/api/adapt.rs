@@ -51,6 +51,9 @@ struct Lowered {
     /// speak of the same excess, and lower it no further.
     #[cfg_attr(not(feature = "send"), allow(dead_code))]
     pause_until: Instant,
+    /// The pause last held.
+    #[cfg(feature = "send")]
+    pause: Duration,
     /// The budget, as `/admin/send-budgets` names it: its sender's scope and its name.
     label: String,
     times: u64,
@@ -105,7 +108,7 @@ impl Learned {
 
     /// Lowers `bucket` after a platform's rate answer that asked for `pause`: the share it
     /// keeps now. Once a pause: a burst's many answers are one excess, halved once.
-    #[cfg(feature = "send")]
+    #[cfg(all(feature = "send", test))]
     pub(crate) fn lower(
         &self,
         bucket: &KeyHash,
@@ -113,6 +116,21 @@ impl Learned {
         now: Instant,
         pause: Duration,
     ) -> f64 {
+        self.lower_for(bucket, label, now, (pause, None)).0
+    }
+
+    /// [`lower`](Self::lower), for an answer that may mean a `longer` block than `pause`
+    /// (WeCom's 45009: a minute's or an hour's): the same answer again within a pause of the
+    /// last one's end — the platform still blocks — holds the longer one. The share kept, and
+    /// the pause to hold on the store (`None` within a pause: held already).
+    #[cfg(feature = "send")]
+    pub(crate) fn lower_for(
+        &self,
+        bucket: &KeyHash,
+        label: &str,
+        now: Instant,
+        (pause, longer): (Duration, Option<Duration>),
+    ) -> (f64, Option<Duration>) {
         let mut lowered = lock(&self.lowered);
         if !lowered.contains_key(bucket) && lowered.len() >= MAX_KEPT {
             lowered.retain(|_, entry| entry.factor_at(now) < 1.0);
@@ -127,21 +145,29 @@ impl Learned {
                 }
             }
         }
+        let fresh = !lowered.contains_key(bucket);
         let entry = lowered.entry(*bucket).or_insert_with(|| Lowered {
             factor: 1.0,
             at: now,
             pause_until: now,
+            pause,
             label: label.to_owned(),
             times: 0,
         });
         entry.times += 1;
         if now < entry.pause_until {
-            return entry.factor_at(now);
+            return (entry.factor_at(now), None);
         }
+        let still_blocked = !fresh && now < entry.pause_until + entry.pause;
+        let pause = match longer {
+            Some(longer) if still_blocked && longer > pause => longer,
+            _ => pause,
+        };
         entry.factor = (entry.factor_at(now) / 2.0).max(FLOOR);
         entry.at = now;
         entry.pause_until = now + pause;
-        entry.factor
+        entry.pause = pause;
+        (entry.factor, Some(pause))
     }
 
     /// The budgets lowered now, the most lowered first, and the senders whose calls in flight
@@ -334,6 +360,58 @@ mod tests {
             "whole after five minutes"
         );
         assert!(learned.shown(whole).0.is_empty());
+    }
+
+    #[cfg(feature = "send")]
+    #[test]
+    fn a_block_met_again_right_after_its_pause_is_held_for_the_longer_window() {
+        let learned = Learned::default();
+        let bucket = KeyHash::of(&["corp"]);
+        let (minute, hour) = (Duration::from_secs(60), Duration::from_secs(3600));
+        let start = Instant::now();
+        let answer = (minute, Some(hour));
+        assert_eq!(
+            learned.lower_for(&bucket, "ww1/1 app", start, answer),
+            (0.5, Some(minute)),
+            "a first 45009: the minute's block"
+        );
+        // Within the pause: the same excess, held already.
+        let within = start + Duration::from_secs(30);
+        assert_eq!(
+            learned.lower_for(&bucket, "ww1/1 app", within, answer).1,
+            None
+        );
+        // Blocked again right after the minute: the hour's count was passed.
+        let after = start + Duration::from_secs(61);
+        let (factor, held) = learned.lower_for(&bucket, "ww1/1 app", after, answer);
+        assert_eq!(held, Some(hour));
+        assert!(factor < 0.5, "lowered again: {factor}");
+        let within = after + Duration::from_secs(1800);
+        assert_eq!(
+            learned.lower_for(&bucket, "ww1/1 app", within, answer).1,
+            None
+        );
+        // Long after, a new excess is a minute's again; an answer with no longer window
+        // (Feishu's 429 names its reset) never escalates.
+        let later = after + hour * 3;
+        assert_eq!(
+            learned.lower_for(&bucket, "ww1/1 app", later, answer).1,
+            Some(minute)
+        );
+        let feishu = KeyHash::of(&["feishu app"]);
+        assert_eq!(
+            learned
+                .lower_for(&feishu, "cli_a app", start, (minute, None))
+                .1,
+            Some(minute)
+        );
+        let again = start + Duration::from_secs(61);
+        assert_eq!(
+            learned
+                .lower_for(&feishu, "cli_a app", again, (minute, None))
+                .1,
+            Some(minute)
+        );
     }
 
     #[test]

@@ -381,8 +381,9 @@ pub(crate) async fn send<S: Store>(
         if let Some(turn) = &turn {
             turn.answered();
         }
-        if let Err(SendError::RetryAfter { limit, after, .. }) = &sent {
-            learn(shared, source, &sender, &named, *limit, *after).await;
+        if let Err(error @ SendError::RetryAfter { limit, after, .. }) = &sent {
+            let pause = (*after, error.longer_pause());
+            learn(shared, source, &sender, &named, *limit, pause).await;
         }
         drop(in_flight);
         let (status, answer) = match sent {
@@ -471,7 +472,7 @@ async fn learn<S: Store>(
     sender: &Sender,
     named: &[(String, KeyHash, Rate)],
     limit: Limit,
-    after: Duration,
+    (after, longer): (Duration, Option<Duration>),
 ) {
     let now = Instant::now();
     let label = match limit {
@@ -494,10 +495,15 @@ async fn learn<S: Store>(
                 return;
             };
             let label = format!("{} {name}", sender.scope);
-            let factor = shared.api.learned.lower(bucket, &label, now, after);
-            let hold = oncegate_core::RateAdjust::Hold(*rate, after);
-            if let Err(error) = shared.store.adjust_rate(bucket, hold).await {
-                tracing::warn!(source, "a platform's block not kept on the store: {error}");
+            let learned = &shared.api.learned;
+            let (factor, held) = learned.lower_for(bucket, &label, now, (after, longer));
+            // Within a pause held already, the hold stands (a burst's answers are one).
+            let after = held.unwrap_or(after);
+            if held.is_some() {
+                let hold = oncegate_core::RateAdjust::Hold(*rate, after);
+                if let Err(error) = shared.store.adjust_rate(bucket, hold).await {
+                    tracing::warn!(source, "a platform's block not kept on the store: {error}");
+                }
             }
             tracing::warn!(
                 source,
