@@ -136,6 +136,11 @@ pub fn feishu_envelope(data: &[u8]) {
         // JSON, yet no f64).
         type Members<'a> = std::collections::HashMap<String, &'a serde_json::value::RawValue>;
         let payload = &verified.event.payload;
+        // What a store asks of every event it queues (is it a message to the bot?) reads
+        // anything without a panic.
+        for bot in [None, Some("ou_bot")] {
+            let _ = oncegate_feishu::events::addresses_bot(&verified.event, bot);
+        }
         let top: Members<'_> = serde_json::from_slice(payload).expect("the payload is JSON");
         assert!(!top.contains_key("token"), "a token stored: {payload:?}");
         if let Some(header) = top.get("header")
