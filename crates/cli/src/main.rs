@@ -9,6 +9,7 @@ macro_rules! out {
     }};
 }
 
+mod dlq_cmd;
 mod logging;
 mod machine;
 mod queue_cmd;
@@ -51,8 +52,11 @@ enum Command {
     Simulate(simulate::SimulateArgs),
     /// Check a configuration file (with ONCEGATE_* overrides applied) and name every problem.
     CheckConfig {
-        /// The TOML file.
-        file: PathBuf,
+        /// The TOML file (or `--config FILE`, or ONCEGATE_CONFIG, as the other commands take it).
+        file: Option<PathBuf>,
+        /// The TOML file, named as every other command names it.
+        #[arg(long = "config", env = "ONCEGATE_CONFIG", value_name = "FILE")]
+        config: Option<PathBuf>,
     },
     /// Read an embedded store's records, queue and dead letters (works while a gateway runs).
     Inspect(InspectArgs),
@@ -66,7 +70,7 @@ enum Command {
     /// Print the commented defaults every configuration is laid over.
     Defaults,
     /// A running gateway's dead letters: list, replay (once, keeping their keys) or purge.
-    Dlq(remote::DlqArgs),
+    Dlq(dlq_cmd::DlqArgs),
     /// A running gateway on one screen: readiness, traffic, queue, store, connections.
     Status(remote::StatusArgs),
     /// Exit 0 when a running gateway is ready (/readyz answers 200), 1 when it is not, 2 when
@@ -173,7 +177,13 @@ fn main() -> ExitCode {
         _ => logging::init_plain(),
     }
     let result = match cli.command {
-        Command::CheckConfig { file } => check_config(&file),
+        Command::CheckConfig { file, config } => match file.or(config) {
+            Some(file) => check_config(&file),
+            None => Err(anyhow::anyhow!(
+                "name the file to check: oncegate check-config FILE (or --config FILE, or \
+                 ONCEGATE_CONFIG=FILE)"
+            )),
+        },
         Command::Inspect(args) => inspect(args),
         Command::MigrateStore { from, to } => store_files::migrate(&from, &to).map(|()| true),
         Command::Defaults => {
@@ -186,7 +196,7 @@ fn main() -> ExitCode {
         Command::Simulate(args) => runtime()
             .and_then(|rt| rt.block_on(simulate::simulate(args)))
             .map(|()| true),
-        Command::Dlq(args) => runtime().and_then(|rt| rt.block_on(remote::dlq(args))),
+        Command::Dlq(args) => runtime().and_then(|rt| rt.block_on(dlq_cmd::dlq(args))),
         Command::Status(args) => runtime().and_then(|rt| rt.block_on(remote::status(args))),
         Command::Ready(args) => runtime().and_then(|rt| rt.block_on(remote::ready(args))),
         Command::Queue(args) => runtime().and_then(|rt| rt.block_on(queue_cmd::queue(args))),
@@ -347,7 +357,11 @@ fn inspect(args: InspectArgs) -> anyhow::Result<bool> {
         InspectWhat::Stats => {
             let stats = reader.stats(now_ms)?;
             println!("store        {}", path.display());
-            println!("pending      {}", stats.pending);
+            println!(
+                "pending      {}  (admitted, not handled yet: queued events' keys, their \
+                 message-id aliases, dead-lettered events' keys)",
+                stats.pending
+            );
             println!("processing   {}", stats.processing);
             println!("completed    {}", stats.completed);
             println!("queued       {}", stats.queued);
@@ -389,12 +403,20 @@ fn inspect(args: InspectArgs) -> anyhow::Result<bool> {
             }
         }
         InspectWhat::Records { limit } => {
-            for (key, record) in reader.records(limit)? {
+            let records = reader.records(limit)?;
+            if records.is_empty() {
+                println!("no records (nothing admitted within the retention)");
+            }
+            for (key, record) in records {
                 println!("{key}  {}", describe(&record, now_ms));
             }
         }
         InspectWhat::Queue { limit } => {
-            for (id, event, attempt) in reader.queued(limit)? {
+            let queued = reader.queued(limit)?;
+            if queued.is_empty() {
+                println!("no events queued");
+            }
+            for (id, event, attempt) in queued {
                 println!(
                     "{id}  {}/{}  {}  {}  chat={}  attempt={attempt}",
                     event.platform,
@@ -406,7 +428,11 @@ fn inspect(args: InspectArgs) -> anyhow::Result<bool> {
             }
         }
         InspectWhat::DeadLetters { limit } => {
-            for letter in reader.dead_letters(limit)? {
+            let letters = reader.dead_letters(limit)?;
+            if letters.is_empty() {
+                println!("no dead letters");
+            }
+            for letter in letters {
                 println!(
                     "{}  {}  {}  attempts={}  reason: {}",
                     letter.id,

@@ -92,6 +92,34 @@ fn a_bad_configuration_names_each_problem_and_fails() {
     assert!(err.contains("cannot read /no/such/file.toml"), "{err}");
 }
 
+/// check-config takes its file as every other command does too: `--config FILE` or
+/// ONCEGATE_CONFIG; without any, it says how to name one.
+#[test]
+fn check_config_takes_the_file_as_the_other_commands_do() {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/oncegate.toml");
+    let (code, out, err) = oncegate(&["check-config", "--config", example]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("ok (1 source"), "{out}");
+    let output = Command::new(env!("CARGO_BIN_EXE_oncegate"))
+        .arg("check-config")
+        .env("ONCEGATE_CONFIG", example)
+        .output()
+        .expect("run oncegate");
+    let out = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{out}");
+    assert!(out.contains("ok (1 source"), "{out}");
+    // The file named on the command line wins over the environment's.
+    let output = Command::new(env!("CARGO_BIN_EXE_oncegate"))
+        .args(["check-config", "/no/such/file.toml"])
+        .env("ONCEGATE_CONFIG", example)
+        .output()
+        .expect("run oncegate");
+    assert_eq!(output.status.code(), Some(2));
+    let (code, _, err) = oncegate(&["check-config"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--config FILE"), "{err}");
+}
+
 /// check-config tries what serve would meet on this machine: a port another process holds (a
 /// warning: the gateway that runs with the file holds it too) and a store folder that cannot be
 /// written (an error; /sys refuses files even to root, as CI runs).
@@ -276,6 +304,29 @@ fn inspect_reads_a_store_while_its_gateway_holds_it() {
     fill(&store);
     inspect_shows_the_filled_store(&path);
     drop(store);
+}
+
+/// An empty store's listings say they are empty, rather than print nothing.
+#[test]
+fn inspect_says_when_a_listing_is_empty() {
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("store");
+    drop(oncegate_journal::open(JournalConfig::at(&path)).expect("open"));
+    let path_text = path.to_str().expect("utf-8");
+    for (what, said) in [
+        ("queue", "no events queued"),
+        ("dead-letters", "no dead letters"),
+        ("records", "no records"),
+    ] {
+        let (code, out, err) = oncegate(&["inspect", "--store", path_text, what]);
+        assert_eq!(code, 0, "{err}");
+        assert!(out.starts_with(said), "{what}: {out:?}");
+    }
+    let (_, out, _) = oncegate(&["inspect", "--store", path_text, "stats"]);
+    assert!(
+        out.contains("pending      0  (admitted, not handled yet"),
+        "{out}"
+    );
 }
 
 #[test]

@@ -420,6 +420,12 @@ async fn transient_failures_retry_and_permanent_ones_are_dead_lettered() {
         listed.contains("bad") && listed.contains("down") && listed.contains("2 dead letters"),
         "{listed}"
     );
+    // A listing cut short by its limit says so, and how to see the rest.
+    let (ok, first) = cli(&gateway, &["dlq", "list", "--limit", "1"]);
+    assert!(
+        ok && first.contains("1 of 2 dead letters shown") && first.contains("--limit 2"),
+        "{first}"
+    );
     // A reader that goes away before the list is written (`oncegate dlq list | head`): no
     // panic, no error, exit 0.
     let mut piped = std::process::Command::new(env!("CARGO_BIN_EXE_oncegate"))
@@ -534,6 +540,10 @@ async fn transient_failures_retry_and_permanent_ones_are_dead_lettered() {
     // The container healthcheck's command: ready, exit 0.
     let (ok, ready) = cli(&gateway, &["ready"]);
     assert!(ok && ready.starts_with("ready"), "{ready}");
+    // With --json, /readyz's own answer.
+    let (ok, ready) = cli(&gateway, &["ready", "--json"]);
+    let ready: serde_json::Value = serde_json::from_str(&ready).expect("JSON");
+    assert!(ok && ready["ready"] == true, "{ready}");
     // Keys remembered for dedup are said to be that, not read as a stuck backlog.
     assert!(
         status.contains("remembered") && status.contains("not a backlog"),
@@ -1673,4 +1683,21 @@ async fn tenants_view(gateway: &Gateway) -> serde_json::Value {
         .json()
         .await
         .expect("json")
+}
+
+/// The README's WeCom and Official Account sources pass `check-config` as shown: the AgentID as
+/// WeCom's console shows it, a number.
+#[test]
+fn the_readme_wecom_sources_are_valid_with_a_numeric_agent_id() {
+    const AES: &str = "abcdefghijklmnopqrstuvwxyz0123456789ABCDEFG";
+    let block = readme_block(
+        "### WeCom and WeChat Official Accounts",
+        &[
+            ("CORP_A_TOKEN", "corp-token"),
+            ("CORP_A_AES_KEY", AES),
+            ("OA_TOKEN", "oa-token"),
+            ("OA_AES_KEY", AES),
+        ],
+    );
+    assert!(block.contains("agent_id = 1000002 "), "{block}");
 }

@@ -343,6 +343,21 @@ async fn a_fatal_handshake_shows_in_readiness_and_stats() {
             .flatten()
             .any(|check| check["check"] == "long_connection bot" && check["ok"] == false)
     );
+    // `oncegate status` and `oncegate ready` say the same: ready, one part degraded.
+    for (command, said) in [
+        ("status", "ready        true, degraded: long_connection bot"),
+        ("status", "(webhooks and long connections)"),
+        ("ready", "ready, degraded: long_connection bot"),
+    ] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_oncegate"))
+            .args([command, "--admin", &both.admin])
+            .env_remove("ONCEGATE_CONFIG")
+            .output()
+            .expect("oncegate");
+        let out = String::from_utf8_lossy(&output.stdout);
+        assert!(output.status.success(), "{command}: {out}");
+        assert!(out.contains(said), "{command}: {out}");
+    }
     // The status page's feed says the same: ready, with the long connection degraded.
     let (_, live) = both.admin_get("/admin/live").await;
     let live: serde_json::Value = serde_json::from_str(&live).expect("json");

@@ -210,6 +210,34 @@ mod tests {
     use crate::{Secret, SourceConfig};
 
     #[test]
+    fn a_wecom_agent_id_is_taken_as_the_console_shows_it_a_number() {
+        let agent = |value: &str| {
+            let text = format!(
+                "[[source]]\nname = \"w\"\nplatform = \"wecom\"\ncorp_id = \"ww1\"\n\
+                 agent_id = {value}\n"
+            );
+            crate::load_str(&text, std::path::Path::new("t.toml"), Vec::new()).map(|config| {
+                match &config.sources[0].platform {
+                    crate::PlatformConfig::Wecom(settings) => settings.agent_id.clone(),
+                    _ => None,
+                }
+            })
+        };
+        assert_eq!(agent("1000002").expect("a number"), Some("1000002".into()));
+        assert_eq!(
+            agent("\"1000002\"").expect("a string"),
+            Some("1000002".into())
+        );
+        let wrong = agent("true").expect_err("not an id");
+        assert!(
+            wrong.to_string().contains("as a number (1000002)"),
+            "{wrong}"
+        );
+        let negative = agent("-1").expect_err("not an id");
+        assert!(negative.to_string().contains("negative"), "{negative}");
+    }
+
+    #[test]
     fn a_routes_priority_is_mentions_unless_said_and_a_bot_id_is_an_open_id() {
         let route = |priority: &str| {
             toml::from_str::<Config>(&format!(

@@ -257,7 +257,9 @@ pub struct WecomSettings {
     /// The corp id (the receive id checked in every decrypted message).
     pub corp_id: String,
     /// The app's AgentID: callbacks naming another agent are refused. A corp's apps each have
-    /// their own token and key, so each is its own source.
+    /// their own token and key, so each is its own source. A number as WeCom's console shows
+    /// it (`agent_id = 1000002`) or a string.
+    #[serde(deserialize_with = "number_or_text")]
     pub agent_id: Option<String>,
     /// The callback token, signing every callback.
     pub token: Option<Secret>,
@@ -272,6 +274,36 @@ pub struct WecomSettings {
     /// (`oncegate tenants add`), its callbacks checked with those alone, at
     /// `/webhook/<source>/<corp id>` or at `/webhook/<source>` for all.
     pub template: bool,
+}
+
+/// An id the platform's console shows as a number (a WeCom AgentID): read from an integer or a
+/// string, kept as text.
+fn number_or_text<'de, D: serde::Deserializer<'de>>(from: D) -> Result<Option<String>, D::Error> {
+    struct Id;
+
+    impl serde::de::Visitor<'_> for Id {
+        type Value = Option<String>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("an id, as a number (1000002) or a string (\"1000002\")")
+        }
+
+        fn visit_u64<E: serde::de::Error>(self, id: u64) -> Result<Self::Value, E> {
+            Ok(Some(id.to_string()))
+        }
+
+        fn visit_i64<E: serde::de::Error>(self, id: i64) -> Result<Self::Value, E> {
+            match u64::try_from(id) {
+                Ok(id) => Ok(Some(id.to_string())),
+                Err(_) => Err(E::custom(format!("{id} is negative: an id is not"))),
+            }
+        }
+
+        fn visit_str<E: serde::de::Error>(self, id: &str) -> Result<Self::Value, E> {
+            Ok(Some(id.to_owned()))
+        }
+    }
+    from.deserialize_any(Id)
 }
 
 impl WecomSettings {

@@ -123,13 +123,21 @@ pub(crate) async fn list<S: Store>(
     match shared.store.dead_letters(SCAN).await {
         Ok(letters) => {
             let total = letters.len();
-            let matching: Vec<Value> = letters
+            let matched: Vec<_> = letters.iter().filter(|l| query.matches(l)).collect();
+            let shown: Vec<Value> = matched
                 .iter()
-                .filter(|l| query.matches(l))
                 .take(limit)
-                .map(letter_json)
+                .map(|letter| letter_json(letter))
                 .collect();
-            axum::Json(json!({"dead_letters": matching, "scanned": total})).into_response()
+            // The store's own count (cheap): what a listing of `scanned` may leave out.
+            let kept = shared.store.dead_letter_count().await.ok();
+            axum::Json(json!({
+                "dead_letters": shown,
+                "matching": matched.len(),
+                "scanned": total,
+                "kept": kept,
+            }))
+            .into_response()
         }
         Err(error) => unavailable(error),
     }
