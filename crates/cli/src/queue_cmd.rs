@@ -63,11 +63,11 @@ pub(crate) fn owners_line(answer: &Value) -> Option<String> {
             }
         })
         .collect();
-    let mut line = format!(
-        "partitions   {} gateways own them: {}",
-        gateways.len(),
-        shares.join(", ")
-    );
+    let owners = match gateways.len() {
+        1 => "1 gateway owns".to_owned(),
+        count => format!("{count} gateways own"),
+    };
+    let mut line = format!("partitions   {owners} them: {}", shares.join(", "));
     if here.is_none() {
         line.push_str("; this gateway owns none");
     }
@@ -164,4 +164,26 @@ pub(crate) async fn queue(args: QueueArgs) -> anyhow::Result<bool> {
         out!("more: --after {next}")?;
     }
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::owners_line;
+    use serde_json::json;
+
+    #[test]
+    fn the_owners_line_counts_gateways_in_words() {
+        let one = json!({"owners": {"gateways": {"gw-a": 16}, "this_gateway": "gw-a"}});
+        assert_eq!(
+            owners_line(&one).as_deref(),
+            Some("partitions   1 gateway owns them: gw-a (this gateway) 16")
+        );
+        let two = json!({"owners": {"gateways": {"gw-a": 8, "gw-b": 8}, "this_gateway": "gw-b"}});
+        let line = owners_line(&two).expect("a line");
+        assert!(
+            line.starts_with("partitions   2 gateways own them: "),
+            "{line}"
+        );
+        assert_eq!(owners_line(&json!({"owners": null})), None);
+    }
 }
