@@ -96,18 +96,24 @@ fn message(run: u64, i: usize, chats: usize) -> SyntheticMessage {
     }
 }
 
-/// Change `i`: events 2k and 2k+1 are member k joining and leaving chat k mod `chats`, in one
-/// second, each moving the chat's version one step along its chain.
-fn membership(run: u64, i: usize, chats: usize) -> SyntheticMembership {
+/// Change `i` of `events`: events 2k and 2k+1 are member k joining and leaving chat k mod
+/// `chats`, in one second, each moving the chat's version one step along its chain. Pair k is
+/// stamped k seconds after the first, the last one second before the run began: none in the
+/// future (a gateway takes a time beyond its skew as a forgery).
+fn membership(run: u64, i: usize, chats: usize, events: usize) -> SyntheticMembership {
     let chats = chats.max(1);
     let pair = i / 2;
+    let pairs = events.div_ceil(2).max(1) as u64;
     let chat = pair % chats;
     let step = (pair / chats) * 2 + i % 2;
     SyntheticMembership {
         chat: format!("wr_sim{chat}"),
         member: format!("wm_sim{run}_{pair}"),
         joined: i.is_multiple_of(2),
-        created_ms: (run / 1000 + pair as u64) * 1000,
+        created_ms: (run / 1000)
+            .saturating_sub(pairs)
+            .saturating_add(pair as u64)
+            * 1000,
         before: format!("{run:x}{chat}v{step}"),
         after: format!("{run:x}{chat}v{}", step + 1),
     }
@@ -124,6 +130,8 @@ struct Target {
 struct Traffic {
     run: u64,
     chats: usize,
+    /// Events in the run.
+    events: usize,
     membership: bool,
 }
 
@@ -132,7 +140,7 @@ impl Traffic {
     fn plaintext(self, sealer: &dyn Sealer, i: usize) -> Vec<u8> {
         let change = self
             .membership
-            .then(|| sealer.membership(&membership(self.run, i, self.chats)))
+            .then(|| sealer.membership(&membership(self.run, i, self.chats, self.events)))
             .flatten();
         change.unwrap_or_else(|| sealer.message(&message(self.run, i, self.chats)))
     }
@@ -230,13 +238,14 @@ pub(crate) async fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
     let traffic = Traffic {
         run,
         chats: args.chats,
+        events: args.events,
         membership: args.membership,
     };
     for (source, target) in sources.iter().zip(targets.iter()) {
         if args.membership
             && target
                 .sealer
-                .membership(&membership(run, 0, args.chats))
+                .membership(&membership(run, 0, args.chats, args.events))
                 .is_none()
         {
             bail!(
