@@ -7,6 +7,7 @@ mod baseline;
 mod durable;
 mod memory;
 mod micro;
+mod priority;
 mod redis_runs;
 mod servers;
 
@@ -51,7 +52,7 @@ struct Args {
     /// Folder for the embedded store files (on disk, not tmpfs, for honest fsyncs).
     #[arg(long, default_value = "target/bench-data")]
     dir: PathBuf,
-    /// Only these parts: admit, claim, memory, embedded, journal, restart.
+    /// Only these parts: admit, claim, memory, priority, embedded, journal, restart.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// A Redis to measure the Redis backend on (part "redis"): our admits with `callers`
@@ -224,6 +225,9 @@ fn main() -> anyhow::Result<()> {
             "B/key",
             "<= 40 B/key",
         );
+    }
+    if wants("priority") {
+        priority::priority_reads(args.ops / 4);
     }
     if let Some(url) = args.redis_url.as_deref().filter(|_| wants("redis")) {
         let ours = redis_admits(url, args.callers, args.seconds)?;
