@@ -25,9 +25,14 @@ impl<F: Fn(&Event) -> bool + Send + Sync + 'static> Precedence for F {
 pub struct FirstRule(OnceLock<Arc<dyn Precedence>>);
 
 impl FirstRule {
-    /// Sets the rule; `false` (and the rule kept) when one was set before.
-    pub fn set(&self, rule: Arc<dyn Precedence>) -> bool {
-        self.0.set(rule).is_ok()
+    /// Sets the rule; refused (and the rule kept) when one was set before, as
+    /// [`EventQueue::put_first`](crate::EventQueue::put_first) says.
+    pub fn set(&self, rule: Arc<dyn Precedence>) -> Result<(), crate::StoreError> {
+        self.0.set(rule).map_err(|_| {
+            crate::StoreError::Invalid(
+                "the store ranks by a rule set before; it is set once".into(),
+            )
+        })
     }
 
     /// Whether `event` goes first by the rule set (`false` while none is).

@@ -62,11 +62,7 @@ impl<C: Clock + Clone> EventQueue for EmbeddedStore<C> {
         &self,
         rule: std::sync::Arc<dyn oncegate_core::Precedence>,
     ) -> Result<(), StoreError> {
-        if !self.shared.first.set(rule) {
-            return Err(StoreError::Invalid(
-                "the store ranks by a rule set before; it is set once".into(),
-            ));
-        }
+        self.shared.first.set(rule)?;
         // What was queued before: read once from the queue table (admissions meanwhile are
         // marked as they join; marking twice changes nothing).
         let txn = self.shared.db.begin_read().map_err(unavailable)?;

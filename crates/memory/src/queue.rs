@@ -190,11 +190,7 @@ impl<C: Clock, J: Journal> EventQueue for MemoryStore<C, J> {
         &self,
         rule: std::sync::Arc<dyn oncegate_core::Precedence>,
     ) -> Result<(), StoreError> {
-        if !self.first.set(rule) {
-            return Err(StoreError::Invalid(
-                "the store ranks by a rule set before; it is set once".into(),
-            ));
-        }
+        self.first.set(rule)?;
         // What was queued before (restored from the journal, or admitted meanwhile).
         for queue in self.partitions.iter() {
             let mut queue = lock(queue);

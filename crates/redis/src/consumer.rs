@@ -312,14 +312,11 @@ impl<C: Clock> Inner<C> {
                 // Taken over from an owner that may still run its lean hand-outs.
                 not_before = not_before.max(queue.hold_until_ms);
             }
-            queue.order.push_in(
-                seq,
-                order,
-                group_of_stored(&stored, order),
-                not_before,
-                stored.len(),
-            );
-            if self.first.is_set() && first_of_stored(&self.first, &stored) {
+            let (group, first) = place_of_stored(&self.first, &stored, order);
+            queue
+                .order
+                .push_in(seq, order, group, not_before, stored.len());
+            if first {
                 queue.order.mark_first(seq, order);
             }
             queue.last_seq = seq;
@@ -402,9 +399,17 @@ fn group_of_stored(stored: &[u8], order: u64) -> u64 {
     }
 }
 
-/// Whether a stored event goes first by `rule`; one that does not read does not.
-fn first_of_stored(rule: &oncegate_core::FirstRule, stored: &[u8]) -> bool {
-    postcard::from_bytes::<Stored>(stored).is_ok_and(|stored| rule.first(&stored.event))
+/// A stored event's group and whether it goes first by `rule`, from one read: the whole
+/// event while a rule is set (the rule reads it), else only whose it is. One that does not
+/// read is a group of its own chain and does not go first.
+fn place_of_stored(rule: &oncegate_core::FirstRule, stored: &[u8], order: u64) -> (u64, bool) {
+    if !rule.is_set() {
+        return (group_of_stored(stored, order), false);
+    }
+    match postcard::from_bytes::<Stored>(stored) {
+        Ok(Stored { event }) => (event.group_hash(), rule.first(&event)),
+        Err(_) => (order, false),
+    }
 }
 
 #[cfg(test)]
@@ -434,5 +439,36 @@ mod tests {
         assert_ne!(other.group_hash(), another.group_hash());
         // Bytes that do not read: a group of the chain's own.
         assert_eq!(group_of_stored(b"\xff", 7), 7);
+    }
+
+    /// With a rule set, one read of the stored event gives both its group (the same as
+    /// without a rule) and the rule's answer; bytes that do not read go first for nobody.
+    #[test]
+    fn a_stored_events_place_is_read_once_with_or_without_a_rule() {
+        let rule = oncegate_core::FirstRule::default();
+        let mention = oncegate_contract::event("mention-1", Some("oc_chat"));
+        let plain = oncegate_contract::event("plain-1", Some("oc_chat"));
+        let stored = |event: &oncegate_core::Event| {
+            postcard::to_stdvec(&Stored {
+                event: event.clone(),
+            })
+            .expect("encodes")
+        };
+        assert_eq!(
+            place_of_stored(&rule, &stored(&mention), 7),
+            (mention.group_hash(), false),
+            "no rule: nothing first"
+        );
+        let first = |event: &oncegate_core::Event| event.event_id.starts_with("mention");
+        rule.set(std::sync::Arc::new(first)).expect("set");
+        assert_eq!(
+            place_of_stored(&rule, &stored(&mention), 7),
+            (mention.group_hash(), true)
+        );
+        assert_eq!(
+            place_of_stored(&rule, &stored(&plain), 7),
+            (plain.group_hash(), false)
+        );
+        assert_eq!(place_of_stored(&rule, b"\xff", 7), (7, false));
     }
 }

@@ -124,7 +124,9 @@ impl PartitionIndex {
         let Some(chain) = self.chains.get_mut(&order_hash) else {
             return false;
         };
-        let Some(at) = chain.seqs.iter().rposition(|entry| entry.seq == seq) else {
+        // A chain's seqs ascend: found in O(log n), whether the event just joined (a new
+        // admission) or waits deep in a long chat (ranked again at start).
+        let Ok(at) = chain.seqs.binary_search_by_key(&seq, |entry| entry.seq) else {
             return false;
         };
         if let Some(entry) = chain.seqs.get_mut(at) {

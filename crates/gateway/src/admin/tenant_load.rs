@@ -27,25 +27,19 @@ pub(crate) async fn list<S: Store>(
     if let Err(denied) = authorized(&shared, &headers) {
         return denied;
     }
-    let sampled = lock_sampled(&shared).tenants.clone();
-    let Some((busiest, at)) = sampled else {
+    let Some((rows, at)) = busiest(&shared, usize::MAX) else {
         return Json(json!({"counted": false, "tenants": [], "sampled_ms_ago": null}))
             .into_response();
     };
-    let loads = shared.admin.loads.get();
-    let tenants: Vec<_> = busiest
+    let tenants: Vec<_> = rows
         .iter()
-        .map(|(group, queued)| {
-            let seen = shared.admin.tenants.get(*group);
-            // A tenant at its cap reads as no load (nothing more for it): it runs the cap.
-            let in_flight =
-                loads.map(|loads| loads.load(*group).or_else(|| loads.cap()).unwrap_or(0));
+        .map(|row| {
             json!({
-                "tenant": seen.as_ref().map(|seen| seen.name.as_ref()),
-                "group": format!("{group:016x}"),
-                "queued": queued,
-                "in_flight": in_flight,
-                "refused": seen.map_or(0, |seen| seen.refused),
+                "tenant": row.name,
+                "group": format!("{:016x}", row.group),
+                "queued": row.queued,
+                "in_flight": row.in_flight,
+                "refused": row.refused,
             })
         })
         .collect();
@@ -57,6 +51,44 @@ pub(crate) async fn list<S: Store>(
     .into_response()
 }
 
+/// One of the busiest tenants as the view and the metrics show it.
+struct Row {
+    group: u64,
+    /// Its name as this gateway saw it (`platform app tenant`), if it did.
+    name: Option<Arc<str>>,
+    queued: u64,
+    /// Its handlers running in this gateway (`None` before the dispatcher runs).
+    in_flight: Option<u32>,
+    /// Its requests the queue bound refused here.
+    refused: u64,
+}
+
+/// The `max` busiest tenants as last sampled, and when; `None` before the first sample.
+fn busiest<S>(shared: &Shared<S>, max: usize) -> Option<(Vec<Row>, std::time::Instant)> {
+    let (busiest, at) = lock_sampled(shared).tenants.clone()?;
+    let loads = shared.admin.loads.get();
+    let rows = busiest
+        .iter()
+        .take(max)
+        .map(|&(group, queued)| {
+            let seen = shared.admin.tenants.get(group);
+            Row {
+                group,
+                name: seen.as_ref().map(|seen| seen.name.clone()),
+                queued,
+                // A tenant at its cap reads as no load (nothing more for it): it runs the cap.
+                in_flight: loads
+                    .map(|loads| loads.load(group).or_else(|| loads.cap()).unwrap_or(0)),
+                refused: seen.map_or(0, |seen| seen.refused),
+            }
+        })
+        .collect();
+    Some((rows, at))
+}
+
+/// One per-tenant gauge: its name, its help and its value for a row.
+type Gauge = (&'static str, &'static str, fn(&Row) -> u64);
+
 /// The busiest tenants `/metrics` names, at most.
 pub(crate) const METRIC_TENANTS: usize = 10;
 
@@ -65,45 +97,39 @@ pub(crate) const METRIC_TENANTS: usize = 10;
 /// requests its queue bound refused here; nothing before the first sample.
 pub(crate) fn exposition<S>(shared: &Shared<S>) -> String {
     use std::fmt::Write;
-    let sampled = lock_sampled(shared).tenants.clone();
-    let Some((busiest, _)) = sampled else {
+    let Some((rows, _)) = busiest(shared, METRIC_TENANTS) else {
         return String::new();
     };
-    let loads = shared.admin.loads.get();
-    let mut rows: [Vec<(String, u64)>; 3] = Default::default();
-    for (group, queued) in busiest.iter().take(METRIC_TENANTS) {
-        let seen = shared.admin.tenants.get(*group);
-        let name = seen
-            .as_ref()
-            .map_or_else(|| format!("{group:016x}"), |seen| label(&seen.name));
-        let in_flight = loads.map_or(0, |loads| {
-            loads.load(*group).or_else(|| loads.cap()).unwrap_or(0)
-        });
-        rows[0].push((name.clone(), *queued));
-        rows[1].push((name.clone(), u64::from(in_flight)));
-        rows[2].push((name, seen.map_or(0, |seen| seen.refused)));
-    }
+    let names: Vec<String> = rows
+        .iter()
+        .map(|row| {
+            row.name
+                .as_deref()
+                .map_or_else(|| format!("{:016x}", row.group), label)
+        })
+        .collect();
     let mut out = String::new();
-    for ((metric, help), rows) in [
+    let metrics: [Gauge; 3] = [
         (
             "oncegate_tenant_queued",
             "Events queued of each of the busiest tenants.",
+            |row| row.queued,
         ),
         (
             "oncegate_tenant_in_flight",
             "Handlers running here for each of the busiest tenants.",
+            |row| u64::from(row.in_flight.unwrap_or(0)),
         ),
         (
             "oncegate_tenant_refused",
             "Requests of each of the busiest tenants its queue bound refused here.",
+            |row| row.refused,
         ),
-    ]
-    .into_iter()
-    .zip(rows)
-    {
+    ];
+    for (metric, help, value) in metrics {
         let _ = writeln!(out, "# HELP {metric} {help}\n# TYPE {metric} gauge");
-        for (tenant, value) in rows {
-            let _ = writeln!(out, "{metric}{{tenant=\"{tenant}\"}} {value}");
+        for (row, tenant) in rows.iter().zip(&names) {
+            let _ = writeln!(out, "{metric}{{tenant=\"{tenant}\"}} {}", value(row));
         }
     }
     out

@@ -107,24 +107,12 @@ impl Learned {
     }
 
     /// Lowers `bucket` after a platform's rate answer that asked for `pause`: the share it
-    /// keeps now. Once a pause: a burst's many answers are one excess, halved once.
-    #[cfg(all(feature = "send", test))]
-    pub(crate) fn lower(
-        &self,
-        bucket: &KeyHash,
-        label: &str,
-        now: Instant,
-        pause: Duration,
-    ) -> f64 {
-        self.lower_for(bucket, label, now, (pause, None)).0
-    }
-
-    /// [`lower`](Self::lower), for an answer that may mean a `longer` block than `pause`
-    /// (WeCom's 45009: a minute's or an hour's): the same answer again within a pause of the
-    /// last one's end — the platform still blocks — holds the longer one. The share kept, and
-    /// the pause to hold on the store (`None` within a pause: held already).
+    /// keeps now, and the pause to hold on the store. Once a pause: a burst's many answers are
+    /// one excess, halved once (`None`: held already). An answer that may mean a `longer`
+    /// block (WeCom's 45009: a minute's or an hour's) met again within a pause of the last
+    /// one's end — the platform still blocks — holds the longer one.
     #[cfg(feature = "send")]
-    pub(crate) fn lower_for(
+    pub(crate) fn lower(
         &self,
         bucket: &KeyHash,
         label: &str,
@@ -319,7 +307,10 @@ mod tests {
         let start = Instant::now();
         assert_eq!(learned.rate(&bucket, rate, start), rate, "whole until told");
         let pause = Duration::from_secs(1);
-        assert_eq!(learned.lower(&bucket, "ww1/1 app", start, pause), 0.5);
+        assert_eq!(
+            learned.lower(&bucket, "ww1/1 app", start, (pause, None)).0,
+            0.5
+        );
         assert_eq!(
             learned.rate(&bucket, rate, start),
             Rate::per_minute(5_000, 100)
@@ -331,13 +322,16 @@ mod tests {
         );
         // The other answers to one burst, within the pause, are the same excess.
         for _ in 0..5 {
-            assert_eq!(learned.lower(&bucket, "ww1/1 app", start, pause), 0.5);
+            assert_eq!(
+                learned.lower(&bucket, "ww1/1 app", start, (pause, None)).0,
+                0.5
+            );
         }
         // Each excess after a pause halves it again, to the floor.
         let mut at = start;
         for _ in 0..5 {
             at += pause;
-            learned.lower(&bucket, "ww1/1 app", at, pause);
+            learned.lower(&bucket, "ww1/1 app", at, (pause, None));
         }
         let start = at;
         assert_eq!(
@@ -371,45 +365,35 @@ mod tests {
         let start = Instant::now();
         let answer = (minute, Some(hour));
         assert_eq!(
-            learned.lower_for(&bucket, "ww1/1 app", start, answer),
+            learned.lower(&bucket, "ww1/1 app", start, answer),
             (0.5, Some(minute)),
             "a first 45009: the minute's block"
         );
         // Within the pause: the same excess, held already.
         let within = start + Duration::from_secs(30);
-        assert_eq!(
-            learned.lower_for(&bucket, "ww1/1 app", within, answer).1,
-            None
-        );
+        assert_eq!(learned.lower(&bucket, "ww1/1 app", within, answer).1, None);
         // Blocked again right after the minute: the hour's count was passed.
         let after = start + Duration::from_secs(61);
-        let (factor, held) = learned.lower_for(&bucket, "ww1/1 app", after, answer);
+        let (factor, held) = learned.lower(&bucket, "ww1/1 app", after, answer);
         assert_eq!(held, Some(hour));
         assert!(factor < 0.5, "lowered again: {factor}");
         let within = after + Duration::from_secs(1800);
-        assert_eq!(
-            learned.lower_for(&bucket, "ww1/1 app", within, answer).1,
-            None
-        );
+        assert_eq!(learned.lower(&bucket, "ww1/1 app", within, answer).1, None);
         // Long after, a new excess is a minute's again; an answer with no longer window
         // (Feishu's 429 names its reset) never escalates.
         let later = after + hour * 3;
         assert_eq!(
-            learned.lower_for(&bucket, "ww1/1 app", later, answer).1,
+            learned.lower(&bucket, "ww1/1 app", later, answer).1,
             Some(minute)
         );
         let feishu = KeyHash::of(&["feishu app"]);
         assert_eq!(
-            learned
-                .lower_for(&feishu, "cli_a app", start, (minute, None))
-                .1,
+            learned.lower(&feishu, "cli_a app", start, (minute, None)).1,
             Some(minute)
         );
         let again = start + Duration::from_secs(61);
         assert_eq!(
-            learned
-                .lower_for(&feishu, "cli_a app", again, (minute, None))
-                .1,
+            learned.lower(&feishu, "cli_a app", again, (minute, None)).1,
             Some(minute)
         );
     }

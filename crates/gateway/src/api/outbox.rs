@@ -496,7 +496,7 @@ async fn learn<S: Store>(
             };
             let label = format!("{} {name}", sender.scope);
             let learned = &shared.api.learned;
-            let (factor, held) = learned.lower_for(bucket, &label, now, (after, longer));
+            let (factor, held) = learned.lower(bucket, &label, now, (after, longer));
             // Within a pause held already, the hold stands (a burst's answers are one).
             let after = held.unwrap_or(after);
             if held.is_some() {

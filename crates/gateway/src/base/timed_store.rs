@@ -330,17 +330,6 @@ impl<S: Store> EventQueue for Timed<S> {
         &self,
         rule: std::sync::Arc<dyn oncegate_core::Precedence>,
     ) -> Result<(), StoreError> {
-        // Payloads sealed at rest are judged opened.
-        let rule: std::sync::Arc<dyn oncegate_core::Precedence> = match self.at_rest.get() {
-            Some(at_rest) => {
-                let at_rest = at_rest.clone();
-                std::sync::Arc::new(move |event: &Event| {
-                    let mut opened = event.clone();
-                    at_rest.open_event(&mut opened).is_ok() && rule.first(&opened)
-                })
-            }
-            None => rule,
-        };
         self.inner.put_first(rule).await
     }
 
@@ -650,67 +639,5 @@ mod tests {
         assert!(line("oncegate_store_errors_total{op=\"ack\"}").ends_with(" 0"));
         assert!(line("oncegate_store_errors_total{op=\"admit\"}").ends_with(" 0"));
         assert!(line("oncegate_lease_expiries_total ").ends_with(" 2"));
-    }
-
-    /// A rule that reads payloads sees them opened, though the store keeps them sealed: an
-    /// event marked first by its payload passes the backlog on a sealed store too.
-    #[cfg(feature = "at-rest")]
-    #[test]
-    fn a_first_rule_reads_sealed_payloads_opened() {
-        use oncegate_core::{DedupStore, Event, EventQueue};
-        let store = Timed::new(MemoryStore::with_clock(
-            MemoryConfig {
-                partitions: 1,
-                ..Default::default()
-            },
-            oncegate_core::ManualClock::new(1_000_000),
-        ));
-        let settings = oncegate_config::EncryptionSettings {
-            keys: vec![oncegate_config::EncryptionKey {
-                id: "k1".into(),
-                key: Some(oncegate_config::Secret::Inline(
-                    "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=".into(),
-                )),
-            }],
-        };
-        store.seal_with(Arc::new(AtRest::new(&settings).expect("keys")));
-        let event = |id: &str, payload: &'static [u8]| Event {
-            platform: "feishu".into(),
-            app: "app".into(),
-            tenant: Some("t".into()),
-            event_id: id.into(),
-            event_type: "im.message.receive_v1".into(),
-            created_at_ms: 1_000_000,
-            order_key: Some(id.into()),
-            payload: bytes::Bytes::from_static(payload),
-        };
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .expect("runtime");
-        runtime.block_on(async {
-            let rule = |event: &Event| event.payload.starts_with(b"{\"mention\"");
-            store
-                .put_first(std::sync::Arc::new(rule))
-                .await
-                .expect("rule");
-            for (id, payload) in [
-                ("a", &b"{\"plain\":1}"[..]),
-                ("b", b"{\"plain\":2}"),
-                ("c", b"{\"mention\":1}"),
-            ] {
-                let key = oncegate_core::key_for("feishu", "app", "event_id", id);
-                store
-                    .admit(
-                        event(id, payload),
-                        &[key],
-                        std::time::Duration::from_secs(60),
-                    )
-                    .await
-                    .expect("admit");
-            }
-            let pulled = store.pull(0, 3).await.expect("pull");
-            let ids: Vec<&str> = pulled.iter().map(|d| &*d.event.event_id).collect();
-            assert_eq!(ids, ["c", "a", "b"]);
-        });
     }
 }

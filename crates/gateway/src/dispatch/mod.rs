@@ -42,7 +42,7 @@ pub(crate) async fn run<S: Store>(
     );
     let _ = shared.admin.loads.set(slots.clone());
     // Messages to the bot go before their tenant's backlog, as each route says.
-    let rule = crate::registry::FirstByRoute(shared.routes.clone());
+    let rule = crate::registry::FirstByRoute::new(shared.routes.clone(), shared.at_rest.clone());
     match shared.store.put_first(Arc::new(rule)).await {
         Ok(()) => {}
         // Set by an earlier run of this dispatcher on the same store: it holds.

@@ -4,8 +4,11 @@
 
 #[cfg(feature = "feishu")]
 pub(crate) mod feishu;
+mod first;
 #[cfg(feature = "wecom")]
 pub(crate) mod wecom;
+
+pub(crate) use first::{FirstByRoute, bot_ids};
 
 use std::sync::Arc;
 
@@ -100,56 +103,6 @@ fn app(source: &SourceConfig) -> Result<App, GatewayError> {
             Err(not_built(source, "wecom"))
         }
     }
-}
-
-/// Whether `event` is a message a person addressed to the bot (an @-mention of it, a direct
-/// message), as its platform tells; `bots` names each app's bot where it is configured.
-pub(crate) fn addresses_bot(
-    event: &oncegate_core::Event,
-    bots: &std::collections::HashMap<String, String>,
-) -> bool {
-    let _ = bots;
-    match &*event.platform {
-        #[cfg(feature = "feishu")]
-        "feishu" | "lark" => {
-            oncegate_feishu::events::addresses_bot(event, bots.get(&*event.app).map(String::as_str))
-        }
-        #[cfg(feature = "wecom")]
-        "wecom" | "wechat" => oncegate_wecom::events::addresses_bot(event),
-        _ => false,
-    }
-}
-
-/// The store's rule for which events go first: by the routes in force at the time (a reload
-/// changes it for what is queued afterwards), what each platform says of its messages.
-pub(crate) struct FirstByRoute(pub(crate) Arc<arc_swap::ArcSwap<crate::route::Routes>>);
-
-impl oncegate_core::Precedence for FirstByRoute {
-    fn first(&self, event: &oncegate_core::Event) -> bool {
-        let routes = self.0.load();
-        match routes.priority_of(event) {
-            oncegate_config::Priority::None => false,
-            oncegate_config::Priority::All => true,
-            oncegate_config::Priority::Mentions => addresses_bot(event, &routes.bots),
-        }
-    }
-}
-
-/// Each configured app's bot id, by app id: a Feishu or Lark app's `bot_open_id`.
-pub(crate) fn bot_ids(
-    config: &oncegate_config::Config,
-) -> std::collections::HashMap<String, String> {
-    config
-        .sources
-        .iter()
-        .filter_map(|source| match &source.platform {
-            PlatformConfig::Feishu(settings) | PlatformConfig::Lark(settings) => settings
-                .bot_open_id
-                .clone()
-                .map(|bot| (settings.app_id.clone(), bot)),
-            _ => None,
-        })
-        .collect()
 }
 
 /// Whether `config` is held on a long connection (a Feishu or Lark app with `transport =
