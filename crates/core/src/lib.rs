@@ -27,7 +27,7 @@ pub use durability::Durability;
 pub use event::Event;
 pub use key::{DeliveryId, KeyHash, hex_into, key_for, sender_key};
 pub use precedence::{FirstRule, Precedence};
-pub use queue_index::{GroupLoad, Next, Unranked};
+pub use queue_index::{GroupLoad, Next, Place, Unranked};
 pub use rates::{Rate, RateAdjust, RateVerdict};
 pub use record::{
     Admission, Claim, DeadLetter, Delivery, FenceCheck, FencingToken, Fingerprint, Lease, Nonce,

@@ -11,48 +11,8 @@ use crate::unavailable;
 /// Expired keys removed per batch, so that a backlog of expiries never delays a commit much.
 pub(crate) const SWEEP_BUDGET: usize = 512;
 
-/// Where an event joins its partition's hand-out order: its chain (order hash), its group
-/// and whether it goes before the group's other waiting events.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Placed {
-    pub(crate) order_hash: u64,
-    pub(crate) group: u64,
-    pub(crate) first: bool,
-}
-
-impl Placed {
-    /// The place of `event` by `rule`.
-    pub(crate) fn of(event: &oncegate_core::Event, rule: &oncegate_core::FirstRule) -> Self {
-        Self {
-            order_hash: event.order_hash(),
-            group: event.group_hash(),
-            first: rule.first(event),
-        }
-    }
-
-    /// Joins `index` as event `seq` of `payload_bytes`, due at `not_before_ms`.
-    pub(crate) fn join(
-        self,
-        index: &mut oncegate_core::queue_index::PartitionIndex,
-        seq: u64,
-        not_before_ms: u64,
-        payload_bytes: usize,
-    ) {
-        index.push_in(
-            seq,
-            self.order_hash,
-            self.group,
-            not_before_ms,
-            payload_bytes,
-        );
-        if self.first {
-            index.mark_first(seq, self.order_hash);
-        }
-    }
-}
-
 /// A replayed dead letter's place: its id, where it joins the order and its payload bytes.
-pub(crate) type Replayed = (QueueId, Placed, usize);
+pub(crate) type Replayed = (QueueId, oncegate_core::Place, usize);
 
 pub(crate) struct Tables<'t> {
     /// Records gained (+) or lost (-) per state in this batch: pending, processing, completed.
@@ -208,7 +168,7 @@ pub(crate) fn replay_dead(
         Ok(None) => return Ok(Ok(None)),
         Err(corrupt) => return Ok(Err(corrupt)),
     };
-    let placed = Placed::of(&letter.event, rule);
+    let placed = oncegate_core::Place::of(&letter.event, rule);
     let order_hash = placed.order_hash;
     let payload_bytes = letter.event.payload.len();
     let queued = Queued {

@@ -7,8 +7,8 @@ use std::sync::mpsc::Receiver;
 
 use bytes::Bytes;
 use oncegate_core::{
-    Admission, Claim, Clock, Event, FenceCheck, FencingToken, Fingerprint, KeyHash, Lease, QueueId,
-    Record, RecordState, StoreError, WatermarkOutcome, transition,
+    Admission, Claim, Clock, Event, FenceCheck, FencingToken, Fingerprint, KeyHash, Lease, Place,
+    QueueId, Record, RecordState, StoreError, WatermarkOutcome, transition,
 };
 use redb::{ReadableTable, WriteTransaction};
 use tokio::sync::oneshot;
@@ -108,7 +108,7 @@ fn answer<T: Send + 'static>(reply: Reply<T>, result: Result<T, StoreError>) -> 
 fn answer_admit(
     reply: Reply<Admission>,
     result: Result<Admission, StoreError>,
-    placed: Placed,
+    placed: Place,
     payload_bytes: usize,
 ) -> Finish {
     Box::new(move |shared, failed| {
@@ -118,7 +118,7 @@ fn answer_admit(
                 if let Ok(Admission::Admitted { id }) = result
                     && let Some(order) = shared.order.get(usize::from(id.partition))
                 {
-                    placed.join(&mut lock(order), id.seq, 0, payload_bytes);
+                    lock(order).push_at(id.seq, placed, 0, payload_bytes);
                 }
                 result
             }
@@ -137,7 +137,7 @@ fn answer_replay(
             None => result.map(|replayed| {
                 replayed.map(|(id, placed, payload_bytes)| {
                     if let Some(order) = shared.order.get(usize::from(id.partition)) {
-                        placed.join(&mut lock(order), id.seq, 0, payload_bytes);
+                        lock(order).push_at(id.seq, placed, 0, payload_bytes);
                     }
                     id
                 })
@@ -327,7 +327,7 @@ impl<C: Clock> Writer<C> {
                     retention_ms,
                     reply,
                 } => {
-                    let order = Placed {
+                    let order = Place {
                         order_hash: event.order_hash(),
                         group: event.group_hash(),
                         first,

@@ -107,7 +107,11 @@ impl Partition {
         let id = QueueId { partition, seq };
         log(id, &event);
         let bytes = event.payload.len();
-        let group = event.group_hash();
+        let place = oncegate_core::Place {
+            order_hash,
+            group: event.group_hash(),
+            first,
+        };
         queue.place(
             seq,
             Queued {
@@ -116,10 +120,7 @@ impl Partition {
                 attempt: 0,
             },
         );
-        queue.order.push_in(seq, order_hash, group, 0, bytes);
-        if first {
-            queue.order.mark_first(seq, order_hash);
-        }
+        queue.order.push_at(seq, place, 0, bytes);
         id
     }
 }

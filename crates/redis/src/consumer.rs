@@ -312,13 +312,8 @@ impl<C: Clock> Inner<C> {
                 // Taken over from an owner that may still run its lean hand-outs.
                 not_before = not_before.max(queue.hold_until_ms);
             }
-            let (group, first) = place_of_stored(&self.first, &stored, order);
-            queue
-                .order
-                .push_in(seq, order, group, not_before, stored.len());
-            if first {
-                queue.order.mark_first(seq, order);
-            }
+            let place = place_of_stored(&self.first, &stored, order);
+            queue.order.push_at(seq, place, not_before, stored.len());
             queue.last_seq = seq;
             if fresh {
                 queue.keep_body(seq, key, stored, attempt);
@@ -399,16 +394,25 @@ fn group_of_stored(stored: &[u8], order: u64) -> u64 {
     }
 }
 
-/// A stored event's group and whether it goes first by `rule`, from one read: the whole
+/// Where a stored event of chain `order` joins the hand-out order, from one read: the whole
 /// event while a rule is set (the rule reads it), else only whose it is. One that does not
 /// read is a group of its own chain and does not go first.
-fn place_of_stored(rule: &oncegate_core::FirstRule, stored: &[u8], order: u64) -> (u64, bool) {
+fn place_of_stored(
+    rule: &oncegate_core::FirstRule,
+    stored: &[u8],
+    order: u64,
+) -> oncegate_core::Place {
+    let place = |group, first| oncegate_core::Place {
+        order_hash: order,
+        group,
+        first,
+    };
     if !rule.is_set() {
-        return (group_of_stored(stored, order), false);
+        return place(group_of_stored(stored, order), false);
     }
     match postcard::from_bytes::<Stored>(stored) {
-        Ok(Stored { event }) => (event.group_hash(), rule.first(&event)),
-        Err(_) => (order, false),
+        Ok(Stored { event }) => place(event.group_hash(), rule.first(&event)),
+        Err(_) => place(order, false),
     }
 }
 
@@ -454,21 +458,26 @@ mod tests {
             })
             .expect("encodes")
         };
+        let place = |group, first| oncegate_core::Place {
+            order_hash: 7,
+            group,
+            first,
+        };
         assert_eq!(
             place_of_stored(&rule, &stored(&mention), 7),
-            (mention.group_hash(), false),
+            place(mention.group_hash(), false),
             "no rule: nothing first"
         );
         let first = |event: &oncegate_core::Event| event.event_id.starts_with("mention");
         rule.set(std::sync::Arc::new(first)).expect("set");
         assert_eq!(
             place_of_stored(&rule, &stored(&mention), 7),
-            (mention.group_hash(), true)
+            place(mention.group_hash(), true)
         );
         assert_eq!(
             place_of_stored(&rule, &stored(&plain), 7),
-            (plain.group_hash(), false)
+            place(plain.group_hash(), false)
         );
-        assert_eq!(place_of_stored(&rule, b"\xff", 7), (7, false));
+        assert_eq!(place_of_stored(&rule, b"\xff", 7), place(7, false));
     }
 }

@@ -90,25 +90,38 @@ impl PartitionIndex {
         not_before_ms: u64,
         bytes: usize,
     ) {
+        let place = Place {
+            order_hash,
+            group,
+            first: false,
+        };
+        self.push_at(seq, place, not_before_ms, bytes);
+    }
+
+    /// Appends `seq` (larger than every seq pushed before), whose payload has `bytes`, where
+    /// `place` says: its chain, its group, and whether it goes before the group's other waiting
+    /// heads (as [`mark_first`](Self::mark_first) marks it).
+    pub fn push_at(&mut self, seq: u64, place: Place, not_before_ms: u64, bytes: usize) {
+        let Place {
+            order_hash,
+            group,
+            first,
+        } = place;
         let chain = self.chains.entry(order_hash).or_insert_with(|| Chain {
             group,
             ..Chain::default()
         });
-        let first = chain.seqs.is_empty();
-        if first {
+        let head = chain.seqs.is_empty();
+        if head {
             chain.not_before_ms = not_before_ms;
             chain.group = group;
         }
         let group = chain.group;
         let bytes = u32::try_from(bytes).unwrap_or(u32::MAX);
-        chain.seqs.push_back(Entry {
-            seq,
-            bytes,
-            first: false,
-        });
+        chain.seqs.push_back(Entry { seq, bytes, first });
         self.events += 1;
         self.bytes += u64::from(bytes);
-        if first {
+        if head {
             self.wait(group, seq, order_hash);
         }
         // The group exists now: its chain has this event. Its turn does not count events.
@@ -414,6 +427,28 @@ impl PartitionIndex {
     /// Handed-out events.
     pub fn in_flight(&self) -> usize {
         self.in_flight.len()
+    }
+}
+
+/// Where an event joins a partition's hand-out order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Place {
+    /// Its chain ([`Event::order_hash`](crate::Event::order_hash)).
+    pub order_hash: u64,
+    /// Its group ([`Event::group_hash`](crate::Event::group_hash)).
+    pub group: u64,
+    /// It goes before its group's other waiting heads once it is its chain's head.
+    pub first: bool,
+}
+
+impl Place {
+    /// Where `event` joins, ranked by `rule`.
+    pub fn of(event: &crate::Event, rule: &crate::FirstRule) -> Self {
+        Self {
+            order_hash: event.order_hash(),
+            group: event.group_hash(),
+            first: rule.first(event),
+        }
     }
 }
 

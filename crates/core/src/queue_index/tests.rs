@@ -114,9 +114,17 @@ proptest::proptest! {
             match step {
                 Step::Push { chain, first } => {
                     let chain = u64::from(chain);
-                    index.push_in(next_seq, chain, group_of(chain), 0, 1);
+                    // Marked as it joins (a store's admission) or after (ranked again at start).
+                    if first && next_seq.is_multiple_of(2) {
+                        let place = Place { order_hash: chain, group: group_of(chain), first };
+                        index.push_at(next_seq, place, 0, 1);
+                    } else {
+                        index.push_in(next_seq, chain, group_of(chain), 0, 1);
+                        if first {
+                            proptest::prop_assert!(index.mark_first(next_seq, chain));
+                        }
+                    }
                     if first {
-                        proptest::prop_assert!(index.mark_first(next_seq, chain));
                         marked.insert(next_seq);
                     }
                     chains.entry(chain).or_default().push_back(next_seq);
