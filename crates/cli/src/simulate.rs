@@ -514,7 +514,7 @@ pub(crate) async fn print_delivered(
 /// Why the gateway's counters could not be read, said so that it can be fixed: a gateway that
 /// is not there is not one that refused the token.
 async fn counts_problem(client: &reqwest::Client, admin: &str, token: Option<&str>) -> String {
-    let mut request = client.get(format!("{admin}/admin/stats"));
+    let mut request = client.get(format!("{admin}/admin/live"));
     if let Some(token) = token {
         request = request.bearer_auth(token);
     }
@@ -540,12 +540,14 @@ pub(crate) struct Counts {
     stale_dropped: u64,
 }
 
+/// The gateway's counters from `/admin/live`, which reads no store: a run polls them while it
+/// waits for its deliveries.
 pub(crate) async fn counts(
     client: &reqwest::Client,
     admin: &str,
     token: Option<&str>,
 ) -> Option<Counts> {
-    let mut request = client.get(format!("{admin}/admin/stats"));
+    let mut request = client.get(format!("{admin}/admin/live"));
     if let Some(token) = token {
         request = request.bearer_auth(token);
     }

@@ -1701,3 +1701,155 @@ fn the_readme_wecom_sources_are_valid_with_a_numeric_agent_id() {
     );
     assert!(block.contains("agent_id = 1000002 "), "{block}");
 }
+
+/// Every command Redis ran since the last `CONFIG RESETSTAT`, and the `SCAN`s among them.
+fn redis_calls(redis: &OwnRedis) -> (u64, u64) {
+    let info = redis.cli(&["INFO", "commandstats"]);
+    let mut total = 0;
+    let mut scans = 0;
+    for line in info.lines() {
+        // cmdstat_get:calls=12,usec=...
+        let Some((name, rest)) = line.split_once(":calls=") else {
+            continue;
+        };
+        let calls: u64 = rest
+            .split(',')
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        if name == "cmdstat_config" || name == "cmdstat_info" {
+            continue;
+        }
+        total += calls;
+        if name == "cmdstat_scan" {
+            scans += calls;
+        }
+    }
+    (total, scans)
+}
+
+/// Redis commands per call of `call` (run `times`), beyond what the idle gateway runs in the
+/// same time; the `SCAN`s; the median call's time.
+async fn commands_per_call<F, Fut>(redis: &OwnRedis, times: u32, call: F) -> (f64, u64, Duration)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    redis.cli(&["CONFIG", "RESETSTAT"]);
+    let idle = Instant::now();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (background, _) = redis_calls(redis);
+    let per_second = background as f64 / idle.elapsed().as_secs_f64();
+    redis.cli(&["CONFIG", "RESETSTAT"]);
+    let started = Instant::now();
+    let mut took = Vec::new();
+    for _ in 0..times {
+        let at = Instant::now();
+        call().await;
+        took.push(at.elapsed());
+    }
+    let (total, scans) = redis_calls(redis);
+    let beyond = total as f64 - per_second * started.elapsed().as_secs_f64();
+    took.sort_unstable();
+    (
+        beyond.max(0.0) / f64::from(times),
+        scans,
+        took[took.len() / 2],
+    )
+}
+
+/// `/admin/stats` and `oncegate status` answer from counts kept as events move: with a million
+/// record keys in Redis they run the same few commands per partition as with none, in well
+/// under 50 ms, and still count what the gateway did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_and_status_cost_the_same_over_a_million_keys_as_over_none() {
+    const PARTITIONS: u64 = 8;
+    let redis = OwnRedis::start_with(&[]);
+    let dir = tempfile::tempdir().expect("dir");
+    let (downstream, addr) = Downstream::start().await;
+    let store = format!(
+        "backend = \"redis\"\nurl = \"{}\"\nprefix = \"cost\"\npartitions = {PARTITIONS}\ndurability = \"memory\"",
+        redis.url()
+    );
+    let gateway = Gateway::start_with(dir.path(), addr, false, &store);
+    let client = client();
+    for i in 0..20 {
+        let (status, body) = post(
+            &client,
+            &gateway.url,
+            &sign(&message(
+                &format!("cost-{i}"),
+                &format!("oc_{}", i % 5),
+                1_000,
+            )),
+        )
+        .await
+        .expect("post");
+        assert_eq!(status, 200, "{body}");
+    }
+    downstream
+        .wait_for("twenty events", |got| got.len() >= 20)
+        .await;
+    let stats_call = || async {
+        let stats = gateway.stats().await;
+        assert_eq!(stats["store"]["completed"], 20, "{stats}");
+    };
+    let status_call = || async {
+        let admin = gateway.admin.clone();
+        let (ok, status) = tokio::task::spawn_blocking(move || {
+            let output = std::process::Command::new(env!("CARGO_BIN_EXE_oncegate"))
+                .args(["status", "--admin", &admin])
+                .env_remove("ONCEGATE_CONFIG")
+                .output()
+                .expect("oncegate");
+            (
+                output.status.success(),
+                String::from_utf8_lossy(&output.stdout).into_owned(),
+            )
+        })
+        .await
+        .expect("status");
+        assert!(ok, "{status}");
+    };
+    let (empty_stats, _, _) = commands_per_call(&redis, 20, stats_call).await;
+    let (empty_status, _, _) = commands_per_call(&redis, 5, status_call).await;
+
+    // A million record keys across the partitions, as 24 hours of traffic leave them.
+    let fill = "local n = 0 \
+        for i = tonumber(ARGV[1]), tonumber(ARGV[2]) do \
+          redis.call('SET', '{cost:' .. (i % 8) .. '}:r:' .. string.format('%032x', i), \
+            'c01900000000000,,,-', 'PX', 3600000) \
+          n = n + 1 \
+        end return n";
+    for batch in 0..10u64 {
+        let from = (batch * 100_000).to_string();
+        let to = (batch * 100_000 + 99_999).to_string();
+        let added = redis.cli(&["EVAL", fill, "0", &from, &to]);
+        assert_eq!(added.trim(), "100000", "{added}");
+    }
+    let keys: u64 = redis.cli(&["DBSIZE"]).trim().parse().expect("dbsize");
+    assert!(keys >= 1_000_000, "{keys} keys");
+
+    let (full_stats, scans, median) = commands_per_call(&redis, 20, stats_call).await;
+    let (full_status, status_scans, _) = commands_per_call(&redis, 5, status_call).await;
+    eprintln!(
+        "commands a call over none, then 1M keys: /admin/stats {empty_stats:.1}, {full_stats:.1}; \
+         oncegate status {empty_status:.1}, {full_status:.1}; /admin/stats's median {median:?}"
+    );
+    assert_eq!((scans, status_scans), (0, 0), "no SCAN");
+    // A few commands per partition, the same with a million keys as with none (a scan of the
+    // keys would be a thousand SCANs and a million reads).
+    let bound = 10.0 * PARTITIONS as f64;
+    assert!(
+        full_stats <= bound && full_stats <= empty_stats + 8.0,
+        "/admin/stats: {full_stats:.1} commands a call over 1M keys, {empty_stats:.1} over none"
+    );
+    assert!(
+        full_status <= 2.0 * bound && full_status <= empty_status + 16.0,
+        "oncegate status: {full_status:.1} commands a call over 1M keys, {empty_status:.1} over none"
+    );
+    assert!(
+        median < Duration::from_millis(50),
+        "/admin/stats over 1M keys took {median:?}"
+    );
+}

@@ -1,6 +1,6 @@
--- claim, for one or more keys of one partition: KEYS = the partition's token clock, then one
--- record per claim; ARGV = now_ms, ttl slack ms, then per claim: lease_ms, fingerprint
--- (16 bytes, or empty for none).
+-- claim, for one or more keys of one partition: KEYS = the partition's token clock, its counts
+-- (counts.lua), then one record per claim; ARGV = now_ms, ttl slack ms, then per claim:
+-- lease_ms, fingerprint (16 bytes, or empty for none).
 -- One reply per claim, in order: {'inflight', until} | {'done'} | {'done', outcome}
 -- | {'conflict'} | the granted token, negated when a holder's lease ran out (a takeover).
 -- A grant, the common reply, is one integer: the caller knows its lease end (now + lease),
@@ -22,7 +22,7 @@ local function next_token()
   return token
 end
 local function claim(key, lease, fingerprint)
-  local s, e, _, u, f, o = load(key)
+  local s, e, _, u, f, o, counted = load(key)
   local expires = now
   local kept = false
   local taken = false
@@ -39,6 +39,8 @@ local function claim(key, lease, fingerprint)
   end
   local granted = next_token()
   local till = now + lease
+  if counted then tally(s, e, u, -1, now) end
+  tally('r', expires, till, 1, now)
   -- A forgotten record's fingerprint goes with it; a kept one stays.
   if not kept and fingerprint ~= '' then kept = fingerprint end
   store(key, math.max(expires, till) - now + slack, 'r', expires, string.format('%d', granted),
@@ -47,8 +49,9 @@ local function claim(key, lease, fingerprint)
   return granted
 end
 local replies = {}
-for i = 2, #KEYS do
-  replies[i - 1] = claim(KEYS[i], tonumber(ARGV[2 * i - 1]), ARGV[2 * i])
+for j = 1, #KEYS - 2 do
+  replies[j] = claim(KEYS[j + 2], tonumber(ARGV[2 * j + 1]), ARGV[2 * j + 2])
 end
 if token then redis.call('SET', KEYS[1], string.format('%d', token)) end
+tallied(KEYS[2])
 return replies

@@ -1,7 +1,7 @@
 -- complete and ack, for one or more handed-out entries of one partition: KEYS = stream,
--- attempts hash, owner record, then one record per entry; ARGV = now_ms, ttl slack ms, group,
--- instance, epoch, then per entry: token, retention_ms, seq, outcome ('-' for none, 'o' and its
--- bytes for one), lean ('1' for a hand-out that wrote no claim, else '0').
+-- attempts hash, owner record, counts (counts.lua), then one record per entry; ARGV = now_ms,
+-- ttl slack ms, group, instance, epoch, then per entry: token, retention_ms, seq, outcome ('-'
+-- for none, 'o' and its bytes for one), lean ('1' for a hand-out that wrote no claim, else '0').
 -- Each record is completed only if its token is the live record's holder, or, lean, if nobody
 -- else holds or completed it (fence.lua). The entries are acked and removed whatever those
 -- fences say (they were handed to this caller), but only while the caller owns the partition
@@ -9,29 +9,33 @@
 -- acks (or runs) them. One reply per entry, in order: 1 when the record was completed, else 0.
 local now = tonumber(ARGV[1])
 local slack = tonumber(ARGV[2])
+local entries = #KEYS - 4
 if owns(KEYS[3], ARGV[4], ARGV[5]) then
   local ids, seqs = {}, {}
-  for i = 4, #KEYS do
-    local seq = ARGV[5 * i - 12]
-    ids[i - 3] = '0-' .. seq
-    seqs[i - 3] = seq
+  for j = 1, entries do
+    local seq = ARGV[5 * j + 3]
+    ids[j] = '0-' .. seq
+    seqs[j] = seq
   end
   redis.call('XACK', KEYS[1], ARGV[3], unpack(ids))
   redis.call('XDEL', KEYS[1], unpack(ids))
   redis.call('HDEL', KEYS[2], unpack(seqs))
 end
 local replies = {}
-for i = 4, #KEYS do
-  local at = 5 * i - 14
+for j = 1, entries do
+  local key = KEYS[j + 4]
+  local at = 5 * j + 1
   local applied = 0
-  local s, e, t, u, f = load(KEYS[i])
+  local s, e, t, u, f, _, counted = load(key)
   if (s == 'r' and t == ARGV[at] and (now < e or now < u))
       or (ARGV[at + 4] == '1' and lean_free(s, e, u, now)) then
     local outcome = ARGV[at + 3]
     if string.byte(outcome, 1) == 111 then outcome = string.sub(outcome, 2) else outcome = false end
-    mark_completed(KEYS[i], now, tonumber(ARGV[at + 1]), slack, f, outcome)
+    if counted then tally(s, e, u, -1, now) end
+    mark_completed(key, now, tonumber(ARGV[at + 1]), slack, f, outcome)
     applied = 1
   end
-  replies[i - 3] = applied
+  replies[j] = applied
 end
+tallied(KEYS[4])
 return replies

@@ -1,13 +1,15 @@
 -- Prepended to every script that reads or writes records. A record is one string:
 --   <state p|r|c><retention end ms>,<token>,<lease end ms>,<- | f and 16 fingerprint bytes>[o<outcome>]
--- (token and lease end are empty unless the state is r). One GET and one SET ... PX per
+-- (token and lease end are empty unless the state is r). A retention end written with a
+-- leading 0 marks a record that is counted in its partition's counts (counts.lua): every
+-- record this version writes is; earlier versions wrote none, and read the number alike. One GET and one SET ... PX per
 -- transition: each call inside a script costs about a microsecond beyond its own work, and a
 -- hash needed HMGET, HSET, HDEL and PEXPIRE. Records that earlier versions wrote as hashes
 -- are read as well; the next transition writes them as strings (SET replaces a hash).
 
 local parse
--- state, retention end, token text, lease end, fingerprint or false, outcome or false;
--- nil when there is no record.
+-- state, retention end, token text, lease end, fingerprint or false, outcome or false, whether
+-- it is counted; nil when there is no record.
 local function load(key)
   local raw = redis.pcall('GET', key)
   if not raw then return nil end
@@ -18,7 +20,7 @@ local function load(key)
     local h = redis.call('HMGET', key, 's', 'e', 't', 'u', 'o', 'f')
     if not h[1] then return nil end
     return h[1], tonumber(h[2]) or 0, h[3] or '', tonumber(h[4] or '0') or 0, h[6] or false,
-      h[5] or false
+      h[5] or false, false
   end
   return parse(key, raw)
 end
@@ -36,7 +38,7 @@ parse = function(key, raw)
   end
   local o = false
   if string.byte(raw, at) == 111 then o = string.sub(raw, at + 1) end
-  return s, tonumber(e), t, tonumber(u) or 0, f, o
+  return s, tonumber(e), t, tonumber(u) or 0, f, o, string.byte(raw, 2) == 48
 end
 
 -- The string of a record (lease end only for r; fingerprint and outcome false for none), made
@@ -44,7 +46,7 @@ end
 local function encode(s, e, t, u, f, o)
   local lease = ''
   if s == 'r' then lease = string.format('%d', u) end
-  return s .. string.format('%d', e) .. ',' .. t .. ',' .. lease .. (f and ',f' or ',-')
+  return s .. '0' .. string.format('%d', e) .. ',' .. t .. ',' .. lease .. (f and ',f' or ',-')
     .. (f or '') .. (o and 'o' or '') .. (o or '')
 end
 

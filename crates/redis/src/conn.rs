@@ -177,23 +177,6 @@ impl Conn {
         }
     }
 
-    /// One `SCAN` step on `node`: the next cursor (0 when done) and the keys matching
-    /// `pattern`.
-    pub(crate) async fn scan(
-        &mut self,
-        node: &ScanNode,
-        cursor: u64,
-        pattern: &str,
-    ) -> RedisResult<(u64, Vec<String>)> {
-        let mut cmd = redis::cmd("SCAN");
-        cmd.arg(cursor)
-            .arg("MATCH")
-            .arg(pattern)
-            .arg("COUNT")
-            .arg(1000);
-        Ok(redis::from_redis_value(self.query_on(node, cmd).await?)?)
-    }
-
     /// Runs `cmd` on `node` (a command without keys, such as `CONFIG GET` or `INFO`).
     pub(crate) async fn query_on(&mut self, node: &ScanNode, cmd: Cmd) -> RedisResult<Value> {
         match (self, node) {

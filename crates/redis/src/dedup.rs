@@ -68,6 +68,7 @@ impl<C: Clock> DedupStore for RedisStore<C> {
                     .arg(nonce.window_ms.max(1))
                     .arg(&nonce.key.0[..]);
             }
+            call.key(inner.counts(partition));
             let reply = call.invoke_async(&mut conn).await.map_err(from_redis);
             // Even after an error: the script may have appended before it failed.
             inner.unread[usize::from(partition)].store(true, std::sync::atomic::Ordering::Release);
@@ -217,83 +218,74 @@ impl<C: Clock> DedupStore for RedisStore<C> {
         .await
     }
 
-    /// Counts by scanning the prefix on every primary, a thousand records per round trip:
-    /// O(records), for operators, not for tight polling.
+    /// The records counted as they change (`lua/counts.lua`) and the streams' lengths: one
+    /// script per partition, pipelined, whatever the records held. A record whose life ends in
+    /// the current minute is counted until the minute is over; records written by versions
+    /// before the counts are not counted.
     async fn stats(&self) -> Result<StoreStats, StoreError> {
-        let in_flight = {
-            let mut total = 0u64;
-            let mut queued = 0u64;
-            for queue in &self.inner.queues {
-                let queue = queue.lock().await;
-                total += queue.order.in_flight() as u64;
-                queued += queue.order.len() as u64;
-            }
-            (total, queued)
-        };
-        self.run_within(
-            STATS_LIMIT,
-            move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
-                let mut stats = StoreStats {
-                    in_flight: in_flight.0,
-                    ..StoreStats::default()
-                };
-                let now = inner.clock.now_ms();
-                let pattern = inner.records_pattern();
-                for node in conn.scan_nodes().await.map_err(from_redis)? {
-                    let mut cursor = 0u64;
-                    loop {
-                        let (next, keys) = conn
-                            .scan(&node, cursor, &pattern)
+        let mut in_flight = 0u64;
+        for queue in &self.inner.queues {
+            in_flight += queue.lock().await.order.in_flight() as u64;
+        }
+        self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
+            let now = inner.clock.now_ms();
+            let calls = (0..inner.partitions)
+                .map(|partition| {
+                    let mut call = redis::cmd("EVALSHA");
+                    call.arg(inner.scripts.stats.get_hash())
+                        .arg(3)
+                        .arg(&*inner.counts(partition))
+                        .arg(&*inner.stream(partition))
+                        .arg(&*inner.dead(partition))
+                        .arg(now);
+                    call
+                })
+                .collect();
+            let replies = match conn.each(calls).await {
+                Ok(replies) => replies,
+                // Not loaded yet (a new server, or a cluster node): each partition on its own,
+                // which loads it.
+                Err(error)
+                    if error.kind()
+                        == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                {
+                    let mut replies = Vec::with_capacity(usize::from(inner.partitions));
+                    for partition in 0..inner.partitions {
+                        let reply: Value = inner
+                            .scripts
+                            .stats
+                            .key(&*inner.counts(partition))
+                            .key(&*inner.stream(partition))
+                            .key(&*inner.dead(partition))
+                            .arg(now)
+                            .invoke_async(&mut conn)
                             .await
                             .map_err(from_redis)?;
-                        // One script call per slot (a script's keys share one slot): the keys
-                        // of a batch grouped by their partition's hash tag.
-                        let mut by_tag: std::collections::BTreeMap<&str, Vec<&str>> =
-                            std::collections::BTreeMap::new();
-                        for key in &keys {
-                            let tag = key.split_once('}').map_or(key.as_str(), |(tag, _)| tag);
-                            by_tag.entry(tag).or_default().push(key);
-                        }
-                        for group in by_tag.values() {
-                            let mut call = inner.scripts.records.prepare_invoke();
-                            for key in group {
-                                call.key(*key);
-                            }
-                            let reply: Value =
-                                call.invoke_async(&mut conn).await.map_err(from_redis)?;
-                            for value in array(reply)? {
-                                // Counts, not a transition: a key that does not parse is skipped.
-                                match record_of(&value) {
-                                    Ok(Some(record)) if record.is_live(now) => match record.state {
-                                        RecordState::Pending => stats.pending += 1,
-                                        RecordState::Processing { .. } => stats.processing += 1,
-                                        RecordState::Completed { .. } => stats.completed += 1,
-                                    },
-                                    _ => {}
-                                }
-                            }
-                        }
-                        cursor = next;
-                        if cursor == 0 {
-                            break;
-                        }
+                        replies.push(reply);
                     }
+                    replies
                 }
-                for partition in 0..inner.partitions {
-                    let (queued, dead): (u64, u64) = redis::pipe()
-                        .cmd("XLEN")
-                        .arg(inner.stream(partition))
-                        .cmd("XLEN")
-                        .arg(inner.dead(partition))
-                        .query_async(&mut conn)
-                        .await
-                        .map_err(from_redis)?;
-                    stats.queued += queued;
-                    stats.dead_letters += dead;
-                }
-                Ok(stats)
-            },
-        )
+                Err(error) => return Err(from_redis(error)),
+            };
+            let mut stats = StoreStats {
+                in_flight,
+                ..StoreStats::default()
+            };
+            for reply in replies {
+                let counts = array(reply)?;
+                let count = |i: usize| {
+                    counts.get(i).and_then(int).ok_or_else(|| {
+                        StoreError::Corrupt(format!("unexpected stats reply {counts:?}"))
+                    })
+                };
+                stats.pending += count(0)?;
+                stats.processing += count(1)?;
+                stats.completed += count(2)?;
+                stats.queued += count(3)?;
+                stats.dead_letters += count(4)?;
+            }
+            Ok(stats)
+        })
         .await
     }
 }
@@ -327,6 +319,7 @@ impl<C: Clock> Inner<C> {
     ) -> Result<FenceCheck, StoreError> {
         let mut call = self.scripts.fence.prepare_invoke();
         call.key(self.record_key(&lease.key, lease.partition))
+            .key(self.counts(lease.partition))
             .arg(op)
             .arg(lease.token.0)
             .arg(self.clock.now_ms())
@@ -429,6 +422,7 @@ impl<C: Clock> Batch<C> for ClaimCall {
         let now_ms = inner.clock.now_ms();
         script
             .key(inner.tokens(partition))
+            .key(inner.counts(partition))
             .arg(now_ms)
             .arg(TTL_SLACK_MS);
         for call in calls {
@@ -520,6 +514,7 @@ impl<C: Clock> Batch<C> for CompleteCall {
             .key(inner.stream(partition))
             .key(inner.attempts(partition))
             .key(inner.owner(partition))
+            .key(inner.counts(partition))
             .arg(inner.clock.now_ms())
             .arg(TTL_SLACK_MS)
             .arg(GROUP)

@@ -15,6 +15,7 @@ pub(super) struct PartitionNames {
     tokens: String,
     owner: String,
     groups: String,
+    counts: String,
 }
 
 impl PartitionNames {
@@ -30,6 +31,7 @@ impl PartitionNames {
                 tokens: made(prefix, partition, TOKENS),
                 owner: made(prefix, partition, OWNER),
                 groups: made(prefix, partition, GROUPS),
+                counts: made(prefix, partition, COUNTS),
             })
             .collect()
     }
@@ -43,6 +45,7 @@ const DEAD_INDEX: &str = "deadidx";
 const TOKENS: &str = "token";
 const OWNER: &str = "own";
 const GROUPS: &str = "qg";
+const COUNTS: &str = "n";
 
 /// `{prefix:partition}:suffix`.
 fn made(prefix: &str, partition: u16, suffix: &str) -> String {
@@ -100,6 +103,11 @@ impl<C> Inner<C> {
     pub(super) fn groups(&self, partition: u16) -> Cow<'_, str> {
         self.name(partition, |n| &n.groups, GROUPS)
     }
+    /// The partition's records counted by state and by the minute their life ends
+    /// (`lua/counts.lua`).
+    pub(super) fn counts(&self, partition: u16) -> Cow<'_, str> {
+        self.name(partition, |n| &n.counts, COUNTS)
+    }
     /// Written just before a `WAIT` for replicas, in the partition's slot (`promise.rs`).
     pub(super) fn replication_mark(&self, partition: u16) -> String {
         format!("{{{}:{partition}}}:sync", self.prefix)
@@ -107,17 +115,6 @@ impl<C> Inner<C> {
     /// The live gateways (`lua/members.lua`).
     pub(super) fn members(&self) -> String {
         format!("{{{}}}:members", self.prefix)
-    }
-    /// A `SCAN` pattern for every record key.
-    pub(super) fn records_pattern(&self) -> String {
-        let mut escaped = String::with_capacity(self.prefix.len() + 8);
-        for c in self.prefix.chars() {
-            if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-                escaped.push('\\');
-            }
-            escaped.push(c);
-        }
-        format!("{{{escaped}:*}}:r:*")
     }
 }
 
@@ -143,6 +140,7 @@ mod tests {
             assert_eq!(kept.dead_index, format!("{{og:{partition}}}:deadidx"));
             assert_eq!(kept.tokens, format!("{{og:{partition}}}:token"));
             assert_eq!(kept.owner, format!("{{og:{partition}}}:own"));
+            assert_eq!(kept.counts, format!("{{og:{partition}}}:n"));
         }
     }
 }

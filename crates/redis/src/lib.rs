@@ -90,8 +90,6 @@ pub use sentinel::SENTINEL_SCHEME;
 /// Physical TTLs outlive the logical end by this much, so that clock skew between gateways and
 /// Redis never drops a record early.
 pub const TTL_SLACK_MS: u64 = 60_000;
-/// How long counting every record may take (a scan; ~100k records a second on loopback).
-const STATS_LIMIT: Duration = Duration::from_secs(120);
 /// Stream entries read per catch-up round.
 const CATCH_UP: usize = 1000;
 
@@ -99,6 +97,7 @@ const CATCH_UP: usize = 1000;
 pub const ADMIT_LUA: &str = concat!(
     include_str!("../lua/clock.lua"),
     include_str!("../lua/record.lua"),
+    include_str!("../lua/counts.lua"),
     include_str!("../lua/admit.lua")
 );
 
@@ -106,6 +105,7 @@ pub const ADMIT_LUA: &str = concat!(
 pub const CLAIM_LUA: &str = concat!(
     include_str!("../lua/clock.lua"),
     include_str!("../lua/record.lua"),
+    include_str!("../lua/counts.lua"),
     include_str!("../lua/claim.lua")
 );
 
@@ -113,6 +113,7 @@ pub const CLAIM_LUA: &str = concat!(
 pub const COMPLETE_ACK_LUA: &str = concat!(
     include_str!("../lua/owns.lua"),
     include_str!("../lua/record.lua"),
+    include_str!("../lua/counts.lua"),
     include_str!("../lua/completed.lua"),
     include_str!("../lua/complete_ack.lua")
 );
@@ -129,6 +130,8 @@ struct Scripts {
     fence: Script,
     /// Reads records as strings (those of earlier versions' hashes converted).
     records: Script,
+    /// A partition's counts by state (`lua/counts.lua`) and its streams' lengths.
+    stats: Script,
     watermark: Script,
     rate: Script,
     rate_adjust: Script,
@@ -411,6 +414,7 @@ impl<C: Clock> RedisStore<C> {
                 fence: Script::new(concat!(
                     include_str!("../lua/owns.lua"),
                     include_str!("../lua/record.lua"),
+                    include_str!("../lua/counts.lua"),
                     include_str!("../lua/completed.lua"),
                     include_str!("../lua/fence.lua")
                 )),
@@ -418,6 +422,7 @@ impl<C: Clock> RedisStore<C> {
                     include_str!("../lua/record.lua"),
                     include_str!("../lua/records.lua")
                 )),
+                stats: Script::new(include_str!("../lua/stats.lua")),
                 watermark: Script::new(include_str!("../lua/watermark.lua")),
                 rate: Script::new(include_str!("../lua/rate.lua")),
                 rate_adjust: Script::new(include_str!("../lua/rate_adjust.lua")),

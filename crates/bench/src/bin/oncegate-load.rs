@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
@@ -58,6 +58,10 @@ struct Args {
     /// The server's process id, for its CPU per request.
     #[arg(long)]
     pid: Option<u32>,
+    /// Polls `GET /admin/stats` this many times a second while the load runs and drains (0:
+    /// never), as a dashboard would: what such polling costs the deliveries.
+    #[arg(long, default_value_t = 0.0)]
+    poll_stats: f64,
 }
 
 /// `text`, padded with letters to `bytes` (never cut).
@@ -131,9 +135,8 @@ fn ticks_per_second() -> u64 {
 }
 
 /// `GET {admin}/admin/live`: delivered, stale-dropped and admitted counts; `None` when the
-/// admin API does not answer within the request timeout. Not `/admin/stats`: that one counts
-/// the store's records (a scan of every record on Redis), and polling it while the queue drains
-/// would add that cost to the figures measured.
+/// admin API does not answer within the request timeout (`/admin/live` reads no store: the
+/// figures measured are the load's, `--poll-stats` adds a dashboard's).
 async fn counts(admin: &str) -> Option<(u64, u64, u64)> {
     tokio::time::timeout(REQUEST_TIMEOUT, stats_once(admin))
         .await
@@ -142,25 +145,54 @@ async fn counts(admin: &str) -> Option<(u64, u64, u64)> {
 }
 
 async fn stats_once(admin: &str) -> Option<(u64, u64, u64)> {
-    let authority = admin.trim_start_matches("http://");
-    let stream = tokio::net::TcpStream::connect(authority).await.ok()?;
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .ok()?;
-    tokio::spawn(connection);
-    let request = hyper::Request::get("/admin/live")
-        .header("host", authority)
-        .body(Full::new(Bytes::new()))
-        .ok()?;
-    let response = sender.send_request(request).await.ok()?;
-    let body = response.into_body().collect().await.ok()?.to_bytes();
-    let stats: serde_json::Value = serde_json::from_slice(&body).ok()?;
+    let stats = get_json(admin, "/admin/live").await?;
     let gateway = &stats["gateway"];
     Some((
         gateway["delivered"].as_u64()?,
         gateway["stale_dropped"].as_u64()?,
         gateway["admitted"].as_u64()?,
     ))
+}
+
+/// `GET {admin}{path}`'s JSON answer.
+async fn get_json(admin: &str, path: &str) -> Option<serde_json::Value> {
+    let authority = admin.trim_start_matches("http://");
+    let stream = tokio::net::TcpStream::connect(authority).await.ok()?;
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .ok()?;
+    tokio::spawn(connection);
+    let request = hyper::Request::get(path)
+        .header("host", authority)
+        .body(Full::new(Bytes::new()))
+        .ok()?;
+    let response = sender.send_request(request).await.ok()?;
+    let body = response.into_body().collect().await.ok()?.to_bytes();
+    serde_json::from_slice(&body).ok()
+}
+
+/// Polls `/admin/stats` every `every` until `stop`: each answer's time in microseconds (a
+/// failed poll counts as the request timeout).
+async fn poll_stats(admin: String, every: Duration, stop: Arc<AtomicBool>) -> Vec<u32> {
+    let mut took = Vec::new();
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    while !stop.load(Ordering::Relaxed) {
+        tick.tick().await;
+        let at = Instant::now();
+        let answered = tokio::time::timeout(REQUEST_TIMEOUT, get_json(&admin, "/admin/stats"))
+            .await
+            .ok()
+            .flatten()
+            .is_some();
+        let elapsed = if answered {
+            at.elapsed()
+        } else {
+            REQUEST_TIMEOUT
+        };
+        took.push(u32::try_from(elapsed.as_micros()).unwrap_or(u32::MAX));
+    }
+    took
 }
 
 /// One keep-alive connection taking requests from the shared plan until it is done. It writes
@@ -377,6 +409,15 @@ async fn main() -> anyhow::Result<()> {
     let own_before = cpu_ticks(std::process::id());
     let plan = Arc::new(plan);
     let next = Arc::new(AtomicUsize::new(0));
+    let polls_stop = Arc::new(AtomicBool::new(false));
+    let polls = match &admin {
+        Some(admin) if args.poll_stats > 0.0 => Some(tokio::spawn(poll_stats(
+            admin.clone(),
+            Duration::from_secs_f64(1.0 / args.poll_stats),
+            polls_stop.clone(),
+        ))),
+        _ => None,
+    };
     let started = Instant::now();
     let workers: Vec<_> = (0..args.connections.max(1))
         .map(|_| tokio::spawn(connection(authority.clone(), plan.clone(), next.clone())))
@@ -419,6 +460,12 @@ async fn main() -> anyhow::Result<()> {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
+
+    polls_stop.store(true, Ordering::Relaxed);
+    let polls = match polls {
+        Some(polls) => Some(polls.await?),
+        None => None,
+    };
 
     seen.latencies_us.sort_unstable();
     let pct = |p: f64| {
@@ -481,6 +528,16 @@ async fn main() -> anyhow::Result<()> {
         }
         None if admin.is_some() => println!("delivered          unknown (admin API not reachable)"),
         None => {}
+    }
+    if let Some(mut polls) = polls.filter(|polls| !polls.is_empty()) {
+        polls.sort_unstable();
+        let at = |p: f64| f64::from(polls[((polls.len() - 1) as f64 * p) as usize]) / 1000.0;
+        println!(
+            "polled /admin/stats {} times: p50 {:.2} ms  max {:.2} ms",
+            polls.len(),
+            at(0.5),
+            at(1.0)
+        );
     }
     Ok(())
 }

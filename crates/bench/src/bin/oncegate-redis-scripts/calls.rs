@@ -190,12 +190,14 @@ pub(crate) fn pipelined(con: &mut Connection, calls: Vec<Cmd>) -> anyhow::Result
 pub(crate) fn admit_cmd(sha: &str, event: usize, nonce: usize, now_ms: u64, payload: &[u8]) -> Cmd {
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(sha)
-        .arg(5)
+        .arg(6)
         .arg(record_key(event, 0))
         .arg(record_key(event, 1))
         .arg(format!("{PARTITION}:q"))
         .arg(format!("{PARTITION}:qseq"))
         .arg(nonce_set("nt", now_ms, nonce))
+        // Last: an earlier build's script, which counts nothing, runs on the same keys.
+        .arg(format!("{PARTITION}:n"))
         .arg(now_ms)
         .arg(RETENTION_MS)
         .arg(2)

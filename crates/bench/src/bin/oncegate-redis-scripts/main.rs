@@ -215,8 +215,9 @@ fn main() -> anyhow::Result<()> {
         .map(|batch| {
             let mut cmd = redis::cmd("EVALSHA");
             cmd.arg(&claim)
-                .arg(batch.len() + 1)
-                .arg(format!("{PARTITION}:token"));
+                .arg(batch.len() + 2)
+                .arg(format!("{PARTITION}:token"))
+                .arg(format!("{PARTITION}:n"));
             for &i in batch {
                 cmd.arg(record_key(i, 0));
             }
@@ -258,10 +259,11 @@ fn main() -> anyhow::Result<()> {
         .map(|batch| {
             let mut cmd = redis::cmd("EVALSHA");
             cmd.arg(&complete)
-                .arg(batch.len() + 3)
+                .arg(batch.len() + 4)
                 .arg(format!("{PARTITION}:q"))
                 .arg(format!("{PARTITION}:qa"))
-                .arg(format!("{PARTITION}:own"));
+                .arg(format!("{PARTITION}:own"))
+                .arg(format!("{PARTITION}:n"));
             for &i in batch {
                 cmd.arg(record_key(i, 0));
             }

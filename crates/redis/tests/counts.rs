@@ -1,0 +1,188 @@
+//! `stats` answers from counts the scripts keep as records change (`lua/counts.lua`), not by
+//! reading records: after every kind of transition, from many threads at once, and as the
+//! clock passes retention and lease ends, the counts equal a census of the records, and the
+//! call costs the same few commands however many keys Redis holds.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use oncegate_contract::{block_on, event, key};
+use oncegate_core::{
+    Claim, DedupStore, EventQueue, FenceCheck, KeyHash, Lease, ManualClock, QueueId, StoreStats,
+};
+use oncegate_redis::{RedisConfig, RedisStore};
+
+mod common;
+use common::plain;
+
+const MINUTE_MS: u64 = 60_000;
+const PARTITIONS: u16 = 3;
+
+fn store(prefix: &str, clock: ManualClock) -> RedisStore<ManualClock> {
+    let config = RedisConfig {
+        prefix: prefix.to_owned(),
+        partitions: PARTITIONS,
+        // The test's clock jumps by minutes: ownership must outlive every jump.
+        ownership: Duration::from_secs(86_400),
+        ..RedisConfig::at(&common::url())
+    };
+    RedisStore::connect_with_clock(config, clock).expect("connect")
+}
+
+fn prefix(test: &str) -> String {
+    format!("cnt{test}{}", std::process::id())
+}
+
+/// (pending, processing, completed) by reading every record key of `prefix`, each counted
+/// while its life (its retention end; a held one's lease end if later) ends at or after the
+/// start of the current minute: the counts' stated rule.
+fn census(prefix: &str, now_ms: u64) -> (u64, u64, u64) {
+    let mut redis = plain();
+    let pattern = format!("{{{prefix}:*}}:r:*");
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(&pattern)
+        .query(&mut redis)
+        .expect("keys");
+    let since = now_ms - now_ms % MINUTE_MS;
+    let mut counts = (0, 0, 0);
+    for name in keys {
+        let Some(raw): Option<Vec<u8>> = redis::cmd("GET").arg(&name).query(&mut redis).ok() else {
+            continue;
+        };
+        let text = String::from_utf8_lossy(&raw);
+        let mut fields = text[1..].splitn(4, ',');
+        let number = |field: Option<&str>| field.and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+        let retained = number(fields.next());
+        let _token = fields.next();
+        let lease = number(fields.next());
+        let end = if raw[0] == b'r' {
+            retained.max(lease)
+        } else {
+            retained
+        };
+        if end >= since {
+            match raw[0] {
+                b'p' => counts.0 += 1,
+                b'r' => counts.1 += 1,
+                b'c' => counts.2 += 1,
+                other => panic!("a record of state {other}"),
+            }
+        }
+    }
+    counts
+}
+
+fn counted(stats: &StoreStats) -> (u64, u64, u64) {
+    (stats.pending, stats.processing, stats.completed)
+}
+
+fn home(store: &RedisStore<ManualClock>, id: &str) -> u16 {
+    oncegate_core::event::partition_of(event(id, Some(id)).order_hash(), store.partitions())
+}
+
+/// One thread's random walk over a few shared keys: every transition the dispatcher makes,
+/// with retentions and leases of seconds to minutes, colliding with the other threads.
+fn walk(store: &RedisStore<ManualClock>, thread: u64, steps: usize, ids: &[String]) {
+    let mut rng = fastrand::Rng::with_seed(thread);
+    let mut leases: HashMap<KeyHash, (Lease, Option<QueueId>)> = HashMap::new();
+    let seconds = |rng: &mut fastrand::Rng| Duration::from_secs(rng.u64(1..=240));
+    block_on(async {
+        for _ in 0..steps {
+            let id = &ids[rng.usize(..ids.len())];
+            let k = key(id);
+            let partition = home(store, id);
+            match rng.u8(0..7) {
+                0 | 1 => {
+                    let _ = store
+                        .admit(event(id, Some(id)), &[k], seconds(&mut rng))
+                        .await
+                        .expect("admit");
+                }
+                2 => {
+                    if let Claim::Acquired(lease) | Claim::TookOver(lease) = store
+                        .claim(&k, partition, seconds(&mut rng))
+                        .await
+                        .expect("claim")
+                    {
+                        leases.insert(k, (lease, None));
+                    }
+                }
+                3 => {
+                    for (delivery, claim) in store
+                        .pull_claimed(partition, 2, seconds(&mut rng))
+                        .await
+                        .expect("pull")
+                    {
+                        if let Ok(Claim::Acquired(lease) | Claim::TookOver(lease)) = claim {
+                            leases.insert(delivery.key, (lease, Some(delivery.id)));
+                        }
+                    }
+                }
+                4 => {
+                    if let Some((lease, _)) = leases.get(&k) {
+                        let _: FenceCheck =
+                            store.renew(lease, seconds(&mut rng)).await.expect("renew");
+                    }
+                }
+                5 => {
+                    if let Some((lease, id)) = leases.remove(&k) {
+                        let _ = match id {
+                            Some(id) => store
+                                .complete_and_ack(&lease, seconds(&mut rng), None, id)
+                                .await
+                                .expect("complete and ack"),
+                            None => store
+                                .complete(&lease, seconds(&mut rng), None)
+                                .await
+                                .expect("complete"),
+                        };
+                    }
+                }
+                _ => {
+                    if let Some((lease, _)) = leases.remove(&k) {
+                        let _ = store.release(&lease).await.expect("release");
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// Eight threads walk over shared keys; between rounds the clock moves by up to three minutes
+/// (ending retentions and leases), and the counts equal the census every time.
+#[test]
+fn the_counts_follow_every_transition_from_many_threads_as_time_passes() {
+    let prefix = prefix("walk");
+    let clock = ManualClock::new(oncegate_contract::START_MS + 17_345);
+    let store = Arc::new(store(&prefix, clock.clone()));
+    let ids: Vec<String> = (0..40).map(|i| format!("w{i}")).collect();
+    let ids = Arc::new(ids);
+    let mut seen_expired = false;
+    for round in 0..12u64 {
+        std::thread::scope(|scope| {
+            for thread in 0..8 {
+                let (store, ids) = (store.clone(), ids.clone());
+                scope.spawn(move || walk(&store, round * 8 + thread, 150, &ids));
+            }
+        });
+        let stats = block_on(store.stats()).expect("stats");
+        let now = oncegate_core::Clock::now_ms(&clock);
+        assert_eq!(
+            counted(&stats),
+            census(&prefix, now),
+            "round {round} at {now}"
+        );
+        let before = counted(&stats);
+        clock.advance_ms(fastrand::u64(0..=180_000));
+        let after = counted(&block_on(store.stats()).expect("stats"));
+        let now = oncegate_core::Clock::now_ms(&clock);
+        assert_eq!(
+            after,
+            census(&prefix, now),
+            "round {round}, later, at {now}"
+        );
+        seen_expired |= after.0 + after.1 + after.2 < before.0 + before.1 + before.2;
+    }
+    assert!(seen_expired, "some records' time ran out between rounds");
+}
