@@ -115,11 +115,11 @@ impl Inspected {
         }
     }
 
-    /// Counts by state.
+    /// Counts by state, every record read: the operator's census.
     pub(crate) fn stats(&self, now_ms: u64) -> anyhow::Result<oncegate_core::StoreStats> {
         match self {
             Self::File(reader) => Ok(reader.stats(now_ms)?),
-            Self::Folder(store) => Ok(ready(store.stats())?),
+            Self::Folder(store) => Ok(store.census(now_ms)),
         }
     }
 

@@ -10,6 +10,7 @@
 
 pub mod cases;
 pub mod model;
+pub mod walk;
 
 use std::future::Future;
 use std::sync::Arc;

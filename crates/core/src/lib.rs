@@ -7,6 +7,7 @@ pub mod clock;
 pub mod durability;
 pub mod event;
 pub mod key;
+pub mod live_counts;
 pub mod passthrough;
 pub mod precedence;
 pub mod queue_index;

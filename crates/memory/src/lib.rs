@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use hashbrown::HashTable;
+use oncegate_core::live_counts::{Counted, LiveCounts};
 use oncegate_core::passthrough::BuildPassThrough;
 use oncegate_core::queue_index::PartitionIndex;
 use oncegate_core::store::{millis, require_partition};
@@ -200,6 +201,48 @@ impl<C: Clock, J: Journal> Tables<C, J> {
         }
     }
 
+    /// Every record read, counted by state when its life (its retention, a held one's lease
+    /// if later, to the second the store keeps) goes on after `after_ms`: O(records), an
+    /// operator's census of a store (`oncegate inspect`) and the check of [`stats`]'s counts;
+    /// no poll path calls it.
+    ///
+    /// [`stats`]: DedupStore::stats
+    pub fn census(&self, after_ms: u64) -> StoreStats {
+        let mut stats = self.queue_stats();
+        for shard in self.shards.iter() {
+            let shard = lock(shard);
+            for slot in shard.slots.iter() {
+                let end = self
+                    .epoch
+                    .ms(shard.forget_secs(slot.key, slot.word, self.epoch));
+                if end <= after_ms {
+                    continue;
+                }
+                match slot.word >> STATE_SHIFT {
+                    PENDING => stats.pending += 1,
+                    PROCESSING => stats.processing += 1,
+                    _ => stats.completed += 1,
+                }
+            }
+        }
+        stats
+    }
+
+    /// What `stats` and `census` share: the queues, dead letters and early evictions.
+    fn queue_stats(&self) -> StoreStats {
+        let mut stats = StoreStats {
+            evicted_early: self.evicted_early.load(Ordering::Relaxed),
+            ..StoreStats::default()
+        };
+        for partition in self.partitions.iter() {
+            let partition = lock(partition);
+            stats.queued += partition.order.len() as u64;
+            stats.in_flight += partition.order.in_flight() as u64;
+        }
+        stats.dead_letters = lock(&self.dead_letters).by_order.len() as u64;
+        stats
+    }
+
     /// Records held, live or awaiting the sweep.
     pub fn held_records(&self) -> usize {
         self.shards.iter().map(|s| lock(s).slots.len()).sum()
@@ -270,7 +313,7 @@ impl<C: Clock, J: Journal> Tables<C, J> {
                     .map_err(|()| full())?;
                 self.evicted_early.fetch_add(evicted, Ordering::Relaxed);
             }
-            shard.insert_new(compact, expires_secs, now_secs);
+            shard.insert_new(compact, expires_secs, now_secs, self.epoch);
         }
         // Queued (and journaled) while the shard locks are held: no one sees the key seen
         // before the event is in the queue.
@@ -498,31 +541,17 @@ impl<C: Clock, J: Journal> DedupStore for MemoryStore<C, J> {
             .sum())
     }
 
+    /// Records from the counts the shards keep as records change (`LiveCounts`): O(shards),
+    /// whatever the store holds.
     async fn stats(&self) -> Result<StoreStats, StoreError> {
         let now_ms = self.clock.now_ms();
-        let mut stats = StoreStats {
-            evicted_early: self.evicted_early.load(Ordering::Relaxed),
-            ..StoreStats::default()
-        };
+        let mut stats = self.queue_stats();
         for shard in self.shards.iter() {
-            let shard = lock(shard);
-            for slot in shard.slots.iter() {
-                match shard.load(slot.key, self.epoch) {
-                    Some(record) if record.is_live(now_ms) => match record.state {
-                        RecordState::Pending => stats.pending += 1,
-                        RecordState::Processing { .. } => stats.processing += 1,
-                        RecordState::Completed { .. } => stats.completed += 1,
-                    },
-                    _ => {}
-                }
-            }
+            let [pending, processing, completed] = lock(shard).counts.read(now_ms);
+            stats.pending += pending;
+            stats.processing += processing;
+            stats.completed += completed;
         }
-        for partition in self.partitions.iter() {
-            let partition = lock(partition);
-            stats.queued += partition.order.len() as u64;
-            stats.in_flight += partition.order.in_flight() as u64;
-        }
-        stats.dead_letters = lock(&self.dead_letters).by_order.len() as u64;
         Ok(stats)
     }
 }

@@ -213,7 +213,7 @@ impl<C: Clock, J: Journal> Restore<C, J> {
         let mut shard = tables.shard(key, self.now_ms);
         let compact = Compact::of(key);
         if !record.is_live(self.now_ms) {
-            shard.remove(compact);
+            shard.remove(compact, tables.epoch, self.now_ms);
             return;
         }
         if shard.word(compact).is_none() {

@@ -105,6 +105,17 @@ pub(super) struct Shard {
     /// Deadlines by the key's tag: 4 bytes a record.
     pub(super) expiry: ExpiryIndex<u32>,
     pub(super) next_sweep_secs: u32,
+    /// The shard's records counted by state as they change: what `stats` answers.
+    pub(super) counts: LiveCounts,
+}
+
+/// How a record's stored word is counted.
+fn counted(word: u32) -> Counted {
+    match word >> STATE_SHIFT {
+        PENDING => Counted::Pending,
+        PROCESSING => Counted::Processing,
+        _ => Counted::Completed,
+    }
 }
 
 /// When a record may be forgotten: its retention, or a live lease beyond it.
@@ -147,6 +158,7 @@ impl Shard {
             watermarks: HashTable::new(),
             expiry: ExpiryIndex::new(),
             next_sweep_secs: 0,
+            counts: LiveCounts::default(),
         }
     }
 
@@ -183,10 +195,18 @@ impl Shard {
     }
 
     /// Admits a key that has no entry at all: the common case, one probe and one insert.
-    pub(super) fn insert_new(&mut self, key: Compact, expires_secs: u32, now_secs: u32) {
+    pub(super) fn insert_new(
+        &mut self,
+        key: Compact,
+        expires_secs: u32,
+        now_secs: u32,
+        epoch: Epoch,
+    ) {
         self.slots
             .insert_new(key, (PENDING << STATE_SHIFT) | expires_secs);
         self.expiry.push(key.tag(), now_secs, expires_secs);
+        self.counts
+            .add(Counted::Pending, epoch.ms(expires_secs), epoch.ms(now_secs));
     }
 
     pub(super) fn write(&mut self, key: Compact, record: Record, epoch: Epoch, now_secs: u32) {
@@ -196,8 +216,10 @@ impl Shard {
             outcomes,
             fingerprints,
             expiry,
+            counts,
             ..
         } = self;
+        let now_ms = epoch.ms(now_secs);
         match record.fingerprint {
             Some(fingerprint) => {
                 fingerprints.insert(key, fingerprint);
@@ -210,6 +232,9 @@ impl Shard {
         let before = slot
             .as_deref()
             .map(|word| forget_secs(leases, key, *word, epoch));
+        if let Some((word, secs)) = slot.as_deref().zip(before) {
+            counts.remove(counted(*word), epoch.ms(secs), now_ms);
+        }
         let secs = epoch.secs_ceil(record.expires_at_ms);
         let state = match record.state {
             RecordState::Pending => {
@@ -253,6 +278,7 @@ impl Shard {
         // time (a completion after the admit, a lease) is found when the earlier entry comes
         // due and pushed again then, so most records hold one entry.
         let after = forget_secs(leases, key, word, epoch);
+        counts.add(counted(word), epoch.ms(after), now_ms);
         if before.is_none_or(|before| after < before) {
             expiry.push(key.tag(), now_secs, after);
         }
@@ -273,7 +299,12 @@ impl Shard {
         }
     }
 
-    pub(super) fn remove(&mut self, key: Compact) {
+    /// Forgets `key`'s record at `now_ms`.
+    pub(super) fn remove(&mut self, key: Compact, epoch: Epoch, now_ms: u64) {
+        if let Some(word) = self.word(key) {
+            let end = epoch.ms(self.forget_secs(key, word, epoch));
+            self.counts.remove(counted(word), end, now_ms);
+        }
         if self.slots.remove(key) {
             self.leases.remove(&key);
             self.outcomes.remove(&key);
@@ -305,7 +336,7 @@ impl Shard {
                     continue;
                 };
                 if record.forget_after_ms() <= now_ms {
-                    self.remove(*key);
+                    self.remove(*key, epoch, now_ms);
                 } else if let Some(word) = self.word(*key) {
                     let deadline = self.forget_secs(*key, word, epoch);
                     self.expiry.push(key.tag(), now_secs, deadline);
@@ -350,7 +381,7 @@ impl Shard {
                         if record.is_live(now_ms) {
                             evicted += 1;
                         }
-                        self.remove(*key);
+                        self.remove(*key, epoch, now_ms);
                     }
                     None => {}
                 }

@@ -189,3 +189,56 @@ fn a_forget_time_moved_later_is_kept_then_freed() {
         assert_eq!(store.stats().await.expect("stats").evicted_early, 0);
     });
 }
+
+/// The records counted as they change (what `stats` answers, without reading a record) against
+/// a census of every record: after walks of every transition from eight threads, on a store
+/// small enough to evict early, as the clock passes retention and lease ends.
+#[test]
+fn the_counts_equal_a_census_through_walks_evictions_and_time() {
+    let clock = ManualClock::new(START_MS + 17_345);
+    let store = std::sync::Arc::new(MemoryStore::with_clock(
+        MemoryConfig {
+            shards: 4,
+            max_records: 48,
+            partitions: 3,
+        },
+        clock.clone(),
+    ));
+    let ids: Vec<String> = (0..80).map(|i| format!("w{i}")).collect();
+    let minute_start = |now: u64| now - now % 60_000;
+    let counted =
+        |stats: oncegate_core::StoreStats| (stats.pending, stats.processing, stats.completed);
+    let mut expired = false;
+    for round in 0..12u64 {
+        std::thread::scope(|scope| {
+            for thread in 0..8 {
+                let (store, ids) = (store.clone(), &ids);
+                scope.spawn(move || {
+                    oncegate_contract::walk::walk(&*store, round * 8 + thread, 200, ids);
+                });
+            }
+        });
+        let now = oncegate_core::Clock::now_ms(&clock);
+        let before = counted(block_on(store.stats()).expect("stats"));
+        // Counted until the minute their life ends in is over: a census from its start.
+        assert_eq!(
+            before,
+            counted(store.census(minute_start(now) - 1)),
+            "round {round}"
+        );
+        clock.advance_ms(fastrand::u64(0..=180_000));
+        let now = oncegate_core::Clock::now_ms(&clock);
+        let after = counted(block_on(store.stats()).expect("stats"));
+        assert_eq!(
+            after,
+            counted(store.census(minute_start(now) - 1)),
+            "round {round}, later"
+        );
+        expired |= after.0 + after.1 + after.2 < before.0 + before.1 + before.2;
+    }
+    assert!(expired, "some records' time ran out between rounds");
+    assert!(
+        block_on(store.stats()).expect("stats").evicted_early > 0,
+        "the bound evicted records early"
+    );
+}

@@ -1,16 +1,14 @@
 //! `stats` answers from counts the scripts keep as records change (`lua/counts.lua`), not by
 //! reading records: after every kind of transition, from many threads at once, and as the
-//! clock passes retention and lease ends, the counts equal a census of the records, and the
-//! call costs the same few commands however many keys Redis holds.
+//! clock passes retention and lease ends, the counts equal a census of the records
+//! (`crates/cli/tests/gateway.rs` counts what the call costs over a million keys).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use oncegate_contract::{block_on, event, key};
-use oncegate_core::{
-    Claim, DedupStore, EventQueue, FenceCheck, KeyHash, Lease, ManualClock, QueueId, StoreStats,
-};
+use oncegate_contract::block_on;
+use oncegate_contract::walk::walk;
+use oncegate_core::{DedupStore, ManualClock, StoreStats};
 use oncegate_redis::{RedisConfig, RedisStore};
 
 mod common;
@@ -77,78 +75,6 @@ fn counted(stats: &StoreStats) -> (u64, u64, u64) {
     (stats.pending, stats.processing, stats.completed)
 }
 
-fn home(store: &RedisStore<ManualClock>, id: &str) -> u16 {
-    oncegate_core::event::partition_of(event(id, Some(id)).order_hash(), store.partitions())
-}
-
-/// One thread's random walk over a few shared keys: every transition the dispatcher makes,
-/// with retentions and leases of seconds to minutes, colliding with the other threads.
-fn walk(store: &RedisStore<ManualClock>, thread: u64, steps: usize, ids: &[String]) {
-    let mut rng = fastrand::Rng::with_seed(thread);
-    let mut leases: HashMap<KeyHash, (Lease, Option<QueueId>)> = HashMap::new();
-    let seconds = |rng: &mut fastrand::Rng| Duration::from_secs(rng.u64(1..=240));
-    block_on(async {
-        for _ in 0..steps {
-            let id = &ids[rng.usize(..ids.len())];
-            let k = key(id);
-            let partition = home(store, id);
-            match rng.u8(0..7) {
-                0 | 1 => {
-                    let _ = store
-                        .admit(event(id, Some(id)), &[k], seconds(&mut rng))
-                        .await
-                        .expect("admit");
-                }
-                2 => {
-                    if let Claim::Acquired(lease) | Claim::TookOver(lease) = store
-                        .claim(&k, partition, seconds(&mut rng))
-                        .await
-                        .expect("claim")
-                    {
-                        leases.insert(k, (lease, None));
-                    }
-                }
-                3 => {
-                    for (delivery, claim) in store
-                        .pull_claimed(partition, 2, seconds(&mut rng))
-                        .await
-                        .expect("pull")
-                    {
-                        if let Ok(Claim::Acquired(lease) | Claim::TookOver(lease)) = claim {
-                            leases.insert(delivery.key, (lease, Some(delivery.id)));
-                        }
-                    }
-                }
-                4 => {
-                    if let Some((lease, _)) = leases.get(&k) {
-                        let _: FenceCheck =
-                            store.renew(lease, seconds(&mut rng)).await.expect("renew");
-                    }
-                }
-                5 => {
-                    if let Some((lease, id)) = leases.remove(&k) {
-                        let _ = match id {
-                            Some(id) => store
-                                .complete_and_ack(&lease, seconds(&mut rng), None, id)
-                                .await
-                                .expect("complete and ack"),
-                            None => store
-                                .complete(&lease, seconds(&mut rng), None)
-                                .await
-                                .expect("complete"),
-                        };
-                    }
-                }
-                _ => {
-                    if let Some((lease, _)) = leases.remove(&k) {
-                        let _ = store.release(&lease).await.expect("release");
-                    }
-                }
-            }
-        }
-    });
-}
-
 /// Eight threads walk over shared keys; between rounds the clock moves by up to three minutes
 /// (ending retentions and leases), and the counts equal the census every time.
 #[test]
@@ -163,7 +89,7 @@ fn the_counts_follow_every_transition_from_many_threads_as_time_passes() {
         std::thread::scope(|scope| {
             for thread in 0..8 {
                 let (store, ids) = (store.clone(), ids.clone());
-                scope.spawn(move || walk(&store, round * 8 + thread, 150, &ids));
+                scope.spawn(move || walk(&*store, round * 8 + thread, 150, &ids));
             }
         });
         let stats = block_on(store.stats()).expect("stats");
