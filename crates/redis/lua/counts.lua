@@ -11,14 +11,23 @@
 -- Changes are summed in the script and written once per field: a batch of claims or
 -- completions of one minute costs four HINCRBYs, not four per record.
 local tallies = {}
+-- Field names by state and minute, made once per script: a batch's records mostly share their
+-- minute, and Lua interns every string it makes.
+local names = {p = {}, r = {}, c = {}}
+local now_minute = false
 
 -- Counts (`delta` 1) or uncounts (-1) a record of state `s`, retention end `e` and lease end
 -- `u`, at `now`.
 local function tally(s, e, u, delta, now)
   if s == 'r' and u > e then e = u end
+  if not now_minute then now_minute = math.floor(now / 60000) end
   local minute = math.floor(e / 60000)
-  if minute < math.floor(now / 60000) then return end
-  local field = s .. string.format('%d', minute)
+  if minute < now_minute then return end
+  local field = names[s][minute]
+  if not field then
+    field = s .. string.format('%d', minute)
+    names[s][minute] = field
+  end
   tallies[s] = (tallies[s] or 0) + delta
   tallies[field] = (tallies[field] or 0) + delta
 end
