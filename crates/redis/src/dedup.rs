@@ -49,13 +49,14 @@ impl<C: Clock> DedupStore for RedisStore<C> {
             let partition = oncegate_core::event::partition_of(order_hash, inner.partitions);
             let bytes = postcard::to_stdvec(&Stored { event })
                 .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            let now_ms = inner.clock.now_ms();
             let mut call = inner.scripts.admit.prepare_invoke();
             for key in &keys {
                 call.key(inner.record_key(key, partition));
             }
             call.key(inner.stream(partition))
                 .key(inner.sequence(partition));
-            call.arg(inner.clock.now_ms())
+            call.arg(now_ms)
                 .arg(millis(retention))
                 .arg(keys.len())
                 .arg(&keys[0].hex_digits()[..])
@@ -74,9 +75,17 @@ impl<C: Clock> DedupStore for RedisStore<C> {
             inner.unread[usize::from(partition)].store(true, std::sync::atomic::Ordering::Release);
             let reply = array(reply?)?;
             let admission = match (reply.first().and_then(int), reply.get(1).and_then(int)) {
-                (Some(1), Some(seq)) => Admission::Admitted {
-                    id: QueueId { partition, seq },
-                },
+                (Some(1), Some(seq)) => {
+                    let records = i64::try_from(keys.len()).unwrap_or(i64::MAX);
+                    inner.admitted.add(
+                        partition,
+                        now_ms.saturating_add(millis(retention)),
+                        records,
+                    );
+                    Admission::Admitted {
+                        id: QueueId { partition, seq },
+                    }
+                }
                 (Some(0), Some(index)) => Admission::Duplicate {
                     key_index: usize::try_from(index)
                         .ok()
@@ -228,6 +237,8 @@ impl<C: Clock> DedupStore for RedisStore<C> {
             in_flight += queue.lock().await.order.in_flight() as u64;
         }
         self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
+            // This gateway's admissions first: its own are never behind.
+            inner.write_admitted(&mut conn).await?;
             let now = inner.clock.now_ms();
             let calls = (0..inner.partitions)
                 .map(|partition| {

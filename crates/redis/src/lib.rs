@@ -56,6 +56,7 @@ mod breaker;
 mod config;
 mod conn;
 mod consumer;
+mod counted;
 mod dedup;
 mod durability;
 mod gather;
@@ -132,6 +133,8 @@ struct Scripts {
     records: Script,
     /// A partition's counts by state (`lua/counts.lua`) and its streams' lengths.
     stats: Script,
+    /// Adds the records a gateway admitted to a partition's counts (`counted.rs`).
+    count_admitted: Script,
     watermark: Script,
     rate: Script,
     rate_adjust: Script,
@@ -210,6 +213,8 @@ struct Inner<C> {
     /// joins a partition's hand-out order here (every owner asks its own, so a partition
     /// taken over ranks as its first owner did, given the same rule).
     first: oncegate_core::FirstRule,
+    /// Records admitted here, not yet in the counts (`counted.rs`).
+    admitted: counted::Admitted,
 }
 
 impl<C> Inner<C> {
@@ -423,6 +428,7 @@ impl<C: Clock> RedisStore<C> {
                     include_str!("../lua/records.lua")
                 )),
                 stats: Script::new(include_str!("../lua/stats.lua")),
+                count_admitted: Script::new(include_str!("../lua/count_admitted.lua")),
                 watermark: Script::new(include_str!("../lua/watermark.lua")),
                 rate: Script::new(include_str!("../lua/rate.lua")),
                 rate_adjust: Script::new(include_str!("../lua/rate_adjust.lua")),
@@ -469,11 +475,13 @@ impl<C: Clock> RedisStore<C> {
             claims: (0..partitions).map(|_| Gather::default()).collect(),
             completions: (0..partitions).map(|_| Gather::default()).collect(),
             first: oncegate_core::FirstRule::default(),
+            admitted: counted::Admitted::new(partitions),
         });
         if let Some(verdict) = verdict {
             inner.promise.set(verdict);
         }
         promise::watch(Arc::downgrade(&inner), &handle);
+        handle.spawn(counted::write_every_second(Arc::downgrade(&inner)));
         Ok(Self {
             inner,
             runtime,

@@ -263,9 +263,12 @@ impl<C: Clock> EventQueue for RedisStore<C> {
     }
 
     async fn leave(&self) -> Result<(), StoreError> {
-        self.run(
-            move |inner: Arc<Inner<C>>, mut conn: Conn| async move { inner.leave(&mut conn).await },
-        )
+        self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
+            // What it admitted joins the counts before it goes (one more try: the counts,
+            // not the events, lose what does not make it).
+            let _ = inner.write_admitted(&mut conn).await;
+            inner.leave(&mut conn).await
+        })
         .await
     }
 

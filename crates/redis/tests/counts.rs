@@ -112,3 +112,63 @@ fn the_counts_follow_every_transition_from_many_threads_as_time_passes() {
     }
     assert!(seen_expired, "some records' time ran out between rounds");
 }
+
+/// Admissions are counted by the gateway that made them and written about once a second: a
+/// second gateway sees them within seconds without the first being asked, and a record taken
+/// out before its admission was written (claimed at once) is counted once, not twice.
+#[test]
+fn what_one_gateway_admits_reaches_another_gateways_counts_within_seconds() {
+    let prefix = prefix("two");
+    let clock = ManualClock::new(oncegate_contract::START_MS + 5_000);
+    let (one, two) = (store(&prefix, clock.clone()), store(&prefix, clock.clone()));
+    let ids: Vec<String> = (0..30).map(|i| format!("t{i}")).collect();
+    block_on(async {
+        for id in &ids {
+            let admitted = one
+                .admit(
+                    oncegate_contract::event(id, Some(id)),
+                    &[oncegate_contract::key(id)],
+                    Duration::from_secs(3600),
+                )
+                .await
+                .expect("admit");
+            assert!(matches!(
+                admitted,
+                oncegate_core::Admission::Admitted { .. }
+            ));
+        }
+        // One of them claimed and done at once, by the other gateway.
+        let k = oncegate_contract::key(&ids[0]);
+        let partition = oncegate_core::event::partition_of(
+            oncegate_contract::event(&ids[0], Some(&ids[0])).order_hash(),
+            PARTITIONS,
+        );
+        let oncegate_core::Claim::Acquired(lease) = two
+            .claim(&k, partition, Duration::from_secs(30))
+            .await
+            .expect("claim")
+        else {
+            panic!("claimable")
+        };
+        two.complete(&lease, Duration::from_secs(3600), None)
+            .await
+            .expect("complete");
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let seen = counted(&block_on(two.stats()).expect("stats"));
+        if seen == (29, 0, 1) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the second gateway still counts {seen:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let now = oncegate_core::Clock::now_ms(&clock);
+    assert_eq!(
+        counted(&block_on(one.stats()).expect("stats")),
+        census(&prefix, now)
+    );
+}
