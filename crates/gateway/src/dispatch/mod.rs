@@ -4,6 +4,8 @@
 //! Per-chat order comes from the queue: it hands out only the first waiting event of each order
 //! key, so everything pulled at once belongs to different chats and can run concurrently.
 
+mod act;
+mod decide;
 mod partition;
 pub(crate) mod retries;
 pub(crate) mod routes;
@@ -13,9 +15,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use oncegate_core::{
-    Delivery, FenceCheck, KeyHash, QueueId, Store, StoreError, WatermarkOutcome, key_for,
-};
+use oncegate_core::{Delivery, KeyHash, QueueId, Store, StoreError, WatermarkOutcome, key_for};
 use oncegate_once::{Claimed, Held, Panicked};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -23,7 +23,9 @@ use tokio_util::sync::CancellationToken;
 use crate::Shared;
 use crate::base::meters::ClaimOutcome;
 use crate::base::traces::{self, EventTrace};
+use crate::route::Route;
 use crate::sink::{Outgoing, SinkError};
+use act::act;
 use partition::partition_loop;
 use slots::Slots;
 
@@ -115,16 +117,6 @@ where
     }
 }
 
-/// Gives the key back and the event to the queue for a second later: the store did not answer.
-async fn release_and_retry<S: Store>(shared: &Shared<S>, delivery: &Delivery, key: &Held<S>) {
-    let store = &shared.store;
-    insist(&shared.summaries, "release", || key.release()).await;
-    insist(&shared.summaries, "retry", || {
-        store.retry(delivery.id, shared.now_ms() + 1000)
-    })
-    .await;
-}
-
 /// Whether `event` was superseded in its chat's version chain: an event whose successor (the
 /// one that changed the version it made) was applied already is older, even within one second
 /// of creation time. Marks, with the watermark store: `superseded/<chat>/<v>` = 1 once an event
@@ -156,65 +148,167 @@ async fn superseded<S: Store>(
     Ok(false)
 }
 
-/// Runs one handed-out event whose key the hand-out claimed (`claim`). Events name no
-/// payload: a redelivery of one event id is the same event.
+/// Runs one handed-out event whose key the hand-out claimed (`claim`): each point of its way
+/// decided by `decide.rs` and done by `act.rs`. Events name no payload: a redelivery of one
+/// event id is the same event.
 async fn handle<S: Store>(
     shared: &Shared<S>,
     delivery: Delivery,
     claim: Result<Claimed<S>, StoreError>,
     held: &Running<S>,
 ) {
-    let stats = &shared.stats;
-    let store = &shared.store;
-    let timing = &shared.timing;
-    let summaries = &shared.summaries;
     let handed = shared.traces.on().then(std::time::SystemTime::now);
-    let key = match claim {
-        Ok(Claimed::Run(key)) => {
-            shared.meters.claim(ClaimOutcome::Acquired);
-            key
-        }
-        Ok(Claimed::Done(_)) => {
-            shared.meters.claim(ClaimOutcome::Done);
-            claim_span(shared, &delivery, handed, "done");
-            // Completed before a crash that came before the ack.
-            stats.bump(&stats.already_done, "oncegate_already_done_total");
-            insist(&shared.summaries, "ack", || store.ack(delivery.id)).await;
-            crate::ingress::admission::left_queue(shared);
-            return;
-        }
-        Ok(Claimed::InFlight { until_ms }) => {
-            shared.meters.claim(ClaimOutcome::InFlight);
-            claim_span(shared, &delivery, handed, "in_flight");
-            insist(&shared.summaries, "retry", || {
-                store.retry(delivery.id, until_ms)
-            })
-            .await;
-            return;
-        }
+    let (key, claim) = match claim {
+        Ok(Claimed::Run(key)) => (Some(key), decide::Claim::Run),
+        Ok(Claimed::Done(_)) => (None, decide::Claim::Done),
+        Ok(Claimed::InFlight { until_ms }) => (None, decide::Claim::InFlight { until_ms }),
         // A claim naming no payload meets no conflict; were it to, retrying is safe.
-        Ok(Claimed::Conflict) => {
-            shared.meters.claim(ClaimOutcome::Conflict);
-            summaries.note(
-                "claim_conflict",
-                None,
-                "the event's key is held for a payload",
-            );
-            insist(&shared.summaries, "retry", || {
-                store.retry(delivery.id, shared.now_ms() + 1000)
-            })
-            .await;
-            return;
+        Ok(Claimed::Conflict) => (None, decide::Claim::Conflict),
+        Err(error) => (None, decide::Claim::Failed(error.to_string())),
+    };
+    shared.meters.claim(claim_outcome(&claim));
+    if let decide::Claim::Done | decide::Claim::InFlight { .. } = claim {
+        let outcome = if claim == decide::Claim::Done {
+            "done"
+        } else {
+            "in_flight"
+        };
+        claim_span(shared, &delivery, handed, outcome);
+    }
+    let Some(key) = key else {
+        let step = decide::claimed(claim, shared.now_ms());
+        return act(shared, &delivery, None, step, None, None).await;
+    };
+    let (redacted, route, step) = prepare(shared, &delivery).await;
+    let (Some(route), decide::Step::Run) = (&route, &step) else {
+        return act(shared, &delivery, Some(&key), step, route.as_deref(), None).await;
+    };
+    let event = redacted.as_ref().unwrap_or(&delivery.event);
+    let key = Arc::new(key);
+    lock(held).insert(delivery.id, key.clone());
+    let ran = run_handler(shared, &delivery, event, route, &key, handed).await;
+    lock(held).remove(&delivery.id);
+    let attempt = |outcome: &'static str, error: Option<String>, next_at_ms: Option<u64>| {
+        crate::base::attempts::Attempt {
+            at_ms: ran.started_ms,
+            attempt: delivery.attempt,
+            latency_ms: u64::try_from(ran.took.as_millis()).unwrap_or(u64::MAX),
+            outcome,
+            error,
+            next_at_ms,
         }
-        Err(error) => {
-            shared.meters.claim(ClaimOutcome::Failed);
-            summaries.note("claim_failed", None, &error.to_string());
-            insist(&shared.summaries, "retry", || {
-                store.retry(delivery.id, shared.now_ms() + 1000)
-            })
-            .await;
-            return;
-        }
+    };
+    let attempt: act::AttemptOf<'_> = &attempt;
+    let (result, started_ms) = (&ran.result, ran.started_ms);
+    let result = result.as_ref().map(|_| ()).map_err(|error| {
+        let failed = retries::Failed {
+            attempt: delivery.attempt,
+            error,
+            ordered: event.order_key.is_some(),
+            first_at_ms: shared.attempts.first_at(&delivery.key),
+            started_ms,
+            now_ms: shared.now_ms(),
+        };
+        (
+            error,
+            route.retries.next(&shared.timing.dispatcher, &failed),
+        )
+    });
+    let step = decide::after_run(result, delivery.attempt);
+    act(
+        shared,
+        &delivery,
+        Some(&*key),
+        step,
+        Some(&**route),
+        Some(attempt),
+    )
+    .await;
+}
+
+/// One run of an event's handler.
+struct Ran {
+    result: Result<Option<bytes::Bytes>, SinkError>,
+    started_ms: u64,
+    took: Duration,
+}
+
+/// Runs `route`'s handler on `event` while `key` is held (renewed as it runs), with its
+/// attempt's spans when the event is traced.
+async fn run_handler<S: Store>(
+    shared: &Shared<S>,
+    delivery: &Delivery,
+    event: &oncegate_core::Event,
+    route: &Route,
+    key: &Held<S>,
+    handed: Option<std::time::SystemTime>,
+) -> Ran {
+    shared.meters.lag(event.created_at_ms, shared.now_ms());
+    let id = delivery.key.delivery_id();
+    // This attempt's span, named to the downstream before it is recorded.
+    let traced = Some(EventTrace::of(&delivery.key))
+        .filter(|trace| shared.traces.keeps(trace))
+        .map(|trace| {
+            let span = traces::span_id();
+            let header = trace.traceparent(span);
+            (trace, span, header, std::time::SystemTime::now())
+        });
+    let outgoing = Outgoing {
+        id: id.as_str(),
+        event,
+        attempt: delivery.attempt,
+        wants_answer: false,
+        updates: None,
+        traceparent: traced.as_ref().map(|(_, _, header, _)| header.as_str()),
+        owner: crate::owner::of(event),
+    };
+    let (started, started_ms) = (std::time::Instant::now(), shared.now_ms());
+    let result = key
+        .run(route.sink.deliver(outgoing))
+        .await
+        .unwrap_or_else(|Panicked| Err(SinkError::Transient("the handler panicked".into())));
+    let took = started.elapsed();
+    shared.meters.handler(took);
+    if let Some((trace, span, _, began)) = &traced {
+        claim_span(shared, delivery, handed, "acquired");
+        record_attempt(shared, delivery, trace, *span, *began, &result);
+    }
+    Ran {
+        result,
+        started_ms,
+        took,
+    }
+}
+
+/// The claim's answer as the meters count it.
+fn claim_outcome(claim: &decide::Claim) -> ClaimOutcome {
+    match claim {
+        decide::Claim::Run => ClaimOutcome::Acquired,
+        decide::Claim::Done => ClaimOutcome::Done,
+        decide::Claim::InFlight { .. } => ClaimOutcome::InFlight,
+        decide::Claim::Conflict => ClaimOutcome::Conflict,
+        decide::Claim::Failed(_) => ClaimOutcome::Failed,
+    }
+}
+
+/// What is known before a held event's handler runs, asked in order until an answer decides
+/// (`decide::before_run` says what each means): the event to deliver (a tenancy push's with
+/// its credentials redacted), its route, and the step.
+async fn prepare<S: Store>(
+    shared: &Shared<S>,
+    delivery: &Delivery,
+) -> (
+    Option<oncegate_core::Event>,
+    Option<Arc<Route>>,
+    decide::Step,
+) {
+    use decide::{Before, Check};
+    let mut known = Before {
+        tenancy: Ok(()),
+        routed: false,
+        stale: Check::Unasked,
+        superseded: Check::Unasked,
+        gone: None,
     };
     // A multi-tenant source's push (a ticket, a tenant leaving) changes the store first; the
     // event then goes to its route as any other, any credential in it redacted.
@@ -224,180 +318,49 @@ async fn handle<S: Store>(
             ..delivery.event.clone()
         }),
         Err(error) => {
-            summaries.note("tenancy_failed", None, &error.to_string());
-            return release_and_retry(shared, &delivery, &key).await;
+            known.tenancy = Err(error.to_string());
+            return (None, None, decide::before_run(known));
         }
     };
     let event = redacted.as_ref().unwrap_or(&delivery.event);
-    let owner = crate::owner::of(event);
-    let Some(route) = shared.route_for(&event.event_type, owner) else {
-        stats.bump(&stats.unrouted, "oncegate_unrouted_total");
-        finish(shared, &delivery, &key).await;
-        return;
-    };
-    if route.stale == crate::StaleEvents::Drop
-        && let Some(order) = &event.order_key
-    {
-        let scope: KeyHash = key_for(&event.platform, &event.app, "watermark", order);
-        match store
-            .advance_watermark(&scope, event.created_at_ms, timing.retention)
-            .await
+    let route = shared.route_for(&event.event_type, crate::owner::of(event));
+    known.routed = route.is_some();
+    if let Some(route) = &route {
+        if route.stale == crate::StaleEvents::Drop
+            && let Some(order) = &event.order_key
         {
-            Ok(WatermarkOutcome::Stale { current }) => {
-                tracing::info!(key = %delivery.key, platform = %event.platform, app = %event.app, tenant = event.tenant.as_deref().unwrap_or("-"), event_id = %event.event_id, current, created = event.created_at_ms, "stale event dropped");
-                stats.bump(&stats.stale_dropped, "oncegate_stale_dropped_total");
-                shared
-                    .meters
-                    .dropped(crate::base::meters::Layer::StaleWatermark);
-                finish(shared, &delivery, &key).await;
-                return;
-            }
-            Ok(WatermarkOutcome::Accepted { .. }) => {}
-            Err(error) => {
-                summaries.note("watermark_failed", None, &error.to_string());
-                return release_and_retry(shared, &delivery, &key).await;
+            known.stale = stale(shared, event, order).await;
+            if known.stale == Check::Passed {
+                known.superseded = match superseded(shared, event, order).await {
+                    Ok(true) => Check::Hit,
+                    Ok(false) => Check::Passed,
+                    Err(error) => Check::Failed(error.to_string()),
+                };
             }
         }
-        match superseded(shared, event, order).await {
-            Ok(false) => {}
-            Ok(true) => {
-                tracing::info!(key = %delivery.key, platform = %event.platform, app = %event.app, tenant = event.tenant.as_deref().unwrap_or("-"), event_id = %event.event_id, "superseded event dropped");
-                stats.bump(&stats.stale_dropped, "oncegate_stale_dropped_total");
-                shared
-                    .meters
-                    .dropped(crate::base::meters::Layer::StaleWatermark);
-                finish(shared, &delivery, &key).await;
-                return;
-            }
-            Err(error) => {
-                summaries.note("watermark_failed", None, &error.to_string());
-                return release_and_retry(shared, &delivery, &key).await;
-            }
-        }
+        known.gone = route
+            .gone()
+            .map(|gone| crate::dispatch::routes::dead_letter_reason(&gone));
     }
-    if let Some(gone) = route.gone() {
-        // The endpoint said it is gone: nothing more goes to it until an operator resumes it.
-        insist(&shared.summaries, "release", || key.release()).await;
-        let reason = crate::dispatch::routes::dead_letter_reason(&gone);
-        stats.bump(&stats.dead_letters, "oncegate_dead_letters_total");
-        insist(&shared.summaries, "dead letter", || {
-            store.dead_letter(delivery.id, &reason)
-        })
-        .await;
-        crate::ingress::admission::left_queue(shared);
-        return;
-    }
-    let key = Arc::new(key);
-    lock(held).insert(delivery.id, key.clone());
-    shared.meters.lag(event.created_at_ms, shared.now_ms());
-    let id = delivery.key.delivery_id();
-    // This attempt's span, named to the downstream before it is recorded.
-    let traced = Some(EventTrace::of(&delivery.key))
-        .filter(|trace| shared.traces.keeps(trace))
-        .map(|trace| {
-            let span = traces::span_id();
-            (
-                trace,
-                span,
-                trace.traceparent(span),
-                std::time::SystemTime::now(),
-            )
-        });
-    let outgoing = Outgoing {
-        id: id.as_str(),
-        event,
-        attempt: delivery.attempt,
-        wants_answer: false,
-        updates: None,
-        traceparent: traced.as_ref().map(|(_, _, header, _)| header.as_str()),
-        owner,
-    };
-    let started = std::time::Instant::now();
-    let started_ms = shared.now_ms();
-    let result = key
-        .run(route.sink.deliver(outgoing))
+    let step = decide::before_run(known);
+    (redacted, route, step)
+}
+
+/// Whether `event` is older than its chat's watermark (which it moves up when not).
+async fn stale<S: Store>(
+    shared: &Shared<S>,
+    event: &oncegate_core::Event,
+    order: &str,
+) -> decide::Check {
+    let scope: KeyHash = key_for(&event.platform, &event.app, "watermark", order);
+    match shared
+        .store
+        .advance_watermark(&scope, event.created_at_ms, shared.timing.retention)
         .await
-        .unwrap_or_else(|Panicked| Err(SinkError::Transient("the handler panicked".into())));
-    let took = started.elapsed();
-    shared.meters.handler(took);
-    // The attempt as the history keeps it, once its outcome is known.
-    let attempt = |outcome: &'static str, error: Option<String>, next_at_ms: Option<u64>| {
-        crate::base::attempts::Attempt {
-            at_ms: started_ms,
-            attempt: delivery.attempt,
-            latency_ms: u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
-            outcome,
-            error,
-            next_at_ms,
-        }
-    };
-    lock(held).remove(&delivery.id);
-    if let Some((trace, span, _, began)) = &traced {
-        claim_span(shared, &delivery, handed, "acquired");
-        record_attempt(shared, &delivery, trace, *span, *began, &result);
-    }
-    match result {
-        Ok(_) => {
-            // Nobody reads an event's answer: keeping it would only hold memory for the whole
-            // retention.
-            stats.bump(&stats.delivered, "oncegate_delivered_total");
-            shared
-                .attempts
-                .delivered(delivery.key, attempt("delivered", None, None));
-            finish(shared, &delivery, &key).await;
-        }
-        Err(error) => {
-            let failed = retries::Failed {
-                attempt: delivery.attempt,
-                error: &error,
-                ordered: event.order_key.is_some(),
-                first_at_ms: shared.attempts.first_at(&delivery.key),
-                started_ms,
-                now_ms: shared.now_ms(),
-            };
-            let next = route.retries.next(&timing.dispatcher, &failed);
-            insist(&shared.summaries, "release", || key.release()).await;
-            let reason = match (next, error) {
-                (retries::Next::Retry(delay), error) => {
-                    let reason = error.to_string();
-                    retry(shared, &delivery, delay, reason, &attempt).await;
-                    return;
-                }
-                (retries::Next::SetAside(held), error) => {
-                    metrics::counter!("oncegate_set_aside_total").increment(1);
-                    format!(
-                        "set aside after holding its chat's later events for {} (the route's \
-                         hold_chat): they went on without it; replay it once the endpoint \
-                         takes it. Last attempt ({}): {error}",
-                        humantime::format_duration(Duration::from_secs(held.as_secs())),
-                        delivery.attempt + 1
-                    )
-                }
-                (
-                    retries::Next::GiveUp,
-                    SinkError::Transient(reason) | SinkError::RetryAfter { reason, .. },
-                ) => {
-                    format!("gave up after {} attempts: {reason}", delivery.attempt + 1)
-                }
-                (retries::Next::GiveUp, SinkError::Permanent(reason)) => reason,
-                (retries::Next::GiveUp, SinkError::Gone(reason)) => {
-                    crate::dispatch::routes::mark_gone(shared, &route, &reason);
-                    reason
-                }
-            };
-            tracing::warn!(key = %delivery.key, platform = %event.platform, app = %event.app, tenant = event.tenant.as_deref().unwrap_or("-"), event_id = %event.event_id, %reason, "dead-lettered");
-            shared.attempts.failed(
-                delivery.key,
-                event,
-                attempt("dead_letter", Some(reason.clone()), None),
-            );
-            stats.bump(&stats.dead_letters, "oncegate_dead_letters_total");
-            insist(&shared.summaries, "dead letter", || {
-                store.dead_letter(delivery.id, &reason)
-            })
-            .await;
-            crate::ingress::admission::left_queue(shared);
-        }
+    {
+        Ok(WatermarkOutcome::Stale { .. }) => decide::Check::Hit,
+        Ok(WatermarkOutcome::Accepted { .. }) => decide::Check::Passed,
+        Err(error) => decide::Check::Failed(error.to_string()),
     }
 }
 
@@ -457,58 +420,4 @@ fn record_attempt<S: Store>(
             )
             .failed(error),
     );
-}
-
-/// Puts a failed event back for `delay`, its attempt in the history with when the next is due.
-async fn retry<S: Store>(
-    shared: &Shared<S>,
-    delivery: &Delivery,
-    delay: Duration,
-    reason: String,
-    attempt: &impl Fn(&'static str, Option<String>, Option<u64>) -> crate::base::attempts::Attempt,
-) {
-    let event = &delivery.event;
-    let delay_ms = oncegate_core::store::millis(delay);
-    // One summary per interval, not a line per attempt: a downstream that is down fails every
-    // event on every attempt.
-    tracing::debug!(key = %delivery.key, platform = %event.platform, app = %event.app, tenant = event.tenant.as_deref().unwrap_or("-"), event_id = %event.event_id, attempt = delivery.attempt, %reason, ?delay, "delivery failed; retrying");
-    shared.summaries.note(
-        "delivery_retried",
-        None,
-        &format!(
-            "event {} (attempt {}), retried in {delay:?}: {reason}",
-            event.event_id,
-            delivery.attempt + 1
-        ),
-    );
-    shared
-        .stats
-        .bump(&shared.stats.retries, "oncegate_retries_total");
-    let next_at_ms = shared.now_ms().saturating_add(delay_ms);
-    shared.attempts.failed(
-        delivery.key,
-        event,
-        attempt("retry", Some(reason), Some(next_at_ms)),
-    );
-    insist(&shared.summaries, "retry", || {
-        shared
-            .store
-            .retry(delivery.id, shared.now_ms().saturating_add(delay_ms))
-    })
-    .await;
-}
-
-/// Complete (the holder's compare-and-set) and ack.
-async fn finish<S: Store>(shared: &Shared<S>, delivery: &Delivery, key: &Held<S>) {
-    // The handler has run: insist on recording it (the store may be restarting). Giving up here
-    // would run the event again; if the lease is taken over meanwhile, the fence refuses it
-    // (counted by the protocol's observer).
-    let fence = insist(&shared.summaries, "complete", || {
-        key.complete_and_ack(None, delivery.id)
-    })
-    .await;
-    crate::ingress::admission::left_queue(shared);
-    if fence == FenceCheck::Rejected {
-        tracing::warn!(key = %delivery.key, platform = %delivery.event.platform, app = %delivery.event.app, tenant = delivery.event.tenant.as_deref().unwrap_or("-"), event_id = %delivery.event.event_id, "completion refused: the lease was taken over");
-    }
 }
