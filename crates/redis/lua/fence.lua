@@ -22,7 +22,7 @@ if s == 'r' and t == ARGV[2] and (now < e or now < u) then
     store(KEYS[1], math.max(e, till) - now + slack, 'r', e, t, till, f, false)
     tally('r', e, till, 1, now)
   elseif op == 'complete' then
-    mark_completed(KEYS[1], now, ms, slack, f, outcome)
+    mark_completed(KEYS[1], now, ms, slack, f, outcome, true)
   else
     store(KEYS[1], math.max(e - now, 1) + slack, 'p', e, '', 0, f, false)
     tally('p', e, 0, 1, now)
@@ -46,7 +46,7 @@ elseif op == 'complete' then
   -- Also from an owner that lost the partition: nobody else ran the event meanwhile, and the
   -- next owner then finds it done instead of running it again.
   uncount()
-  mark_completed(KEYS[1], now, ms, slack, f, outcome)
+  mark_completed(KEYS[1], now, ms, slack, f, outcome, true)
 end
 tallied(KEYS[2])
 return 1

@@ -77,11 +77,10 @@ impl<C: Clock> DedupStore for RedisStore<C> {
             let admission = match (reply.first().and_then(int), reply.get(1).and_then(int)) {
                 (Some(1), Some(seq)) => {
                     let records = i64::try_from(keys.len()).unwrap_or(i64::MAX);
-                    inner.admitted.add(
-                        partition,
-                        now_ms.saturating_add(millis(retention)),
-                        records,
-                    );
+                    let minute = now_ms.saturating_add(millis(retention)) / 60_000;
+                    inner
+                        .tallies
+                        .add(partition, counted::State::Pending, minute, records);
                     Admission::Admitted {
                         id: QueueId { partition, seq },
                     }
@@ -238,7 +237,7 @@ impl<C: Clock> DedupStore for RedisStore<C> {
         }
         self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
             // This gateway's admissions first: its own are never behind.
-            inner.write_admitted(&mut conn).await?;
+            inner.write_tallies(&mut conn).await?;
             let now = inner.clock.now_ms();
             let calls = (0..inner.partitions)
                 .map(|partition| {
@@ -521,12 +520,12 @@ impl<C: Clock> Batch<C> for CompleteCall {
         calls: &[Self],
     ) -> Result<Vec<Result<FenceCheck, StoreError>>, StoreError> {
         let mut script = inner.scripts.complete_ack.prepare_invoke();
+        let now_ms = inner.clock.now_ms();
         script
             .key(inner.stream(partition))
             .key(inner.attempts(partition))
             .key(inner.owner(partition))
-            .key(inner.counts(partition))
-            .arg(inner.clock.now_ms())
+            .arg(now_ms)
             .arg(TTL_SLACK_MS)
             .arg(GROUP)
             .arg(&inner.instance)
@@ -557,9 +556,19 @@ impl<C: Clock> Batch<C> for CompleteCall {
         }
         Ok(applied
             .iter()
-            .map(|applied| match int(applied) {
-                Some(1) => Ok(FenceCheck::Accepted),
-                Some(_) => Ok(FenceCheck::Rejected),
+            .zip(calls)
+            .map(|(applied, call)| match int(applied) {
+                Some(0) => Ok(FenceCheck::Rejected),
+                Some(code) => {
+                    // The completed record joins the counts, the one it replaced leaves them.
+                    let ends = now_ms.saturating_add(call.retention_ms) / 60_000;
+                    let tallies = &inner.tallies;
+                    tallies.add(partition, counted::State::Completed, ends, 1);
+                    if let Some((state, minute)) = counted::replaced(code) {
+                        tallies.add(partition, state, minute, -1);
+                    }
+                    Ok(FenceCheck::Accepted)
+                }
                 None => Err(StoreError::Corrupt(format!(
                     "unexpected complete reply {applied:?}"
                 ))),

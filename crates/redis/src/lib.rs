@@ -133,8 +133,8 @@ struct Scripts {
     records: Script,
     /// A partition's counts by state (`lua/counts.lua`) and its streams' lengths.
     stats: Script,
-    /// Adds the records a gateway admitted to a partition's counts (`counted.rs`).
-    count_admitted: Script,
+    /// Writes the changes of a partition's counts a gateway gathered (`counted.rs`).
+    count: Script,
     watermark: Script,
     rate: Script,
     rate_adjust: Script,
@@ -213,8 +213,8 @@ struct Inner<C> {
     /// joins a partition's hand-out order here (every owner asks its own, so a partition
     /// taken over ranks as its first owner did, given the same rule).
     first: oncegate_core::FirstRule,
-    /// Records admitted here, not yet in the counts (`counted.rs`).
-    admitted: counted::Admitted,
+    /// Changes of the counts made here, not yet written (`counted.rs`).
+    tallies: counted::Tallies,
 }
 
 impl<C> Inner<C> {
@@ -428,7 +428,7 @@ impl<C: Clock> RedisStore<C> {
                     include_str!("../lua/records.lua")
                 )),
                 stats: Script::new(include_str!("../lua/stats.lua")),
-                count_admitted: Script::new(include_str!("../lua/count_admitted.lua")),
+                count: Script::new(include_str!("../lua/count.lua")),
                 watermark: Script::new(include_str!("../lua/watermark.lua")),
                 rate: Script::new(include_str!("../lua/rate.lua")),
                 rate_adjust: Script::new(include_str!("../lua/rate_adjust.lua")),
@@ -475,7 +475,7 @@ impl<C: Clock> RedisStore<C> {
             claims: (0..partitions).map(|_| Gather::default()).collect(),
             completions: (0..partitions).map(|_| Gather::default()).collect(),
             first: oncegate_core::FirstRule::default(),
-            admitted: counted::Admitted::new(partitions),
+            tallies: counted::Tallies::new(partitions),
         });
         if let Some(verdict) = verdict {
             inner.promise.set(verdict);

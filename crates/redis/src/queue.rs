@@ -266,7 +266,7 @@ impl<C: Clock> EventQueue for RedisStore<C> {
         self.run(move |inner: Arc<Inner<C>>, mut conn: Conn| async move {
             // What it admitted joins the counts before it goes (one more try: the counts,
             // not the events, lose what does not make it).
-            let _ = inner.write_admitted(&mut conn).await;
+            let _ = inner.write_tallies(&mut conn).await;
             inner.leave(&mut conn).await
         })
         .await
