@@ -12,7 +12,7 @@ use crate::RecordState;
 const MINUTE_MS: u64 = 60_000;
 
 /// A record's state as counted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Counted {
     /// Admitted, not claimed.
     Pending = 0,

@@ -9,29 +9,22 @@
 use std::collections::HashMap;
 use std::sync::Weak;
 
+use oncegate_core::live_counts::Counted;
+
 use super::*;
 
-/// A record's state as the counts name it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(super) enum State {
-    Pending,
-    Processing,
-    Completed,
-}
-
-impl State {
-    fn letter(self) -> &'static str {
-        match self {
-            Self::Pending => "p",
-            Self::Processing => "r",
-            Self::Completed => "c",
-        }
+/// A state as the counts hash names it (`lua/counts.lua`).
+fn letter(state: Counted) -> &'static str {
+    match state {
+        Counted::Pending => "p",
+        Counted::Processing => "r",
+        Counted::Completed => "c",
     }
 }
 
 /// Per partition: changes of the counts by state and minute, not yet written.
 #[derive(Default)]
-pub(super) struct Tallies(Vec<std::sync::Mutex<HashMap<(State, u64), i64>>>);
+pub(super) struct Tallies(Vec<std::sync::Mutex<HashMap<(Counted, u64), i64>>>);
 
 impl Tallies {
     pub(super) fn new(partitions: u16) -> Self {
@@ -39,20 +32,20 @@ impl Tallies {
     }
 
     /// `change` records of `state` in `partition` whose life ends in `minute` (unix ms / 60 000).
-    pub(super) fn add(&self, partition: u16, state: State, minute: u64, change: i64) {
+    pub(super) fn add(&self, partition: u16, state: Counted, minute: u64, change: i64) {
         if let Some(tallies) = self.0.get(usize::from(partition)) {
             *lock(tallies).entry((state, minute)).or_default() += change;
         }
     }
 
-    fn take(&self, partition: u16) -> HashMap<(State, u64), i64> {
+    fn take(&self, partition: u16) -> HashMap<(Counted, u64), i64> {
         self.0
             .get(usize::from(partition))
             .map(|tallies| std::mem::take(&mut *lock(tallies)))
             .unwrap_or_default()
     }
 
-    fn put_back(&self, partition: u16, taken: HashMap<(State, u64), i64>) {
+    fn put_back(&self, partition: u16, taken: HashMap<(Counted, u64), i64>) {
         for ((state, minute), change) in taken {
             self.add(partition, state, minute, change);
         }
@@ -61,11 +54,11 @@ impl Tallies {
 
 /// What a complete-and-ack's reply says of the record it replaced (`lua/complete_ack.lua`):
 /// its state and minute when it was in the counts.
-pub(super) fn replaced(code: u64) -> Option<(State, u64)> {
+pub(super) fn replaced(code: u64) -> Option<(Counted, u64)> {
     let state = match code % 4 {
-        1 => State::Pending,
-        2 => State::Processing,
-        3 => State::Completed,
+        1 => Counted::Pending,
+        2 => Counted::Processing,
+        3 => Counted::Completed,
         _ => return None,
     };
     (code >= 4).then_some((state, code / 4))
@@ -89,7 +82,7 @@ impl<C: Clock> Inner<C> {
             let mut call = self.scripts.count.prepare_invoke();
             call.key(self.counts(partition)).arg(self.clock.now_ms());
             for ((state, minute), change) in &taken {
-                call.arg(state.letter()).arg(*minute).arg(*change);
+                call.arg(letter(*state)).arg(*minute).arg(*change);
             }
             let written: Result<Value, _> = call.invoke_async(conn).await;
             if let Err(error) = written {
@@ -127,9 +120,12 @@ mod tests {
     fn a_completions_code_names_the_replaced_record() {
         let minute = 29_461_234;
         assert_eq!(replaced(1), None);
-        assert_eq!(replaced(minute * 4 + 1), Some((State::Pending, minute)));
-        assert_eq!(replaced(minute * 4 + 2), Some((State::Processing, minute)));
-        assert_eq!(replaced(minute * 4 + 3), Some((State::Completed, minute)));
+        assert_eq!(replaced(minute * 4 + 1), Some((Counted::Pending, minute)));
+        assert_eq!(
+            replaced(minute * 4 + 2),
+            Some((Counted::Processing, minute))
+        );
+        assert_eq!(replaced(minute * 4 + 3), Some((Counted::Completed, minute)));
         assert_eq!(replaced(minute * 4), None, "no state 0");
     }
 }

@@ -78,9 +78,12 @@ impl<C: Clock> DedupStore for RedisStore<C> {
                 (Some(1), Some(seq)) => {
                     let records = i64::try_from(keys.len()).unwrap_or(i64::MAX);
                     let minute = now_ms.saturating_add(millis(retention)) / 60_000;
-                    inner
-                        .tallies
-                        .add(partition, counted::State::Pending, minute, records);
+                    inner.tallies.add(
+                        partition,
+                        oncegate_core::live_counts::Counted::Pending,
+                        minute,
+                        records,
+                    );
                     Admission::Admitted {
                         id: QueueId { partition, seq },
                     }
@@ -563,7 +566,12 @@ impl<C: Clock> Batch<C> for CompleteCall {
                     // The completed record joins the counts, the one it replaced leaves them.
                     let ends = now_ms.saturating_add(call.retention_ms) / 60_000;
                     let tallies = &inner.tallies;
-                    tallies.add(partition, counted::State::Completed, ends, 1);
+                    tallies.add(
+                        partition,
+                        oncegate_core::live_counts::Counted::Completed,
+                        ends,
+                        1,
+                    );
                     if let Some((state, minute)) = counted::replaced(code) {
                         tallies.add(partition, state, minute, -1);
                     }
