@@ -69,6 +69,13 @@ pub struct ReplayConfig {
     pub max_skew: Duration,
     /// Nonces remembered at most, per half of the window.
     pub max_nonces: usize,
+    /// Whether each admission also writes its request's nonce to the store, so that a replay
+    /// reaching another gateway of the same store is refused (409) as a replay. Off, each
+    /// gateway remembers only its own requests' nonces, and a replay sent to another gateway is
+    /// answered as the duplicate it is (200): its event keys come from the signed request and
+    /// are remembered for `dedup.retention`, far longer than a nonce's window, so it is not
+    /// applied again. What it saves: on Redis a `SADD` and a `PEXPIRE` per admission.
+    pub shared_nonces: bool,
 }
 
 impl Default for ReplayConfig {
@@ -77,6 +84,7 @@ impl Default for ReplayConfig {
             enabled: true,
             max_skew: Duration::from_secs(300),
             max_nonces: 1_000_000,
+            shared_nonces: true,
         }
     }
 }

@@ -82,11 +82,10 @@ mod server;
 pub mod sink;
 
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use oncegate_config::{Config, DispatcherConfig};
-use oncegate_core::replay::ReplayGuard;
 use oncegate_core::{Clock, Store, SystemClock, WebhookSource};
 use oncegate_once::Once;
 pub use oncegate_spool::Spool;
@@ -98,6 +97,8 @@ pub use base::stats::{self, Stats, StatsSnapshot};
 pub use base::summary::Summaries;
 pub use base::traces::{EventTrace, Traces, parse_traceparent};
 pub use dispatch::retries::Retries;
+pub use ingress::sources::ReplayLimits;
+pub(crate) use ingress::sources::Source;
 pub(crate) use route::Route;
 pub use server::ServerLimits;
 #[cfg(feature = "http-sink")]
@@ -127,40 +128,6 @@ pub enum GatewayError {
 /// A platform's webhook receiver, shared.
 pub type SharedSource = Arc<dyn WebhookSource>;
 
-/// One configured source with its replay guard.
-pub(crate) struct Source {
-    pub(crate) decoder: SharedSource,
-    /// Shared with the source a reload replaces, so that a nonce seen before it is still a
-    /// replay after it.
-    pub(crate) replay: Option<Arc<Mutex<ReplayGuard>>>,
-    pub(crate) answers: Arc<ingress::AnswerCounters>,
-    /// The decoder a reload replaced, with the time until which it still takes what the new
-    /// one refuses: a platform that still signs with the old secret for a while is not
-    /// refused (`server.secret_overlap`).
-    pub(crate) previous: Option<(SharedSource, u64)>,
-    /// The `[[source]]` it was built from, its secrets resolved: a reload keeps a source its
-    /// file describes the same way. `None` for a source built in code.
-    pub(crate) origin: Option<oncegate_config::SourceConfig>,
-}
-
-impl Source {
-    /// A source decoding with `decoder`, its replay guard as `replay` says.
-    pub(crate) fn new(decoder: SharedSource, replay: Option<ReplayLimits>) -> Self {
-        Self {
-            decoder,
-            replay: replay.map(|limits| {
-                Arc::new(Mutex::new(ReplayGuard::new(
-                    limits.max_skew.as_secs(),
-                    limits.max_nonces,
-                )))
-            }),
-            answers: Arc::default(),
-            previous: None,
-            origin: None,
-        }
-    }
-}
-
 /// What a route does with an event older than one already applied for its chat (by creation
 /// time): a "left the group" that arrives after a later "joined" must not undo it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,23 +136,6 @@ pub enum StaleEvents {
     Deliver,
     /// Drop an event older than the chat's watermark (counted).
     Drop,
-}
-
-/// Replay-guard limits: requests further than `max_skew` from now are refused, and nonces
-/// are remembered for twice that.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ReplayLimits {
-    /// The largest distance between a request's timestamp and now.
-    pub max_skew: Duration,
-    /// Nonces remembered per half of the window.
-    pub max_nonces: usize,
-}
-
-impl ReplayLimits {
-    /// How long a nonce must be remembered: while its timestamp still passes the skew check.
-    pub(crate) fn nonce_window(self) -> Duration {
-        self.max_skew * 2
-    }
 }
 
 /// Timing of claims and retries.
@@ -364,6 +314,7 @@ impl GatewayParts {
             replay: config.replay.enabled.then_some(ReplayLimits {
                 max_skew: config.replay.max_skew,
                 max_nonces: config.replay.max_nonces,
+                shared_nonces: config.replay.shared_nonces,
             }),
             timing: Timing {
                 retention: config.dedup.retention,

@@ -583,3 +583,70 @@ async fn delivered_events_leave_the_queued_count_between_samples() {
     assert_eq!(handled.0.load(std::sync::atomic::Ordering::SeqCst), 5);
     assert_eq!(stats["queued"], 0, "every event delivered: {stats}");
 }
+
+/// `replay.shared_nonces`: two gateways on one Redis, one signed request sent to the first and
+/// then, byte for byte, to the second. With the nonces shared, the second refuses it as a
+/// replay (409); without, it answers it as the duplicate it is (200) — in both cases the event
+/// is admitted once, and the first gateway still refuses its own replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_at_another_gateway_is_refused_with_shared_nonces_and_a_duplicate_without() {
+    let Ok(url) = std::env::var("ONCEGATE_TEST_REDIS_URL") else {
+        panic!("ONCEGATE_TEST_REDIS_URL is not set: run scripts/test, which starts redis-server")
+    };
+    for shared in [true, false] {
+        let prefix = format!(
+            "nonces{}-{shared}-{}",
+            std::process::id(),
+            fastrand::u32(..)
+        );
+        let mut gateways = Vec::new();
+        for _ in 0..2 {
+            let config = oncegate_redis::RedisConfig {
+                prefix: prefix.clone(),
+                ..oncegate_redis::RedisConfig::at(&url)
+            };
+            let store = oncegate_redis::RedisStore::connect_async(config)
+                .await
+                .expect("redis");
+            gateways.push(Gateway::new(
+                store,
+                GatewayParts {
+                    sources: vec![("s".into(), Arc::new(app()))],
+                    replay: Some(oncegate_gateway::ReplayLimits {
+                        max_skew: std::time::Duration::from_secs(300),
+                        max_nonces: 1000,
+                        shared_nonces: shared,
+                    }),
+                    ..GatewayParts::default()
+                },
+            ));
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_secs();
+        let send = |at: usize| {
+            let router = gateways[at].webhooks_router();
+            async move { exchange(router, request_at("ev_n", "n1", now, "nonce-1")).await }
+        };
+        let (status, body) = send(0).await;
+        assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+        let (status, body) = send(1).await;
+        let body = String::from_utf8_lossy(&body).into_owned();
+        if shared {
+            assert_eq!(status, StatusCode::CONFLICT, "{body}");
+        } else {
+            assert_eq!(status, StatusCode::OK, "{body}");
+            assert!(body.contains("\"duplicate\":true"), "{body}");
+        }
+        let (status, _) = send(0).await;
+        assert_eq!(status, StatusCode::CONFLICT, "shared {shared}");
+        let (first, second) = (gateways[0].stats(), gateways[1].stats());
+        assert_eq!((first.admitted, second.admitted), (1, 0), "shared {shared}");
+        assert_eq!(
+            (second.replays_rejected, second.duplicates),
+            (u64::from(shared), u64::from(!shared)),
+            "shared {shared}"
+        );
+    }
+}

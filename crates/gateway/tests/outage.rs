@@ -251,6 +251,7 @@ async fn an_unavailable_store_gets_503_and_the_retry_is_admitted_once() {
             replay: Some(oncegate_gateway::ReplayLimits {
                 max_skew: Duration::from_secs(300),
                 max_nonces: 1000,
+                shared_nonces: true,
             }),
             timing: Timing::default(),
             body_limit: 1 << 16,

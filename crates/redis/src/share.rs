@@ -1,8 +1,10 @@
 //! Many gateways on one Redis: who is alive, each one's fair share of the partitions, handing
 //! partitions over, and leaving.
 //!
-//! Every instance that pulls says it is alive on its pulls (at most every `balance_every`: a
-//! sorted set scored by expiry, `lua/members.lua`) and learns who else is. With `n` live
+//! Every instance that pulls says it is alive on its pulls (a sorted set scored by expiry,
+//! `lua/members.lua`) and learns who else is: a round every `balance_every` renews what it owns,
+//! and between rounds a heartbeat alone (every tenth of that) notices a member that joined or
+//! left, which starts a round at once; while shares move, rounds come every twentieth. With `n` live
 //! gateways sorted by name, the one at rank `r` owns `partitions / n` partitions, and one more
 //! when `r < partitions % n`. Under its share it takes free partitions (nobody's, or an owner's
 //! that ran out) under a new epoch; over it, it stops handing out the excess, waits until the
@@ -21,6 +23,12 @@ use super::*;
 pub(super) struct Share {
     /// When the last round's heartbeat was sent.
     last: Option<Instant>,
+    /// When the last heartbeat was sent, a round's or one between rounds.
+    beat: Option<Instant>,
+    /// The live members the last heartbeat named, sorted.
+    members: Vec<String>,
+    /// Whether the last round left this instance at its share with nothing being handed over.
+    settled: bool,
 }
 
 /// How often an instance says it is alive and rebalances: often enough that a newcomer gets its
@@ -28,6 +36,18 @@ pub(super) struct Share {
 /// (a few small scripts a round).
 pub(super) fn balance_every(ownership: Duration) -> Duration {
     (ownership / 10).clamp(Duration::from_millis(20), Duration::from_secs(1))
+}
+
+/// Between rounds, how often a heartbeat alone asks who is alive: a join or a leave starts a
+/// round within it (one small script, instead of a round's one per partition owned).
+pub(super) fn beat_every(balance_every: Duration) -> Duration {
+    (balance_every / 10).max(Duration::from_millis(20))
+}
+
+/// How often rounds come while this instance's share is not settled (it waits for free
+/// partitions, or hands some over): a handover then completes in a few of these, not in rounds.
+pub(super) fn settle_every(balance_every: Duration) -> Duration {
+    (balance_every / 20).max(Duration::from_millis(20))
 }
 
 /// How many of `partitions` the gateway at `rank` among `members` live ones owns.
@@ -108,24 +128,51 @@ impl<C: Clock> Inner<C> {
         } else {
             self.share.lock().await
         };
-        if self.left.load(Ordering::Acquire)
-            || share
-                .last
-                .is_some_and(|at| at.elapsed() < self.balance_every)
-        {
+        if self.left.load(Ordering::Acquire) {
             return Ok(());
         }
-        self.balance(conn, &mut share).await?;
+        let every = if share.settled {
+            self.balance_every
+        } else {
+            settle_every(self.balance_every)
+        };
+        if share.last.is_none_or(|at| at.elapsed() >= every) {
+            self.balance(conn, &mut share, None).await?;
+        } else if share
+            .beat
+            .is_some_and(|at| at.elapsed() >= beat_every(self.balance_every))
+        {
+            let sent = Instant::now();
+            let members = self.members_now(conn).await?;
+            share.beat = Some(sent);
+            if members != share.members {
+                self.balance(conn, &mut share, Some((sent, members)))
+                    .await?;
+            }
+        }
         self.joined.store(true, Ordering::Release);
         Ok(())
     }
 
-    /// One round: the heartbeat, then renewals, releases of drained partitions, and takes or
-    /// hand-overs towards this instance's share.
-    async fn balance(&self, conn: &mut Conn, share: &mut Share) -> Result<(), StoreError> {
-        let sent = Instant::now();
+    /// The heartbeat's answer, sorted (ranks are positions in it).
+    async fn members_now(&self, conn: &mut Conn) -> Result<Vec<String>, StoreError> {
         let mut members = self.heartbeat(conn, false).await?;
         members.sort_unstable();
+        Ok(members)
+    }
+
+    /// One round: the heartbeat (or the one `beat` just sent), then renewals, releases of
+    /// drained partitions, and takes or hand-overs towards this instance's share.
+    async fn balance(
+        &self,
+        conn: &mut Conn,
+        share: &mut Share,
+        beat: Option<(Instant, Vec<String>)>,
+    ) -> Result<(), StoreError> {
+        let (sent, members) = match beat {
+            Some(beat) => beat,
+            None => (Instant::now(), self.members_now(conn).await?),
+        };
         let rank = members
             .iter()
             .position(|member| *member == self.instance)
@@ -172,21 +219,23 @@ impl<C: Clock> Inner<C> {
                 }
             }
         }
+        // Partitions still being handed over after this round.
+        let mut handing_over = 0;
         if kept < target {
             // Keep what is being handed over before taking anything new.
             for partition in draining {
-                if kept == target {
-                    break;
-                }
                 let mut queue = self.queues[usize::from(partition)].lock().await;
-                if queue.owned && queue.draining.take().is_some() {
+                if kept < target && queue.owned && queue.draining.take().is_some() {
                     kept += 1;
+                } else if queue.owned && queue.draining.is_some() {
+                    handing_over += 1;
                 }
             }
             if kept < target {
                 kept += self.take(conn, target - kept, rank, members.len()).await?;
             }
         } else if kept > target {
+            handing_over += draining.len();
             // Those with the fewest handed-out events first: they can go at once.
             let mut candidates = Vec::with_capacity(kept);
             for partition in 0..self.partitions {
@@ -210,12 +259,19 @@ impl<C: Clock> Inner<C> {
                 kept -= 1;
                 if queue.order.in_flight() == 0 {
                     self.give_up(conn, partition, &mut queue).await?;
+                } else {
+                    handing_over += 1;
                 }
             }
+        } else {
+            handing_over += draining.len();
         }
         metrics::gauge!("oncegate_partitions_owned", "gateway" => self.instance.clone())
             .set(kept as f64);
         share.last = Some(sent);
+        share.beat = Some(sent);
+        share.settled = kept == target && handing_over == 0;
+        share.members = members;
         Ok(())
     }
 
@@ -396,6 +452,21 @@ mod tests {
         assert_eq!(parse_owner("12,3,a,b"), Some((12, 3, "a,b".to_owned())));
         assert_eq!(parse_owner("12,x,a"), None);
         assert_eq!(parse_owner("12"), None);
+    }
+
+    #[test]
+    fn beats_and_unsettled_rounds_come_between_rounds() {
+        let every = balance_every(Duration::from_secs(10));
+        assert_eq!(beat_every(every), Duration::from_millis(100));
+        assert_eq!(settle_every(every), Duration::from_millis(50));
+        assert_eq!(
+            beat_every(Duration::from_millis(20)),
+            Duration::from_millis(20)
+        );
+        assert_eq!(
+            settle_every(Duration::from_millis(20)),
+            Duration::from_millis(20)
+        );
     }
 
     #[test]

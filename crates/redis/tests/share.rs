@@ -142,6 +142,39 @@ fn gateways_take_fair_shares_and_take_over_when_one_leaves_or_dies() {
     );
 }
 
+/// A gateway that joins gets its share within a few heartbeats, not rounds: with the default
+/// ownership (10 s) rounds come every second, and the newcomer, finding nothing free in its
+/// first round, used to wait for the owner's next round and then its own second one.
+#[test]
+fn a_join_settles_well_within_one_round() {
+    let prefix = format!("join{}", std::process::id());
+    let store = || {
+        let config = RedisConfig {
+            partitions: 16,
+            ownership: Duration::from_secs(10),
+            ..common::config(&prefix)
+        };
+        RedisStore::connect_with_clock(config, SystemClock).expect("connect")
+    };
+    let a = store();
+    until(&[&a], Duration::from_secs(5), "a owning all 16", || {
+        sorted_counts(&shares(&a)) == vec![16]
+    });
+    let b = store();
+    let joined = Instant::now();
+    until(
+        &[&a, &b],
+        Duration::from_secs(5),
+        "shares of 8 and 8",
+        || sorted_counts(&shares(&a)) == vec![8, 8],
+    );
+    let took = joined.elapsed();
+    assert!(took < Duration::from_millis(800), "the join took {took:?}");
+    for gateway in [&a, &b] {
+        block_on(gateway.leave()).expect("leave");
+    }
+}
+
 /// A chat whose events land in `partition` of `partitions`.
 fn chat_in(partition: u16, partitions: u16) -> String {
     (0..)

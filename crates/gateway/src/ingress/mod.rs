@@ -4,6 +4,7 @@
 pub(crate) mod admission;
 #[cfg(feature = "long-connection")]
 pub(crate) mod longconn;
+pub(crate) mod sources;
 pub(crate) mod spooling;
 pub(crate) mod sync_call;
 pub(crate) mod tenant_bound;
@@ -332,7 +333,7 @@ async fn callback<S: Store>(
         // replay that reaches another gateway.
         admit.nonce = stamp
             .as_ref()
-            .zip(shared.ingress.replay)
+            .zip(shared.ingress.replay.filter(|limits| limits.shared_nonces))
             .map(|(stamp, limits)| Nonce {
                 key: key_for(
                     &admit.event.platform,
