@@ -16,9 +16,12 @@ pub(crate) async fn serve(config_path: Option<&Path>) -> anyhow::Result<()> {
     let config = crate::load(config_path)?;
     let problems = oncegate_config::validate(&config);
     for problem in &problems {
+        // The level says error or warning; "at risk" is said, it is more than a level.
+        let (setting, message) = (&problem.setting, &problem.message);
         match problem.severity {
-            Severity::Error => tracing::error!("{problem}"),
-            Severity::Warning | Severity::AtRisk => tracing::warn!("{problem}"),
+            Severity::Error => tracing::error!("{setting}: {message}"),
+            Severity::Warning => tracing::warn!("{setting}: {message}"),
+            Severity::AtRisk => tracing::warn!("at risk: {setting}: {message}"),
         }
     }
     if problems.iter().any(|p| p.severity == Severity::Error) {
@@ -217,7 +220,18 @@ async fn run<S: Store>(
     }
     served?;
     dispatched?;
-    tracing::info!(stats = ?gateway.stats(), "stopped");
+    // Figures as fields (numbers in JSON), not a struct's Debug dump.
+    let stats = gateway.stats();
+    tracing::info!(
+        requests = stats.requests,
+        admitted = stats.admitted,
+        duplicates = stats.duplicates,
+        delivered = stats.delivered,
+        retries = stats.retries,
+        dead_letters = stats.dead_letters,
+        refused = stats.bad_requests + stats.replays_rejected + stats.stale_timestamps,
+        "stopped"
+    );
     Ok(())
 }
 

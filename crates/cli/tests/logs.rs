@@ -131,6 +131,53 @@ async fn json_lines_carry_the_instance_and_each_events_key_platform_and_app() {
     }
 }
 
+/// The line a stopping gateway ends with carries its figures as JSON numbers, not a Rust
+/// `Debug` struct in a string; a configuration warning is a WARN line that does not say
+/// "warning" again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_line_gives_the_figures_as_numbers() {
+    let dir = tempfile::tempdir().expect("dir");
+    let log = "[log]\nformat = \"json\"\n[dedup]\nbusiness_keys = true";
+    let config = failing_config(log, "", 1);
+    let mut gateway = Serve::start_logging(dir.path(), &config, "info");
+    assert!(simulate(dir.path(), &gateway, 2).status.success());
+    gateway.signal("TERM");
+    let (status, _) = gateway.wait_exit(Duration::from_secs(20));
+    assert!(status.success(), "{status}");
+    let log = gateway.stderr();
+    let stopped = log
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .find(|line| line["message"] == "stopped")
+        .unwrap_or_else(|| panic!("no stopped line: {log}"));
+    assert_eq!(stopped["admitted"], 2, "{stopped}");
+    assert!(
+        stopped["requests"].as_u64().is_some_and(|n| n >= 2),
+        "{stopped}"
+    );
+    assert!(stopped["dead_letters"].is_u64(), "{stopped}");
+    assert!(!stopped.to_string().contains("StatsSnapshot"), "{stopped}");
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .collect();
+    let warned = lines
+        .iter()
+        .find(|line| {
+            line["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("dedup.business_keys: has no effect"))
+        })
+        .unwrap_or_else(|| panic!("no warning for dedup.business_keys: {log}"));
+    assert_eq!(warned["level"], "WARN", "{warned}");
+    assert!(
+        lines.iter().all(|line| !line["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("warning:"))),
+        "{log}"
+    );
+}
+
 /// The human log written to a pipe (a file, journald) has no colour codes; and the admin
 /// listener's front door leads to the status page.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -99,6 +99,24 @@ mod tests {
         );
         assert!(!said.contains("s3cr3t"), "the line is not quoted: {said}");
     }
+
+    #[test]
+    fn a_number_out_of_range_is_said_as_its_range_not_its_rust_type() {
+        for (text, range) in [
+            ("[store]\npartitions = 70000\n", "from 0 to 65535"),
+            ("[store]\npartitions = -1\n", "from 0 to 65535"),
+            (
+                "[replay]\nmax_nonces = \"many\"\n",
+                "a whole number, 0 or more",
+            ),
+        ] {
+            let said = load_str(text, Path::new("oncegate.toml"), [])
+                .expect_err(text)
+                .to_string();
+            assert!(said.contains(range), "{text}: {said}");
+            assert!(!said.contains("expected u"), "{text}: {said}");
+        }
+    }
     use std::path::{Path, PathBuf};
 
     fn parse(text: &str) -> Result<Config, LoadError> {

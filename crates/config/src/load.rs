@@ -166,7 +166,28 @@ fn layered(table: toml::Table) -> Result<Result<Config, String>, LoadError> {
         message: error.to_string(),
     })?;
     lay_over(&mut layered, table);
-    Ok(Config::deserialize(toml::Value::Table(layered)).map_err(|error| error.to_string()))
+    Ok(Config::deserialize(toml::Value::Table(layered))
+        .map_err(|error| plain_types(&error.to_string())))
+}
+
+/// Serde names a number setting by its Rust type ("expected u16"): said as the range it takes.
+fn plain_types(message: &str) -> String {
+    const TYPES: [(&str, &str); 6] = [
+        ("expected u8", "expected a whole number from 0 to 255"),
+        ("expected u16", "expected a whole number from 0 to 65535"),
+        (
+            "expected u32",
+            "expected a whole number from 0 to 4294967295",
+        ),
+        ("expected u64", "expected a whole number, 0 or more"),
+        ("expected usize", "expected a whole number, 0 or more"),
+        ("expected f64", "expected a number"),
+    ];
+    TYPES
+        .iter()
+        .fold(message.to_owned(), |message, (rust, plain)| {
+            message.replace(rust, plain)
+        })
 }
 
 fn apply_override(table: &mut toml::Table, name: &str, value: &str) -> Result<(), LoadError> {

@@ -78,10 +78,21 @@ pub(crate) async fn run(
 
 #[allow(dead_code)]
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+async fn main() -> std::process::ExitCode {
     let url = std::env::var("ONCEGATE_REDIS_URL").unwrap_or("redis://127.0.0.1:6379".into());
     let prefix = format!("example{}", std::process::id());
-    let (charges, orders) = run(&url, &prefix).await?;
-    println!("{orders} orders, each asked 6 times on 2 instances: {charges} charges");
-    Ok(())
+    match run(&url, &prefix).await {
+        Ok((charges, orders)) => {
+            println!("{orders} orders, each asked 6 times on 2 instances: {charges} charges");
+            std::process::ExitCode::SUCCESS
+        }
+        // Said in words, not as a `Debug` dump: what failed and how to point it at a Redis.
+        Err(error) => {
+            eprintln!(
+                "redis_once: {error}\nThe example needs a Redis: start one (redis-server) or set \
+                 ONCEGATE_REDIS_URL to yours, e.g. ONCEGATE_REDIS_URL=redis://127.0.0.1:6379"
+            );
+            std::process::ExitCode::FAILURE
+        }
+    }
 }

@@ -52,6 +52,28 @@ impl Tallies {
     }
 }
 
+/// Changes taken out of the tallies to be written: put back when dropped unwritten, also when
+/// the future writing them is dropped mid-call (a timeout), so that none are lost.
+struct Taken<'a> {
+    tallies: &'a Tallies,
+    partition: u16,
+    taken: Option<HashMap<(Counted, u64), i64>>,
+}
+
+impl Taken<'_> {
+    fn written(mut self) {
+        self.taken = None;
+    }
+}
+
+impl Drop for Taken<'_> {
+    fn drop(&mut self) {
+        if let Some(taken) = self.taken.take() {
+            self.tallies.put_back(self.partition, taken);
+        }
+    }
+}
+
 /// What a complete-and-ack's reply says of the record it replaced (`lua/complete_ack.lua`):
 /// its state and minute when it was in the counts.
 pub(super) fn replaced(code: u64) -> Option<(Counted, u64)> {
@@ -75,18 +97,34 @@ impl<C: Clock> Inner<C> {
     /// any. What a failed call took is put back for the next.
     pub(super) async fn write_tallies(&self, conn: &mut Conn) -> Result<(), StoreError> {
         for partition in 0..self.partitions {
-            let taken = self.tallies.take(partition);
-            if taken.values().all(|change| *change == 0) {
+            let taken = Taken {
+                tallies: &self.tallies,
+                partition,
+                taken: Some(self.tallies.take(partition)),
+            };
+            let nothing = taken
+                .taken
+                .as_ref()
+                .is_none_or(|changes| changes.values().all(|change| *change == 0));
+            if nothing {
+                // Changes that add up to nothing are not kept either.
+                taken.written();
                 continue;
             }
+            let Some(changes) = taken.taken.as_ref() else {
+                continue;
+            };
             let mut call = self.scripts.count.prepare_invoke();
             call.key(self.counts(partition)).arg(self.clock.now_ms());
-            for ((state, minute), change) in &taken {
+            for ((state, minute), change) in changes {
                 call.arg(letter(*state)).arg(*minute).arg(*change);
             }
             let written: Result<Value, _> = call.invoke_async(conn).await;
-            if let Err(error) = written {
-                self.tallies.put_back(partition, taken);
+            // Written: nothing to put back. Failed, or this future dropped while it waited
+            // (the writer's timeout): `taken` puts the changes back as it goes.
+            if written.is_ok() {
+                taken.written();
+            } else if let Err(error) = written {
                 return Err(from_redis(error));
             }
         }
