@@ -253,10 +253,14 @@ async fn each_acknowledged_event_once(
         events as u64,
         "each event admitted once, the retries of the 503s as duplicates: {stats}"
     );
-    assert_eq!(
-        stats["store"]["completed"].as_u64(),
-        Some(events as u64),
-        "one completed record per event: {stats}"
+    // The counts' stated error (README, "How Redis counts"): a completion Redis applied but
+    // whose answer died with it is tallied by nobody (its retry is fenced or finds it done).
+    let completed = stats["store"]["completed"].as_u64().unwrap_or(0);
+    let unanswered = stats["gateway"]["fenced"].as_u64().unwrap_or(0)
+        + stats["gateway"]["already_done"].as_u64().unwrap_or(0);
+    assert!(
+        completed <= events as u64 && completed + unanswered >= events as u64,
+        "one completed record per event, but for completions whose answer was lost: {stats}"
     );
     twice
 }
