@@ -97,36 +97,25 @@ impl<C: Clock> Inner<C> {
     /// any. What a failed call took is put back for the next.
     pub(super) async fn write_tallies(&self, conn: &mut Conn) -> Result<(), StoreError> {
         for partition in 0..self.partitions {
+            let changes = self.tallies.take(partition);
+            // Changes that add up to nothing are dropped, not kept.
+            if changes.values().all(|change| *change == 0) {
+                continue;
+            }
+            let mut call = self.scripts.count.prepare_invoke();
+            call.key(self.counts(partition)).arg(self.clock.now_ms());
+            for ((state, minute), change) in &changes {
+                call.arg(letter(*state)).arg(*minute).arg(*change);
+            }
+            // Until written, the changes go back to the tallies when dropped: after a failed
+            // call, and when this future is dropped while it waits (the writer's timeout).
             let taken = Taken {
                 tallies: &self.tallies,
                 partition,
-                taken: Some(self.tallies.take(partition)),
+                taken: Some(changes),
             };
-            let nothing = taken
-                .taken
-                .as_ref()
-                .is_none_or(|changes| changes.values().all(|change| *change == 0));
-            if nothing {
-                // Changes that add up to nothing are not kept either.
-                taken.written();
-                continue;
-            }
-            let Some(changes) = taken.taken.as_ref() else {
-                continue;
-            };
-            let mut call = self.scripts.count.prepare_invoke();
-            call.key(self.counts(partition)).arg(self.clock.now_ms());
-            for ((state, minute), change) in changes {
-                call.arg(letter(*state)).arg(*minute).arg(*change);
-            }
-            let written: Result<Value, _> = call.invoke_async(conn).await;
-            // Written: nothing to put back. Failed, or this future dropped while it waited
-            // (the writer's timeout): `taken` puts the changes back as it goes.
-            if written.is_ok() {
-                taken.written();
-            } else if let Err(error) = written {
-                return Err(from_redis(error));
-            }
+            call.invoke_async::<Value>(conn).await.map_err(from_redis)?;
+            taken.written();
         }
         Ok(())
     }
