@@ -76,22 +76,31 @@ pub(crate) async fn run(
     Ok((charges.load(Ordering::SeqCst), orders))
 }
 
+/// What the binary says for `url`: the line for stdout when the example ran, or the words for
+/// stderr when it could not — what failed and how to point it at a Redis, not a `Debug` dump.
+pub(crate) async fn report(url: &str, prefix: &str) -> Result<String, String> {
+    match run(url, prefix).await {
+        Ok((charges, orders)) => Ok(format!(
+            "{orders} orders, each asked 6 times on 2 instances: {charges} charges"
+        )),
+        Err(error) => Err(format!(
+            "redis_once: {error}\nThe example needs a Redis: start one (redis-server) or set \
+             ONCEGATE_REDIS_URL to yours, e.g. ONCEGATE_REDIS_URL=redis://127.0.0.1:6379"
+        )),
+    }
+}
+
 #[allow(dead_code)]
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let url = std::env::var("ONCEGATE_REDIS_URL").unwrap_or("redis://127.0.0.1:6379".into());
-    let prefix = format!("example{}", std::process::id());
-    match run(&url, &prefix).await {
-        Ok((charges, orders)) => {
-            println!("{orders} orders, each asked 6 times on 2 instances: {charges} charges");
+    match report(&url, &format!("example{}", std::process::id())).await {
+        Ok(line) => {
+            println!("{line}");
             std::process::ExitCode::SUCCESS
         }
-        // Said in words, not as a `Debug` dump: what failed and how to point it at a Redis.
-        Err(error) => {
-            eprintln!(
-                "redis_once: {error}\nThe example needs a Redis: start one (redis-server) or set \
-                 ONCEGATE_REDIS_URL to yours, e.g. ONCEGATE_REDIS_URL=redis://127.0.0.1:6379"
-            );
+        Err(words) => {
+            eprintln!("{words}");
             std::process::ExitCode::FAILURE
         }
     }
