@@ -382,7 +382,8 @@ pub(crate) async fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
     let pct = |p: f64| {
         tally.latencies_us[((tally.latencies_us.len() - 1) as f64 * p) as usize] as f64 / 1000.0
     };
-    let now = settled(&client, &admin, admin_token.as_deref(), before).await;
+    // A webhook's answer comes after its admission: nothing more to wait for.
+    let now = settled(&client, &admin, admin_token.as_deref(), before, 0).await;
     let sent_count = tally.latencies_us.len();
     println!(
         "sent               {sent_count} requests ({} events, {} retries, {} replays planned)",
@@ -425,26 +426,29 @@ pub(crate) async fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The counters once deliveries caught up with admissions, or stopped moving for 10 s.
+/// The counters once the gateway admitted at least `expected` events since `before` (what a
+/// long connection's demo pushed: it admits them after simulate is done pushing) and delivered
+/// what it admitted — or once nothing moved for 10 s.
 pub(crate) async fn settled(
     client: &reqwest::Client,
     admin: &str,
     token: Option<&str>,
     before: Option<Counts>,
+    expected: u64,
 ) -> Option<Counts> {
     let mut now = counts(client, admin, token).await;
     let mut still = Instant::now();
     while let (Some(at), Some(before)) = (now, before) {
-        let admitted =
-            at.admitted.saturating_sub(before.admitted) + at.spooled.saturating_sub(before.spooled);
-        let settled = at.delivered.saturating_sub(before.delivered)
-            + at.stale_dropped.saturating_sub(before.stale_dropped);
-        if settled >= admitted || still.elapsed() > Duration::from_secs(10) {
+        let (admitted, settled) = at.since(&before);
+        if (admitted >= expected && settled >= admitted)
+            || still.elapsed() > Duration::from_secs(10)
+        {
             break;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
         let again = counts(client, admin, token).await;
-        let progress = |c: Option<Counts>| c.map(|c| c.delivered + c.stale_dropped);
+        let progress =
+            |c: Option<Counts>| c.map(|c| c.admitted + c.spooled + c.delivered + c.stale_dropped);
         if progress(again) != progress(now) {
             still = Instant::now();
         }
@@ -538,6 +542,19 @@ pub(crate) struct Counts {
     spooled: u64,
     pub(crate) delivered: u64,
     stale_dropped: u64,
+}
+
+impl Counts {
+    /// Events admitted (spooled ones included) and settled (delivered, or dropped as stale)
+    /// since `before`.
+    pub(crate) fn since(&self, before: &Counts) -> (u64, u64) {
+        (
+            self.admitted.saturating_sub(before.admitted)
+                + self.spooled.saturating_sub(before.spooled),
+            self.delivered.saturating_sub(before.delivered)
+                + self.stale_dropped.saturating_sub(before.stale_dropped),
+        )
+    }
 }
 
 /// The gateway's counters from `/admin/live`, which reads no store: a run polls them while it

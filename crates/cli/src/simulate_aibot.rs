@@ -95,7 +95,8 @@ pub(crate) async fn simulate(
             tokio::time::sleep(pause).await;
         }
     }
-    let now = settled(client, admin, admin_token, before).await;
+    // Pushed is not admitted yet: the gateway reads the frames after simulate wrote them.
+    let now = settled(client, admin, admin_token, before, args.events as u64).await;
     let elapsed = started.elapsed();
     println!(
         "pushed             {} messages ({} new, {repeats} repeats under new req_ids)",
@@ -115,5 +116,16 @@ pub(crate) async fn simulate(
     print_admitted(before, now);
     print_delivered(before, now, client, admin, admin_token).await;
     print_end_to_end(before, now, elapsed);
+    // A demo whose messages did not all arrive must not look like a success to a script.
+    if let (Some(before), Some(now)) = (before, now) {
+        let (admitted, delivered) = now.since(&before);
+        if admitted < args.events as u64 || delivered < admitted {
+            bail!(
+                "{admitted} of {} new messages admitted and {delivered} delivered when nothing \
+                 moved for 10 s: see the gateway's log and GET /admin/stats",
+                args.events
+            );
+        }
+    }
     Ok(())
 }

@@ -92,7 +92,8 @@ pub(crate) async fn simulate(
     let window = args.concurrency.max(1) * 16;
     let driven = server.drive_at(plan, window, RUN_LIMIT, args.rate).await;
     let pushed_for = started.elapsed();
-    let now = settled(client, admin, admin_token, before).await;
+    // Acked means admitted: nothing more to wait for.
+    let now = settled(client, admin, admin_token, before, 0).await;
     let until_delivered = started.elapsed();
     println!(
         "pushed             {} events ({} new, {redeliveries} redeliveries) over {connections} connection(s)",

@@ -274,6 +274,40 @@ async fn a_bot_taken_over_twice_from_elsewhere_stops_and_says_why() {
     assert!(why.contains("outside"), "{why}");
 }
 
+/// A takeover, then the connection lost and dialled again (the server restarted: a local test
+/// server between two `simulate` runs), then a takeover of that new session: not a fight, the
+/// gateway subscribes again. A takeover of the very connection dialled after a takeover is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_of_a_later_session_is_not_counted_with_the_last_one() {
+    let server = LocalAiBot::start(BOT, SECRET).await.expect("server");
+    let dir = tempfile::tempdir().expect("dir");
+    let gateway = Serve::start_with(
+        dir.path(),
+        &config(dir.path(), "backend = \"memory\"", server.url()),
+    );
+    assert!(server.wait_for_subscribes(1, Duration::from_secs(15)).await);
+    server.take_over_from_elsewhere();
+    assert!(server.wait_for_subscribes(2, Duration::from_secs(10)).await);
+    server.drop_connection();
+    assert!(
+        server.wait_for_subscribes(3, Duration::from_secs(15)).await,
+        "dialled again after the loss: {}",
+        gateway.stderr()
+    );
+    server.take_over_from_elsewhere();
+    assert!(
+        server.wait_for_subscribes(4, Duration::from_secs(10)).await,
+        "a takeover of a later session is dialled again: {}",
+        gateway.stderr()
+    );
+    server.take_over_from_elsewhere();
+    gateway
+        .admin_until("/admin/stats", |body| body.contains("taken over twice"))
+        .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(server.subscribes().len(), 4, "no fifth subscribe");
+}
+
 /// `/readyz` tells a probe without the admin token what fails, not why: WeCom's refusal of a
 /// wrong secret, the store's and Redis's details are the token holder's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -319,10 +353,13 @@ async fn readyz_says_why_only_to_the_admin_tokens_holder() {
     assert!(anonymous.contains("admin token"), "{anonymous}");
 }
 
-/// The README's AI-bot source, with `oncegate simulate` playing WeCom as the README says: every
-/// message delivered once, through a takeover from elsewhere halfway.
+/// The README's AI-bot source, with `oncegate simulate` playing WeCom as the README says, twice
+/// in a row against one gateway: each run waits until the gateway admitted and delivered all its
+/// messages (it pushes faster than they are read), through a takeover from elsewhere halfway —
+/// and the second run's takeover, on another session of the server, is not taken for a fight
+/// over the bot.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_readme_example_under_simulate_delivers_each_message_once() {
+async fn the_readme_example_under_simulate_twice_delivers_each_message_once() {
     let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
         .expect("README");
     let block = readme
@@ -331,10 +368,13 @@ async fn the_readme_example_under_simulate_delivers_each_message_once() {
         .and_then(|(_, rest)| rest.split_once("```"))
         .expect("the README's AI-bot example")
         .0;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .expect("free port")
-        .port();
+    let free_port = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .expect("free port")
+            .port()
+    };
+    let (port, admin_port) = (free_port(), free_port());
     let source = block
         .replace("{ env = \"ASSISTANT_BOT_SECRET\" }", "\"readme-secret\"")
         .replace(
@@ -343,51 +383,61 @@ async fn the_readme_example_under_simulate_delivers_each_message_once() {
         );
     assert!(source.contains("domain = \"ws://127.0.0.1:"), "{source}");
     let dir = tempfile::tempdir().expect("dir");
+    // simulate reads the admin address from the configuration: a fixed one, so that it can
+    // count what the gateway admitted and delivered.
     let config = format!(
-        "[store]\nbackend = \"memory\"\n\n[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n\n{source}\n{}",
+        "[store]\nbackend = \"memory\"\n\n[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:{admin_port}\"\n\n{source}\n{}",
         file_route(dir.path(), "")
     );
     std::fs::write(dir.path().join("oncegate.toml"), &config).expect("config");
-    let simulate = support::oncegate()
-        .args([
-            "simulate",
-            "--quiet",
-            "--events",
-            "60",
-            "--duplicates",
-            "0.3",
-        ])
-        .arg("--config")
-        .arg(dir.path().join("oncegate.toml"))
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("simulate");
+    let events = 2000;
+    let simulate = || {
+        support::oncegate()
+            .args(["simulate", "--quiet", "--duplicates", "0.3", "--events"])
+            .arg(events.to_string())
+            .arg("--config")
+            .arg(dir.path().join("oncegate.toml"))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("simulate")
+    };
+    let first = simulate();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let gateway = Serve::start_with(dir.path(), &config);
-    let output = tokio::task::spawn_blocking(move || simulate.wait_with_output())
-        .await
-        .expect("join")
-        .expect("simulate ran");
-    let text = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(
-        output.status.success(),
-        "{text} {} {}",
-        String::from_utf8_lossy(&output.stderr),
-        gateway.stderr()
-    );
-    assert!(text.contains("60 new"), "{text}");
-    assert!(text.contains("subscribes         2"), "{text}");
-    wait_until("every message delivered", Duration::from_secs(20), || {
-        delivered(&[dir.path()]).len() >= 60
-    })
-    .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let seen = delivered(&[dir.path()]);
-    let mut ids: Vec<&String> = seen.iter().map(|(_, id)| id).collect();
-    ids.sort();
-    ids.dedup();
-    assert_eq!((seen.len(), ids.len()), (60, 60), "each once");
+    for (run, started) in [(1, Some(first)), (2, None)] {
+        let simulate = started.unwrap_or_else(simulate);
+        let output = tokio::task::spawn_blocking(move || simulate.wait_with_output())
+            .await
+            .expect("join")
+            .expect("simulate ran");
+        let text = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert!(
+            output.status.success(),
+            "run {run}: {text} {} {}",
+            String::from_utf8_lossy(&output.stderr),
+            gateway.stderr()
+        );
+        assert!(text.contains(&format!("{events} new")), "{text}");
+        assert!(text.contains("subscribes         2"), "{text}");
+        assert!(
+            text.contains(&format!("admitted           {events}\n")),
+            "run {run}: simulate waited for every admission: {text}"
+        );
+        assert!(
+            text.contains(&format!("delivered          {events}\n")),
+            "run {run}: {text}"
+        );
+        let seen = delivered(&[dir.path()]);
+        let mut ids: Vec<&String> = seen.iter().map(|(_, id)| id).collect();
+        ids.sort();
+        ids.dedup();
+        assert_eq!(
+            (seen.len(), ids.len()),
+            (events * run, events * run),
+            "each once"
+        );
+    }
 }
 
 /// A handler that answers a message with 20 server-sent events, 40 ms apart, and a user

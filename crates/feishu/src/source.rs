@@ -106,11 +106,19 @@ impl Sealer for FeishuApp {
                 "tenant_key": "simulated",
                 "app_id": &*self.app_id,
             },
+            // Every field Feishu's documented example of im.message.receive_v1 carries that a
+            // typed handler reads (`events::MessageReceived`): `chat_type` is not optional.
             "event": {
-                "sender": {"sender_id": {"open_id": message.sender}},
+                "sender": {
+                    "sender_id": {"open_id": message.sender},
+                    "sender_type": "user",
+                    "tenant_key": "simulated",
+                },
                 "message": {
                     "message_id": format!("om_{}", message.id),
+                    "create_time": message.created_ms.to_string(),
                     "chat_id": message.chat,
+                    "chat_type": "group",
                     "message_type": "text",
                     "content": serde_json::json!({ "text": message.text }).to_string(),
                 }
@@ -256,5 +264,11 @@ mod tests {
         assert_eq!(admit.event.order_key.as_deref(), Some("oc_1"));
         assert_eq!(admit.keys.as_slice().len(), 2);
         assert_eq!(stamp.map(|s| s.nonce), Some("n9".into()));
+        // What `oncegate simulate` sends is a message a typed handler reads, as Feishu's are.
+        use oncegate_core::FromEvent;
+        let message = crate::events::MessageReceived::from_event(&admit.event)
+            .unwrap_or_else(|e| panic!("a typed handler cannot read it: {e}"));
+        assert_eq!(message.message.chat_type, "group");
+        assert_eq!(message.message.text().as_deref(), Some("hi \"there\""));
     }
 }

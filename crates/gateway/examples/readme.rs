@@ -1,6 +1,7 @@
 //! The README's library example, whole: `cargo run -p oncegate-gateway --example readme`
-//! serves a Feishu bot on 127.0.0.1:8080 until Ctrl-C. The tests run it and check that the
-//! README shows it as it is here.
+//! serves a Feishu bot on 127.0.0.1:8090 (`ONCEGATE_EXAMPLE_LISTEN` for another address; the
+//! demo gateway has 8080) until Ctrl-C, printing what its handlers log. The tests run it and
+//! check that the README shows it as it is here.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -60,6 +61,23 @@ async fn main() -> anyhow::Result<()> {
         let _ = tokio::signal::ctrl_c().await;
         ctrl_c.cancel();
     });
+    // A handler's failure (an event it could not read, an error it answered) is logged: a
+    // library logs through `tracing`, and an application that installs no subscriber sees
+    // nothing.
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("ONCEGATE_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .init();
     let key = std::env::var("FEISHU_ENCRYPT_KEY").unwrap_or_else(|_| "example-key".into());
-    serve(TcpListener::bind("127.0.0.1:8080").await?, key, stop).await
+    let at = std::env::var("ONCEGATE_EXAMPLE_LISTEN").unwrap_or_else(|_| "127.0.0.1:8090".into());
+    let listener = TcpListener::bind(&at).await.map_err(|error| {
+        anyhow::anyhow!(
+            "cannot listen on {at}: {error}; set ONCEGATE_EXAMPLE_LISTEN to a free address, \
+             e.g. ONCEGATE_EXAMPLE_LISTEN=127.0.0.1:8091"
+        )
+    })?;
+    println!("the README's bot: POST http://{at}/webhook/bot (Ctrl-C stops it)");
+    serve(listener, key, stop).await
 }

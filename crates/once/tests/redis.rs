@@ -40,7 +40,10 @@ async fn the_example_without_a_redis_says_what_to_set() {
     let words = example::report(&url, "onceexclosed")
         .await
         .expect_err("no Redis listens there");
-    assert!(words.contains(&format!("cannot connect to {url}")), "{words}");
+    assert!(
+        words.contains(&format!("cannot connect to {url}")),
+        "{words}"
+    );
     assert!(words.contains("ONCEGATE_REDIS_URL="), "{words}");
     assert!(!words.contains("Connect {"), "a Debug dump: {words}");
 }

@@ -37,9 +37,10 @@ pub fn message_event(app_id: &str, event_id: &str, chat: &str, created_ms: u64) 
             "event_type": "im.message.receive_v1", "tenant_key": "local", "app_id": app_id,
         },
         "event": {
-            "sender": {"sender_id": {"open_id": "ou_local"}},
+            "sender": {"sender_id": {"open_id": "ou_local"}, "sender_type": "user", "tenant_key": "local"},
             "message": {
-                "message_id": format!("om_{event_id}"), "chat_id": chat,
+                "message_id": format!("om_{event_id}"), "create_time": created_ms.to_string(),
+                "chat_id": chat, "chat_type": "group",
                 "message_type": "text", "content": "{\"text\":\"hello\"}",
             }
         }

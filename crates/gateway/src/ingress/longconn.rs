@@ -285,16 +285,20 @@ async fn lead<S: Store>(shared: &Arc<Shared<S>>, source: &LongSource, shutdown: 
 
 /// Holds `source`'s connections under `lease` until they stop. An AI bot taken over is dialled
 /// again (after a pause) only while the lease is still this gateway's: when another gateway
-/// holds it, the takeover was its doing, and this one stands by. Taken over twice within
-/// [`KICK_WINDOW`] while holding the lease, the bot is held by a client outside the gateways:
-/// the connection stops and says so rather than kick it back for ever.
+/// holds it, the takeover was its doing, and this one stands by. The connection dialled again
+/// after a takeover, taken over in its turn within [`KICK_WINDOW`] while holding the lease:
+/// the bot is held by a client outside the gateways, and the connection stops and says so
+/// rather than kick it back for ever. A connection lost and dialled again in between (the
+/// server restarted, as a local test server does between runs) starts the count again: two
+/// takeovers of two sessions are not a fight.
 async fn hold<S: Store>(
     shared: &Arc<Shared<S>>,
     source: &LongSource,
     lease: &oncegate_once::Held<S>,
     stop: CancellationToken,
 ) {
-    let mut kicked_at: Option<std::time::Instant> = None;
+    // When the last takeover came, and the reconnect count then.
+    let mut kicked_at: Option<(std::time::Instant, u64)> = None;
     loop {
         if connect(shared, source, stop.clone()).await == Held::Stopped {
             return;
@@ -306,7 +310,8 @@ async fn hold<S: Store>(
                 return;
             }
         }
-        if kicked_at.is_some_and(|at| at.elapsed() < KICK_WINDOW) {
+        let reconnects = source.status.reconnects();
+        if kicked_at.is_some_and(|(at, then)| at.elapsed() < KICK_WINDOW && then == reconnects) {
             let why = format!(
                 "taken over twice within {}s while this gateway held the bot's lease: a client \
                  outside the gateways sharing this store subscribes as the same bot (WeCom keeps \
@@ -317,7 +322,7 @@ async fn hold<S: Store>(
             source.status.set_fatal(why);
             return;
         }
-        kicked_at = Some(std::time::Instant::now());
+        kicked_at = Some((std::time::Instant::now(), reconnects));
         shared.summaries.note(
             "ws_taken_over",
             None,
