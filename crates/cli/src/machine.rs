@@ -1,11 +1,11 @@
 //! What `check-config` checks on this machine beyond the file itself: the listeners' ports can
-//! be bound, and the embedded store's folder can be written. A configuration that is valid
+//! be bound, and the embedded store's and file sinks' folders can be written. A configuration that is valid
 //! but fails at `serve` on the first try is what a new user meets first.
 
 use std::io::ErrorKind;
 use std::path::Path;
 
-use oncegate_config::{Config, Problem, Severity, StoreConfig};
+use oncegate_config::{Config, Problem, Severity, SinkKind, StoreConfig};
 
 /// Problems `serve` would meet here with `config`.
 pub(crate) fn problems(config: &Config) -> Vec<Problem> {
@@ -26,6 +26,23 @@ pub(crate) fn problems(config: &Config) -> Vec<Problem> {
         && let Some(problem) = writable("store.path", &settings.path)
     {
         found.push(problem);
+    }
+    // A file sink's folder, as the store's: the sink opens its file there at start.
+    for (i, route) in config.routes.iter().enumerate() {
+        if let (SinkKind::File, Some(path)) = (route.sink, &route.path) {
+            let setting = format!("route[{i}].path");
+            let problem = if path.is_dir() {
+                Some(Problem {
+                    severity: Severity::Error,
+                    setting,
+                    message: format!("{} is a folder: name the file to write", path.display()),
+                })
+            } else {
+                let folder = path.parent().filter(|p| !p.as_os_str().is_empty());
+                writable(&setting, folder.unwrap_or(Path::new(".")))
+            };
+            found.extend(problem);
+        }
     }
     found
 }
@@ -60,7 +77,31 @@ fn bind(setting: &str, address: &str) -> Option<Problem> {
 /// Whether the store's folder (or, before it exists, the folder it would be made in) takes a
 /// new file. Farther up nothing is tried: a path of another machine (a container's volume,
 /// checked on the build host) is not this machine's problem.
+///
+/// A file where a folder of the path must be is an error anywhere: no folder can be made in it.
 fn writable(setting: &str, path: &Path) -> Option<Problem> {
+    let nearest = path
+        .ancestors()
+        .filter(|p| !p.as_os_str().is_empty())
+        .find(|p| p.exists());
+    if let Some(file) = nearest.filter(|p| !p.is_dir()) {
+        return Some(Problem {
+            severity: Severity::Error,
+            setting: setting.into(),
+            message: if file == path {
+                format!(
+                    "{} is a file, not a folder: choose another path",
+                    path.display()
+                )
+            } else {
+                format!(
+                    "{} is a file, not a folder: {} cannot be made in it; choose another path",
+                    file.display(),
+                    path.display()
+                )
+            },
+        });
+    }
     let folder = if path.is_dir() {
         path
     } else {

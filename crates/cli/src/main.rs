@@ -293,6 +293,14 @@ fn check_config(file: &Path) -> anyhow::Result<bool> {
     let mut problems = oncegate_config::validate(&config);
     problems.extend(machine::problems(&config));
     problems.extend(oncegate_gateway::left_out(&config));
+    // Built as serve builds them, the sources whose settings passed: what serve refuses at once
+    // (an EncodingAESKey of the wrong length) is said here, and nothing twice.
+    let said: Vec<String> = problems.iter().map(|p| p.setting.clone()).collect();
+    problems.extend(
+        oncegate_gateway::registry::source_problems(&config)
+            .into_iter()
+            .filter(|p| !said.iter().any(|s| s.starts_with(&p.setting))),
+    );
     let mut guarantee = None;
     if let oncegate_config::StoreConfig::Redis(settings) = &config.store
         && !problems.iter().any(|p| p.severity == Severity::Error)

@@ -9,6 +9,8 @@ use oncegate_core::{Admission, Claim, DedupStore, Event, EventQueue, key_for};
 use oncegate_embedded::{EmbeddedConfig, EmbeddedStore};
 use oncegate_journal::JournalConfig;
 
+mod doc;
+
 fn oncegate(args: &[&str]) -> (i32, String, String) {
     let output = Command::new(env!("CARGO_BIN_EXE_oncegate"))
         .args(args)
@@ -169,6 +171,88 @@ fn check_config_tries_the_ports_and_the_store_folder() {
         std::fs::read_dir(dir.path()).expect("dir").count() == 1,
         "the probe file was left behind"
     );
+}
+
+/// What `serve` refuses at once, `check-config` refuses too, each named: a WeCom EncodingAESKey
+/// of 5 characters (built as serve builds the source), a store and a file sink under a file,
+/// two callers with one token; and a route after a catch-all is named as never matching. And
+/// `serve` does refuse the file (its first refusal).
+#[test]
+fn check_config_refuses_what_serve_would_refuse() {
+    let dir = tempfile::tempdir().expect("dir");
+    let blocker = dir.path().join("a-file");
+    std::fs::write(&blocker, "not a folder").expect("write");
+    let file = dir.path().join("refused.toml");
+    let config = format!(
+        r#"[store]
+backend = "embedded"
+path = "{blocker}/store"
+
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[api]
+listen = "127.0.0.1:0"
+
+[[api.caller]]
+name = "a"
+token = "one-token-for-two"
+
+[[api.caller]]
+name = "b"
+token = "one-token-for-two"
+
+[[source]]
+name = "corp"
+platform = "wecom"
+corp_id = "ww1"
+agent_id = 1000002
+token = "callback-token"
+encoding_aes_key = "abcde"
+
+[[route]]
+events = ["*"]
+sink = "file"
+path = "{blocker}/events.jsonl"
+
+[[route]]
+events = ["message.*"]
+sink = "stdout"
+"#,
+        blocker = blocker.display()
+    );
+    std::fs::write(&file, &config).expect("write");
+    let (code, out, _) = oncegate(&["check-config", file.to_str().expect("utf-8")]);
+    assert_eq!(code, 1, "{out}");
+    for said in [
+        "error: source[corp]: bad EncodingAESKey: an EncodingAESKey has 43 characters, this one has 5",
+        &format!(
+            "error: store.path: {} is a file, not a folder",
+            blocker.display()
+        ),
+        &format!(
+            "error: route[0].path: {} is a file, not a folder",
+            blocker.display()
+        ),
+        "error: api.caller[1].token: the same token as caller \"a\"",
+        "warning: route[1].events: never matches: route[0]",
+        "4 errors, 1 warning",
+    ] {
+        assert!(out.contains(said), "{said:?} in:\n{out}");
+    }
+    assert!(
+        !out.contains("one-token-for-two"),
+        "a token is never said: {out}"
+    );
+    assert!(
+        !out.contains("source \"corp\": "),
+        "the source named once: {out}"
+    );
+    // serve refuses the same file.
+    let (code, said) = serve_refused(&file);
+    assert_eq!(code, 2, "{said}");
+    assert!(said.contains("same token as caller"), "{said}");
 }
 
 /// `oncegate ready` (the image's healthcheck) fails when no gateway answers: exit 2, saying so.

@@ -76,6 +76,7 @@ fn default_namespace() -> String {
 /// The API's callers: named once each, with a token that resolves, and a bounded lease.
 pub(crate) fn check(config: &Config, report: &mut impl FnMut(Severity, &str, String)) {
     let mut names = std::collections::HashSet::new();
+    let mut tokens = std::collections::HashMap::new();
     for (i, caller) in config.api.callers.iter().enumerate() {
         let at = |field: &str| format!("api.caller[{i}].{field}");
         if caller.name.trim().is_empty() || !names.insert(caller.name.as_str()) {
@@ -95,8 +96,22 @@ pub(crate) fn check(config: &Config, report: &mut impl FnMut(Severity, &str, Str
                 "is empty: leave it out for \"default\"".into(),
             );
         }
-        if let Err(message) = caller.token.resolve() {
-            report(Severity::Error, &at("token"), message);
+        match caller.token.resolve() {
+            Err(message) => report(Severity::Error, &at("token"), message),
+            // The token is who the caller is: two callers with one token cannot be told apart
+            // (the first would take every request of both).
+            Ok(token) => {
+                if let Some(other) = tokens.insert(token, caller.name.as_str()) {
+                    report(
+                        Severity::Error,
+                        &at("token"),
+                        format!(
+                            "the same token as caller {other:?}: a request could not tell which \
+                             caller it is; give each caller its own token"
+                        ),
+                    );
+                }
+            }
         }
         if caller.results_max == Some(0) || caller.result_bytes_max == Some(0) {
             report(

@@ -199,6 +199,48 @@ pub fn event_type_matches(patterns: &[String], event_type: &str) -> bool {
         })
 }
 
+/// Whether every event type `later` matches, `earlier` matches too (`*`, a prefix, exact).
+fn pattern_covers(earlier: &str, later: &str) -> bool {
+    match earlier.strip_suffix('*') {
+        Some(prefix) => later.starts_with(prefix),
+        None => earlier == later,
+    }
+}
+
+/// Whether every event `later` could take, `earlier` (listed before it) takes first: each of
+/// its patterns covered, and its owners within the earlier one's.
+fn shadows(earlier: &RouteConfig, later: &RouteConfig) -> bool {
+    let within = |earlier: &[String], later: &[String]| {
+        earlier.is_empty() || (!later.is_empty() && later.iter().all(|id| earlier.contains(id)))
+    };
+    !later.events.is_empty()
+        && later
+            .events
+            .iter()
+            .all(|pattern| earlier.events.iter().any(|e| pattern_covers(e, pattern)))
+        && within(&earlier.tenants, &later.tenants)
+        && within(&earlier.agents, &later.agents)
+}
+
+/// A route after one that takes every event it could match never gets an event: the first
+/// route that matches takes it.
+fn check_shadowed(config: &Config, report: &mut impl FnMut(Severity, &str, String)) {
+    for (i, later) in config.routes.iter().enumerate() {
+        if let Some(j) = config.routes[..i].iter().position(|e| shadows(e, later)) {
+            report(
+                Severity::Warning,
+                &format!("route[{i}].events"),
+                format!(
+                    "never matches: route[{j}] (events {:?}) comes first and takes every event \
+                     this one could, and an event goes to the first route that matches; move \
+                     this route above it",
+                    config.routes[j].events
+                ),
+            );
+        }
+    }
+}
+
 /// Tenants and agents are ids, not blanks; a URL names them in its path or query only — in
 /// its host they would choose the server the events go to.
 fn check_owners(
@@ -239,6 +281,7 @@ fn check_owners(
 
 /// Every `[[route]]`: its events, sink, secrets and keys.
 pub(crate) fn check(config: &Config, report: &mut impl FnMut(Severity, &str, String)) {
+    check_shadowed(config, report);
     for (i, route) in config.routes.iter().enumerate() {
         let at = |field: &str| format!("route[{i}].{field}");
         if route.events.is_empty() || route.events.iter().any(|e| e.trim().is_empty()) {

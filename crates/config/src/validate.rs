@@ -918,4 +918,79 @@ url = "https://{tenant}.example.com/events"
         );
         assert!(said[1].2.contains("in clear"), "{}", said[1].2);
     }
+
+    fn problems_of(text: &str) -> Vec<Problem> {
+        let config = crate::load_str(text, std::path::Path::new("t.toml"), Vec::new())
+            .expect("a configuration");
+        validate(&config)
+    }
+
+    #[test]
+    fn a_route_after_one_that_takes_all_its_events_is_named() {
+        let routes = |first: &str, second: &str| {
+            problems_of(&format!(
+                "[[route]]\n{first}\nsink = \"stdout\"\n\n[[route]]\n{second}\nsink = \"stdout\"\n"
+            ))
+            .into_iter()
+            .filter(|p| p.setting == "route[1].events")
+            .map(|p| (p.severity, p.message))
+            .collect::<Vec<_>>()
+        };
+        for (first, second) in [
+            ("events = [\"*\"]", "events = [\"message.*\"]"),
+            (
+                "events = [\"message.*\"]",
+                "events = [\"message.text\", \"message.image\"]",
+            ),
+            ("events = [\"a\", \"b\"]", "events = [\"b\"]"),
+            (
+                "events = [\"*\"]\ntenants = [\"t1\", \"t2\"]",
+                "events = [\"x\"]\ntenants = [\"t2\"]",
+            ),
+        ] {
+            let found = routes(first, second);
+            assert_eq!(found.len(), 1, "{first} / {second}: {found:?}");
+            assert_eq!(found[0].0, Severity::Warning);
+            assert!(found[0].1.contains("never matches: route[0]"), "{found:?}");
+        }
+        // Routes the first leaves something to: nothing said.
+        for (first, second) in [
+            ("events = [\"message.*\"]", "events = [\"*\"]"),
+            ("events = [\"message.text\"]", "events = [\"message.*\"]"),
+            ("events = [\"*\"]\ntenants = [\"t1\"]", "events = [\"*\"]"),
+            (
+                "events = [\"*\"]\nagents = [\"1\"]",
+                "events = [\"*\"]\nagents = [\"2\"]",
+            ),
+            ("events = [\"a\"]", "events = [\"a\", \"b\"]"),
+        ] {
+            assert_eq!(routes(first, second), [], "{first} / {second}");
+        }
+    }
+
+    #[test]
+    fn two_callers_with_one_token_are_refused() {
+        let callers = |second: &str| {
+            problems_of(&format!(
+                "[[api.caller]]\nname = \"a\"\ntoken = \"token-one-123\"\n\n\
+                 [[api.caller]]\nname = \"b\"\ntoken = \"{second}\"\n"
+            ))
+            .into_iter()
+            .filter(|p| p.setting == "api.caller[1].token")
+            .map(|p| (p.severity, p.message))
+            .collect::<Vec<_>>()
+        };
+        let found = callers("token-one-123");
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].0, Severity::Error);
+        assert!(
+            found[0].1.contains("same token as caller \"a\""),
+            "{found:?}"
+        );
+        assert!(
+            !found[0].1.contains("token-one-123"),
+            "the token is never said"
+        );
+        assert_eq!(callers("token-two-456"), []);
+    }
 }

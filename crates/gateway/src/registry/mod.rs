@@ -214,3 +214,32 @@ pub fn sealer(config: &SourceConfig) -> Result<Arc<dyn Sealer>, GatewayError> {
         }
     })
 }
+
+/// What `serve` would refuse of `config`'s sources when it builds them — a key of the wrong
+/// length, a domain it cannot use — as `check-config` reports it: each source built here the
+/// one way `serve` builds it, and dropped.
+pub fn source_problems(config: &oncegate_config::Config) -> Vec<oncegate_config::Problem> {
+    config
+        .sources
+        .iter()
+        .filter_map(|source| {
+            let built = if is_long_connection(source) {
+                long_connection(source).map(|_| ())
+            } else {
+                self::source(source).map(|_| ())
+            };
+            #[cfg(feature = "send")]
+            let built =
+                built.and_then(|()| sender(source, std::time::Duration::from_secs(10)).map(|_| ()));
+            built.err().map(|error| {
+                let message = error.to_string();
+                let named = format!("source {:?}: ", source.name);
+                oncegate_config::Problem {
+                    severity: oncegate_config::Severity::Error,
+                    setting: format!("source[{}]", source.name),
+                    message: message.strip_prefix(&named).unwrap_or(&message).to_owned(),
+                }
+            })
+        })
+        .collect()
+}
