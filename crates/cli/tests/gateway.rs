@@ -1737,7 +1737,9 @@ where
 {
     redis.cli(&["CONFIG", "RESETSTAT"]);
     let idle = Instant::now();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The gateway's own beats and polls go on meanwhile: their rate, over a second, is taken
+    // off (they come in bursts: a shorter window misjudged them by a dozen commands a call).
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let (background, _) = redis_calls(redis);
     let per_second = background as f64 / idle.elapsed().as_secs_f64();
     redis.cli(&["CONFIG", "RESETSTAT"]);
@@ -1837,15 +1839,17 @@ async fn stats_and_status_cost_the_same_over_a_million_keys_as_over_none() {
          oncegate status {empty_status:.1}, {full_status:.1}; /admin/stats's median {median:?}"
     );
     assert_eq!((scans, status_scans), (0, 0), "no SCAN");
-    // A few commands per partition, the same with a million keys as with none (a scan of the
-    // keys would be a thousand SCANs and a million reads).
+    // A few commands per partition, the same with a million keys as with none within what
+    // the background's bursts blur (a scan of the keys would be a thousand SCANs and a million
+    // reads).
     let bound = 10.0 * PARTITIONS as f64;
+    let blur = 2.0 * PARTITIONS as f64;
     assert!(
-        full_stats <= bound && full_stats <= empty_stats + 8.0,
+        full_stats <= bound && full_stats <= empty_stats + blur,
         "/admin/stats: {full_stats:.1} commands a call over 1M keys, {empty_stats:.1} over none"
     );
     assert!(
-        full_status <= 2.0 * bound && full_status <= empty_status + 16.0,
+        full_status <= 2.0 * bound && full_status <= empty_status + 2.0 * blur,
         "oncegate status: {full_status:.1} commands a call over 1M keys, {empty_status:.1} over none"
     );
     assert!(

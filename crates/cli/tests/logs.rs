@@ -76,7 +76,8 @@ async fn json_lines_carry_the_instance_and_each_events_key_platform_and_app() {
     let dir = tempfile::tempdir().expect("dir");
     // A sink that is never there: every event is retried once and dead-lettered.
     let config = failing_config("[log]\nformat = \"json\"\ninstance = \"gw-7\"", "", 2);
-    let gateway = Serve::start_with(dir.path(), &config);
+    // At debug: each dead letter's own line (at warn they are summarised).
+    let gateway = Serve::start_logging(dir.path(), &config, "debug");
     // The banner too is a JSON line, with the addresses and the status page.
     let banner: serde_json::Value = serde_json::from_str(&gateway.banner)
         .unwrap_or_else(|e| panic!("a banner that is not JSON ({e}): {}", gateway.banner));
@@ -114,10 +115,9 @@ async fn json_lines_carry_the_instance_and_each_events_key_platform_and_app() {
         .filter(|l| {
             l["message"]
                 .as_str()
-                .is_some_and(|m| m.contains("dead-lettered") || m.contains("retrying"))
+                .is_some_and(|m| m == "dead-lettered" || m == "delivery failed; retrying")
         })
         .collect();
-    // The harness logs at warn: the dead letters (the retries are info lines).
     assert!(about_events.len() >= 3, "a dead letter each: {log}");
     for line in about_events {
         assert_eq!(line["platform"], "feishu", "{line}");
@@ -237,15 +237,11 @@ async fn failed_attempts_are_summarised_not_logged_one_by_one() {
     let gateway = Serve::start_logging(dir.path(), &config, "info");
     let simulated = simulate(dir.path(), &gateway, 20);
     assert!(simulated.status.success());
-    wait_until("twenty dead letters", Duration::from_secs(30), || {
-        gateway.stderr().matches("dead-lettered").count() >= 20
-    })
-    .await;
     // Counted into the summary lines of the intervals they fell in (the last one at most an
-    // interval after the last dead letter).
-    let counted = |log: &str| -> u64 {
+    // interval after the last dead letter): the retries, and the dead letters too.
+    let summed = |log: &str, kind: &str| -> u64 {
         log.lines()
-            .filter(|line| line.contains("delivery_retried"))
+            .filter(|line| line.contains(kind))
             .filter_map(|line| {
                 line.split(" × ")
                     .next()?
@@ -256,12 +252,28 @@ async fn failed_attempts_are_summarised_not_logged_one_by_one() {
             })
             .sum()
     };
+    let counted = |log: &str| summed(log, "delivery_retried");
+    wait_until(
+        "twenty dead letters' summaries",
+        Duration::from_secs(30),
+        || summed(&gateway.stderr(), "dead_lettered") >= 20,
+    )
+    .await;
     wait_until("the retries' summaries", Duration::from_secs(5), || {
         counted(&gateway.stderr()) >= 80
     })
     .await;
     let log = gateway.stderr();
     assert_eq!(log.matches("delivery failed; retrying").count(), 0, "{log}");
+    assert_eq!(
+        log.matches("dead-lettered").count(),
+        0,
+        "no line each: {log}"
+    );
+    assert_eq!(summed(&log, "dead_lettered"), 20, "{log}");
+    let letters = log.lines().filter(|l| l.contains("dead_lettered")).count();
+    assert!(letters <= 10, "{letters} lines for 20 dead letters: {log}");
+    assert!(log.contains("`oncegate dlq list` shows them"), "{log}");
     let summaries: Vec<&str> = log
         .lines()
         .filter(|line| line.contains("delivery_retried"))

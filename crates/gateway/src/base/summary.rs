@@ -10,7 +10,17 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// The longest message kept per kind; messages may quote what a client sent.
-const MAX_MESSAGE: usize = 200;
+const MAX_MESSAGE: usize = 300;
+
+/// `message` within [`MAX_MESSAGE`] characters: cut after its last whole word, marked `…`.
+fn kept(message: &str) -> std::borrow::Cow<'_, str> {
+    let Some((end, _)) = message.char_indices().nth(MAX_MESSAGE) else {
+        return message.into();
+    };
+    let head = &message[..end];
+    let cut = head.rfind(' ').filter(|at| *at > end / 2).unwrap_or(end);
+    format!("{}…", head[..cut].trim_end()).into()
+}
 
 #[derive(Debug, Default)]
 struct Entry {
@@ -44,14 +54,11 @@ impl Summaries {
         if peer.is_some() {
             entry.last_peer = peer;
         }
-        // Most refusals repeat their message: compare the kept prefix, copy only what changed.
-        let kept = message
-            .char_indices()
-            .nth(MAX_MESSAGE)
-            .map_or(message, |(end, _)| &message[..end]);
+        // Most refusals repeat their message: compare what is kept, copy only what changed.
+        let kept = kept(message);
         if entry.last_message != kept {
             entry.last_message.clear();
-            entry.last_message.push_str(kept);
+            entry.last_message.push_str(&kept);
         }
     }
 
@@ -85,5 +92,29 @@ impl Summaries {
             }
         }
         self.flush();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_message_is_cut_after_a_whole_word_and_marked() {
+        let reason = "cannot reach http://127.0.0.1:9/in: error sending request: ".repeat(8);
+        let cut = kept(&reason);
+        assert!(cut.chars().count() <= MAX_MESSAGE + 1, "{cut}");
+        assert!(cut.ends_with('…'), "{cut}");
+        let words = cut.trim_end_matches('…');
+        assert!(reason.starts_with(words), "{cut}");
+        assert_eq!(
+            reason[words.len()..].chars().next(),
+            Some(' '),
+            "cut at a word's end: {cut}"
+        );
+        assert_eq!(kept("short"), "short");
+        // One long word is cut where it must be.
+        let word = "x".repeat(MAX_MESSAGE * 2);
+        assert_eq!(kept(&word).chars().count(), MAX_MESSAGE + 1);
     }
 }

@@ -107,7 +107,17 @@ pub(crate) async fn act<S: Store>(
             // A handler that ran and failed is said and kept in the history; an event held
             // back from a route that is gone never ran.
             if let Some(attempt) = attempt {
-                tracing::warn!(key = %delivery.key, platform = %event.platform, app = %event.app, tenant = event.tenant.as_deref().unwrap_or("-"), event_id = %event.event_id, %reason, "dead-lettered");
+                // Summarised as the retries are (300 dead letters were 300 WARN lines); each
+                // one's fields at debug, and all of them in `oncegate dlq list`.
+                tracing::debug!(key = %delivery.key, platform = %event.platform, app = %event.app, tenant = event.tenant.as_deref().unwrap_or("-"), event_id = %event.event_id, %reason, "dead-lettered");
+                shared.summaries.note(
+                    "dead_lettered",
+                    None,
+                    &format!(
+                        "`oncegate dlq list` shows them; the last: event {} ({} {}): {reason}",
+                        event.event_id, event.platform, event.app
+                    ),
+                );
                 shared.attempts.failed(
                     delivery.key,
                     event,
