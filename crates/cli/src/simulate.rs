@@ -393,7 +393,18 @@ pub(crate) async fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
     );
     println!("accepted (200)     {}", tally.accepted);
     print_admitted(before, now);
-    println!("replays rejected   {}", tally.replays_rejected);
+    // The gateway's own count: WeCom and WeChat answer a replay as a duplicate (200), so the
+    // answers alone undercount it.
+    match (before, now) {
+        (Some(before), Some(now)) => println!(
+            "replays rejected   {}",
+            now.replays_rejected.saturating_sub(before.replays_rejected)
+        ),
+        _ => println!(
+            "replays rejected   {} (answered 409)",
+            tally.replays_rejected
+        ),
+    }
     for (status, count) in &tally.other {
         println!("answered {status}       {count}");
     }
@@ -415,6 +426,18 @@ pub(crate) async fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
         pct(1.0)
     );
     // A demo that reached nothing must not look like a success to a script.
+    let refused = tally.other.get(&401).copied().unwrap_or(0);
+    if sent_count > 0
+        && tally.accepted == 0
+        && refused > 0
+        && refused + tally.replays_rejected == sent_count
+    {
+        anyhow::bail!(
+            "every request was refused 401 (a signature or token the gateway does not take): \
+             the source's secrets in this file are not the gateway's; start the gateway with \
+             the same file, or point --config at the gateway's"
+        );
+    }
     if sent_count > 0 && tally.accepted == 0 {
         anyhow::bail!(
             "no request was accepted ({} failed to send, {} answered otherwise): is the gateway \
@@ -422,6 +445,23 @@ pub(crate) async fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
             tally.failed,
             tally.other.values().sum::<usize>()
         );
+    }
+    undelivered(before, now)
+}
+
+/// Fails when what the gateway admitted was not all delivered by the time nothing moved: a
+/// sink that fails or is not there must not look like a success to a script.
+pub(crate) fn undelivered(before: Option<Counts>, now: Option<Counts>) -> anyhow::Result<()> {
+    if let (Some(before), Some(now)) = (before, now) {
+        let (admitted, delivered, dead) = now.since(&before);
+        if delivered < admitted {
+            bail!(
+                "{admitted} admitted but {delivered} delivered ({dead} dead-lettered, {} still \
+                 waiting when nothing had moved for 10 s): the routes' sinks failed or are slow; \
+                 see the gateway's log, `oncegate dlq list` and the status page",
+                admitted.saturating_sub(delivered + dead)
+            );
+        }
     }
     Ok(())
 }
@@ -439,7 +479,9 @@ pub(crate) async fn settled(
     let mut now = counts(client, admin, token).await;
     let mut still = Instant::now();
     while let (Some(at), Some(before)) = (now, before) {
-        let (admitted, settled) = at.since(&before);
+        // A dead letter is settled too: it will not be delivered.
+        let (admitted, delivered, dead) = at.since(&before);
+        let settled = delivered + dead;
         if (admitted >= expected && settled >= admitted)
             || still.elapsed() > Duration::from_secs(10)
         {
@@ -447,8 +489,9 @@ pub(crate) async fn settled(
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
         let again = counts(client, admin, token).await;
-        let progress =
-            |c: Option<Counts>| c.map(|c| c.admitted + c.spooled + c.delivered + c.stale_dropped);
+        let progress = |c: Option<Counts>| {
+            c.map(|c| c.admitted + c.spooled + c.delivered + c.stale_dropped + c.dead_letters)
+        };
         if progress(again) != progress(now) {
             still = Instant::now();
         }
@@ -507,6 +550,10 @@ pub(crate) async fn print_delivered(
             if stale > 0 {
                 println!("dropped as stale   {stale}");
             }
+            let dead = now.dead_letters.saturating_sub(before.dead_letters);
+            if dead > 0 {
+                println!("dead-lettered      {dead}");
+            }
         }
         _ => println!(
             "admitted, delivered unknown ({})",
@@ -542,17 +589,20 @@ pub(crate) struct Counts {
     spooled: u64,
     pub(crate) delivered: u64,
     stale_dropped: u64,
+    replays_rejected: u64,
+    dead_letters: u64,
 }
 
 impl Counts {
-    /// Events admitted (spooled ones included) and settled (delivered, or dropped as stale)
-    /// since `before`.
-    pub(crate) fn since(&self, before: &Counts) -> (u64, u64) {
+    /// Events admitted (spooled ones included), delivered (or dropped as stale) and
+    /// dead-lettered since `before`.
+    pub(crate) fn since(&self, before: &Counts) -> (u64, u64, u64) {
         (
             self.admitted.saturating_sub(before.admitted)
                 + self.spooled.saturating_sub(before.spooled),
             self.delivered.saturating_sub(before.delivered)
                 + self.stale_dropped.saturating_sub(before.stale_dropped),
+            self.dead_letters.saturating_sub(before.dead_letters),
         )
     }
 }
@@ -577,5 +627,7 @@ pub(crate) async fn counts(
         spooled: count("spooled")?,
         delivered: count("delivered")?,
         stale_dropped: count("stale_dropped")?,
+        replays_rejected: count("replays_rejected").unwrap_or(0),
+        dead_letters: count("dead_letters").unwrap_or(0),
     })
 }

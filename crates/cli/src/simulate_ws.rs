@@ -62,8 +62,17 @@ pub(crate) async fn simulate(
             "no long connection came in {CONNECT_WAIT:?}: is `oncegate serve` running with this configuration?"
         );
     }
-    // Every connection the gateway holds takes a share.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Every connection the gateway holds takes a share: wait for each one it opens.
+    let wanted = settings.connections.max(1);
+    if !server
+        .wait_for_connections(wanted, Duration::from_secs(10))
+        .await
+    {
+        println!(
+            "only {} of the {wanted} connections came within 10 s: the run goes over those",
+            server.connections().len()
+        );
+    }
     let connections = server.connections().len();
     let run = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -137,5 +146,5 @@ pub(crate) async fn simulate(
             driven.pushed - driven.acked - driven.failed
         );
     }
-    Ok(())
+    crate::simulate::undelivered(before, now)
 }

@@ -89,8 +89,17 @@ async fn json_lines_carry_the_instance_and_each_events_key_platform_and_app() {
         format!("{}/status", gateway.admin).as_str(),
         "{banner}"
     );
+    // Every event dead-lettered: simulate says so and fails (a script must not take it for
+    // a success).
     let simulated = simulate(dir.path(), &gateway, 3);
-    assert!(simulated.status.success());
+    let said = String::from_utf8_lossy(&simulated.stdout).into_owned()
+        + &String::from_utf8_lossy(&simulated.stderr);
+    assert!(!simulated.status.success(), "{said}");
+    assert!(said.contains("dead-lettered      3"), "{said}");
+    assert!(
+        said.contains("3 admitted but 0 delivered (3 dead-lettered, 0 still waiting"),
+        "{said}"
+    );
     wait_until("three dead letters logged", Duration::from_secs(20), || {
         gateway.stderr().matches("dead-lettered").count() >= 3
     })
@@ -140,7 +149,8 @@ async fn the_last_line_gives_the_figures_as_numbers() {
     let log = "[log]\nformat = \"json\"\n[dedup]\nbusiness_keys = true";
     let config = failing_config(log, "", 1);
     let mut gateway = Serve::start_logging(dir.path(), &config, "info");
-    assert!(simulate(dir.path(), &gateway, 2).status.success());
+    // Both dead-lettered (the sink is not there): simulate fails, the figures stay.
+    assert!(!simulate(dir.path(), &gateway, 2).status.success());
     gateway.signal("TERM");
     let (status, _) = gateway.wait_exit(Duration::from_secs(20));
     assert!(status.success(), "{status}");
@@ -236,7 +246,7 @@ async fn failed_attempts_are_summarised_not_logged_one_by_one() {
     let config = failing_config("", "log_interval = \"1s\"", 5);
     let gateway = Serve::start_logging(dir.path(), &config, "info");
     let simulated = simulate(dir.path(), &gateway, 20);
-    assert!(simulated.status.success());
+    assert!(!simulated.status.success(), "every event dead-lettered");
     // Counted into the summary lines of the intervals they fell in (the last one at most an
     // interval after the last dead letter): the retries, and the dead letters too.
     let summed = |log: &str, kind: &str| -> u64 {

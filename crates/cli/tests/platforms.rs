@@ -122,8 +122,30 @@ fn each_platforms_events_are_delivered_once_through_the_binary() {
         assert_eq!(figure(&text, "admitted"), 300, "{source}: {text}");
         assert_eq!(figure(&text, "delivered"), 300, "{source}: {text}");
         assert!(figure(&text, "duplicates dropped") > 0, "{source}: {text}");
+        // The gateway's count: WeCom and WeChat replays are answered 200, as duplicates.
+        assert!(figure(&text, "replays rejected") > 0, "{source}: {text}");
         expected += 300;
     }
+    // A file whose secrets are not the gateway's: every request refused 401, said as such.
+    let other = dir.path().join("other.toml");
+    std::fs::write(
+        &other,
+        config(dir.path()).replace("feishu-key", "another-key"),
+    )
+    .expect("write");
+    let output = oncegate()
+        .args(["simulate", "--quiet", "--events", "20", "--source", "bot"])
+        .arg("--config")
+        .arg(&other)
+        .args(["--url", &serve.base, "--admin", &serve.admin])
+        .output()
+        .expect("simulate");
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{said}");
+    assert!(
+        said.contains("every request was refused 401") && said.contains("not the gateway's"),
+        "{said}"
+    );
     let delivered = lines(dir.path());
     assert_eq!(delivered.len(), expected, "{}", serve.stderr());
     let distinct: HashSet<(String, String)> = delivered
