@@ -73,6 +73,8 @@ pub(crate) async fn serve(config_path: Option<&Path>) -> anyhow::Result<()> {
                 // With a spool the gateway takes requests during an outage, so it also starts
                 // during one.
                 lazy: settings.spool.is_some(),
+                // Owners and handovers name gateways as their logs do.
+                name: Some(config.log.instance_name()),
                 ..defaults
             };
             // Every gateway on this Redis judges time by the server's clock (leases, ownership,
@@ -86,6 +88,11 @@ pub(crate) async fn serve(config_path: Option<&Path>) -> anyhow::Result<()> {
                     tokio::runtime::Handle::current(),
                 )
             })?;
+            tracing::info!(
+                gateway = store.name(),
+                "on Redis as {}: owners and handovers name this gateway so",
+                store.name()
+            );
             match store.sync_clock(&clock).await {
                 Ok(()) => {
                     let off = oncegate_core::Clock::now_ms(&clock) as i64
@@ -272,7 +279,16 @@ fn banner(
             )
         }
     };
-    println!("{line}");
+    // A stdout route writes its events as JSON lines there: the banner must not be one of
+    // them.
+    match config
+        .routes
+        .iter()
+        .any(|r| r.sink == oncegate_config::SinkKind::Stdout)
+    {
+        true => eprintln!("{line}"),
+        false => println!("{line}"),
+    }
 }
 
 /// Says at start what the store keeps of what the gateway acknowledges: an error when the

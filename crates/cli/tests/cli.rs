@@ -255,6 +255,41 @@ sink = "stdout"
     assert!(said.contains("same token as caller"), "{said}");
 }
 
+/// With a stdout route, stdout is the events' stream: the banner goes to stderr.
+#[test]
+fn a_stdout_routes_stream_holds_no_banner() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().expect("dir");
+    let file = dir.path().join("stdout.toml");
+    std::fs::write(
+        &file,
+        "[store]\nbackend = \"memory\"\n\n[server]\nlisten = \"127.0.0.1:0\"\n\
+         admin_listen = \"127.0.0.1:0\"\n\n[[route]]\nevents = [\"*\"]\nsink = \"stdout\"\n",
+    )
+    .expect("write");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_oncegate"))
+        .args(["serve", "--config"])
+        .arg(&file)
+        .env_remove("ONCEGATE_CONFIG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("serve");
+    let stderr = BufReader::new(child.stderr.take().expect("stderr"));
+    let banner = stderr
+        .lines()
+        .map_while(Result::ok)
+        .find(|line| line.contains("oncegate listening"));
+    let _ = child.kill();
+    let output = child.wait_with_output().expect("output");
+    assert!(banner.is_some(), "no banner on stderr");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "",
+        "stdout is the events'"
+    );
+}
+
 /// `oncegate ready` (the image's healthcheck) fails when no gateway answers: exit 2, saying so.
 #[test]
 fn ready_fails_when_no_gateway_answers() {

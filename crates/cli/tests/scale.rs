@@ -190,6 +190,18 @@ async fn share_the_dispatch(store: &str, label: &str) {
         |o| gateway_counts(o).len() == 3 && gateway_counts(o).iter().sum::<u64>() == partitions,
     )
     .await;
+    // Each named as its log names it (`[log] instance`: host:pid by default), then a random
+    // part: not an opaque id.
+    let names = owners(first).await["gateways"].clone();
+    for name in names.as_object().expect("owners").keys() {
+        let (label, random) = name.rsplit_once('-').unwrap_or_else(|| panic!("{name}"));
+        assert!(
+            label.contains(':')
+                && random.len() == 8
+                && random.chars().all(|c| c.is_ascii_hexdigit()),
+            "{name}"
+        );
+    }
     let settled = joins.elapsed();
     // The first gateway's metrics say what it owns, how many gateways live, what it gave up
     // (as of its last heartbeat: they may lag what Redis shows by a round).

@@ -29,6 +29,10 @@ pub struct RedisConfig {
     /// What an acknowledged event survives (`RedisDurability`); `Fsync` by default, which
     /// refuses a server that does not write every change to disk.
     pub durability: RedisDurability,
+    /// What this gateway is called among those sharing the Redis (its `[log] instance`): the
+    /// start of its name there, so that owners and handovers name it. Letters, digits, `.`,
+    /// `_`, `-` and `:` are kept, 40 at most; a random part follows, unique per connection.
+    pub name: Option<String>,
 }
 
 impl std::fmt::Debug for RedisConfig {
@@ -43,6 +47,7 @@ impl std::fmt::Debug for RedisConfig {
             .field("ownership", &self.ownership)
             .field("handover", &self.handover)
             .field("durability", &self.durability)
+            .field("name", &self.name)
             .finish()
     }
 }
@@ -60,6 +65,24 @@ impl RedisConfig {
             ownership: Duration::from_secs(10),
             handover: Duration::from_secs(30),
             durability: RedisDurability::Fsync,
+            name: None,
+        }
+    }
+
+    /// The store's name among the gateways: `name` (its safe characters) and a random part.
+    pub(crate) fn instance_name(&self) -> String {
+        let random = format!("{:016x}", fastrand::u64(..));
+        let label: String = self
+            .name
+            .as_deref()
+            .unwrap_or_default()
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ':'))
+            .take(40)
+            .collect();
+        match label.is_empty() {
+            true => random,
+            false => format!("{label}-{}", &random[..8]),
         }
     }
 }
@@ -124,5 +147,26 @@ pub(super) async fn check_partitions(
             stored,
             configured: partitions,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_named_store_is_called_by_its_name_and_a_random_part() {
+        let named = RedisConfig {
+            name: Some("gw 7/east:1".into()),
+            ..RedisConfig::at("redis://127.0.0.1:1")
+        };
+        let first = named.instance_name();
+        let (label, random) = first.rsplit_once('-').expect("a random part");
+        assert_eq!(label, "gw7east:1");
+        assert_eq!(random.len(), 8);
+        assert_ne!(first, named.instance_name(), "unique per connection");
+        let unnamed = RedisConfig::at("redis://127.0.0.1:1").instance_name();
+        assert_eq!(unnamed.len(), 16, "{unnamed}");
+        assert!(unnamed.chars().all(|c| c.is_ascii_hexdigit()));
     }
 }

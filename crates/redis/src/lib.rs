@@ -400,7 +400,7 @@ impl<C: Clock> RedisStore<C> {
             conn,
             waits,
             promise: promise::Promise::new(config.durability, lanes),
-            instance: format!("{:016x}", fastrand::u64(..)),
+            instance: config.instance_name(),
             partitions_checked: std::sync::atomic::AtomicBool::new(!config.lazy),
             names: keys::PartitionNames::all(&prefix, partitions),
             prefix,
@@ -489,7 +489,8 @@ impl<C: Clock> RedisStore<C> {
         })
     }
 
-    /// This store's name among the gateways that share the Redis: a random one per
+    /// This store's name among the gateways that share the Redis: its configured name (the
+    /// gateway's `[log] instance`) with a random part, or a random one — unique per
     /// connection, shown as the owner of its partitions (`EventQueue::owners`) and in the
     /// `gateway` label of `oncegate_partitions_owned`. Live gateways take their shares in the
     /// order of their names.
