@@ -239,3 +239,50 @@ async fn the_shipped_rules_and_dashboard_name_only_metrics_the_gateway_exports()
         assert!(!metrics.contains(id), "{id} in /metrics");
     }
 }
+
+/// Before any traffic, the counters a rate or an alert reads are there at 0 (`increase()` over
+/// a series that appears at its first increment misses that increment), and a long connection
+/// that never got a frame reports its silence since the start, not a fresh 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counters_are_there_from_the_start_and_a_silent_connection_ages() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free port")
+        .port();
+    let dir = tempfile::tempdir().expect("dir");
+    let config = config(dir.path(), "", &format!("http://127.0.0.1:{closed}"));
+    // The same sources on a memory store.
+    let store_end = config.find("[server]").expect("server");
+    let config = format!("[store]\nbackend = \"memory\"\n\n{}", &config[store_end..]);
+    let gateway = Serve::start_with(dir.path(), &config);
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let metrics = support::metrics_text(&gateway.admin).await;
+    let value = |series: &str| -> Option<f64> {
+        metrics
+            .lines()
+            .find(|line| line.starts_with(series))
+            .and_then(|line| line.rsplit(' ').next()?.parse().ok())
+    };
+    for series in [
+        "oncegate_future_creation_times_total ",
+        "oncegate_set_aside_total ",
+        "oncegate_tenant_queue_full_total ",
+        "oncegate_reloads_total{outcome=\"applied\"}",
+        "oncegate_reloads_total{outcome=\"refused\"}",
+        "oncegate_connections_refused_total{listener=\"webhooks\"}",
+    ] {
+        assert_eq!(value(series), Some(0.0), "{series} at 0 in:\n{metrics}");
+    }
+    let callbacks = metrics
+        .lines()
+        .find(|l| {
+            l.starts_with("oncegate_callbacks_total{")
+                && l.contains("source=\"bot\"")
+                && l.contains("status=\"200\"")
+        })
+        .unwrap_or_else(|| panic!("the bot's 200s at 0: {metrics}"));
+    assert!(callbacks.ends_with(" 0"), "{callbacks}");
+    let age = value("oncegate_ws_last_frame_age_seconds{source=\"ws\"}")
+        .unwrap_or_else(|| panic!("the silent connection's age: {metrics}"));
+    assert!(age >= 1.0, "never a frame, yet {age} s old");
+}

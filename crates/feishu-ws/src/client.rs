@@ -115,13 +115,14 @@ impl<I: Inlet> LongConnection<I> {
         let source = self.context.settings.source.clone();
         let open = metrics::gauge!("oncegate_ws_connections", "source" => source.clone());
         let age = metrics::gauge!("oncegate_ws_last_frame_age_seconds", "source" => source);
+        // Before the first frame the age counts from the start: a connection that never got
+        // one is silent, not fresh (0 would look healthy to an alert).
+        let started = crate::unix_ms();
         loop {
             let status = &self.context.status;
             open.set(status.open() as f64);
-            let last = status.last_frame_ms();
-            if last > 0 {
-                age.set(crate::unix_ms().saturating_sub(last) as f64 / 1000.0);
-            }
+            let last = status.last_frame_ms().max(started);
+            age.set(crate::unix_ms().saturating_sub(last) as f64 / 1000.0);
             tokio::select! {
                 _ = shutdown.cancelled() => return std::future::pending().await,
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}

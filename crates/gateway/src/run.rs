@@ -77,6 +77,11 @@ impl<S: Store> Gateway<S> {
         api::send::register(shared.api.senders.load().keys());
         dispatch::routes::register(&shared.routes.load());
         api::register(shared.api.callers.iter().map(|c| c.name.as_str()));
+        // Each webhook source's accepted answers at 0: a rate over them is right from the
+        // first callback.
+        for (name, source) in &shared.ingress.sources.load().by_name {
+            metrics::counter!("oncegate_callbacks_total", "source" => name.clone(), "platform" => source.decoder.platform().to_owned(), "status" => "200").increment(0);
+        }
         tokio::join!(
             ingress::admission::watch_queue(shared.clone(), shutdown.clone()),
             admin::queue_view::watch(shared.clone(), shutdown.clone()),

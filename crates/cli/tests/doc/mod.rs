@@ -163,6 +163,25 @@ fn each_section_holds_what_its_title_says() {
         "{dashboard}"
     );
     assert!(section(&text, "Operating it").contains("`datasource` variable"));
+    // Gateways are told apart: an `instance` variable, and every query keeps to it.
+    let variables = dashboard["templating"]["list"]
+        .as_array()
+        .expect("variables");
+    assert!(
+        variables.iter().any(|v| v["name"] == "instance"),
+        "{variables:?}"
+    );
+    let panels = dashboard["panels"].as_array().expect("panels");
+    for panel in panels {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"].as_str().expect("expr");
+            assert_eq!(
+                expr.matches("oncegate_").count(),
+                expr.matches("instance=~\"$instance\"").count(),
+                "{expr}"
+            );
+        }
+    }
 }
 
 /// Sections the code's messages cite (`README "Title"`) exist.

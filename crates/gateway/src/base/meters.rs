@@ -142,7 +142,7 @@ impl Default for Meters {
 
 /// Counters that alerts and dashboards read, shown at 0 from the start: a series that appears
 /// only with its first event cannot tell "none yet" from "not scraped".
-const FROM_THE_START: [&str; 18] = [
+const FROM_THE_START: [&str; 21] = [
     "oncegate_requests_total",
     "oncegate_admitted_total",
     "oncegate_duplicates_total",
@@ -161,6 +161,9 @@ const FROM_THE_START: [&str; 18] = [
     "oncegate_spooled_total",
     "oncegate_unrouted_total",
     "oncegate_already_done_total",
+    "oncegate_future_creation_times_total",
+    "oncegate_set_aside_total",
+    "oncegate_tenant_queue_full_total",
 ];
 
 impl Meters {
@@ -194,6 +197,13 @@ impl Meters {
         self.claims.register();
         self.renewals.register();
         metrics::gauge!("oncegate_queue_depth").increment(0.0);
+        for outcome in ["applied", "refused"] {
+            metrics::counter!("oncegate_reloads_total", "outcome" => outcome).increment(0);
+        }
+        for listener in ["webhooks", "admin", "api"] {
+            metrics::counter!("oncegate_connections_refused_total", "listener" => listener)
+                .increment(0);
+        }
     }
 
     /// Repeats caught so far, by layer.
