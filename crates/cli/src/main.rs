@@ -57,6 +57,11 @@ enum Command {
         /// The TOML file, named as every other command names it.
         #[arg(long = "config", env = "ONCEGATE_CONFIG", value_name = "FILE")]
         config: Option<PathBuf>,
+        /// Also print the configuration serve would run with: the file laid over the
+        /// defaults, with the ONCEGATE_* variables applied (secrets shown by where they come
+        /// from, never their values).
+        #[arg(long)]
+        effective: bool,
     },
     /// Read an embedded store's records, queue and dead letters (works while a gateway runs).
     Inspect(InspectArgs),
@@ -177,8 +182,12 @@ fn main() -> ExitCode {
         _ => logging::init_plain(),
     }
     let result = match cli.command {
-        Command::CheckConfig { file, config } => match file.or(config) {
-            Some(file) => check_config(&file),
+        Command::CheckConfig {
+            file,
+            config,
+            effective,
+        } => match file.or(config) {
+            Some(file) => check_config(&file, effective),
             None => Err(anyhow::anyhow!(
                 "name the file to check: oncegate check-config FILE (or --config FILE, or \
                  ONCEGATE_CONFIG=FILE)"
@@ -287,9 +296,17 @@ fn redis_guarantee(settings: &oncegate_config::RedisSettings) -> (Option<Severit
     }
 }
 
-/// Prints every problem; `Ok(false)` when any is an error.
-fn check_config(file: &Path) -> anyhow::Result<bool> {
+/// Prints every problem (and, `effective`, the configuration as serve reads it); `Ok(false)`
+/// when any is an error.
+fn check_config(file: &Path, effective: bool) -> anyhow::Result<bool> {
     let config = load(Some(file))?;
+    if effective {
+        println!(
+            "# {}: the defaults, this file and the ONCEGATE_* variables, as serve reads them\n{}",
+            file.display(),
+            toml::to_string(&config).context("print the configuration")?
+        );
+    }
     let mut problems = oncegate_config::validate(&config);
     problems.extend(machine::problems(&config));
     problems.extend(oncegate_gateway::left_out(&config));

@@ -255,6 +255,54 @@ sink = "stdout"
     assert!(said.contains("same token as caller"), "{said}");
 }
 
+/// `check-config --effective` prints what serve runs with: the file over the defaults, the
+/// ONCEGATE_* variables applied, and no secret's value.
+#[test]
+fn check_config_prints_the_effective_configuration_without_secrets() {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/oncegate.toml");
+    let output = Command::new(env!("CARGO_BIN_EXE_oncegate"))
+        .args(["check-config", "--effective", example])
+        .env_remove("ONCEGATE_CONFIG")
+        .env("ONCEGATE_SERVER__LISTEN", "127.0.0.1:7878")
+        .output()
+        .expect("run");
+    let out = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{out}");
+    // The TOML: after the heading line, up to the problems and the verdict.
+    let body: Vec<&str> = out
+        .lines()
+        .skip(1)
+        .take_while(|l| {
+            !l.starts_with("warning:") && !l.starts_with("error:") && !l.contains(": ok (")
+        })
+        .collect();
+    let effective: toml::Table = body
+        .join("\n")
+        .parse()
+        .unwrap_or_else(|e| panic!("TOML after the first line ({e}): {out}"));
+    assert_eq!(
+        effective["server"]["listen"].as_str(),
+        Some("127.0.0.1:7878"),
+        "the variable"
+    );
+    assert_eq!(
+        effective["server"]["max_connections"].as_integer(),
+        Some(1024),
+        "a default"
+    );
+    let file = std::fs::read_to_string(example).expect("example");
+    let secret = file
+        .lines()
+        .find_map(|l| l.strip_prefix("encrypt_key = \""))
+        .and_then(|rest| rest.split('"').next())
+        .expect("the example's encrypt key");
+    assert!(!out.contains(secret), "a secret printed: {out}");
+    assert!(
+        out.contains("encrypt_key = \"<hidden: written in the file>\""),
+        "{out}"
+    );
+}
+
 /// With a stdout route, stdout is the events' stream: the banner goes to stderr.
 #[test]
 fn a_stdout_routes_stream_holds_no_banner() {

@@ -34,9 +34,9 @@ pub enum Platform {
     WecomSuite,
 }
 
-/// A secret: inline, from an environment variable, or from a file. Its `Debug` never shows
-/// an inline value.
-#[derive(Clone, PartialEq, Serialize, Deserialize)]
+/// A secret: inline, from an environment variable, or from a file. Neither its `Debug` nor
+/// its `Serialize` (what `check-config --effective` prints) shows an inline value.
+#[derive(Clone, PartialEq, Deserialize)]
 #[serde(untagged)]
 pub enum Secret {
     /// Written in the file (fine for tests, not for production).
@@ -51,6 +51,20 @@ pub enum Secret {
         /// The file.
         file: PathBuf,
     },
+}
+
+impl Serialize for Secret {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let (field, value) = match self {
+            Secret::Inline(_) => return serializer.serialize_str("<hidden: written in the file>"),
+            Secret::Env { env } => ("env", env.clone()),
+            Secret::File { file } => ("file", file.display().to_string()),
+        };
+        let mut map = serializer.serialize_map(Some(1))?;
+        map.serialize_entry(field, &value)?;
+        map.end()
+    }
 }
 
 impl std::fmt::Debug for Secret {
