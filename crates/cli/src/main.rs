@@ -18,6 +18,7 @@ mod serve;
 mod simulate;
 mod simulate_aibot;
 mod simulate_api;
+mod simulate_counts;
 mod simulate_ws;
 mod store_files;
 mod telemetry;

@@ -11,9 +11,8 @@ use oncegate_config::{PlatformConfig, SourceConfig};
 use oncegate_wecom_ws::frame;
 use oncegate_wecom_ws::local::{self, LocalAiBot};
 
-use crate::simulate::{
-    SimulateArgs, counts, print_admitted, print_delivered, print_end_to_end, settled,
-};
+use crate::simulate::SimulateArgs;
+use crate::simulate_counts::{counts, print_admitted, print_delivered, print_end_to_end, settled};
 
 /// How long simulate waits for the gateway to subscribe.
 const CONNECT_WAIT: Duration = Duration::from_secs(180);
@@ -127,5 +126,5 @@ pub(crate) async fn simulate(
             );
         }
     }
-    crate::simulate::undelivered(before, now)
+    crate::simulate_counts::undelivered(before, now)
 }

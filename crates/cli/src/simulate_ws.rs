@@ -9,9 +9,8 @@ use oncegate_config::{PlatformConfig, SourceConfig};
 use oncegate_feishu_ws::ClientConfig;
 use oncegate_feishu_ws::local::{self, LocalFeishu};
 
-use crate::simulate::{
-    SimulateArgs, counts, print_admitted, print_delivered, print_end_to_end, settled,
-};
+use crate::simulate::SimulateArgs;
+use crate::simulate_counts::{counts, print_admitted, print_delivered, print_end_to_end, settled};
 
 /// How long simulate waits for the gateway to connect.
 const CONNECT_WAIT: Duration = Duration::from_secs(180);
@@ -146,5 +145,5 @@ pub(crate) async fn simulate(
             driven.pushed - driven.acked - driven.failed
         );
     }
-    crate::simulate::undelivered(before, now)
+    crate::simulate_counts::undelivered(before, now)
 }

@@ -379,6 +379,23 @@ async fn the_status_page_shows_a_gateway_under_load_and_its_charts_move() {
             .is_some_and(|age| age.ends_with(" s ago") || *age == "just now"),
         "last frame, as people say an age: {cells:?}"
     );
+    // Each webhook source on a row of its own, with what it was answered.
+    let rows = page
+        .eval("Array.from(document.querySelectorAll('#sources tr')).map(tr => Array.from(tr.cells).map(td => td.textContent))")
+        .await;
+    let rows = rows.as_array().cloned().unwrap_or_default();
+    let bot = rows
+        .iter()
+        .find(|row| row[0] == "bot")
+        .unwrap_or_else(|| panic!("the bot's row: {rows:?}"));
+    assert_eq!(bot[1], "feishu", "{bot:?}");
+    assert!(
+        bot[2]
+            .as_str()
+            .and_then(|n| n.replace(',', "").parse::<f64>().ok())
+            > Some(0.0),
+        "accepted: {bot:?}"
+    );
     // Ages as people say them, not "21.8k ms ago".
     let said = page
         .eval("[ago(400), ago(21800), ago(200000), ago(9000000)].join(' | ')")

@@ -265,6 +265,7 @@ async fn stats<S: Store>(State(shared): State<Arc<Shared<S>>>, headers: HeaderMa
         "gateway": shared.stats.snapshot(),
         "store": store,
         "long_connections": long_connections,
+        "sources": crate::ingress::answers::sources_json(&shared),
     }))
     .into_response()
 }
@@ -386,6 +387,7 @@ async fn live<S: Store>(State(shared): State<Arc<Shared<S>>>, headers: HeaderMap
         "queue": crate::admin::queue_view::live_json(&shared),
         "drops": drops,
         "long_connections": long_connections,
+        "sources": crate::ingress::answers::sources_json(&shared),
         // The deliveries that failed lately, for the status page: which, how often, why, and
         // when the next attempt is due.
         "failing": shared.attempts.latest(FAILING_SHOWN),

@@ -2,6 +2,7 @@
 //! the replay stamp, admit, answer. Every refusal is mapped to HTTP here and nowhere else.
 
 pub(crate) mod admission;
+pub(crate) mod answers;
 #[cfg(feature = "long-connection")]
 pub(crate) mod longconn;
 pub(crate) mod sources;
@@ -182,46 +183,6 @@ async fn receive<S: Store>(
         .count(&name, source.decoder.platform(), response.status());
     shared.meters.ingress(started.elapsed());
     response
-}
-
-/// The answers a callback usually gets, each with its counter registered once per source: a
-/// labelled counter looked up by its labels on every request costs more than the count.
-const USUAL_ANSWERS: [StatusCode; 11] = [
-    StatusCode::OK,
-    StatusCode::BAD_REQUEST,
-    StatusCode::UNAUTHORIZED,
-    StatusCode::METHOD_NOT_ALLOWED,
-    StatusCode::REQUEST_TIMEOUT,
-    StatusCode::CONFLICT,
-    StatusCode::PAYLOAD_TOO_LARGE,
-    StatusCode::INTERNAL_SERVER_ERROR,
-    StatusCode::BAD_GATEWAY,
-    StatusCode::SERVICE_UNAVAILABLE,
-    StatusCode::GATEWAY_TIMEOUT,
-];
-
-/// One source's `oncegate_callbacks_total{source,platform,status}`: by source and answer, so
-/// each corp, account or app is seen apart (the sources are configured: the labels are bounded).
-#[derive(Default)]
-pub(crate) struct AnswerCounters {
-    usual: [std::sync::OnceLock<metrics::Counter>; USUAL_ANSWERS.len()],
-}
-
-impl AnswerCounters {
-    fn count(&self, source: &str, platform: &str, status: StatusCode) {
-        let register = || {
-            metrics::counter!(
-                "oncegate_callbacks_total",
-                "source" => source.to_owned(),
-                "platform" => platform.to_owned(),
-                "status" => status.as_str().to_owned()
-            )
-        };
-        match USUAL_ANSWERS.iter().position(|usual| *usual == status) {
-            Some(slot) => self.usual[slot].get_or_init(register).increment(1),
-            None => register().increment(1),
-        }
-    }
 }
 
 /// One callback to a known source, answered.

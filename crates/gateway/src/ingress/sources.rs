@@ -13,7 +13,7 @@ pub(crate) struct Source {
     /// Shared with the source a reload replaces, so that a nonce seen before it is still a
     /// replay after it.
     pub(crate) replay: Option<Arc<Mutex<ReplayGuard>>>,
-    pub(crate) answers: Arc<super::AnswerCounters>,
+    pub(crate) answers: Arc<super::answers::AnswerCounters>,
     /// The decoder a reload replaced, with the time until which it still takes what the new
     /// one refuses: a platform that still signs with the old secret for a while is not
     /// refused (`server.secret_overlap`).
