@@ -656,7 +656,8 @@ async fn after_a_restart_the_page_shows_the_dead_letters_the_store_keeps() {
             .stderr(Stdio::null())
             .status()
             .expect("simulate");
-        assert!(status.success(), "simulate: {status}");
+        // Every event dead-lettered: simulate says so and fails.
+        assert_eq!(status.code(), Some(2), "simulate: {status}");
         let deadline = Instant::now() + Duration::from_secs(30);
         while stats(&serve).await["store"]["dead_letters"] != DEAD {
             assert!(Instant::now() < deadline, "never dead-lettered");
@@ -686,4 +687,46 @@ async fn after_a_restart_the_page_shows_the_dead_letters_the_store_keeps() {
         .eval("document.getElementById('t-dead_letters').textContent")
         .await;
     assert_eq!(note, "0 since this start");
+    // Listed when asked; one replayed and one purged from the page, each after a confirmation.
+    page.eval("window.confirm = () => true; document.getElementById('dlq-load').click()")
+        .await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let ids: Vec<String> = loop {
+        let ids: Vec<String> = serde_json::from_value(
+            page.eval("Array.from(document.querySelectorAll('#dlq button[data-act=purge]')).map(b => b.dataset.id)")
+                .await,
+        )
+        .unwrap_or_default();
+        if ids.len() == DEAD as usize {
+            break ids;
+        }
+        assert!(Instant::now() < deadline, "the listing: {ids:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    page.eval(&format!(
+        "document.querySelector('#dlq button[data-act=purge][data-id=\"{}\"]').click()",
+        ids[0]
+    ))
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while stats(&serve).await["store"]["dead_letters"] != DEAD - 1 {
+        assert!(Instant::now() < deadline, "never purged");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    page.eval(&format!(
+        "document.querySelector('#dlq button[data-act=replay][data-id=\"{}\"]').click()",
+        ids[1]
+    ))
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    // Replayed into its queue, it meets the closed downstream again: this run's first dead
+    // letter.
+    while stats(&serve).await["gateway"]["dead_letters"].as_u64() != Some(1) {
+        assert!(
+            Instant::now() < deadline,
+            "never replayed: {}",
+            stats(&serve).await["gateway"]
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
