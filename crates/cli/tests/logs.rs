@@ -328,3 +328,39 @@ async fn failed_attempts_are_summarised_not_logged_one_by_one() {
     assert!(said.contains("refused the admin token"), "{said}");
     assert!(summaries[0].contains("attempt"), "{}", summaries[0]);
 }
+
+/// `ONCEGATE_LOG=debug` says what happened to each event — admitted, dropped as a repeat,
+/// delivered — with its id; the default level says none of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debug_says_each_events_way_and_info_does_not() {
+    for (level, said) in [("debug", true), ("info", false)] {
+        let dir = tempfile::tempdir().expect("dir");
+        // The failing route swapped for a file route: every event delivered.
+        let config = failing_config("", "", 2);
+        let route = config.find("[[route]]").expect("route");
+        let delivering = format!(
+            "{}{}",
+            &config[..route],
+            support::file_route(dir.path(), "")
+        );
+        let gateway = Serve::start_logging(dir.path(), &delivering, level);
+        let simulated = simulate(dir.path(), &gateway, 3);
+        let out = String::from_utf8_lossy(&simulated.stdout).into_owned();
+        assert!(simulated.status.success(), "{out}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let log = gateway.stderr();
+        let admitted = log
+            .lines()
+            .filter(|l| l.contains(" admitted ") && l.contains("event_id=sim"))
+            .count();
+        let delivered = log
+            .lines()
+            .filter(|l| l.contains(" delivered ") && l.contains("event_id=sim"))
+            .count();
+        if said {
+            assert_eq!((admitted, delivered), (3, 3), "{log}");
+        } else {
+            assert_eq!((admitted, delivered), (0, 0), "{log}");
+        }
+    }
+}

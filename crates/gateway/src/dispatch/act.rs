@@ -77,6 +77,7 @@ pub(crate) async fn act<S: Store>(
             }
         }
         (Step::Delivered, key) => {
+            tracing::debug!(key = %delivery.key, platform = %event.platform, app = %event.app, tenant = event.tenant.as_deref().unwrap_or("-"), event_id = %event.event_id, attempt = delivery.attempt, "delivered");
             stats.bump(&stats.delivered, "oncegate_delivered_total");
             if let Some(attempt) = attempt {
                 shared

@@ -142,11 +142,25 @@ pub(crate) async fn to_store<S: Store>(
     if let Some(group) = group {
         shared.admin.tenants.note(group, &event);
     }
+    // ONCEGATE_LOG=debug: a line per event admitted or dropped as a repeat (its copy of the
+    // id is made only then).
+    let said = tracing::enabled!(tracing::Level::DEBUG).then(|| {
+        let key = keys.as_slice().first().map(ToString::to_string);
+        (event.event_id.clone(), event.event_type.clone(), key)
+    });
     let started = std::time::Instant::now();
     let admission = shared
         .store
         .admit_with_nonce(event, keys.as_slice(), retention, nonce)
         .await?;
+    if let Some((event_id, event_type, key)) = said {
+        let what = match &admission {
+            Admission::Admitted { .. } => "admitted",
+            Admission::Duplicate { .. } => "dropped as a repeat",
+            _ => "not admitted",
+        };
+        tracing::debug!(key = key.as_deref().unwrap_or("-"), %platform, %app, %event_id, %event_type, partition, "{what}");
+    }
     shared.meters.admit(started.elapsed());
     let stats = &shared.stats;
     match admission {
