@@ -213,7 +213,7 @@ def _refusal(answer: Answer) -> errors.OncegateError:
         kind = errors.Unauthorized
     elif state == "fenced":
         kind = errors.Fenced
-    elif state == "conflict" or (answer.status == 409 and "another" in str(said)):
+    elif state == "conflict":
         kind = errors.Conflict
     elif answer.status == 409:
         kind = errors.InFlight

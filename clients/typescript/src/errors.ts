@@ -54,7 +54,7 @@ export function refusal(status: number, body: unknown, retryAfter: number | unde
   let Kind: typeof OncegateError = OncegateError;
   if (status === 401) Kind = Unauthorized;
   else if (state === "fenced") Kind = Fenced;
-  else if (state === "conflict" || (status === 409 && said.includes("another"))) Kind = Conflict;
+  else if (state === "conflict") Kind = Conflict;
   else if (status === 409) Kind = InFlight;
   else if (status === 429) Kind = RateLimited;
   else if (status === 504) Kind = OutcomeUnknown;

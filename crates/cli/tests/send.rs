@@ -116,6 +116,8 @@ async fn concurrent_repeats_and_a_restart_send_once() {
     // The same key for another message: a conflict, nothing sent.
     let (status, answer, _) = send(&api, "order-42", &hello("oc_other")).await;
     assert_eq!(status, 409, "{answer}");
+    // Named as `/keys` names it: a client need not read the words.
+    assert_eq!(answer["state"], "conflict", "{answer}");
     assert_eq!(platform.sent().len(), 1);
     assert_eq!(
         platform.token_requests(),

@@ -193,6 +193,16 @@ async fn send_once<S: Store>(
     }
 }
 
+/// A 409 with its `state` (`in_flight` or `conflict`) beside the refusal's words; the status
+/// from the one mapping of refusals.
+fn conflict(state: &str, message: &str) -> Response {
+    (
+        crate::refusal::status(RefusalKind::Conflict),
+        axum::Json(json!({"error": message, "state": state})),
+    )
+        .into_response()
+}
+
 /// Why nothing was sent, as `/send` answers it.
 fn answer(not_sent: NotSent) -> Response {
     let message = not_sent.to_string();
@@ -202,19 +212,16 @@ fn answer(not_sent: NotSent) -> Response {
             refused(RefusalKind::NotFound, "not_found")
         }
         NotSent::BadRequest(_) => refused(RefusalKind::BadInput, "bad_request"),
-        // Named as the caller knows the key.
-        NotSent::InFlight => Refused::new(
-            RefusalKind::Conflict,
-            "conflict",
+        // Named as the caller knows the key, and with a `state` as `/keys` answers: a client
+        // retries one and not the other without reading the words.
+        NotSent::InFlight => conflict(
+            "in_flight",
             "a send with this Idempotency-Key is still in flight; retry with the same key",
-        )
-        .into_response(),
-        NotSent::Conflict => Refused::new(
-            RefusalKind::Conflict,
+        ),
+        NotSent::Conflict => conflict(
             "conflict",
             "this Idempotency-Key was used for another message",
-        )
-        .into_response(),
+        ),
         NotSent::Later { after, reason } => retry_after(after, reason),
         NotSent::Crowded(_) | NotSent::Store(_) => refused(RefusalKind::Unavailable, "unavailable"),
         NotSent::NotHere { after, reason } => (
