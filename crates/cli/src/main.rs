@@ -197,8 +197,12 @@ fn main() -> ExitCode {
         Command::Inspect(args) => inspect(args),
         Command::MigrateStore { from, to } => store_files::migrate(&from, &to).map(|()| true),
         Command::Defaults => {
-            print!("{}", oncegate_config::DEFAULTS);
-            Ok(true)
+            use std::io::Write as _;
+            std::io::stdout()
+                .lock()
+                .write_all(oncegate_config::DEFAULTS.as_bytes())
+                .map(|()| true)
+                .map_err(anyhow::Error::from)
         }
         Command::Serve { config } => runtime()
             .and_then(|rt| rt.block_on(serve::serve(config.as_deref())))
@@ -302,11 +306,11 @@ fn redis_guarantee(settings: &oncegate_config::RedisSettings) -> (Option<Severit
 fn check_config(file: &Path, effective: bool) -> anyhow::Result<bool> {
     let config = load(Some(file))?;
     if effective {
-        println!(
+        out!(
             "# {}: the defaults, this file and the ONCEGATE_* variables, as serve reads them\n{}",
             file.display(),
             toml::to_string(&config).context("print the configuration")?
-        );
+        )?;
     }
     let mut problems = oncegate_config::validate(&config);
     problems.extend(machine::problems(&config));
@@ -333,10 +337,10 @@ fn check_config(file: &Path, effective: bool) -> anyhow::Result<bool> {
         }
     }
     if let Some(guarantee) = guarantee {
-        println!("{guarantee}");
+        out!("{guarantee}")?;
     }
     for problem in &problems {
-        println!("{problem}");
+        out!("{problem}")?;
     }
     let errors = problems
         .iter()
@@ -344,7 +348,7 @@ fn check_config(file: &Path, effective: bool) -> anyhow::Result<bool> {
         .count();
     let warnings = problems.len() - errors;
     if errors == 0 {
-        println!(
+        out!(
             "{}: ok ({} source{}, {} store, {} warning{})",
             file.display(),
             config.sources.len(),
@@ -352,15 +356,15 @@ fn check_config(file: &Path, effective: bool) -> anyhow::Result<bool> {
             config.store.backend(),
             warnings,
             if warnings == 1 { "" } else { "s" }
-        );
+        )?;
         Ok(true)
     } else {
-        println!(
+        out!(
             "{}: {errors} error{}, {warnings} warning{}",
             file.display(),
             if errors == 1 { "" } else { "s" },
             if warnings == 1 { "" } else { "s" }
-        );
+        )?;
         Ok(false)
     }
 }
@@ -382,16 +386,16 @@ fn inspect(args: InspectArgs) -> anyhow::Result<bool> {
     match args.what {
         InspectWhat::Stats => {
             let stats = reader.stats(now_ms)?;
-            println!("store        {}", path.display());
-            println!(
+            out!("store        {}", path.display())?;
+            out!(
                 "pending      {}  (admitted, not handled yet: queued events' keys, their \
                  message-id aliases, dead-lettered events' keys)",
                 stats.pending
-            );
-            println!("processing   {}", stats.processing);
-            println!("completed    {}", stats.completed);
-            println!("queued       {}", stats.queued);
-            println!("dead letters {}", stats.dead_letters);
+            )?;
+            out!("processing   {}", stats.processing)?;
+            out!("completed    {}", stats.completed)?;
+            out!("queued       {}", stats.queued)?;
+            out!("dead letters {}", stats.dead_letters)?;
         }
         InspectWhat::Record {
             key,
@@ -419,54 +423,54 @@ fn inspect(args: InspectArgs) -> anyhow::Result<bool> {
             };
             let found = reader.record(&key)?;
             if found.is_empty() {
-                println!("{key}  not seen (or forgotten after its retention)");
+                out!("{key}  not seen (or forgotten after its retention)")?;
             }
             for (partition, record) in found {
-                println!(
+                out!(
                     "{key}  partition {partition}  {}",
                     describe(&record, now_ms)
-                );
+                )?;
             }
         }
         InspectWhat::Records { limit } => {
             let records = reader.records(limit)?;
             if records.is_empty() {
-                println!("no records (nothing admitted within the retention)");
+                out!("no records (nothing admitted within the retention)")?;
             }
             for (key, record) in records {
-                println!("{key}  {}", describe(&record, now_ms));
+                out!("{key}  {}", describe(&record, now_ms))?;
             }
         }
         InspectWhat::Queue { limit } => {
             let queued = reader.queued(limit)?;
             if queued.is_empty() {
-                println!("no events queued");
+                out!("no events queued")?;
             }
             for (id, event, attempt) in queued {
-                println!(
+                out!(
                     "{id}  {}/{}  {}  {}  chat={}  attempt={attempt}",
                     event.platform,
                     event.app,
                     event.event_type,
                     event.event_id,
                     event.order_key.as_deref().unwrap_or("-")
-                );
+                )?;
             }
         }
         InspectWhat::DeadLetters { limit } => {
             let letters = reader.dead_letters(limit)?;
             if letters.is_empty() {
-                println!("no dead letters");
+                out!("no dead letters")?;
             }
             for letter in letters {
-                println!(
+                out!(
                     "{}  {}  {}  attempts={}  reason: {}",
                     letter.id,
                     letter.event.event_type,
                     letter.event.event_id,
                     letter.attempts,
                     letter.reason
-                );
+                )?;
             }
         }
     }

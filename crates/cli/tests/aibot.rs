@@ -4,7 +4,7 @@
 //! subscribes, a killed leader is replaced within its lease, and a frozen one that wakes up
 //! taken over stands by instead of taking the bot back.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::path::Path;

@@ -3,7 +3,7 @@
 //! file and every Redis value, against the same run without it, where they are; a rotated key
 //! still reads what the old one sealed; a wrong or missing key refuses to start, naming it.
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

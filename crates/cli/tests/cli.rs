@@ -9,8 +9,6 @@ use oncegate_core::{Admission, Claim, DedupStore, Event, EventQueue, key_for};
 use oncegate_embedded::{EmbeddedConfig, EmbeddedStore};
 use oncegate_journal::JournalConfig;
 
-mod doc;
-
 fn oncegate(args: &[&str]) -> (i32, String, String) {
     let output = Command::new(env!("CARGO_BIN_EXE_oncegate"))
         .args(args)
@@ -92,6 +90,11 @@ fn a_bad_configuration_names_each_problem_and_fails() {
     let (code, _, err) = oncegate(&["check-config", "/no/such/file.toml"]);
     assert_eq!(code, 2);
     assert!(err.contains("cannot read /no/such/file.toml"), "{err}");
+    // The OS's reason once, not again as the cause's.
+    assert_eq!(err.matches("(os error 2)").count(), 1, "{err}");
+    let (code, _, err) = oncegate(&["serve", "--config", "/no/such/file.toml"]);
+    assert_eq!(code, 2);
+    assert_eq!(err.matches("(os error 2)").count(), 1, "{err}");
 }
 
 /// check-config takes its file as every other command does too: `--config FILE` or
@@ -301,6 +304,30 @@ fn check_config_prints_the_effective_configuration_without_secrets() {
         out.contains("encrypt_key = \"<hidden: written in the file>\""),
         "{out}"
     );
+}
+
+/// A reader that has gone (`oncegate check-config --effective FILE | head -1`, `oncegate
+/// defaults | head`): the command ends quietly, no panic, no error.
+#[test]
+fn output_to_a_reader_that_went_away_ends_quietly() {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/oncegate.toml");
+    for args in [&["check-config", "--effective", example][..], &["defaults"]] {
+        let (reader, writer) = std::io::pipe().expect("pipe");
+        // Closed before the command writes a byte: its first write fails, every time.
+        drop(reader);
+        let output = Command::new(env!("CARGO_BIN_EXE_oncegate"))
+            .args(args)
+            .env_remove("ONCEGATE_CONFIG")
+            .stdout(writer)
+            .output()
+            .expect("run");
+        let said = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            output.status.success() && said.is_empty(),
+            "{args:?}: {:?} {said}",
+            output.status
+        );
+    }
 }
 
 /// With a stdout route, stdout is the events' stream: the banner goes to stderr.

@@ -7,7 +7,7 @@
 //! scripts/test installs what they need (a venv with the Standard Webhooks library for Python,
 //! `npm ci` for TypeScript) and names the Python in `ONCEGATE_TEST_PYTHON`.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -8,9 +8,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-mod e2e;
+use crate::e2e;
+use crate::support;
 use e2e::*;
-mod support;
 use support::refused_start;
 
 /// Deliveries per event id at the receiver.

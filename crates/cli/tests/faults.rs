@@ -17,14 +17,13 @@
 //! once with the connection cut while they wait, and a flood past `dispatcher.max_queued` — every
 //! callback handled once and every reply on the wire once.
 //!
-//! CI runs it shortened; `FAULT_SCALE=10 cargo test -p oncegate --test faults -- --nocapture`
+//! CI runs it shortened; `FAULT_SCALE=10 cargo test -p oncegate --test binary faults:: -- --nocapture`
 //! is the soak. The table goes to stdout and `target/test-output/faults.md` (RELIABILITY.md
 //! publishes it).
 
-#[path = "faults/aibot.rs"]
 mod aibot;
-mod e2e;
-mod support;
+use crate::e2e;
+use crate::support;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-mod e2e;
+use crate::e2e;
 use e2e::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -13,7 +13,7 @@ const APP_ID: &str = "cli_hard";
 const KEY: &str = "hardening-key";
 const TOKEN: &str = "hardening-token";
 
-mod support;
+use crate::support;
 
 use support::{Serve, client, file_route, lines, oncegate, refused_start, wait_until};
 

@@ -3,7 +3,7 @@
 //! type as headers, counted delivered only once the brokers acknowledged it; a gateway killed
 //! between the brokers' ack and its completion produces the event once more, with the same key,
 //! and no event is lost or out of its chat's order. `cargo test -p oncegate --features kafka
-//! --test kafka` (scripts/test runs it).
+//! --test binary kafka::` (scripts/test runs it).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,9 +15,9 @@ use rdkafka::message::Headers;
 use rdkafka::mocking::MockCluster;
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
-mod e2e;
+use crate::e2e;
+use crate::support;
 use e2e::*;
-mod support;
 use support::refused_start;
 
 const TOPIC: &str = "chat-events";

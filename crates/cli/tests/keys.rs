@@ -1,7 +1,7 @@
 //! `/keys` through the binary: business keys claimed by several processes at once, across one
 //! gateway and across two gateways on one Redis; fences, conflicts, namespaces, refusals.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::path::Path;

@@ -1,7 +1,7 @@
 //! The gateway's log as configured: JSON lines, each with the instance name, and the lines
 //! about an event with its key, platform, app and tenant; secrets never in it.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

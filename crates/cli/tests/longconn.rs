@@ -2,7 +2,7 @@
 //! `oncegate serve`, which admits them into its store and delivers each once — across
 //! dropped connections and resends, across two gateways on one Redis, and with one leader.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::path::Path;

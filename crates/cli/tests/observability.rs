@@ -3,7 +3,7 @@
 //! replays, a refused request, the long connection with a reconnect, a Redis store); the
 //! rules treat missing data as an alert.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 use std::path::Path;

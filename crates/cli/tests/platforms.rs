@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 
-mod support;
+use crate::support;
 
 use support::{Serve, client, file_route, lines, oncegate};
 

@@ -5,7 +5,7 @@
 //! says why — in the answer, the log and a counter. Callbacks are sealed with the WeCom crypto
 //! the platform crate checks against wechatpy's vectors.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

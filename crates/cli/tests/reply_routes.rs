@@ -4,7 +4,7 @@
 //! route that delivers from the queue. `/admin/routes` shows it gone, with the public key its
 //! receivers verify `v1a` signatures with.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

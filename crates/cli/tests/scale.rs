@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-mod e2e;
+use crate::e2e;
 use e2e::*;
 
 const CHATS: usize = 24;

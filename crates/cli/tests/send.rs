@@ -2,7 +2,7 @@
 //! really sent: concurrent repeats, a restart between a send and its retry, a timeout and its
 //! retry, conflicts, and a burst to one chat within Feishu's 5 per second.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::time::Duration;

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-mod e2e;
+use crate::e2e;
 use e2e::*;
 
 /// A downstream that answers 429 with `Retry-After` gets its wait, not the backoff's 50 ms

@@ -10,7 +10,7 @@ use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
 
-mod support;
+use crate::support;
 
 use oncegate_feishu_ws::local::{self, LocalFeishu};
 use support::{Serve, client, file_route, oncegate};

@@ -6,7 +6,7 @@
 //! fetched once for both gateways; a ticket Feishu refuses (10012) makes a gateway ask again,
 //! and the send retried with its key goes out once; `app_uninstalled` stops a tenant's sends.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::path::Path;

@@ -7,7 +7,7 @@
 //! gateway sends as the agent it authorised now; `cancel_auth` stops the corp's callbacks and
 //! sends.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::path::Path;

@@ -1,7 +1,7 @@
 //! A collector that refuses the gateway's spans is never silent (counted in `/metrics`, said in
 //! a WARN), and one that hangs does not hold the gateway's exit: the last spans get a second.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -5,7 +5,7 @@
 //! corp's secrets rotated by adding it again are in force on both within a second; settings a
 //! corp cannot be served with are refused when added; secrets never appear in the list.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::time::Duration;

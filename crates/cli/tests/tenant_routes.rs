@@ -5,7 +5,7 @@
 //! (`{tenant}`, `{agent}`), with `Oncegate-Tenant` and `Oncegate-Agent` headers — a corp's event
 //! never reaches another corp's place.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::path::Path;

@@ -5,7 +5,7 @@
 //! disabled and enabled the same way; corps are named exactly (case-sensitive); the suite's own
 //! pushes are answered `success`.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use axum::body::Bytes;
 use axum::response::IntoResponse;
 
-mod e2e;
-mod support;
+use crate::e2e;
+use crate::support;
 use e2e::*;
 
 /// The parts of OTLP's `ExportTraceServiceRequest` the test reads

@@ -11,12 +11,12 @@ use crate::*;
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
     /// The file could not be read.
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}: {cause}")]
     Read {
         /// The file.
         path: PathBuf,
-        /// The cause.
-        source: std::io::Error,
+        /// The cause (in the message, not a `source()`: printed with its chain, it would be said twice).
+        cause: std::io::Error,
     },
     /// The file is not valid TOML or does not fit the schema.
     #[error("{path}: {message}")]
@@ -47,9 +47,9 @@ pub fn load(
 ) -> Result<Config, LoadError> {
     let origin = path.map_or_else(|| PathBuf::from("<defaults>"), Path::to_path_buf);
     let text = match path {
-        Some(path) => std::fs::read_to_string(path).map_err(|source| LoadError::Read {
+        Some(path) => std::fs::read_to_string(path).map_err(|cause| LoadError::Read {
             path: path.to_path_buf(),
-            source,
+            cause,
         })?,
         None => String::new(),
     };

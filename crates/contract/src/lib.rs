@@ -56,6 +56,19 @@ pub fn key(id: &str) -> KeyHash {
     key_for("feishu", "cli_contract", "event_id", id)
 }
 
+/// `error` with its causes, as `anyhow`'s `{:#}` and an error chain in a log print it: a store's
+/// refusal must say its OS error once there, not again for each cause that repeats it.
+pub fn printed(error: &dyn std::error::Error) -> String {
+    let mut said = error.to_string();
+    let mut cause = error.source();
+    while let Some(next) = cause {
+        said.push_str(": ");
+        said.push_str(&next.to_string());
+        cause = next.source();
+    }
+    said
+}
+
 /// Generates one `#[test]` per case of the shared-state contract ([`oncegate_core::StateStore`])
 /// for the store built by `$make`.
 #[macro_export]

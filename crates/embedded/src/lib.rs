@@ -79,12 +79,12 @@ impl EmbeddedConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
     /// The folder or file could not be created or read.
-    #[error("cannot use {path}: {source}")]
+    #[error("cannot use {path}: {cause}")]
     Io {
         /// The path.
         path: PathBuf,
-        /// The cause.
-        source: std::io::Error,
+        /// The cause (in the message, not a `source()`: printed with its chain, it would be said twice).
+        cause: std::io::Error,
     },
     /// Another process has the file open for writing.
     #[error(

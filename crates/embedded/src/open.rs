@@ -19,9 +19,9 @@ impl<C: Clock + Clone> EmbeddedStore<C> {
     /// `test-support`).
     #[cfg(feature = "test-support")]
     pub fn open_temporary(clock: C) -> Result<Self, OpenError> {
-        let dir = tempfile::tempdir().map_err(|source| OpenError::Io {
+        let dir = tempfile::tempdir().map_err(|cause| OpenError::Io {
             path: std::env::temp_dir(),
-            source,
+            cause,
         })?;
         let config = EmbeddedConfig::at(dir.path().join("oncegate.redb"));
         Self::open_inner(config, clock, Some(Box::new(dir)))
@@ -33,9 +33,9 @@ impl<C: Clock + Clone> EmbeddedStore<C> {
         keep: Option<Box<dyn std::any::Any + Send + Sync>>,
     ) -> Result<Self, OpenError> {
         let path = config.path.clone();
-        oncegate_files::create_parent(&path).map_err(|source| OpenError::Io {
+        oncegate_files::create_parent(&path).map_err(|cause| OpenError::Io {
             path: path.parent().unwrap_or(&path).to_path_buf(),
-            source,
+            cause,
         })?;
         if !path.exists() {
             create_atomically(&path, config.partitions.max(1))?;
@@ -125,9 +125,9 @@ impl<C: Clock + Clone> EmbeddedStore<C> {
         let writer = std::thread::Builder::new()
             .name("oncegate-embedded-writer".into())
             .spawn(move || writer.run())
-            .map_err(|source| OpenError::Io {
+            .map_err(|cause| OpenError::Io {
                 path: path.clone(),
-                source,
+                cause,
             })?;
         Ok(Self {
             shared,
@@ -186,9 +186,9 @@ impl<C: Clock + Clone> EmbeddedStore<C> {
 /// it into place: a crash while creating leaves a stray temporary file, never a half-made store.
 pub(super) fn create_atomically(path: &Path, partitions: u16) -> Result<(), OpenError> {
     let creating = path.with_extension("creating");
-    let io = |source: std::io::Error| OpenError::Io {
+    let io = |cause: std::io::Error| OpenError::Io {
         path: creating.clone(),
-        source,
+        cause,
     };
     let database = |message: String| OpenError::Database {
         path: creating.clone(),

@@ -14,7 +14,7 @@ impl StoreReader {
         if !path.exists() {
             return Err(OpenError::Io {
                 path: path.to_path_buf(),
-                source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such store file"),
+                cause: std::io::Error::new(std::io::ErrorKind::NotFound, "no such store file"),
             });
         }
         let db = redb::Builder::new()

@@ -129,3 +129,18 @@ fn a_rule_set_after_a_restart_ranks_what_was_queued_before() {
         assert_eq!(ids, ["mention-1", "backlog-1", "backlog-2"]);
     });
 }
+
+/// A file that cannot be created (under a file) is refused with the path and the OS error,
+/// said once even where the causes are printed too.
+#[test]
+fn a_file_under_a_file_is_refused_with_its_os_error_said_once() {
+    let dir = tempfile::tempdir().expect("dir");
+    std::fs::write(dir.path().join("a-file"), "not a folder").expect("write");
+    let Err(error) = EmbeddedStore::open(EmbeddedConfig::at(dir.path().join("a-file/s/s.redb")))
+    else {
+        panic!("a file under a file opened");
+    };
+    let said = oncegate_contract::printed(&error);
+    assert!(said.contains("a-file"), "{said}");
+    assert_eq!(said.matches("(os error").count(), 1, "{said}");
+}

@@ -117,12 +117,19 @@ pub enum GatewayError {
     /// A sink could not be set up.
     #[error(transparent)]
     Sink(#[from] sink::SinkSetupError),
-    /// A listener failed.
-    #[error("server: {0}")]
-    Io(#[from] std::io::Error),
+    /// A listener failed (the cause in the message, not a `source()`: printed with its chain,
+    /// an OS error would be said twice).
+    #[error("a listener failed: {0}")]
+    Io(std::io::Error),
     /// A background task ended before shutdown: the gateway cannot deliver anymore.
     #[error("{0}; the gateway stops so that it is restarted")]
     Stopped(String),
+}
+
+impl From<std::io::Error> for GatewayError {
+    fn from(error: std::io::Error) -> Self {
+        Self::Io(error)
+    }
 }
 
 /// A platform's webhook receiver, shared.

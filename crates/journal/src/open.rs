@@ -40,12 +40,12 @@ impl JournalConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
     /// The folder or a file in it could not be created, read or written.
-    #[error("cannot use {path}: {source}")]
+    #[error("cannot use {path}: {cause}")]
     Io {
         /// The path.
         path: PathBuf,
-        /// The cause.
-        source: std::io::Error,
+        /// The cause (in the message, not a `source()`: printed with its chain, it would be said twice).
+        cause: std::io::Error,
     },
     /// Another process has the folder open.
     #[error(
@@ -80,9 +80,9 @@ pub enum OpenError {
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> OpenError + '_ {
-    move |source| OpenError::Io {
+    move |cause| OpenError::Io {
         path: path.to_path_buf(),
-        source,
+        cause,
     }
 }
 
@@ -199,7 +199,7 @@ pub fn read_only(dir: &Path) -> Result<MemoryStore, OpenError> {
     if !dir.is_dir() {
         return Err(OpenError::Io {
             path: dir.to_path_buf(),
-            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such store folder"),
+            cause: std::io::Error::new(std::io::ErrorKind::NotFound, "no such store folder"),
         });
     }
     let listing = list(dir)?;

@@ -578,3 +578,18 @@ fn a_rule_set_after_a_restart_ranks_what_the_journal_restored() {
         assert_eq!(got, [&*ids[2], &*ids[0], &*ids[1]]);
     });
 }
+
+/// A folder that cannot be created (under a file) is refused with the path and the OS error,
+/// said once even where the causes are printed too.
+#[test]
+fn a_folder_under_a_file_is_refused_with_its_os_error_said_once() {
+    let dir = tempfile::tempdir().expect("dir");
+    std::fs::write(dir.path().join("a-file"), "not a folder").expect("write");
+    let folder = dir.path().join("a-file").join("store");
+    let Err(error) = oncegate_journal::open(JournalConfig::at(&folder)) else {
+        panic!("a folder under a file opened");
+    };
+    let said = oncegate_contract::printed(&error);
+    assert!(said.contains(&folder.display().to_string()), "{said}");
+    assert_eq!(said.matches("(os error").count(), 1, "{said}");
+}

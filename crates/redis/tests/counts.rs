@@ -11,7 +11,7 @@ use oncegate_contract::walk::walk;
 use oncegate_core::{DedupStore, ManualClock, StoreStats};
 use oncegate_redis::{RedisConfig, RedisStore};
 
-mod common;
+use crate::common;
 use common::plain;
 
 const MINUTE_MS: u64 = 60_000;

@@ -8,7 +8,7 @@ use oncegate_contract::{block_on, event, key};
 use oncegate_core::{Admission, Claim, DedupStore, EventQueue, FenceCheck, SystemClock};
 use oncegate_redis::RedisStore;
 
-mod common;
+use crate::common;
 
 const DAY: Duration = Duration::from_secs(86_400);
 

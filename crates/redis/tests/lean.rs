@@ -11,7 +11,7 @@ use oncegate_core::{
 };
 use oncegate_redis::{RedisConfig, RedisStore};
 
-mod common;
+use crate::common;
 
 const DAY: Duration = Duration::from_secs(86_400);
 const LEASE: Duration = Duration::from_secs(300);

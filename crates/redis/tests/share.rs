@@ -13,7 +13,7 @@ use oncegate_core::{
 };
 use oncegate_redis::{RedisConfig, RedisStore};
 
-mod common;
+use crate::common;
 use common::plain;
 
 /// A store on the test Redis with `partitions`, ownership that lapses quickly (but not while a

@@ -11,7 +11,7 @@ use oncegate_core::{
 };
 use oncegate_redis::RedisStore;
 
-mod common;
+use crate::common;
 use common::plain;
 
 const MINUTE: Duration = Duration::from_secs(60);
