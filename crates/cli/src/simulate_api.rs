@@ -127,7 +127,8 @@ pub(crate) async fn serve(source: &SourceConfig) -> anyhow::Result<()> {
         }
         PlatformConfig::Wechat(_)
         | PlatformConfig::WecomAibot(_)
-        | PlatformConfig::WecomSuite(_) => bail!(
+        | PlatformConfig::WecomSuite(_)
+        | PlatformConfig::Webhook(_) => bail!(
             "source {:?}: /send sends as Feishu, Lark and WeCom apps only",
             source.name
         ),

@@ -153,7 +153,7 @@ fn write_delivery(dir: &Path, kept: &Captured) -> PathBuf {
     path
 }
 
-fn python() -> String {
+pub(crate) fn python() -> String {
     std::env::var("ONCEGATE_TEST_PYTHON").unwrap_or_else(|_| {
         panic!(
             "ONCEGATE_TEST_PYTHON is not set: run scripts/test (it makes a venv with the client's \

@@ -120,7 +120,7 @@ async fn race(apis: &[String], workers: usize, keys: usize, dir: &Path) {
             std::process::Command::new(std::env::current_exe().expect("test binary"))
                 .args([
                     "--exact",
-                    "keys_worker",
+                    "keys::keys_worker",
                     "--nocapture",
                     "--test-threads",
                     "1",

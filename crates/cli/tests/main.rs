@@ -34,3 +34,4 @@ mod templates;
 mod tenant_routes;
 mod tenants;
 mod traces;
+mod webhooks;

@@ -83,6 +83,14 @@ pub(crate) fn check(config: &Config, report: &mut impl FnMut(Severity, &str, Str
                 ("suite_secret", &suite.suite_secret),
             ],
             PlatformConfig::WecomAibot(aibot) => vec![("secret", &aibot.secret)],
+            PlatformConfig::Webhook(webhook) => {
+                for (field, secret) in webhook.secrets() {
+                    if let Err(message) = secret.resolve() {
+                        report(Severity::Error, &at(field), message);
+                    }
+                }
+                Vec::new()
+            }
         };
         for (field, secret) in &secrets {
             if let Some(Err(message)) = secret.as_ref().map(crate::Secret::resolve) {
@@ -128,6 +136,9 @@ pub(crate) fn check(config: &Config, report: &mut impl FnMut(Severity, &str, Str
             }
             PlatformConfig::WecomSuite(suite) => {
                 check_suite(report, &label, &source.name, suite);
+            }
+            PlatformConfig::Webhook(webhook) => {
+                check_webhook(report, &label, &source.name, webhook)
             }
             PlatformConfig::Wecom(wecom) if wecom.template => {
                 check_template(report, &label, &source.name, wecom);
@@ -250,6 +261,39 @@ fn check_template(
     }
 }
 
+/// A generic source that takes requests unchecked is at risk, said; a secret it would not check
+/// is a mistake. The rest (a preset's name, where each value is) is checked where the source is
+/// built, and said by check-config from there.
+fn check_webhook(
+    report: &mut impl FnMut(Severity, &str, String),
+    label: &str,
+    name: &str,
+    webhook: &crate::WebhookSettings,
+) {
+    if webhook.verify != Some(crate::VerifyKind::None) {
+        return;
+    }
+    if webhook.secrets().next().is_some() {
+        report(
+            Severity::Error,
+            &format!("{label}.verify"),
+            "a secret is set but verify = \"none\" checks nothing: set verify to how the \
+             platform signs (hmac-sha256, token…), or remove the secret"
+                .into(),
+        );
+    } else {
+        report(
+            Severity::AtRisk,
+            &format!("{label}.verify"),
+            format!(
+                "source {name:?} accepts unauthenticated events (verify = \"none\"): anyone who \
+                 knows the URL can send them; where the platform can carry a secret, put one in \
+                 the URL and check it (verify = \"token\", signature = \"query:<name>\")"
+            ),
+        );
+    }
+}
+
 /// The longest name of a source with a tenant registry (`tenants:<name>` is a store namespace).
 const MAX_SUITE_NAME: usize = 48;
 
@@ -281,6 +325,7 @@ pub(crate) fn plain_transport(
         PlatformConfig::Wecom(wecom) => wecom.domain.as_deref(),
         PlatformConfig::WecomAibot(aibot) => aibot.domain.as_deref(),
         PlatformConfig::WecomSuite(suite) => suite.domain.as_deref(),
+        PlatformConfig::Webhook(_) => None,
         PlatformConfig::Wechat(wechat) => {
             if wechat.encoding_aes_key.is_none() {
                 report(

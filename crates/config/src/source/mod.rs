@@ -1,10 +1,15 @@
 //! `[[source]]`: the platforms' apps, their secrets and transports (checked in `check`).
 
 mod check;
+mod webhook;
 
 pub(crate) use check::check;
 #[cfg(test)]
 pub(crate) use check::plain_transport;
+pub use webhook::{
+    AnswerType, HandshakeSettings, KeyEncoding, SignatureEncoding, TimeUnit, VerifyKind,
+    WebhookSettings,
+};
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -32,6 +37,8 @@ pub enum Platform {
     /// A WeCom third-party suite (第三方应用, 代开发 template) for every corp that authorised it.
     #[serde(rename = "wecom-suite")]
     WecomSuite,
+    /// Any platform's webhooks by configuration (a preset or each setting).
+    Webhook,
 }
 
 /// A secret: inline, from an environment variable, or from a file. Neither its `Debug` nor
@@ -175,6 +182,9 @@ pub enum PlatformConfig {
     /// A WeCom third-party suite: one source for its own pushes and every authorising corp.
     #[serde(rename = "wecom-suite")]
     WecomSuite(SuiteSettings),
+    /// Any platform's webhooks by configuration (boxed: its many settings would make every
+    /// source as large).
+    Webhook(Box<WebhookSettings>),
 }
 
 /// A Feishu or Lark app.
@@ -406,6 +416,20 @@ impl SourceConfig {
                 ("encoding_aes_key", &mut s.encoding_aes_key),
                 ("suite_secret", &mut s.suite_secret),
             ],
+            PlatformConfig::Webhook(s) => {
+                let mut secrets: Vec<(&'static str, &mut Secret)> = Vec::new();
+                if let Some(secret) = s.secret.as_mut() {
+                    secrets.push(("secret", secret));
+                }
+                secrets.extend(
+                    s.previous_secrets
+                        .iter_mut()
+                        .map(|p| ("previous_secrets", p)),
+                );
+                resolve_all(secrets)
+                    .map_err(|message| format!("source {:?} {message}", self.name))?;
+                return Ok(source);
+            }
         };
         resolve_all(
             secrets
@@ -425,6 +449,7 @@ impl SourceConfig {
             PlatformConfig::Wechat(_) => Platform::Wechat,
             PlatformConfig::WecomAibot(_) => Platform::WecomAibot,
             PlatformConfig::WecomSuite(_) => Platform::WecomSuite,
+            PlatformConfig::Webhook(_) => Platform::Webhook,
         }
     }
 
@@ -445,6 +470,7 @@ impl SourceConfig {
             PlatformConfig::Wechat(s) => &s.app_id,
             PlatformConfig::WecomAibot(s) => &s.bot_id,
             PlatformConfig::WecomSuite(s) => &s.suite_id,
+            PlatformConfig::Webhook(s) => s.app_id.as_deref().unwrap_or(&self.name),
         }
     }
 }
@@ -468,7 +494,7 @@ impl<'de> Deserialize<'de> for SourceConfig {
             _ => {
                 return Err(D::Error::custom(format!(
                     "source {name:?}: set platform = \"feishu\", \"lark\", \"wecom\", \"wecom-aibot\", \
-                     \"wecom-suite\" or \"wechat\""
+                     \"wecom-suite\", \"wechat\" or \"webhook\" (any other platform)"
                 )));
             }
         };
@@ -481,10 +507,12 @@ impl<'de> Deserialize<'de> for SourceConfig {
             "wechat" => variant(settings, &context).map(PlatformConfig::Wechat),
             "wecom-aibot" => variant(settings, &context).map(PlatformConfig::WecomAibot),
             "wecom-suite" => variant(settings, &context).map(PlatformConfig::WecomSuite),
+            "webhook" => variant(settings, &context).map(|s| PlatformConfig::Webhook(Box::new(s))),
             other => {
                 return Err(D::Error::custom(format!(
                     "source {name:?}: platform = {other:?}: expected \"feishu\", \"lark\", \
-                     \"wecom\", \"wecom-aibot\", \"wecom-suite\" or \"wechat\""
+                     \"wecom\", \"wecom-aibot\", \"wecom-suite\", \"wechat\" or \"webhook\" (any \
+                     other platform, by a preset or each setting)"
                 )));
             }
         }?;

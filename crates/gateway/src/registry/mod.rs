@@ -5,6 +5,8 @@
 #[cfg(feature = "feishu")]
 pub(crate) mod feishu;
 mod first;
+#[cfg(feature = "webhook")]
+mod webhook;
 #[cfg(feature = "wecom")]
 pub(crate) mod wecom;
 
@@ -12,7 +14,7 @@ pub(crate) use first::{FirstByRoute, bot_ids};
 
 use std::sync::Arc;
 
-#[cfg(any(feature = "feishu", feature = "wecom"))]
+#[cfg(any(feature = "feishu", feature = "wecom", feature = "webhook"))]
 use oncegate_config::Secret;
 use oncegate_config::{PlatformConfig, SourceConfig, Transport};
 use oncegate_core::Sealer;
@@ -20,7 +22,7 @@ use oncegate_core::Sealer;
 use crate::{GatewayError, SharedSource};
 
 /// Resolves a secret of `source` (never empty: resolution refuses that).
-#[cfg(any(feature = "feishu", feature = "wecom"))]
+#[cfg(any(feature = "feishu", feature = "wecom", feature = "webhook"))]
 fn resolve(
     source: &SourceConfig,
     secret: &Option<Secret>,
@@ -75,6 +77,8 @@ enum App {
     Suite(oncegate_wecom::WecomSuite),
     #[cfg(feature = "wecom")]
     Corps(oncegate_wecom::WecomCorps),
+    #[cfg(feature = "webhook")]
+    Webhook(Box<oncegate_webhook::WebhookApp>),
 }
 
 /// The configured app of `source`.
@@ -92,6 +96,12 @@ fn app(source: &SourceConfig) -> Result<App, GatewayError> {
         PlatformConfig::Wechat(settings) => wecom::wechat(source, settings).map(App::Wechat),
         #[cfg(feature = "wecom")]
         PlatformConfig::WecomSuite(settings) => wecom::suite(source, settings).map(App::Suite),
+        #[cfg(feature = "webhook")]
+        PlatformConfig::Webhook(settings) => {
+            webhook::app(source, settings).map(|app| App::Webhook(Box::new(app)))
+        }
+        #[cfg(not(feature = "webhook"))]
+        PlatformConfig::Webhook(_) => Err(not_built(source, "webhook")),
         PlatformConfig::WecomAibot(_) => Err(platform_error(
             source,
             "a WeCom AI bot comes over its long connection and takes no webhook",
@@ -113,9 +123,10 @@ pub fn is_long_connection(config: &SourceConfig) -> bool {
             settings.transport == Transport::Websocket
         }
         PlatformConfig::WecomAibot(_) => true,
-        PlatformConfig::Wecom(_) | PlatformConfig::Wechat(_) | PlatformConfig::WecomSuite(_) => {
-            false
-        }
+        PlatformConfig::Wecom(_)
+        | PlatformConfig::Wechat(_)
+        | PlatformConfig::WecomSuite(_)
+        | PlatformConfig::Webhook(_) => false,
     }
 }
 
@@ -165,7 +176,7 @@ pub(crate) fn sender(
 
 /// The receiver for one configured source.
 #[cfg_attr(
-    not(any(feature = "feishu", feature = "wecom")),
+    not(any(feature = "feishu", feature = "wecom", feature = "webhook")),
     allow(unreachable_code)
 )]
 pub fn source(config: &SourceConfig) -> Result<SharedSource, GatewayError> {
@@ -180,12 +191,14 @@ pub fn source(config: &SourceConfig) -> Result<SharedSource, GatewayError> {
         App::Suite(suite) => Arc::new(suite),
         #[cfg(feature = "wecom")]
         App::Corps(corps) => Arc::new(corps),
+        #[cfg(feature = "webhook")]
+        App::Webhook(app) => Arc::new(*app),
     })
 }
 
 /// The sending side of one configured source: what `oncegate simulate` signs with.
 #[cfg_attr(
-    not(any(feature = "feishu", feature = "wecom")),
+    not(any(feature = "feishu", feature = "wecom", feature = "webhook")),
     allow(unreachable_code)
 )]
 pub fn sealer(config: &SourceConfig) -> Result<Arc<dyn Sealer>, GatewayError> {
@@ -210,6 +223,14 @@ pub fn sealer(config: &SourceConfig) -> Result<Arc<dyn Sealer>, GatewayError> {
                 config,
                 "a template's corps are in the registry: simulate one of them as a platform = \
                  \"wecom\" source with its corp_id, token and encoding_aes_key",
+            ));
+        }
+        #[cfg(feature = "webhook")]
+        App::Webhook(_) => {
+            return Err(platform_error(
+                config,
+                "oncegate simulate does not play generic webhook sources yet; send their \
+                 platform's requests (or curl) to /webhook/<source>",
             ));
         }
     })
