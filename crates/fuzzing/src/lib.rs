@@ -9,12 +9,14 @@ mod aibot;
 mod feishu_ws;
 mod keys;
 mod send;
+mod webhook;
 mod wecom;
 
 pub use aibot::aibot_frames;
 pub use feishu_ws::feishu_ws_frames;
 pub use keys::keys_body;
 pub use send::send_body;
+pub use webhook::webhook_callback;
 pub use wecom::{wecom_callback, wecom_decrypt, wecom_template, wecom_xml};
 
 use oncegate_core::replay::{ReplayGuard, ReplayVerdict};
@@ -40,6 +42,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("spool_entry", spool_entry),
     ("aibot_frames", aibot_frames),
     ("traceparent", traceparent),
+    ("webhook_callback", webhook_callback),
 ];
 
 /// A W3C `traceparent` header from an API caller: parsed or refused, never a panic, and what
