@@ -3,7 +3,9 @@
 //! type as headers, counted delivered only once the brokers acknowledged it; a gateway killed
 //! between the brokers' ack and its completion produces the event once more, with the same key,
 //! and no event is lost or out of its chat's order. `cargo test -p oncegate --features kafka
-//! --test binary kafka::` (scripts/test runs it).
+//! --test kafka` (scripts/test runs it). A test binary of its own, run alone: its kill must fall
+//! between the brokers' ack and the completion, a window that tests running beside it in one
+//! process moved once (the acked events' completions reached the stopped Redis first).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,8 +17,8 @@ use rdkafka::message::Headers;
 use rdkafka::mocking::MockCluster;
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 
-use crate::e2e;
-use crate::support;
+mod e2e;
+mod support;
 use e2e::*;
 use support::refused_start;
 

@@ -14,8 +14,6 @@ mod durability;
 mod faults;
 mod gateway;
 mod hardening;
-#[cfg(feature = "kafka")]
-mod kafka;
 mod keys;
 mod logs;
 mod longconn;

@@ -1,6 +1,7 @@
 //! Generic webhook sources through the binary (`platform = "webhook"`): Slack, GitHub and
 //! Standard Webhooks presets with requests signed by code that is not ours (Python's `hmac`
-//! as the platforms' docs write it; the Standard Webhooks library itself), Telegram's token,
+//! as the platforms' docs write it; the Standard Webhooks library itself; PyNaCl for Discord's
+//! Ed25519), Telegram's token,
 //! and the seeds' third-party gateways (wkteam unsigned — said at risk —, xingyapi with a URL
 //! secret). Ten copies of one event at once are delivered once, each answered 200; a forged
 //! or stale request is refused and delivers nothing; handshakes are answered.
@@ -13,6 +14,9 @@ use crate::support::{self, Serve, client, file_route, lines, oncegate};
 const SLACK_SECRET: &str = "8f742231b10e8888abcd99yyyzzz85a5";
 const GITHUB_SECRET: &str = "It's a Secret to Everybody";
 const STANDARD_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+/// RFC 8032's first key pair: PyNaCl signs with the seed, the source holds the public key.
+const DISCORD_SEED: &str = "9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60";
+const DISCORD_PUBLIC_KEY: &str = "d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a";
 
 fn config(dir: &std::path::Path) -> String {
     format!(
@@ -49,6 +53,13 @@ platform = "webhook"
 preset = "telegram"
 app_id = "123456"
 secret = "tg-secret_token"
+
+[[source]]
+name = "discord"
+platform = "webhook"
+preset = "discord"
+app_id = "app1"
+secret = "{DISCORD_PUBLIC_KEY}"
 
 [[source]]
 name = "wkteam"
@@ -310,6 +321,38 @@ async fn presets_deliver_ten_copies_once_and_refuse_forgeries() {
         401
     );
 
+    // Discord, signed by PyNaCl: its PING answered PONG, an interaction ten times.
+    let discord = |ts: &str, body: &str| {
+        let signature = python(
+            "import sys; from nacl.signing import SigningKey; \
+             print(SigningKey(bytes.fromhex(sys.argv[1])).sign((sys.argv[2] + sys.argv[3]).encode()).signature.hex())",
+            &[DISCORD_SEED, ts, body],
+        );
+        vec![
+            header("X-Signature-Ed25519", signature),
+            header("X-Signature-Timestamp", ts),
+        ]
+    };
+    let ping = r#"{"type":1,"id":"1","application_id":"app1"}"#;
+    assert_eq!(
+        post(&serve, "discord", "", &discord(&ts, ping), ping, 1).await,
+        vec![(200, r#"{"type":1}"#.to_owned())]
+    );
+    let command = r#"{"type":2,"id":"1179185358553571410","application_id":"app1","guild_id":"G1","channel_id":"C9","data":{"name":"blep"}}"#;
+    let answers = post(&serve, "discord", "", &discord(&ts, command), command, 10).await;
+    assert!(
+        answers
+            .iter()
+            .all(|a| a == &(200, r#"{"type":5}"#.to_owned())),
+        "{answers:?}"
+    );
+    let mut forged = discord(&ts, command);
+    forged[1].1 = (now() + 2).to_string();
+    assert_eq!(
+        post(&serve, "discord", "", &forged, command, 1).await[0].0,
+        401
+    );
+
     // The seeds' gateways: seed 004's wkteam callback (unsigned), seed 002's xingyapi callback
     // (the URL's secret).
     let wk = r#"{"account":"1","messageType":"80001","wcId":"wxid_bot","data":{"wId":"0000016e-63eb","fromUser":"wxid_a","fromGroup":"123@chatroom","toUser":"wxid_bot","content":"hi","msgId":1,"newMsgId":7343011937658390000,"timestamp":1700000000,"self":false}}"#;
@@ -330,6 +373,7 @@ async fn presets_deliver_ten_copies_once_and_refuse_forgeries() {
         ("github", "42:72d3162e-cc78"),
         ("standard-webhooks", "msg_2Lt5"),
         ("telegram", "10000"),
+        ("discord", "1179185358553571410"),
         ("wkteam", "0000016e-63eb:7343011937658390000"),
         ("xingyapi", "19283746"),
     ];

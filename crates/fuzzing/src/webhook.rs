@@ -25,6 +25,8 @@ const NAMES: &[&str] = &[
     "webhook-timestamp",
     "webhook-signature",
     "x-telegram-bot-api-secret-token",
+    "x-signature-ed25519",
+    "x-signature-timestamp",
 ];
 
 /// One callback to a preset's source. The first byte picks the preset (and whether the query
@@ -41,9 +43,13 @@ pub fn webhook_callback(data: &[u8]) {
     };
     let secrets = match spec.verify {
         Verify::Nothing => Vec::new(),
+        // RFC 8032's first public key.
+        Verify::Ed25519(_) => {
+            vec!["d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a".to_owned()]
+        }
         _ => vec!["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".to_owned()],
     };
-    let signs = matches!(spec.verify, Verify::Hmac(_));
+    let signs = matches!(spec.verify, Verify::Hmac(_) | Verify::Ed25519(_));
     let Ok(app) = WebhookApp::new(spec, "fuzz", secrets) else {
         panic!("the preset {name} builds");
     };

@@ -22,8 +22,8 @@ mod verify;
 pub use presets::{PRESETS, preset};
 pub use source::WebhookApp;
 pub use spec::{
-    Answer, Encoding, Fields, Handshake, Hash, Hmac, KeyEncoding, Location, Spec, Template, Time,
-    TimeUnit, Verify,
+    Answer, Ed25519, Encoding, Fields, Handshake, Hash, Hmac, KeyEncoding, Location, Spec,
+    Template, Time, TimeUnit, Verify,
 };
 
 /// Why a spec cannot be used: said with the setting's text and what to write instead.

@@ -3,8 +3,8 @@
 //! engine; a configuration may change any of its settings.
 
 use crate::spec::{
-    Answer, Encoding, Fields, Handshake, Hash, Hmac, KeyEncoding, Location, Spec, Template, Time,
-    TimeUnit, Verify,
+    Answer, Ed25519, Encoding, Fields, Handshake, Hash, Hmac, KeyEncoding, Location, Spec,
+    Template, Time, TimeUnit, Verify,
 };
 
 /// The presets' names.
@@ -13,6 +13,7 @@ pub const PRESETS: &[&str] = &[
     "github",
     "standard-webhooks",
     "telegram",
+    "discord",
     "wkteam",
     "xingyapi",
 ];
@@ -152,6 +153,31 @@ pub fn preset(name: &str) -> Option<Spec> {
             },
             handshakes: Vec::new(),
             success: Answer::Text(String::new()),
+        },
+        // Interactions: Ed25519 (the app's public key, hex) over `{timestamp}{body}`; a PING
+        // (`type` 1) answered PONG; an admitted interaction answered "deferred" (`type` 5:
+        // the bot follows up with its token within 15 minutes).
+        "discord" => Spec {
+            platform: "discord".into(),
+            verify: Verify::Ed25519(Ed25519 {
+                signature: at("header:X-Signature-Ed25519"),
+                signed: Template(vec![crate::spec::Part::Timestamp, crate::spec::Part::Body]),
+            }),
+            timestamp: seconds("header:X-Signature-Timestamp"),
+            fields: Fields {
+                tenant: Some(at("/guild_id")),
+                ..fields(
+                    &["/id"],
+                    &["/type", "/data/name | /data/custom_id"],
+                    Some("/channel_id"),
+                )
+            },
+            handshakes: vec![Handshake {
+                when: at("/type"),
+                equals: "1".into(),
+                answer: Answer::Json(r#"{"type":1}"#.into()),
+            }],
+            success: Answer::Json(r#"{"type":5}"#.into()),
         },
         // A personal-WeChat gateway: no signature documented (a URL secret, or none said at
         // risk); `newMsgId` of the instance; groups and private chats.

@@ -12,7 +12,7 @@ use sha2::Digest as _;
 use crate::SpecError;
 use crate::request::Request;
 use crate::spec::{Answer, KeyEncoding, Part, Spec, Time, TimeUnit, Verify};
-use crate::verify::{self, Secret, Signed};
+use crate::verify::{self, Key, Secret, Signed};
 
 /// One configured generic source: its spec, app id and secrets.
 pub struct WebhookApp {
@@ -43,19 +43,22 @@ impl WebhookApp {
         if app.is_empty() {
             return incoherent("the app id is empty: set app_id".into());
         }
-        let key_encoding = match &spec.verify {
-            Verify::Hmac(hmac) => hmac.key,
-            _ => KeyEncoding::Text,
+        let (key, key_is) = match &spec.verify {
+            Verify::Hmac(hmac) => (
+                Key::Mac(hmac.key),
+                "base64 (after its whsec_ prefix), as this source's key is",
+            ),
+            Verify::Ed25519(_) => (
+                Key::Ed25519,
+                "an Ed25519 public key: 64 hex digits (the app's PUBLIC KEY)",
+            ),
+            _ => (Key::Mac(KeyEncoding::Text), ""),
         };
         let secrets = secrets
             .iter()
             .map(|text| {
-                Secret::new(text, key_encoding).ok_or_else(|| {
-                    SpecError::Incoherent(
-                        "a secret is not base64 (after its whsec_ prefix), as this source's key is"
-                            .into(),
-                    )
-                })
+                Secret::new(text, key)
+                    .ok_or_else(|| SpecError::Incoherent(format!("a secret is not {key_is}")))
             })
             .collect::<Result<Vec<_>, _>>()?;
         match &spec.verify {
@@ -65,23 +68,23 @@ impl WebhookApp {
                         .into(),
                 );
             }
-            Verify::Token { .. } | Verify::Hmac(_) if secrets.is_empty() => {
+            Verify::Token { .. } | Verify::Hmac(_) | Verify::Ed25519(_) if secrets.is_empty() => {
                 return incoherent("this source checks every request and needs its secret".into());
             }
             _ => {}
         }
-        if let Verify::Hmac(hmac) = &spec.verify {
-            if spec.timestamp.is_some() && !hmac.signed.uses(&Part::Timestamp) {
+        if let Some(signed) = spec.verify.signed() {
+            if spec.timestamp.is_some() && !signed.uses(&Part::Timestamp) {
                 return incoherent(
                     "a timestamp is read but the signature does not cover it (signed has no \
                      {timestamp}): anyone could change it; add {timestamp} or remove timestamp"
                         .into(),
                 );
             }
-            if hmac.signed.uses(&Part::Timestamp) && spec.timestamp.is_none() {
+            if signed.uses(&Part::Timestamp) && spec.timestamp.is_none() {
                 return incoherent("signed has {timestamp}: set where the timestamp is".into());
             }
-            if hmac.signed.uses(&Part::Id) && spec.fields.id.is_empty() {
+            if signed.uses(&Part::Id) && spec.fields.id.is_empty() {
                 return incoherent("signed has {id}: set where the event id is".into());
             }
         }
@@ -259,8 +262,8 @@ impl WebhookSource for WebhookApp {
             })?),
             None => None,
         };
-        let signed_id = match &self.spec.verify {
-            Verify::Hmac(hmac) if hmac.signed.uses(&Part::Id) => Some(self.event_id(&request)?),
+        let signed_id = match self.spec.verify.signed() {
+            Some(signed) if signed.uses(&Part::Id) => Some(self.event_id(&request)?),
             _ => None,
         };
         let signature = verify::check(

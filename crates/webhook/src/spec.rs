@@ -179,6 +179,29 @@ pub enum Verify {
     },
     /// A MAC over the template's bytes with one of the secrets.
     Hmac(Hmac),
+    /// An Ed25519 signature over the template's bytes by the key whose public half is one of
+    /// the secrets (hex; Discord's interactions and webhook events).
+    Ed25519(Ed25519),
+}
+
+impl Verify {
+    /// The bytes its signature covers, when it has one.
+    pub(crate) fn signed(&self) -> Option<&Template> {
+        match self {
+            Verify::Hmac(hmac) => Some(&hmac.signed),
+            Verify::Ed25519(ed25519) => Some(&ed25519.signed),
+            Verify::Nothing | Verify::Token { .. } => None,
+        }
+    }
+}
+
+/// An Ed25519 signature's settings (written in hex).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ed25519 {
+    /// Where the signature is.
+    pub signature: Location,
+    /// What it covers (Discord: `{timestamp}{body}`).
+    pub signed: Template,
 }
 
 /// A MAC signature's settings.

@@ -7,7 +7,16 @@ use oncegate_core::{Refusal, RefusalKind};
 use subtle::ConstantTimeEq;
 
 use crate::request::Request;
-use crate::spec::{Encoding, Hash, Hmac, KeyEncoding, Part, Template, Verify};
+use crate::spec::{Ed25519, Encoding, Hash, Hmac, KeyEncoding, Part, Template, Verify};
+
+/// What a secret is to its check.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Key {
+    /// A MAC's key, so encoded.
+    Mac(KeyEncoding),
+    /// An Ed25519 public key in hex.
+    Ed25519,
+}
 
 /// One configured secret: its text (what a token equals, what `{secret}` writes) and the MAC
 /// key made of it.
@@ -17,14 +26,15 @@ pub(crate) struct Secret {
 }
 
 impl Secret {
-    /// `text` as `encoding` makes it a key; `None` when it does not decode.
-    pub(crate) fn new(text: &str, encoding: KeyEncoding) -> Option<Self> {
+    /// `text` as `key` makes it a key; `None` when it does not decode.
+    pub(crate) fn new(text: &str, key: Key) -> Option<Self> {
         use base64::Engine as _;
-        let key = match encoding {
-            KeyEncoding::Text => text.as_bytes().to_vec(),
-            KeyEncoding::Base64 => base64::engine::general_purpose::STANDARD
+        let key = match key {
+            Key::Mac(KeyEncoding::Text) => text.as_bytes().to_vec(),
+            Key::Mac(KeyEncoding::Base64) => base64::engine::general_purpose::STANDARD
                 .decode(text.strip_prefix("whsec_").unwrap_or(text))
                 .ok()?,
+            Key::Ed25519 => hex(text.trim()).filter(|key| key.len() == 32)?,
         };
         Some(Self {
             text: text.as_bytes().to_vec(),
@@ -72,6 +82,7 @@ pub(crate) fn check(
                 ))
             }
         }
+        Verify::Ed25519(settings) => ed25519(settings, secrets, request, signed),
         Verify::Hmac(hmac) => {
             let given = request.get(&hmac.signature)?.ok_or_else(|| {
                 unauthenticated(
@@ -126,6 +137,50 @@ pub(crate) fn check(
                 ))
             }
         }
+    }
+}
+
+/// An Ed25519 signature (hex) by one of the keys.
+fn ed25519(
+    ed25519: &Ed25519,
+    secrets: &[Secret],
+    request: &Request<'_>,
+    signed: &Signed<'_>,
+) -> Result<Option<String>, Refusal> {
+    use ring::signature::{ED25519, UnparsedPublicKey};
+    let given = request.get(&ed25519.signature)?.ok_or_else(|| {
+        unauthenticated(
+            "missing_signature",
+            format!(
+                "no signature at {}: the platform signs every request",
+                ed25519.signature
+            ),
+        )
+    })?;
+    let signature = hex(given.trim()).filter(|s| s.len() == 64).ok_or_else(|| {
+        unauthenticated(
+            "bad_signature",
+            format!(
+                "the signature at {} is not 64 bytes of hex",
+                ed25519.signature
+            ),
+        )
+    })?;
+    let message = message(&ed25519.signed, request.body(), signed, &[]);
+    if secrets.iter().any(|secret| {
+        UnparsedPublicKey::new(&ED25519, &secret.key)
+            .verify(&message, &signature)
+            .is_ok()
+    }) {
+        Ok(Some(given.chars().take(64).collect()))
+    } else {
+        Err(unauthenticated(
+            "bad_signature",
+            format!(
+                "the signature at {} does not verify: another key, or a changed body",
+                ed25519.signature
+            ),
+        ))
     }
 }
 
@@ -197,6 +252,48 @@ mod tests {
             hex("757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17").expect("hex"),
             mac
         );
+    }
+
+    /// RFC 8032's first Ed25519 test (an empty message), through the check.
+    #[test]
+    fn rfc_8032_test_1() {
+        use oncegate_core::{Callback, Headers, Method};
+        struct One(String);
+        impl Headers for One {
+            fn get(&self, name: &str) -> Option<&str> {
+                (name == "x-signature-ed25519").then_some(self.0.as_str())
+            }
+        }
+        let settings = Ed25519 {
+            signature: crate::Location::parse("header:X-Signature-Ed25519").expect("location"),
+            signed: Template::body(),
+        };
+        let key = Secret::new(
+            "d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a",
+            Key::Ed25519,
+        )
+        .expect("a public key");
+        let check = |signature: &str| {
+            let headers = One(signature.to_owned());
+            let callback = Callback {
+                method: Method::Post,
+                query: None,
+                headers: &headers,
+                body: b"",
+                tenant: None,
+            };
+            let request = Request::new(&callback);
+            let signed = Signed {
+                timestamp: None,
+                id: None,
+            };
+            ed25519(&settings, std::slice::from_ref(&key), &request, &signed).map(|_| ())
+        };
+        let good = "e5564300c360ac729086e2cc806e828a84877f1eb8e5d974d873e065224901555fb8821590a33bacc61e39701cf9b46bd25bf5f0595bbe24655141438e7a100b";
+        assert!(check(good).is_ok());
+        let flipped = good.replacen("e5", "e4", 1);
+        assert!(check(&flipped).is_err());
+        assert!(check("00").is_err());
     }
 
     #[test]

@@ -382,3 +382,78 @@ fn specs_that_do_not_fit_are_refused_with_what_to_set() {
     assert!(Location::parse("event_id").is_err());
     assert!(oncegate_webhook::Template::parse("{body}{nonce}").is_err());
 }
+
+/// Discord's interactions: Ed25519 over `{timestamp}{body}` with RFC 8032's first key (its
+/// published pair), a PING answered PONG, an interaction admitted and answered "deferred".
+#[test]
+fn discords_interactions() {
+    use ring::signature::{Ed25519KeyPair, KeyPair};
+    let seed = [
+        0x9d, 0x61, 0xb1, 0x9d, 0xef, 0xfd, 0x5a, 0x60, 0xba, 0x84, 0x4a, 0xf4, 0x92, 0xec, 0x2c,
+        0xc4, 0x44, 0x49, 0xc5, 0x69, 0x7b, 0x32, 0x69, 0x19, 0x70, 0x3b, 0xac, 0x03, 0x1c, 0xae,
+        0x7f, 0x60,
+    ];
+    let pair = Ed25519KeyPair::from_seed_unchecked(&seed).expect("seed");
+    let public: String = pair
+        .public_key()
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(
+        public,
+        "d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a"
+    );
+    let app =
+        WebhookApp::new(preset("discord").expect("preset"), "app1", vec![public]).expect("discord");
+    let sign = |ts: &str, body: &str| {
+        let signature: String = pair
+            .sign(format!("{ts}{body}").as_bytes())
+            .as_ref()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        headers(&[
+            ("X-Signature-Ed25519", &signature),
+            ("X-Signature-Timestamp", ts),
+        ])
+    };
+    let ping = r#"{"type":1,"id":"1","application_id":"app1"}"#;
+    match decode(&app, &sign("1700000000", ping), ping.as_bytes()).expect("ping") {
+        Decoded::SignedChallenge { answer, .. } => assert_eq!(&answer.body[..], br#"{"type":1}"#),
+        other => panic!("{other:?}"),
+    }
+    let command = r#"{"type":2,"id":"1179185358553571410","application_id":"app1","guild_id":"G1","channel_id":"C9","data":{"name":"blep"}}"#;
+    let Decoded::Admit { admit, .. } =
+        decode(&app, &sign("1700000001", command), command.as_bytes()).expect("command")
+    else {
+        panic!("an interaction")
+    };
+    assert_eq!(&*admit.event.event_id, "1179185358553571410");
+    assert_eq!(&*admit.event.event_type, "2.blep");
+    assert_eq!(admit.event.order_key.as_deref(), Some("C9"));
+    assert_eq!(
+        &app.accepted(oncegate_core::Accepted::Admitted).body[..],
+        br#"{"type":5}"#
+    );
+    // Discord's own checks send bad signatures: each refused.
+    let mut forged = sign("1700000001", command);
+    forged
+        .0
+        .insert("x-signature-timestamp".into(), "1700000002".into());
+    assert_eq!(
+        decode(&app, &forged, command.as_bytes())
+            .expect_err("forged")
+            .kind,
+        RefusalKind::Unauthenticated
+    );
+    // A key that is not 32 bytes of hex is refused when the source is built.
+    assert!(
+        WebhookApp::new(
+            preset("discord").expect("preset"),
+            "app1",
+            vec!["abcd".into()]
+        )
+        .is_err()
+    );
+}

@@ -10,8 +10,8 @@ use super::Secret;
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct WebhookSettings {
-    /// A platform's rules: `slack`, `github`, `standard-webhooks`, `telegram`, `wkteam` or
-    /// `xingyapi`.
+    /// A platform's rules: `slack`, `github`, `standard-webhooks`, `telegram`, `discord`,
+    /// `wkteam` or `xingyapi`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub preset: Option<String>,
     /// The app's id on its platform, which scopes its events' keys (a Telegram bot's id: its
@@ -22,7 +22,7 @@ pub struct WebhookSettings {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub platform_name: Option<String>,
     /// How requests are verified: `hmac-sha256`, `hmac-sha1`, `hmac-sha512` (a signature),
-    /// `token` (a shared token equal to the secret), or `none` — only written out, and said
+    /// `ed25519` (the secret is the public key, hex), `token` (a shared token equal to the secret), or `none` — only written out, and said
     /// at risk: anyone who knows the URL can send events.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub verify: Option<VerifyKind>,
@@ -99,6 +99,8 @@ pub enum VerifyKind {
     HmacSha256,
     /// HMAC-SHA512.
     HmacSha512,
+    /// An Ed25519 signature; the secret is the app's public key (hex).
+    Ed25519,
     /// A shared token.
     Token,
     /// Nothing (at risk).

@@ -6,7 +6,7 @@ use oncegate_config::{
     TimeUnit as UnitIn, VerifyKind, WebhookSettings,
 };
 use oncegate_webhook::{
-    Answer, Encoding, Fields, Handshake, Hash, Hmac, KeyEncoding, Location, PRESETS, Spec,
+    Answer, Ed25519, Encoding, Fields, Handshake, Hash, Hmac, KeyEncoding, Location, PRESETS, Spec,
     Template, Time, TimeUnit, Verify, WebhookApp, preset,
 };
 
@@ -52,18 +52,12 @@ pub(super) fn app(
              signature and secret, or verify = \"none\" to take unauthenticated events on purpose",
         ));
     }
-    if let Some(text) = &settings.timestamp {
-        spec.timestamp = Some(Time {
-            at: at("timestamp", text)?,
-            unit: spec
-                .timestamp
-                .as_ref()
-                .map_or(TimeUnit::Seconds, |t| t.unit),
-        });
-    }
-    if let (Some(unit), Some(time)) = (settings.timestamp_unit, spec.timestamp.as_mut()) {
-        time.unit = unit_of(unit);
-    }
+    time(
+        &mut spec.timestamp,
+        ("timestamp", settings.timestamp.as_deref()),
+        settings.timestamp_unit,
+        &at,
+    )?;
     fields(settings, &mut spec.fields, &at)?;
     if let Some(handshakes) = &settings.handshake {
         spec.handshakes = handshakes
@@ -118,6 +112,27 @@ fn verify(
             })?;
             return Ok(Verify::Token { at });
         }
+        Some(VerifyKind::Ed25519) => {
+            let mut ed25519 = match preset {
+                Verify::Ed25519(ed25519) => ed25519,
+                _ => Ed25519 {
+                    signature: signature.clone().ok_or_else(|| {
+                        fail(
+                            "signature",
+                            &"an ed25519 check needs where the signature is (header:…)",
+                        )
+                    })?,
+                    signed: Template::body(),
+                },
+            };
+            if let Some(signature) = signature {
+                ed25519.signature = signature;
+            }
+            if let Some(text) = &settings.signed {
+                ed25519.signed = Template::parse(text).map_err(|e| fail("signed", &e))?;
+            }
+            return Ok(Verify::Ed25519(ed25519));
+        }
         Some(VerifyKind::HmacSha1) => Some(Hash::Sha1),
         Some(VerifyKind::HmacSha256) => Some(Hash::Sha256),
         Some(VerifyKind::HmacSha512) => Some(Hash::Sha512),
@@ -125,6 +140,15 @@ fn verify(
     };
     let mut hmac = match (preset, hash) {
         (Verify::Hmac(hmac), _) => hmac,
+        (Verify::Ed25519(mut ed25519), None) => {
+            if let Some(signature) = signature {
+                ed25519.signature = signature;
+            }
+            if let Some(text) = &settings.signed {
+                ed25519.signed = Template::parse(text).map_err(|e| fail("signed", &e))?;
+            }
+            return Ok(Verify::Ed25519(ed25519));
+        }
         (Verify::Token { at }, None) => {
             return Ok(Verify::Token {
                 at: signature.unwrap_or(at),
@@ -213,16 +237,29 @@ fn fields(
     if let Some(tenant) = &settings.tenant {
         fields.tenant = Some(at("tenant", tenant)?);
     }
-    if let Some(created_at) = &settings.created_at {
-        fields.created_at = Some(Time {
-            at: at("created_at", created_at)?,
-            unit: fields
-                .created_at
-                .as_ref()
-                .map_or(TimeUnit::Seconds, |t| t.unit),
+    time(
+        &mut fields.created_at,
+        ("created_at", settings.created_at.as_deref()),
+        settings.created_at_unit,
+        at,
+    )?;
+    Ok(())
+}
+
+/// A time the preset reads (or not), moved to `text` and given `unit` where these are set.
+fn time(
+    time: &mut Option<Time>,
+    (field, text): (&str, Option<&str>),
+    unit: Option<UnitIn>,
+    at: &At<'_>,
+) -> Result<(), GatewayError> {
+    if let Some(text) = text {
+        *time = Some(Time {
+            at: at(field, text)?,
+            unit: time.as_ref().map_or(TimeUnit::Seconds, |t| t.unit),
         });
     }
-    if let (Some(unit), Some(time)) = (settings.created_at_unit, fields.created_at.as_mut()) {
+    if let (Some(unit), Some(time)) = (unit, time.as_mut()) {
         time.unit = unit_of(unit);
     }
     Ok(())
