@@ -128,7 +128,8 @@ pub(crate) async fn serve(source: &SourceConfig) -> anyhow::Result<()> {
         PlatformConfig::Wechat(_)
         | PlatformConfig::WecomAibot(_)
         | PlatformConfig::WecomSuite(_)
-        | PlatformConfig::Webhook(_) => bail!(
+        | PlatformConfig::Webhook(_)
+        | PlatformConfig::Dingtalk(_) => bail!(
             "source {:?}: /send sends as Feishu, Lark and WeCom apps only",
             source.name
         ),

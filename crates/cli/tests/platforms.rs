@@ -1,6 +1,7 @@
-//! Every platform through the real binary: `oncegate serve` with a WeCom corp and a WeChat
-//! Official Account beside a Feishu app, and `oncegate simulate` sending as each (fresh
-//! signatures for platform retries, byte-for-byte replays): each event is delivered once.
+//! Every platform through the real binary: `oncegate serve` with a WeCom corp, a WeChat
+//! Official Account and a DingTalk app (the keys of DingTalk's official vector) beside a Feishu
+//! app, and `oncegate simulate` sending as each (fresh signatures for platform retries,
+//! byte-for-byte replays): each event is delivered once.
 
 use std::collections::HashSet;
 
@@ -41,6 +42,13 @@ platform = "wechat"
 app_id = "wx_e2e"
 token = "oa-token"
 encoding_aes_key = "{AES_KEY}"
+
+[[source]]
+name = "ding"
+platform = "dingtalk"
+app_key = "ding6ccabc44d2c8d38b"
+token = "mryue"
+aes_key = "Yue0EfdN5900c1ce5cf6A152c63DDe1808a60c5ecd7"
 
 [[source]]
 name = "bot"
@@ -126,6 +134,25 @@ fn each_platforms_events_are_delivered_once_through_the_binary() {
         assert!(figure(&text, "replays rejected") > 0, "{source}: {text}");
         expected += 300;
     }
+    // DingTalk signs no window: a byte-for-byte replay is a duplicate of its event id,
+    // answered with the encrypted success like a platform retry.
+    let text = simulate(
+        &serve,
+        dir.path(),
+        "ding",
+        &[
+            "--events",
+            "300",
+            "--duplicates",
+            "0.3",
+            "--replays",
+            "0.05",
+        ],
+    );
+    assert_eq!(figure(&text, "admitted"), 300, "ding: {text}");
+    assert_eq!(figure(&text, "delivered"), 300, "ding: {text}");
+    assert!(figure(&text, "duplicates dropped") > 0, "ding: {text}");
+    expected += 300;
     // A file whose secrets are not the gateway's: every request refused 401, said as such.
     let other = dir.path().join("other.toml");
     std::fs::write(
@@ -162,6 +189,7 @@ fn each_platforms_events_are_delivered_once_through_the_binary() {
         ("wecom", "ww_e2e"),
         ("wechat", "wx_e2e"),
         ("feishu", "cli_e2e"),
+        ("dingtalk", "ding6ccabc44d2c8d38b"),
     ] {
         assert_eq!(
             delivered

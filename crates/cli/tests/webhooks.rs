@@ -465,39 +465,49 @@ fn settings_that_do_not_fit_are_refused_with_the_setting_named() {
     }
 }
 
-/// The README's generic sources, as written there, pass check-config (sources built as serve
-/// builds them) with their secrets in the environment.
+/// The README's generic sources and its DingTalk source, as written there, pass check-config
+/// (sources built as serve builds them) with their secrets in the environment.
 #[test]
-fn the_readmes_generic_sources_are_valid() {
+fn the_readmes_generic_and_dingtalk_sources_are_valid() {
     let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md"))
         .expect("README");
-    let section = readme
-        .split("### Any platform: generic webhook sources")
-        .nth(1)
-        .expect("the section");
-    let block = section
-        .split("```toml\n")
-        .nth(1)
-        .and_then(|rest| rest.split("```").next())
-        .expect("its TOML");
-    let dir = tempfile::tempdir().expect("dir");
-    let file = dir.path().join("readme.toml");
-    std::fs::write(
-        &file,
-        format!(
-            "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n\n{block}\n{}",
-            file_route(dir.path(), "")
-        ),
-    )
-    .expect("write");
-    let output = oncegate()
-        .args(["check-config"])
-        .arg(&file)
-        .env("SLACK_SIGNING_SECRET", "s1")
-        .env("SLACK_SIGNING_SECRET_OLD", "s0")
-        .env("ORDERS_SECRET", "o1")
-        .output()
-        .expect("check-config");
-    let out = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success() && !out.contains("error"), "{out}");
+    for heading in [
+        "### Any platform: generic webhook sources",
+        "### DingTalk (钉钉)",
+    ] {
+        let section = readme.split(heading).nth(1).expect("the section");
+        let block = section
+            .split("```toml\n")
+            .nth(1)
+            .and_then(|rest| rest.split("```").next())
+            .expect("its TOML");
+        let dir = tempfile::tempdir().expect("dir");
+        let file = dir.path().join("readme.toml");
+        std::fs::write(
+            &file,
+            format!(
+                "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\n\n{block}\n{}",
+                file_route(dir.path(), "")
+            ),
+        )
+        .expect("write");
+        let output = oncegate()
+            .args(["check-config"])
+            .arg(&file)
+            .env("SLACK_SIGNING_SECRET", "s1")
+            .env("SLACK_SIGNING_SECRET_OLD", "s0")
+            .env("ORDERS_SECRET", "o1")
+            .env("DINGTALK_TOKEN", "t1")
+            .env(
+                "DINGTALK_AES_KEY",
+                "Yue0EfdN5900c1ce5cf6A152c63DDe1808a60c5ecd7",
+            )
+            .output()
+            .expect("check-config");
+        let out = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success() && !out.contains("error"),
+            "{heading}: {out}"
+        );
+    }
 }

@@ -6,6 +6,7 @@
 //! asserts.
 
 mod aibot;
+mod dingtalk;
 mod feishu_ws;
 mod keys;
 mod send;
@@ -13,6 +14,7 @@ mod webhook;
 mod wecom;
 
 pub use aibot::aibot_frames;
+pub use dingtalk::dingtalk_callback;
 pub use feishu_ws::feishu_ws_frames;
 pub use keys::keys_body;
 pub use send::send_body;
@@ -43,6 +45,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("aibot_frames", aibot_frames),
     ("traceparent", traceparent),
     ("webhook_callback", webhook_callback),
+    ("dingtalk_callback", dingtalk_callback),
 ];
 
 /// A W3C `traceparent` header from an API caller: parsed or refused, never a panic, and what

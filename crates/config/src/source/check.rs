@@ -40,6 +40,7 @@ pub(crate) fn check(config: &Config, report: &mut impl FnMut(Severity, &str, Str
             PlatformConfig::Wecom(_) => "corp_id",
             PlatformConfig::WecomAibot(_) => "bot_id",
             PlatformConfig::WecomSuite(_) => "suite_id",
+            PlatformConfig::Dingtalk(_) => "app_key",
             _ => "app_id",
         };
         let template = crate::WecomSettings::is_template(&source.platform);
@@ -83,6 +84,22 @@ pub(crate) fn check(config: &Config, report: &mut impl FnMut(Severity, &str, Str
                 ("suite_secret", &suite.suite_secret),
             ],
             PlatformConfig::WecomAibot(aibot) => vec![("secret", &aibot.secret)],
+            PlatformConfig::Dingtalk(dingtalk) => {
+                for (field, secret) in [("token", &dingtalk.token), ("aes_key", &dingtalk.aes_key)]
+                {
+                    if secret.is_none() {
+                        report(
+                            Severity::Error,
+                            &at(field),
+                            format!(
+                                "DingTalk signs and encrypts every callback: set the \
+                                 subscription's {field}"
+                            ),
+                        );
+                    }
+                }
+                vec![("token", &dingtalk.token), ("aes_key", &dingtalk.aes_key)]
+            }
             PlatformConfig::Webhook(webhook) => {
                 for (field, secret) in webhook.secrets() {
                     if let Err(message) = secret.resolve() {
@@ -140,6 +157,7 @@ pub(crate) fn check(config: &Config, report: &mut impl FnMut(Severity, &str, Str
             PlatformConfig::Webhook(webhook) => {
                 check_webhook(report, &label, &source.name, webhook)
             }
+            PlatformConfig::Dingtalk(_) => {}
             PlatformConfig::Wecom(wecom) if wecom.template => {
                 check_template(report, &label, &source.name, wecom);
             }
@@ -325,7 +343,7 @@ pub(crate) fn plain_transport(
         PlatformConfig::Wecom(wecom) => wecom.domain.as_deref(),
         PlatformConfig::WecomAibot(aibot) => aibot.domain.as_deref(),
         PlatformConfig::WecomSuite(suite) => suite.domain.as_deref(),
-        PlatformConfig::Webhook(_) => None,
+        PlatformConfig::Webhook(_) | PlatformConfig::Dingtalk(_) => None,
         PlatformConfig::Wechat(wechat) => {
             if wechat.encoding_aes_key.is_none() {
                 report(

@@ -39,6 +39,8 @@ pub enum Platform {
     WecomSuite,
     /// Any platform's webhooks by configuration (a preset or each setting).
     Webhook,
+    /// DingTalk (钉钉): an app's HTTP event subscription.
+    Dingtalk,
 }
 
 /// A secret: inline, from an environment variable, or from a file. Neither its `Debug` nor
@@ -185,6 +187,8 @@ pub enum PlatformConfig {
     /// Any platform's webhooks by configuration (boxed: its many settings would make every
     /// source as large).
     Webhook(Box<WebhookSettings>),
+    /// DingTalk's HTTP event subscription.
+    Dingtalk(DingtalkSettings),
 }
 
 /// A Feishu or Lark app.
@@ -354,6 +358,20 @@ pub struct WechatSettings {
     pub encoding_aes_key: Option<Secret>,
 }
 
+/// A DingTalk app's HTTP event subscription (事件订阅): callbacks signed with the token and
+/// encrypted with the aes_key for the app key (or the corp id, or the suite key).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DingtalkSettings {
+    /// What DingTalk encrypts the callbacks for: the app's AppKey (Client ID) for the app's
+    /// own subscription, the corp id for the older `register_call_back`, a suite's SuiteKey.
+    pub app_key: String,
+    /// The subscription's token (签名 token).
+    pub token: Option<Secret>,
+    /// The subscription's 43-character aes_key (加密 aes_key).
+    pub aes_key: Option<Secret>,
+}
+
 /// A WeCom AI bot on its long connection (API mode, 长连接): no public callback URL.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -411,6 +429,9 @@ impl SourceConfig {
                 ("encoding_aes_key", &mut s.encoding_aes_key),
             ],
             PlatformConfig::WecomAibot(s) => vec![("secret", &mut s.secret)],
+            PlatformConfig::Dingtalk(s) => {
+                vec![("token", &mut s.token), ("aes_key", &mut s.aes_key)]
+            }
             PlatformConfig::WecomSuite(s) => vec![
                 ("token", &mut s.token),
                 ("encoding_aes_key", &mut s.encoding_aes_key),
@@ -450,6 +471,7 @@ impl SourceConfig {
             PlatformConfig::WecomAibot(_) => Platform::WecomAibot,
             PlatformConfig::WecomSuite(_) => Platform::WecomSuite,
             PlatformConfig::Webhook(_) => Platform::Webhook,
+            PlatformConfig::Dingtalk(_) => Platform::Dingtalk,
         }
     }
 
@@ -471,6 +493,7 @@ impl SourceConfig {
             PlatformConfig::WecomAibot(s) => &s.bot_id,
             PlatformConfig::WecomSuite(s) => &s.suite_id,
             PlatformConfig::Webhook(s) => s.app_id.as_deref().unwrap_or(&self.name),
+            PlatformConfig::Dingtalk(s) => &s.app_key,
         }
     }
 }
@@ -494,7 +517,7 @@ impl<'de> Deserialize<'de> for SourceConfig {
             _ => {
                 return Err(D::Error::custom(format!(
                     "source {name:?}: set platform = \"feishu\", \"lark\", \"wecom\", \"wecom-aibot\", \
-                     \"wecom-suite\", \"wechat\" or \"webhook\" (any other platform)"
+                     \"wecom-suite\", \"wechat\", \"dingtalk\" or \"webhook\" (any other platform)"
                 )));
             }
         };
@@ -508,11 +531,12 @@ impl<'de> Deserialize<'de> for SourceConfig {
             "wecom-aibot" => variant(settings, &context).map(PlatformConfig::WecomAibot),
             "wecom-suite" => variant(settings, &context).map(PlatformConfig::WecomSuite),
             "webhook" => variant(settings, &context).map(|s| PlatformConfig::Webhook(Box::new(s))),
+            "dingtalk" => variant(settings, &context).map(PlatformConfig::Dingtalk),
             other => {
                 return Err(D::Error::custom(format!(
                     "source {name:?}: platform = {other:?}: expected \"feishu\", \"lark\", \
-                     \"wecom\", \"wecom-aibot\", \"wecom-suite\", \"wechat\" or \"webhook\" (any \
-                     other platform, by a preset or each setting)"
+                     \"wecom\", \"wecom-aibot\", \"wecom-suite\", \"wechat\", \"dingtalk\" or \"webhook\" \
+                     (any other platform, by a preset or each setting)"
                 )));
             }
         }?;

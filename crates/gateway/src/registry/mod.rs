@@ -2,6 +2,8 @@
 //! (and, for load generators, its sender). Each platform is a feature of this crate; a source
 //! of a platform this build leaves out is refused with the feature to add.
 
+#[cfg(feature = "dingtalk")]
+mod dingtalk;
 #[cfg(feature = "feishu")]
 pub(crate) mod feishu;
 mod first;
@@ -14,7 +16,12 @@ pub(crate) use first::{FirstByRoute, bot_ids};
 
 use std::sync::Arc;
 
-#[cfg(any(feature = "feishu", feature = "wecom", feature = "webhook"))]
+#[cfg(any(
+    feature = "feishu",
+    feature = "wecom",
+    feature = "webhook",
+    feature = "dingtalk"
+))]
 use oncegate_config::Secret;
 use oncegate_config::{PlatformConfig, SourceConfig, Transport};
 use oncegate_core::Sealer;
@@ -22,7 +29,12 @@ use oncegate_core::Sealer;
 use crate::{GatewayError, SharedSource};
 
 /// Resolves a secret of `source` (never empty: resolution refuses that).
-#[cfg(any(feature = "feishu", feature = "wecom", feature = "webhook"))]
+#[cfg(any(
+    feature = "feishu",
+    feature = "wecom",
+    feature = "webhook",
+    feature = "dingtalk"
+))]
 fn resolve(
     source: &SourceConfig,
     secret: &Option<Secret>,
@@ -39,7 +51,7 @@ fn resolve(
 }
 
 /// A secret `source` cannot go without.
-#[cfg(feature = "wecom")]
+#[cfg(any(feature = "wecom", feature = "dingtalk"))]
 fn required(
     source: &SourceConfig,
     secret: &Option<Secret>,
@@ -79,6 +91,8 @@ enum App {
     Corps(oncegate_wecom::WecomCorps),
     #[cfg(feature = "webhook")]
     Webhook(Box<oncegate_webhook::WebhookApp>),
+    #[cfg(feature = "dingtalk")]
+    Dingtalk(oncegate_dingtalk::DingtalkApp),
 }
 
 /// The configured app of `source`.
@@ -102,6 +116,10 @@ fn app(source: &SourceConfig) -> Result<App, GatewayError> {
         }
         #[cfg(not(feature = "webhook"))]
         PlatformConfig::Webhook(_) => Err(not_built(source, "webhook")),
+        #[cfg(feature = "dingtalk")]
+        PlatformConfig::Dingtalk(settings) => dingtalk::app(source, settings).map(App::Dingtalk),
+        #[cfg(not(feature = "dingtalk"))]
+        PlatformConfig::Dingtalk(_) => Err(not_built(source, "dingtalk")),
         PlatformConfig::WecomAibot(_) => Err(platform_error(
             source,
             "a WeCom AI bot comes over its long connection and takes no webhook",
@@ -126,7 +144,8 @@ pub fn is_long_connection(config: &SourceConfig) -> bool {
         PlatformConfig::Wecom(_)
         | PlatformConfig::Wechat(_)
         | PlatformConfig::WecomSuite(_)
-        | PlatformConfig::Webhook(_) => false,
+        | PlatformConfig::Webhook(_)
+        | PlatformConfig::Dingtalk(_) => false,
     }
 }
 
@@ -176,7 +195,12 @@ pub(crate) fn sender(
 
 /// The receiver for one configured source.
 #[cfg_attr(
-    not(any(feature = "feishu", feature = "wecom", feature = "webhook")),
+    not(any(
+        feature = "feishu",
+        feature = "wecom",
+        feature = "webhook",
+        feature = "dingtalk"
+    )),
     allow(unreachable_code)
 )]
 pub fn source(config: &SourceConfig) -> Result<SharedSource, GatewayError> {
@@ -193,12 +217,19 @@ pub fn source(config: &SourceConfig) -> Result<SharedSource, GatewayError> {
         App::Corps(corps) => Arc::new(corps),
         #[cfg(feature = "webhook")]
         App::Webhook(app) => Arc::new(*app),
+        #[cfg(feature = "dingtalk")]
+        App::Dingtalk(app) => Arc::new(app),
     })
 }
 
 /// The sending side of one configured source: what `oncegate simulate` signs with.
 #[cfg_attr(
-    not(any(feature = "feishu", feature = "wecom", feature = "webhook")),
+    not(any(
+        feature = "feishu",
+        feature = "wecom",
+        feature = "webhook",
+        feature = "dingtalk"
+    )),
     allow(unreachable_code)
 )]
 pub fn sealer(config: &SourceConfig) -> Result<Arc<dyn Sealer>, GatewayError> {
@@ -225,6 +256,8 @@ pub fn sealer(config: &SourceConfig) -> Result<Arc<dyn Sealer>, GatewayError> {
                  \"wecom\" source with its corp_id, token and encoding_aes_key",
             ));
         }
+        #[cfg(feature = "dingtalk")]
+        App::Dingtalk(app) => Arc::new(app),
         #[cfg(feature = "webhook")]
         App::Webhook(_) => {
             return Err(platform_error(
