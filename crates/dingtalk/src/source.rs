@@ -114,9 +114,15 @@ impl DingtalkApp {
                     .collect::<String>()
             ))
         });
+        // Without DingTalk's time, the time it arrived (0 would read as 1970: older than any
+        // event a watermark route applied).
         let created_at_ms = text(&["EventTime", "eventTime", "TimeStamp"])
             .and_then(|t| t.parse::<u64>().ok())
-            .unwrap_or(0);
+            .unwrap_or_else(|| {
+                SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as u64)
+            });
         Event {
             platform: Arc::from("dingtalk"),
             app: self.owner.clone(),

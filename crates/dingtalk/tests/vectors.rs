@@ -151,6 +151,21 @@ fn an_event_is_admitted_by_its_id_and_answered_success() {
         }
     };
     assert_eq!(keys("n1"), keys("n2"));
+    // An event without a time: the time it arrived, not 1970.
+    let sealed = app.seal(br#"{"EventType":"x","eventId":"t0"}"#, 1, "n", [2; 16]);
+    let Decoded::Admit { admit, .. } = decode(
+        &app,
+        sealed.query.as_deref().expect("q"),
+        &String::from_utf8(sealed.body).expect("utf-8"),
+    )
+    .expect("timeless") else {
+        panic!("an event")
+    };
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("time")
+        .as_millis() as u64;
+    assert!(admit.event.created_at_ms.abs_diff(now_ms) < 60_000);
     // Unsigned, or not DingTalk's body: unauthenticated.
     assert_eq!(
         decode(&app, "", &body).expect_err("unsigned").kind,

@@ -1,15 +1,9 @@
 //! DingTalk's event subscription: the whole callback, sealed as DingTalk does or forged.
 
-use oncegate_core::{Callback, Decoded, Headers, Method, RefusalKind, Sealer, WebhookSource};
+use oncegate_core::{Callback, Decoded, Method, RefusalKind, Sealer, WebhookSource};
 use oncegate_dingtalk::DingtalkApp;
 
-struct NoHeaders;
-
-impl Headers for NoHeaders {
-    fn get(&self, _: &str) -> Option<&str> {
-        None
-    }
-}
+use crate::wecom::NoHeaders;
 
 /// One callback. The first byte chooses: bit 0 the rest sealed as DingTalk would (so the
 /// fuzzer explores decrypted documents: an admitted event has its id and key, and nothing

@@ -8,7 +8,8 @@ const KEY: &str = "jWmYm7qr5nMoAUwZRjGtBxmz3KA1tkAj3ykkR6q2B2C";
 const TOKEN: &str = "fuzz-token";
 const CORP: &str = "ww_fuzz";
 
-struct NoHeaders;
+/// A request without headers.
+pub(crate) struct NoHeaders;
 
 impl Headers for NoHeaders {
     fn get(&self, _: &str) -> Option<&str> {

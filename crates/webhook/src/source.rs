@@ -207,10 +207,13 @@ impl WebhookApp {
                 None => None,
             })
         };
+        // Without the platform's time, the time it arrived: 0 would read as 1970 — the lag
+        // metric's decades, and older than anything a watermark route applied (dropped).
         let created_at_ms = match &fields.created_at {
-            Some(time) => Self::time_ms(request, time)?.unwrap_or(0),
-            None => 0,
-        };
+            Some(time) => Self::time_ms(request, time)?,
+            None => None,
+        }
+        .unwrap_or_else(received_ms);
         Ok(Event {
             platform: self.platform.clone(),
             app: self.app.clone(),
@@ -226,6 +229,13 @@ impl WebhookApp {
             payload: Bytes::copy_from_slice(request.body()),
         })
     }
+}
+
+/// Now, unix milliseconds.
+fn received_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 fn unit(unit: TimeUnit) -> &'static str {
@@ -262,8 +272,18 @@ impl WebhookSource for WebhookApp {
             })?),
             None => None,
         };
+        // Read before the check: what it cannot read is refused as unauthenticated, the one
+        // answer an unchecked request gets.
         let signed_id = match self.spec.verify.signed() {
-            Some(signed) if signed.uses(&Part::Id) => Some(self.event_id(&request)?),
+            Some(signed) if signed.uses(&Part::Id) => {
+                Some(self.event_id(&request).map_err(|_| {
+                    Refusal::new(
+                        RefusalKind::Unauthenticated,
+                        "missing_signed_id",
+                        "no event id where the signature covers one: the platform signs it",
+                    )
+                })?)
+            }
             _ => None,
         };
         let signature = verify::check(

@@ -263,6 +263,13 @@ fn the_standard_webhooks_example() {
     // The id is signed: another id with the same signature is refused.
     let refused = decode(&app, &example(listed, "msg_other"), body).expect_err("another id");
     assert_eq!(refused.kind, RefusalKind::Unauthenticated);
+    // Without the id the signature covers: unauthenticated, as any request failing its check.
+    let no_id = headers(&[
+        ("webhook-timestamp", "1614265330"),
+        ("webhook-signature", listed),
+    ]);
+    let refused = decode(&app, &no_id, body).expect_err("no id");
+    assert_eq!(refused.kind, RefusalKind::Unauthenticated, "{refused}");
     // A secret that is not base64 is refused when the source is built.
     let bad = WebhookApp::new(
         preset("standard-webhooks").expect("preset"),
@@ -326,6 +333,17 @@ fn the_seeds_gateways_payloads() {
     };
     assert_eq!(&*admit.event.event_id, "19283746");
     assert_eq!(admit.event.order_key.as_deref(), Some("wr_abc"));
+    // No time in the callback: the time it arrived, not 1970 (which a watermark route would
+    // take for older than anything it applied).
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("time")
+        .as_millis() as u64;
+    assert!(
+        admit.event.created_at_ms.abs_diff(now_ms) < 60_000,
+        "{}",
+        admit.event.created_at_ms
+    );
 }
 
 #[test]
