@@ -16,6 +16,7 @@ pub mod record;
 pub mod redact;
 pub mod replay;
 pub mod seqwindow;
+pub mod shared_inlet;
 pub mod source;
 pub mod state;
 pub mod store;
@@ -35,6 +36,7 @@ pub use record::{
     PartitionOwner, QueueId, QueueSummary, QueuedEvent, QueuedState, Record, RecordState,
     StoreStats, WatermarkOutcome,
 };
+pub use shared_inlet::SharedInlet;
 pub use source::{
     Accepted, Admit, Callback, Decoded, Deliver, Headers, Inlet, Keys, Method, Owner, Refusal,
     RefusalKind, Replied, Reply, SealedRequest, Sealer, Sent, Stamp, SyntheticMembership,

@@ -340,7 +340,9 @@ async fn data_frame<I: Inlet>(
                 let ack = match &answered {
                     Ok(answer) => {
                         mark(&window, &frame);
-                        frame.ack(200, answer.as_deref(), elapsed_ms(received))
+                        // A card with no answer is acked with Feishu's empty answer, `{}`.
+                        let answer = answer.as_deref().unwrap_or(b"{}");
+                        frame.ack(200, Some(answer), elapsed_ms(received))
                     }
                     Err(refusal) => {
                         refused(&context, refusal);

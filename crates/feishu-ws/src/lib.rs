@@ -14,6 +14,7 @@ pub mod fragments;
 pub mod frame;
 pub mod local;
 mod seen;
+mod transport;
 
 use std::time::Duration;
 
@@ -25,6 +26,7 @@ pub use client::{LongConnection, SetupError};
 pub use endpoint::{ClientConfig, ConnectError, Endpoint};
 pub use fragments::FragmentLimits;
 pub use frame::{Frame, FrameError, Header};
+pub use transport::FeishuTransport;
 
 /// At most this many connections per app: Feishu refuses more.
 pub const MAX_CONNECTIONS: usize = 50;

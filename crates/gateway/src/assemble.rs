@@ -91,7 +91,7 @@ impl<S: Store> Gateway<S> {
         let dynamic = crate::reload::build::build(config, shared, false).await?;
         crate::reload::build::install(shared, dynamic);
         #[cfg(all(feature = "send", feature = "long-connection"))]
-        add_ai_bot_senders(shared);
+        add_connection_senders(shared);
         *shared
             .reload
             .config
@@ -119,20 +119,17 @@ fn hold_long_connections<S: Store>(
     drop(long_sources);
 }
 
-/// An AI bot sends over its connection, through the gateway that holds it: its sender is the
-/// connection's (static, as the connection is).
+/// A long connection that carries its sends (an AI bot's) sends through the gateway that holds
+/// it: its sender is the connection's (static, as the connection is).
 #[cfg(all(feature = "send", feature = "long-connection"))]
-fn add_ai_bot_senders<S: Store>(shared: &mut crate::Shared<base::timed_store::Timed<S>>) {
-    for source in &shared.ingress.long_sources {
-        if let ingress::longconn::Link::AiBot { bot, outbound, .. } = &source.link {
-            let api = oncegate_send::Api::AiBot(oncegate_send::AiBotApi::new(outbound.clone()));
-            let scope = bot.bot_id().to_owned();
-            let sender = api::send::Sender {
-                api,
-                scope,
-                shared: Vec::new(),
-            };
-            shared.api.add_sender(source.name.clone(), sender);
-        }
+fn add_connection_senders<S: Store>(shared: &mut crate::Shared<base::timed_store::Timed<S>>) {
+    let senders: Vec<_> = shared
+        .ingress
+        .long_sources
+        .iter_mut()
+        .filter_map(|source| Some((source.name.clone(), source.sender.take()?)))
+        .collect();
+    for (name, sender) in senders {
+        shared.api.add_sender(name, sender);
     }
 }

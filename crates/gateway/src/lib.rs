@@ -72,7 +72,6 @@ mod credentials;
 mod dispatch;
 mod gate;
 mod ingress;
-mod owner;
 mod refusal;
 pub mod registry;
 pub mod reload;
@@ -229,7 +228,7 @@ impl<S: Store> Shared<S> {
     }
 
     /// The first route that takes an event of `event_type` owned by `owner`
-    /// ([`owner::of`]), in the routes in force now.
+    /// ([`registry::owner::of`]), in the routes in force now.
     pub(crate) fn route_for(
         &self,
         event_type: &str,

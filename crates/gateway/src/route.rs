@@ -88,7 +88,7 @@ impl Routes {
     /// Which of `event`'s kind go before the rest of its tenant's backlog, by its route
     /// (none for an event no route takes).
     pub(crate) fn priority_of(&self, event: &oncegate_core::Event) -> oncegate_config::Priority {
-        self.route_for(&event.event_type, crate::owner::of(event))
+        self.route_for(&event.event_type, crate::registry::owner::of(event))
             .map_or(oncegate_config::Priority::None, |route| route.priority)
     }
 

@@ -159,3 +159,59 @@ fn no_gateway_module_imports_one_that_imports_it_back() {
     // The check sees edges: the dispatcher reaches the sinks.
     assert!(edges["dispatch"].contains("sink"), "{edges:?}");
 }
+
+/// What names a platform in code: its receiving or transport crates (`oncegate_feishu` covers
+/// `oncegate_feishu_ws`), the configuration's platform variants, and the platforms' names as
+/// strings an event's `platform` is compared with.
+const PLATFORM_NAMES: &[&str] = &[
+    "oncegate_feishu",
+    "oncegate_wecom",
+    "oncegate_dingtalk",
+    "oncegate_webhook",
+    "PlatformConfig::",
+    "\"feishu\"",
+    "\"lark\"",
+    "\"wecom\"",
+    "\"wechat\"",
+    "\"dingtalk\"",
+];
+
+/// `text` without its comment lines (a comment may say which platform does what) and with its
+/// features' names unquoted (a build may leave a platform out).
+fn code(text: &str) -> String {
+    text.lines()
+        .filter(|line| !line.trim_start().starts_with("//"))
+        .collect::<Vec<_>>()
+        .join("\n")
+        .replace("feature = \"", "feature = ")
+}
+
+#[test]
+fn no_module_outside_the_registry_names_a_platform() {
+    let modules = modules();
+    let mut named = BTreeSet::new();
+    for (name, text) in &modules {
+        if name == "registry" || name.starts_with("registry::") {
+            continue;
+        }
+        let code = code(text);
+        for platform in PLATFORM_NAMES {
+            if code.contains(platform) {
+                named.insert(format!("{name}: {platform}"));
+            }
+        }
+    }
+    assert!(
+        named.is_empty(),
+        "{named:?}: a platform is a crate and an entry in registry/ (its receiver, its long \
+         connection's Transport, its sender); the rest of the gateway holds them alike"
+    );
+    // The check sees what it looks for: the registry names every platform.
+    let registry = code(&modules["registry"]);
+    assert!(
+        ["PlatformConfig::Feishu", "PlatformConfig::WecomAibot", "PlatformConfig::Dingtalk"]
+            .iter()
+            .all(|variant| registry.contains(variant)),
+        "the registry's text was not read"
+    );
+}

@@ -1,7 +1,12 @@
 //! What every long connection oncegate holds shares, whatever its platform: the [`Status`] the
 //! gateway reads for readiness and the status page, the reconnect [`backoff`] with jitter, so
 //! that many gateways never dial in step, and the frame counters ([`count_frame`],
-//! [`bad_frame`]) their dashboards read alike.
+//! [`bad_frame`]) their dashboards read alike; and the [`Transport`] seam a platform's long
+//! connection implements for the gateway to hold it.
+
+mod transport;
+
+pub use transport::{Ended, Held, Transport};
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

@@ -14,6 +14,7 @@ pub mod frame;
 pub mod local;
 mod outbound;
 mod reply;
+mod transport;
 
 use std::time::Duration;
 
@@ -23,6 +24,7 @@ pub use oncegate_longconn::Status;
 pub use client::{AiBotConnection, Ended, SetupError};
 pub use outbound::{Outbound, OutboundError};
 pub use reply::{CONVERSATION_BUDGETS, MAX_CONTENT, STREAM_LIMIT, conversation_budgets};
+pub use transport::AiBotTransport;
 
 /// WeCom's long-connection address.
 pub const DEFAULT_URL: &str = "wss://openws.work.weixin.qq.com";

@@ -260,7 +260,7 @@ async fn run_handler<S: Store>(
         wants_answer: false,
         updates: None,
         traceparent: traced.as_ref().map(|(_, _, header, _)| header.as_str()),
-        owner: crate::owner::of(event),
+        owner: crate::registry::owner::of(event),
     };
     let (started, started_ms) = (std::time::Instant::now(), shared.now_ms());
     let result = key
@@ -323,7 +323,7 @@ async fn prepare<S: Store>(
         }
     };
     let event = redacted.as_ref().unwrap_or(&delivery.event);
-    let route = shared.route_for(&event.event_type, crate::owner::of(event));
+    let route = shared.route_for(&event.event_type, crate::registry::owner::of(event));
     known.routed = route.is_some();
     if let Some(route) = &route {
         if route.stale == crate::StaleEvents::Drop

@@ -1,7 +1,7 @@
-//! The long connections in the gateway (Feishu's and a WeCom AI bot's): their events take the
-//! one admission path and Feishu's card actions the claim protocol, like webhooks' do. With
-//! `instances = "leader"` (always, for an AI bot: WeCom keeps one connection per bot) one
-//! gateway of several holds the connections, through a lease in the store.
+//! The long connections in the gateway, whatever their platform (a [`Transport`] the registry
+//! built): their events take the one admission path and synchronous calls the claim protocol,
+//! like webhooks' do. With `instances = "leader"` one gateway of several holds a source's
+//! connections, through a lease in the store.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -9,13 +9,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use oncegate_config::Instances;
-use oncegate_core::{Accepted, Admit, FenceCheck, Inlet, Refusal, Store, key_for};
-use oncegate_feishu::FeishuApp;
-use oncegate_feishu_ws::LongConnection;
-use oncegate_longconn::Status;
+use oncegate_core::{Accepted, Admit, FenceCheck, Inlet, Refusal, SharedInlet, Store, key_for};
+use oncegate_longconn::{Ended, Status, Transport};
 use oncegate_once::{Claimed, OnceKey};
-use oncegate_wecom::AiBot;
-use oncegate_wecom_ws::{AiBotConnection, Ended};
 use tokio_util::sync::CancellationToken;
 
 use crate::Shared;
@@ -28,29 +24,17 @@ const STANDBY_POLL: Duration = Duration::from_secs(2);
 /// outside the gateways sharing the store: dialling on would kick it and be kicked for ever.
 const KICK_WINDOW: Duration = Duration::from_secs(60);
 
-/// What a long-connection source dials.
-pub(crate) enum Link {
-    /// A Feishu or Lark app.
-    Feishu {
-        app: FeishuApp,
-        settings: oncegate_feishu_ws::Settings,
-    },
-    /// A WeCom AI bot.
-    AiBot {
-        bot: AiBot,
-        settings: oncegate_wecom_ws::Settings,
-        /// Where `/send` hands the bot's own messages while this gateway holds it.
-        outbound: Arc<oncegate_wecom_ws::Outbound>,
-    },
-}
-
 /// One configured long-connection source.
 pub(crate) struct LongSource {
     pub(crate) name: String,
-    pub(crate) link: Link,
+    transport: Box<dyn Transport>,
     pub(crate) instances: Instances,
     pub(crate) status: Arc<Status>,
     role: AtomicU8,
+    /// What `/send/<name>` sends as when the connection carries the sends (an AI bot's):
+    /// taken when the gateway is assembled.
+    #[cfg(feature = "send")]
+    pub(crate) sender: Option<crate::api::send::Sender>,
 }
 
 const ROLE_CONNECTING: u8 = 0;
@@ -58,23 +42,33 @@ const ROLE_LEADING: u8 = 1;
 const ROLE_STANDBY: u8 = 2;
 
 impl LongSource {
-    pub(crate) fn new(name: &str, link: Link, instances: Instances) -> Self {
+    pub(crate) fn new(name: &str, transport: impl Transport, instances: Instances) -> Self {
         Self {
             name: name.to_owned(),
-            link,
+            transport: Box::new(transport),
             instances,
             status: Arc::new(Status::default()),
             role: AtomicU8::new(ROLE_CONNECTING),
+            #[cfg(feature = "send")]
+            sender: None,
         }
+    }
+
+    /// The source with what `/send/<name>` sends as over its connection.
+    #[cfg(feature = "send")]
+    pub(crate) fn with_sender(mut self, sender: crate::api::send::Sender) -> Self {
+        self.sender = Some(sender);
+        self
     }
 
     /// The lease one gateway of several holds the connections under.
     fn leader_key(&self) -> oncegate_core::KeyHash {
-        let (platform, app) = match &self.link {
-            Link::Feishu { app, .. } => (&**app.platform(), &**app.app_id()),
-            Link::AiBot { bot, .. } => ("wecom", bot.bot_id()),
-        };
-        key_for(platform, app, "leader", "long_connection")
+        key_for(
+            self.transport.platform(),
+            self.transport.app(),
+            "leader",
+            "long_connection",
+        )
     }
 
     /// Why this source keeps the gateway from being ready, if it does.
@@ -99,7 +93,7 @@ impl LongSource {
 }
 
 /// The gateway as the long connection's inlet; `bound`: whether its admissions keep to
-/// `dispatcher.max_queued` (not an AI bot's: WeCom never sends a callback again).
+/// `dispatcher.max_queued` (not those of a platform that never pushes an event again).
 struct GatewayInlet<S>(Arc<Shared<S>>, crate::ingress::admission::Bound);
 
 impl<S: Store> Inlet for GatewayInlet<S> {
@@ -109,17 +103,15 @@ impl<S: Store> Inlet for GatewayInlet<S> {
         crate::ingress::admission::admit_traced(&self.0, admit, received, self.1).await
     }
 
-    /// A card with no answer is acked with Feishu's empty answer, `{}`.
     async fn call(&self, admit: Admit, deadline: Duration) -> Result<Option<Bytes>, Refusal> {
-        let answer = crate::ingress::sync_call::call(&self.0, admit, deadline).await?;
-        Ok(Some(answer.unwrap_or_else(|| Bytes::from_static(b"{}"))))
+        crate::ingress::sync_call::call(&self.0, admit, deadline).await
     }
 
     fn replies(&self, event: &oncegate_core::Event) -> bool {
         let routes = self.0.routes.load();
         routes.replying
             && routes
-                .route_for(&event.event_type, crate::owner::of(event))
+                .route_for(&event.event_type, crate::registry::owner::of(event))
                 .is_some_and(|route| route.reply)
     }
 
@@ -164,57 +156,28 @@ pub(crate) async fn run_all<S: Store>(shared: Arc<Shared<S>>, shutdown: Cancella
     while running.join_next().await.is_some() {}
 }
 
-/// How a source's connections stopped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Held {
-    /// Shutdown, or a fatal answer (in the status).
-    Stopped,
-    /// Another subscribe took the AI bot over.
-    Kicked,
-}
-
 /// Holds `source`'s connections until `stop`.
 async fn connect<S: Store>(
     shared: &Arc<Shared<S>>,
     source: &LongSource,
     stop: CancellationToken,
-) -> Held {
-    let bound = match &source.link {
-        Link::AiBot { .. } => crate::ingress::admission::Bound::Exceed,
-        Link::Feishu { .. } => crate::ingress::admission::Bound::Keep,
+) -> Ended {
+    let bound = if source.transport.redelivers() {
+        crate::ingress::admission::Bound::Keep
+    } else {
+        crate::ingress::admission::Bound::Exceed
     };
-    let inlet = Arc::new(GatewayInlet(shared.clone(), bound));
-    let failed = |error: &dyn std::fmt::Display| {
-        shared.fail(format!("long connection {}: {error}", source.name));
-        Held::Stopped
-    };
-    match &source.link {
-        Link::Feishu { app, settings } => {
-            match LongConnection::new(app.clone(), settings.clone(), inlet) {
-                Ok(client) => {
-                    let client = Arc::new(client.with_status(source.status.clone()));
-                    client.run(stop).await;
-                    Held::Stopped
-                }
-                Err(error) => failed(&error),
-            }
+    let inlet = SharedInlet::new(GatewayInlet(shared.clone(), bound));
+    match source
+        .transport
+        .hold(inlet, source.status.clone(), stop)
+        .await
+    {
+        Ok(ended) => ended,
+        Err(error) => {
+            shared.fail(format!("long connection {}: {error}", source.name));
+            Ended::Stopped
         }
-        Link::AiBot {
-            bot,
-            settings,
-            outbound,
-        } => match AiBotConnection::new(bot.clone(), settings.clone(), inlet) {
-            Ok(client) => match client
-                .with_status(source.status.clone())
-                .with_outbound(outbound.clone())
-                .run(stop)
-                .await
-            {
-                Ended::Kicked => Held::Kicked,
-                Ended::Shutdown | Ended::Fatal(_) => Held::Stopped,
-            },
-            Err(error) => failed(&error),
-        },
     }
 }
 
@@ -300,7 +263,7 @@ async fn hold<S: Store>(
     // When the last takeover came, and the reconnect count then.
     let mut kicked_at: Option<(std::time::Instant, u64)> = None;
     loop {
-        if connect(shared, source, stop.clone()).await == Held::Stopped {
+        if connect(shared, source, stop.clone()).await == Ended::Stopped {
             return;
         }
         match lease.renew().await {

@@ -258,7 +258,10 @@ async fn callback<S: Store>(
             let replying = routes.replying
                 && decoder.tenancy(&admit.event).is_none()
                 && routes
-                    .route_for(&admit.event.event_type, crate::owner::of(&admit.event))
+                    .route_for(
+                        &admit.event.event_type,
+                        crate::registry::owner::of(&admit.event),
+                    )
                     .is_some_and(|route| route.reply);
             (admit, stamp, replying)
         }

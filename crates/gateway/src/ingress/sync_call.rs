@@ -128,7 +128,7 @@ async fn run_call<S: Store>(
 ) -> Result<Replied, Refusal> {
     let stats = &shared.stats;
     stats.bump(&stats.cards, "oncegate_cards_total");
-    let owner = crate::owner::of(&admit.event);
+    let owner = crate::registry::owner::of(&admit.event);
     let Some(route) = shared.route_for(&admit.event.event_type, owner) else {
         stats.bump(&stats.unrouted, "oncegate_unrouted_total");
         return Ok(Replied::Answer(None));

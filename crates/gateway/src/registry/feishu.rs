@@ -6,7 +6,7 @@ use oncegate_feishu::{Cloud, FeishuApp};
 use super::{platform_error, resolve};
 use crate::GatewayError;
 #[cfg(feature = "long-connection")]
-use crate::ingress::longconn::{Link, LongSource};
+use crate::ingress::longconn::LongSource;
 
 /// A configured Feishu or Lark app.
 pub(super) fn app(source: &SourceConfig) -> Result<FeishuApp, GatewayError> {
@@ -79,10 +79,7 @@ pub(super) fn long_connection(config: &SourceConfig) -> Result<LongSource, Gatew
     connection.pong_grace = settings.pong_grace;
     Ok(LongSource::new(
         &config.name,
-        Link::Feishu {
-            app,
-            settings: connection,
-        },
+        oncegate_feishu_ws::FeishuTransport::new(app, connection),
         settings.instances,
     ))
 }

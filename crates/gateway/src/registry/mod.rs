@@ -7,6 +7,7 @@ mod dingtalk;
 #[cfg(feature = "feishu")]
 pub(crate) mod feishu;
 mod first;
+pub(crate) mod owner;
 #[cfg(feature = "webhook")]
 mod webhook;
 #[cfg(feature = "wecom")]
@@ -296,4 +297,42 @@ pub fn source_problems(config: &oncegate_config::Config) -> Vec<oncegate_config:
             })
         })
         .collect()
+}
+
+/// The keeper of a multi-tenant source's credentials (a WeCom suite, a Feishu store app) with
+/// the secret it needs; `None` for any other source.
+#[cfg(all(feature = "send", any(feature = "feishu", feature = "wecom")))]
+pub(crate) fn keeper<S: oncegate_core::Store>(
+    source: &oncegate_config::SourceConfig,
+    store: &std::sync::Arc<S>,
+    timeout: std::time::Duration,
+) -> Result<Option<crate::credentials::Keeper>, GatewayError> {
+    use crate::credentials::Keeper;
+    use oncegate_config::PlatformConfig;
+    Ok(match &source.platform {
+        #[cfg(feature = "wecom")]
+        PlatformConfig::WecomSuite(settings) => {
+            wecom::suite_api(source, settings, timeout)?.map(|api| {
+                let keeper = crate::credentials::suite::SuiteKeeper::new(
+                    &source.name,
+                    api,
+                    store.clone(),
+                    timeout,
+                );
+                Keeper::Suite(std::sync::Arc::new(keeper))
+            })
+        }
+        #[cfg(feature = "feishu")]
+        PlatformConfig::Feishu(settings) | PlatformConfig::Lark(settings) => {
+            feishu::store_api(source, settings, timeout)?.map(|api| {
+                let keeper = crate::credentials::store_app::StoreAppKeeper::new(
+                    &source.name,
+                    api,
+                    store.clone(),
+                );
+                Keeper::StoreApp(std::sync::Arc::new(keeper))
+            })
+        }
+        _ => None,
+    })
 }

@@ -6,7 +6,7 @@ use oncegate_wecom::{WechatApp, WecomApp, WecomSuite};
 use super::{platform_error, required, resolve};
 use crate::GatewayError;
 #[cfg(feature = "long-connection")]
-use crate::ingress::longconn::{Link, LongSource};
+use crate::ingress::longconn::LongSource;
 
 /// A WeCom app (one agent of a corp, when `agent_id` is set).
 pub(super) fn wecom(
@@ -74,15 +74,21 @@ pub(super) fn ai_bot(
         .clone()
         .unwrap_or_else(|| oncegate_wecom_ws::DEFAULT_URL.to_owned());
     let connection = oncegate_wecom_ws::Settings::new(&config.name, &url, &secret);
-    Ok(LongSource::new(
-        &config.name,
-        Link::AiBot {
-            bot,
-            settings: connection,
-            outbound: std::sync::Arc::new(oncegate_wecom_ws::Outbound::default()),
-        },
-        oncegate_config::Instances::Leader,
-    ))
+    let scope = bot.bot_id().to_owned();
+    let transport = oncegate_wecom_ws::AiBotTransport::new(bot, connection);
+    // The bot sends over its connection, through the gateway that holds it.
+    #[cfg(feature = "send")]
+    let sender = crate::api::send::Sender {
+        api: oncegate_send::Api::AiBot(oncegate_send::AiBotApi::new(transport.outbound())),
+        scope,
+        shared: Vec::new(),
+    };
+    #[cfg(not(feature = "send"))]
+    let _ = scope;
+    let source = LongSource::new(&config.name, transport, oncegate_config::Instances::Leader);
+    #[cfg(feature = "send")]
+    let source = source.with_sender(sender);
+    Ok(source)
 }
 
 /// The sending side of a WeCom agent with `secret`.

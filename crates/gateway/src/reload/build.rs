@@ -195,50 +195,12 @@ fn keepers<S: Store>(
             keepers.insert(source.name.clone(), kept.clone());
             continue;
         }
-        if let Some(keeper) = keeper(source, &shared.store, config.api.send_timeout)? {
+        if let Some(keeper) = registry::keeper(source, &shared.store, config.api.send_timeout)? {
             keepers.insert(source.name.clone(), keeper.clone());
             new.insert(source.name.clone(), keeper);
         }
     }
     Ok((keepers, new))
-}
-
-/// The keeper of a multi-tenant source's credentials (a WeCom suite, a Feishu store app) with
-/// the secret it needs; `None` for any other source.
-#[cfg(all(feature = "send", any(feature = "feishu", feature = "wecom")))]
-fn keeper<S: Store>(
-    source: &oncegate_config::SourceConfig,
-    store: &Arc<S>,
-    timeout: std::time::Duration,
-) -> Result<Option<crate::credentials::Keeper>, GatewayError> {
-    use crate::credentials::Keeper;
-    use oncegate_config::PlatformConfig;
-    Ok(match &source.platform {
-        #[cfg(feature = "wecom")]
-        PlatformConfig::WecomSuite(settings) => {
-            registry::wecom::suite_api(source, settings, timeout)?.map(|api| {
-                let keeper = crate::credentials::suite::SuiteKeeper::new(
-                    &source.name,
-                    api,
-                    store.clone(),
-                    timeout,
-                );
-                Keeper::Suite(Arc::new(keeper))
-            })
-        }
-        #[cfg(feature = "feishu")]
-        PlatformConfig::Feishu(settings) | PlatformConfig::Lark(settings) => {
-            registry::feishu::store_api(source, settings, timeout)?.map(|api| {
-                let keeper = crate::credentials::store_app::StoreAppKeeper::new(
-                    &source.name,
-                    api,
-                    store.clone(),
-                );
-                Keeper::StoreApp(Arc::new(keeper))
-            })
-        }
-        _ => None,
-    })
 }
 
 /// The routes, in the file's order: one the file describes as a route in force describes it
