@@ -28,7 +28,12 @@ pub(crate) async fn simulate(
     admin_token: Option<&str>,
 ) -> anyhow::Result<()> {
     let PlatformConfig::WecomAibot(settings) = &source.platform else {
-        bail!("source {:?} is not on a long connection", source.name);
+        bail!(
+            "source {:?}: simulate plays the long connections of Feishu, Lark and WeCom AI \
+             bots, not DingTalk's Stream mode; simulate the app's HTTP event subscription \
+             instead (a source with transport = \"webhook\")",
+            source.name
+        );
     };
     let address = crate::simulate_api::address(
         source,

@@ -10,6 +10,7 @@ mod aibot;
 mod at_rest;
 mod cli;
 mod clients;
+mod dingtalk_stream;
 mod durability;
 mod faults;
 mod gateway;

@@ -465,7 +465,7 @@ fn settings_that_do_not_fit_are_refused_with_the_setting_named() {
     }
 }
 
-/// The README's generic sources and its DingTalk source, as written there, pass check-config
+/// The README's generic sources and its DingTalk sources, as written there, pass check-config
 /// (sources built as serve builds them) with their secrets in the environment.
 #[test]
 fn the_readmes_generic_and_dingtalk_sources_are_valid() {
@@ -474,6 +474,7 @@ fn the_readmes_generic_and_dingtalk_sources_are_valid() {
     for heading in [
         "### Any platform: generic webhook sources",
         "### DingTalk (钉钉)",
+        "#### DingTalk's Stream mode (the long connection)",
     ] {
         let section = readme.split(heading).nth(1).expect("the section");
         let block = section
@@ -498,6 +499,7 @@ fn the_readmes_generic_and_dingtalk_sources_are_valid() {
             .env("SLACK_SIGNING_SECRET_OLD", "s0")
             .env("ORDERS_SECRET", "o1")
             .env("DINGTALK_TOKEN", "t1")
+            .env("DINGTALK_APP_SECRET", "cs1")
             .env(
                 "DINGTALK_AES_KEY",
                 "Yue0EfdN5900c1ce5cf6A152c63DDe1808a60c5ecd7",

@@ -487,6 +487,43 @@ url = "https://{tenant}.example.com/events"
     }
 
     #[test]
+    fn dingtalks_stream_mode_needs_the_client_secret_not_the_subscriptions_keys() {
+        let found = |extra: &str| {
+            let text = format!(
+                "[[source]]\nname = \"d\"\nplatform = \"dingtalk\"\napp_key = \"dingk\"\n{extra}\n"
+            );
+            errors(
+                &crate::load_str(&text, std::path::Path::new("t.toml"), Vec::new())
+                    .expect("parses"),
+            )
+        };
+        assert_eq!(
+            found("transport = \"stream\""),
+            vec!["source[d].app_secret".to_owned()]
+        );
+        assert!(found("transport = \"stream\"\napp_secret = \"s\"").is_empty());
+        assert_eq!(
+            found(""),
+            vec!["source[d].token".to_owned(), "source[d].aes_key".to_owned()],
+            "the HTTP subscription signs and encrypts"
+        );
+        let plain = crate::load_str(
+            "[[source]]\nname = \"d\"\nplatform = \"dingtalk\"\napp_key = \"k\"\n\
+             transport = \"stream\"\napp_secret = \"s\"\ndomain = \"http://10.0.0.9:80\"\n",
+            std::path::Path::new("t.toml"),
+            Vec::new(),
+        )
+        .expect("parses");
+        assert!(
+            validate(&plain)
+                .iter()
+                .any(|p| p.severity == Severity::AtRisk && p.setting == "source[d].domain"),
+            "a plain-http domain sends the secret in clear: {:?}",
+            validate(&plain)
+        );
+    }
+
+    #[test]
     fn a_long_connection_needs_its_secret_and_at_most_fifty_connections() {
         let mut config = Config {
             sources: vec![feishu(None, None)],

@@ -112,6 +112,21 @@ pub fn hex_into(bytes: &[u8], out: &mut [u8]) {
     }
 }
 
+/// The id of an event its platform sends without one, made of a SHA-256 `digest` of what
+/// identifies it: `fp-` and the digest's first 16 bytes in hex. Every source names such events
+/// alike, so that an operator reads one form.
+///
+/// ```
+/// let digest = [0xab; 32];
+/// assert_eq!(oncegate_core::fingerprint_id(&digest), format!("fp-{}", "ab".repeat(16)));
+/// ```
+pub fn fingerprint_id(digest: &[u8; 32]) -> String {
+    let mut out = *b"fp-00000000000000000000000000000000";
+    hex_into(&digest[..16], &mut out[3..]);
+    // Only ASCII went in.
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// `msg_` and a key's 32 hex digits: the id a sink names a delivery by.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct DeliveryId([u8; 36]);

@@ -27,7 +27,7 @@ pub mod typed;
 pub use clock::{Clock, ManualClock, SteadyClock, SystemClock};
 pub use durability::Durability;
 pub use event::Event;
-pub use key::{DeliveryId, KeyHash, hex_into, key_for, sender_key};
+pub use key::{DeliveryId, KeyHash, fingerprint_id, hex_into, key_for, sender_key};
 pub use precedence::{FirstRule, Precedence};
 pub use queue_index::{GroupLoad, Next, Place, Unranked};
 pub use rates::{Rate, RateAdjust, RateVerdict};

@@ -3,7 +3,8 @@
 //! SHA-1 over the sorted token, timestamp, nonce and ciphertext; AES-256-CBC with the receive
 //! id (the app key, a corp id, or a suite key) checked; answered with the encrypted `success`
 //! map within 1 500 ms (facts and vectors: `shared/protocols/sources.md` §1a). The URL check
-//! (`check_url`) is answered the same way and admits nothing.
+//! (`check_url`) is answered the same way and admits nothing. Stream mode's frames and acks:
+//! [`stream`].
 //!
 //! ```
 //! use oncegate_dingtalk::DingtalkApp;
@@ -14,6 +15,7 @@
 //! ```
 
 mod source;
+pub mod stream;
 
 pub use source::DingtalkApp;
 

@@ -97,32 +97,15 @@ impl DingtalkApp {
     /// The event the plaintext is: its id (`eventId`, else a digest of the whole plaintext,
     /// which older events without one repeat byte for byte), type, time, corp and chat.
     fn event(&self, plaintext: &[u8], document: &Value) -> Event {
-        let text = |names: &[&str]| -> Option<Arc<str>> {
-            names.iter().find_map(|name| match document.get(*name) {
-                Some(Value::String(s)) if !s.is_empty() => Some(Arc::from(s.as_str())),
-                Some(Value::Number(n)) => Some(Arc::from(n.to_string())),
-                _ => None,
-            })
-        };
+        let text = |names: &[&str]| field(document, names);
         let event_id = text(&["eventId", "EventId"]).unwrap_or_else(|| {
-            let digest = sha2::Sha256::digest(plaintext);
-            Arc::from(format!(
-                "fp-{}",
-                digest[..16]
-                    .iter()
-                    .map(|b| format!("{b:02x}"))
-                    .collect::<String>()
+            Arc::from(oncegate_core::fingerprint_id(
+                &sha2::Sha256::digest(plaintext).into(),
             ))
         });
-        // Without DingTalk's time, the time it arrived (0 would read as 1970: older than any
-        // event a watermark route applied).
         let created_at_ms = text(&["EventTime", "eventTime", "TimeStamp"])
             .and_then(|t| t.parse::<u64>().ok())
-            .unwrap_or_else(|| {
-                SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .map_or(0, |d| d.as_millis() as u64)
-            });
+            .unwrap_or_else(arrival_ms);
         Event {
             platform: Arc::from("dingtalk"),
             app: self.owner.clone(),
@@ -130,16 +113,37 @@ impl DingtalkApp {
             event_id,
             event_type: text(&["EventType", "eventType"]).unwrap_or_else(|| Arc::from("unknown")),
             created_at_ms,
-            order_key: text(&[
-                "chatId",
-                "ChatId",
-                "openConversationId",
-                "OpenConversationId",
-            ]),
+            order_key: text(CHAT_FIELDS),
             payload: Bytes::copy_from_slice(plaintext),
         }
     }
 }
+
+/// The first of `names` `document` has as a non-empty string or a number, as text.
+pub(crate) fn field(document: &Value, names: &[&str]) -> Option<Arc<str>> {
+    names.iter().find_map(|name| match document.get(*name) {
+        Some(Value::String(s)) if !s.is_empty() => Some(Arc::from(s.as_str())),
+        Some(Value::Number(n)) => Some(Arc::from(n.to_string())),
+        _ => None,
+    })
+}
+
+/// Now, for an event without DingTalk's time: the time it arrived (0 would read as 1970, older
+/// than any event a watermark route applied).
+pub(crate) fn arrival_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The chat an event of DingTalk's is about, by its spellings.
+pub(crate) const CHAT_FIELDS: &[&str] = &[
+    "chatId",
+    "ChatId",
+    "openConversationId",
+    "OpenConversationId",
+    "conversationId",
+];
 
 /// A query parameter, percent-decoded, by any of its spellings.
 fn param<'a>(query: Option<&'a str>, names: &[&str]) -> Option<Cow<'a, str>> {

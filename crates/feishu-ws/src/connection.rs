@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
-use oncegate_core::{Admit, Refusal, RefusalKind};
+use oncegate_core::{Admit, Refusal};
 use oncegate_feishu::{FeishuApp, Inbound};
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio_tungstenite::tungstenite::Message;
@@ -17,6 +17,7 @@ use crate::fragments::{Fragments, Part};
 use crate::frame::{Frame, METHOD_CONTROL, METHOD_DATA};
 use crate::seen::SeenFrames;
 use crate::{ClientConfig, Inlet, Settings, Status, unix_ms};
+pub(crate) use oncegate_longconn::End;
 
 /// Acks and pings waiting for the socket.
 const OUTBOX: usize = 1024;
@@ -26,18 +27,6 @@ const LANE_DEPTH: usize = 256;
 const CARDS_AT_ONCE: usize = 64;
 /// A write that takes longer is a dead connection.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// How a connection ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum End {
-    /// Shutdown was asked for.
-    Shutdown,
-    /// The server closed it, or the socket failed; `reason` is a metric label.
-    Lost {
-        reason: &'static str,
-        detail: String,
-    },
-}
 
 /// What one connection shares with its lanes and card tasks.
 pub(crate) struct Context<I> {
@@ -369,18 +358,11 @@ async fn data_frame<I: Inlet>(
 }
 
 fn refused<I: Inlet>(context: &Context<I>, refusal: &Refusal) {
-    metrics::counter!("oncegate_ws_refused_total", "source" => context.settings.source.clone(), "reason" => refusal.label)
-        .increment(1);
-    let label = match refusal.kind {
-        RefusalKind::Unavailable => "ws_admit_failed",
-        _ => "ws_refused",
-    };
-    context.inlet.note(
-        label,
-        &format!(
-            "long connection {}: answered code 500 ({}): {}",
-            context.settings.source, refusal.label, refusal.message
-        ),
+    oncegate_longconn::refused(
+        &*context.inlet,
+        &context.settings.source,
+        refusal,
+        "answered code 500",
     );
 }
 

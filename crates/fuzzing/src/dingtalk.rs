@@ -60,3 +60,36 @@ pub fn dingtalk_callback(data: &[u8]) {
         );
     }
 }
+
+/// One text frame of DingTalk's Stream mode as the connection reads it: it is refused, or a
+/// system frame, or an event or robot message whose key depends on the frame's ids and content
+/// alone — never on its delivery id (`messageId`), which a re-push may change.
+pub fn dingtalk_stream_frames(data: &[u8]) {
+    use oncegate_dingtalk::stream::{self, Inbound};
+    let Ok(pushed) = stream::decode(data, "dingFUZZ") else {
+        return;
+    };
+    assert!(
+        !pushed.message_id.is_empty(),
+        "a frame without a delivery id was taken"
+    );
+    let admit = match pushed.inbound {
+        Inbound::Event(admit) | Inbound::BotMessage(admit) => admit,
+        Inbound::Ping { .. } | Inbound::Disconnect { .. } | Inbound::Unknown { .. } => return,
+    };
+    assert_eq!(&*admit.event.app, "dingFUZZ");
+    assert!(!admit.event.event_id.is_empty());
+    // The same frame under another delivery id keys the same.
+    let Ok(mut frame) = serde_json::from_slice::<serde_json::Value>(data) else {
+        panic!("a decoded frame is JSON");
+    };
+    frame["headers"]["messageId"] = serde_json::Value::from("another-delivery");
+    let again = match stream::decode(frame.to_string().as_bytes(), "dingFUZZ").map(|p| p.inbound) {
+        Ok(Inbound::Event(again) | Inbound::BotMessage(again)) => again,
+        other => panic!("the same frame under another delivery id: {other:?}"),
+    };
+    assert_eq!(
+        admit.keys, again.keys,
+        "a re-push under a new messageId is the same event"
+    );
+}

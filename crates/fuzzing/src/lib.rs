@@ -14,7 +14,7 @@ mod webhook;
 mod wecom;
 
 pub use aibot::aibot_frames;
-pub use dingtalk::dingtalk_callback;
+pub use dingtalk::{dingtalk_callback, dingtalk_stream_frames};
 pub use feishu_ws::feishu_ws_frames;
 pub use keys::keys_body;
 pub use send::send_body;
@@ -46,6 +46,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("traceparent", traceparent),
     ("webhook_callback", webhook_callback),
     ("dingtalk_callback", dingtalk_callback),
+    ("dingtalk_stream_frames", dingtalk_stream_frames),
 ];
 
 /// A W3C `traceparent` header from an API caller: parsed or refused, never a panic, and what

@@ -209,9 +209,13 @@ fn no_module_outside_the_registry_names_a_platform() {
     // The check sees what it looks for: the registry names every platform.
     let registry = code(&modules["registry"]);
     assert!(
-        ["PlatformConfig::Feishu", "PlatformConfig::WecomAibot", "PlatformConfig::Dingtalk"]
-            .iter()
-            .all(|variant| registry.contains(variant)),
+        [
+            "PlatformConfig::Feishu",
+            "PlatformConfig::WecomAibot",
+            "PlatformConfig::Dingtalk"
+        ]
+        .iter()
+        .all(|variant| registry.contains(variant)),
         "the registry's text was not read"
     );
 }

@@ -47,6 +47,60 @@ pub fn bad_frame(
     inlet.note(label, &format!("long connection {source}: {detail}"));
 }
 
+/// How one connection of a long connection ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum End {
+    /// Shutdown was asked for.
+    Shutdown,
+    /// The server closed it or asked for a new one, or the socket failed; `reason` is a metric
+    /// label, `detail` what the log says.
+    Lost {
+        /// The metric label (`closed`, `silent`, `socket_error`, …).
+        reason: &'static str,
+        /// What happened, for the log.
+        detail: String,
+    },
+}
+
+/// An event the gateway did not admit: counted (`oncegate_ws_refused_total{reason}`) and
+/// summarized in the log through `inlet`, saying how the platform was `answered` (it pushes
+/// the event again).
+pub fn refused(
+    inlet: &impl oncegate_core::Inlet,
+    source: &str,
+    refusal: &oncegate_core::Refusal,
+    answered: &str,
+) {
+    metrics::counter!("oncegate_ws_refused_total", "source" => source.to_owned(), "reason" => refusal.label)
+        .increment(1);
+    let label = match refusal.kind {
+        oncegate_core::RefusalKind::Unavailable => "ws_admit_failed",
+        _ => "ws_refused",
+    };
+    inlet.note(
+        label,
+        &format!(
+            "long connection {source}: {answered} ({}): {}",
+            refusal.label, refusal.message
+        ),
+    );
+}
+
+/// Waits until `done` holds, looking every 10 ms; false once `within` passed. For local
+/// servers' and tests' waits on what a connection did.
+pub async fn wait_for(within: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let until = std::time::Instant::now() + within;
+    loop {
+        if done() {
+            return true;
+        }
+        if std::time::Instant::now() >= until {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// What a running long connection is doing, for readiness and the status page.
 #[derive(Debug, Default)]
 pub struct Status {

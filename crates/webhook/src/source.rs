@@ -183,14 +183,7 @@ impl WebhookApp {
                 ),
             ));
         }
-        let digest = digest.finalize();
-        Ok(format!(
-            "fp-{}",
-            digest[..16]
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect::<String>()
-        ))
+        Ok(oncegate_core::fingerprint_id(&digest.finalize().into()))
     }
 
     fn event(&self, request: &Request<'_>, id: String) -> Result<Event, Refusal> {

@@ -85,20 +85,38 @@ pub(crate) fn check(config: &Config, report: &mut impl FnMut(Severity, &str, Str
             ],
             PlatformConfig::WecomAibot(aibot) => vec![("secret", &aibot.secret)],
             PlatformConfig::Dingtalk(dingtalk) => {
-                for (field, secret) in [("token", &dingtalk.token), ("aes_key", &dingtalk.aes_key)]
-                {
-                    if secret.is_none() {
+                if dingtalk.transport == crate::Transport::Websocket {
+                    if dingtalk.app_secret.is_none() {
                         report(
                             Severity::Error,
-                            &at(field),
-                            format!(
-                                "DingTalk signs and encrypts every callback: set the \
-                                 subscription's {field}"
-                            ),
+                            &at("app_secret"),
+                            "Stream mode registers with the app's Client Secret: set \
+                             app_secret"
+                                .into(),
                         );
                     }
+                } else {
+                    for (field, secret) in
+                        [("token", &dingtalk.token), ("aes_key", &dingtalk.aes_key)]
+                    {
+                        if secret.is_none() {
+                            report(
+                                Severity::Error,
+                                &at(field),
+                                format!(
+                                    "DingTalk signs and encrypts every callback: set the \
+                                     subscription's {field} (or transport = \"stream\", which \
+                                     needs app_secret instead)"
+                                ),
+                            );
+                        }
+                    }
                 }
-                vec![("token", &dingtalk.token), ("aes_key", &dingtalk.aes_key)]
+                vec![
+                    ("token", &dingtalk.token),
+                    ("aes_key", &dingtalk.aes_key),
+                    ("app_secret", &dingtalk.app_secret),
+                ]
             }
             PlatformConfig::Webhook(webhook) => {
                 for (field, secret) in webhook.secrets() {
@@ -343,7 +361,8 @@ pub(crate) fn plain_transport(
         PlatformConfig::Wecom(wecom) => wecom.domain.as_deref(),
         PlatformConfig::WecomAibot(aibot) => aibot.domain.as_deref(),
         PlatformConfig::WecomSuite(suite) => suite.domain.as_deref(),
-        PlatformConfig::Webhook(_) | PlatformConfig::Dingtalk(_) => None,
+        PlatformConfig::Dingtalk(dingtalk) => dingtalk.domain.as_deref(),
+        PlatformConfig::Webhook(_) => None,
         PlatformConfig::Wechat(wechat) => {
             if wechat.encoding_aes_key.is_none() {
                 report(

@@ -243,7 +243,8 @@ pub enum Transport {
     /// HTTP callbacks to `/webhook/<name>`.
     #[default]
     Webhook,
-    /// The long connection (长连接).
+    /// The long connection (长连接; DingTalk's Stream mode, also spelled `stream`).
+    #[serde(alias = "stream")]
     Websocket,
 }
 
@@ -370,6 +371,16 @@ pub struct DingtalkSettings {
     pub token: Option<Secret>,
     /// The subscription's 43-character aes_key (加密 aes_key).
     pub aes_key: Option<Secret>,
+    /// How events arrive: DingTalk posts them (`webhook`, the HTTP event subscription), or
+    /// oncegate dials DingTalk's Stream mode (`stream`: a long connection, no public address).
+    pub transport: Transport,
+    /// The app's Client Secret (AppSecret): Stream mode's registration asks for it.
+    pub app_secret: Option<Secret>,
+    /// Where Stream mode registers: `https://api.dingtalk.com` unless set (a local server, a
+    /// proxy).
+    pub domain: Option<String>,
+    /// Which gateways of several hold the Stream connection.
+    pub instances: Instances,
 }
 
 /// A WeCom AI bot on its long connection (API mode, 长连接): no public callback URL.
@@ -429,9 +440,11 @@ impl SourceConfig {
                 ("encoding_aes_key", &mut s.encoding_aes_key),
             ],
             PlatformConfig::WecomAibot(s) => vec![("secret", &mut s.secret)],
-            PlatformConfig::Dingtalk(s) => {
-                vec![("token", &mut s.token), ("aes_key", &mut s.aes_key)]
-            }
+            PlatformConfig::Dingtalk(s) => vec![
+                ("token", &mut s.token),
+                ("aes_key", &mut s.aes_key),
+                ("app_secret", &mut s.app_secret),
+            ],
             PlatformConfig::WecomSuite(s) => vec![
                 ("token", &mut s.token),
                 ("encoding_aes_key", &mut s.encoding_aes_key),

@@ -221,14 +221,7 @@ impl LocalFeishu {
 
     /// Waits until `n` connections are open; false after `within`.
     pub async fn wait_for_connections(&self, n: usize, within: Duration) -> bool {
-        let until = Instant::now() + within;
-        while Instant::now() < until {
-            if self.connections().len() >= n {
-                return true;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        false
+        oncegate_longconn::wait_for(within, || self.connections().len() >= n).await
     }
 
     /// When each handshake (refused or not) came.
@@ -260,14 +253,7 @@ impl LocalFeishu {
 
     /// Waits until no event waits for its ack; false after `within`.
     pub async fn wait_all_acked(&self, within: Duration) -> bool {
-        let until = Instant::now() + within;
-        while Instant::now() < until {
-            if self.shared.lock().unacked.is_empty() {
-                return true;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        false
+        oncegate_longconn::wait_for(within, || self.shared.lock().unacked.is_empty()).await
     }
 
     /// Pushes `payload` as message `message_id` on `connection`, in `parts` fragments sent in

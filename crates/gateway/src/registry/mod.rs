@@ -141,12 +141,12 @@ pub fn is_long_connection(config: &SourceConfig) -> bool {
         PlatformConfig::Feishu(settings) | PlatformConfig::Lark(settings) => {
             settings.transport == Transport::Websocket
         }
+        PlatformConfig::Dingtalk(settings) => settings.transport == Transport::Websocket,
         PlatformConfig::WecomAibot(_) => true,
         PlatformConfig::Wecom(_)
         | PlatformConfig::Wechat(_)
         | PlatformConfig::WecomSuite(_)
-        | PlatformConfig::Webhook(_)
-        | PlatformConfig::Dingtalk(_) => false,
+        | PlatformConfig::Webhook(_) => false,
     }
 }
 
@@ -159,9 +159,10 @@ pub(crate) fn long_connection(
     match &config.platform {
         PlatformConfig::Feishu(_) | PlatformConfig::Lark(_) => feishu::long_connection(config),
         PlatformConfig::WecomAibot(settings) => wecom::ai_bot(config, settings),
+        PlatformConfig::Dingtalk(settings) => dingtalk::stream(config, settings),
         _ => Err(platform_error(
             config,
-            "only Feishu, Lark and WeCom AI bots have a long connection",
+            "only Feishu, Lark, WeCom AI bots and DingTalk (Stream mode) have a long connection",
         )),
     }
 }
