@@ -1,7 +1,7 @@
 //! Generic webhook sources through the binary (`platform = "webhook"`): Slack, GitHub and
 //! Standard Webhooks presets with requests signed by code that is not ours (Python's `hmac`
 //! as the platforms' docs write it; the Standard Webhooks library itself; PyNaCl for Discord's
-//! Ed25519), Telegram's token,
+//! Ed25519; DingTalk's robot `sign` as its documentation's snippet computes it), Telegram's token,
 //! and the seeds' third-party gateways (wkteam unsigned — said at risk —, xingyapi with a URL
 //! secret). Ten copies of one event at once are delivered once, each answered 200; a forged
 //! or stale request is refused and delivers nothing; handshakes are answered.
@@ -16,6 +16,7 @@ const GITHUB_SECRET: &str = "It's a Secret to Everybody";
 const STANDARD_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 /// RFC 8032's first key pair: PyNaCl signs with the seed, the source holds the public key.
 const DISCORD_SEED: &str = "9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60";
+const DINGTALK_ROBOT_SECRET: &str = "SECtest-robot-secret";
 const DISCORD_PUBLIC_KEY: &str = "d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a";
 
 fn config(dir: &std::path::Path) -> String {
@@ -62,6 +63,13 @@ app_id = "app1"
 secret = "{DISCORD_PUBLIC_KEY}"
 
 [[source]]
+name = "dingrobot"
+platform = "webhook"
+preset = "dingtalk-robot"
+app_id = "dingrobotkey"
+secret = "{DINGTALK_ROBOT_SECRET}"
+
+[[source]]
 name = "wkteam"
 platform = "webhook"
 preset = "wkteam"
@@ -99,6 +107,12 @@ fn python(script: &str, args: &[&str]) -> String {
 
 const HMAC_HEX: &str = "import hmac, hashlib, sys; \
     print(hmac.new(sys.argv[1].encode(), sys.argv[2].encode(), hashlib.sha256).hexdigest())";
+
+/// DingTalk's robot `sign` as its documentation computes it.
+const DINGTALK_SIGN: &str = "import hmac, hashlib, base64, sys; \
+    ts, secret = sys.argv[1], sys.argv[2]; \
+    print(base64.b64encode(hmac.new(secret.encode(), f'{ts}\\n{secret}'.encode(), \
+    hashlib.sha256).digest()).decode())";
 
 fn now() -> u64 {
     SystemTime::now()
@@ -353,6 +367,29 @@ async fn presets_deliver_ten_copies_once_and_refuse_forgeries() {
         401
     );
 
+    // DingTalk's robot over HTTP: `timestamp` (ms) and `sign`, as DingTalk's snippet signs.
+    let robot = r#"{"msgId":"msgRobot1","conversationId":"cidR","senderStaffId":"staff1","chatbotCorpId":"ding_corp","robotCode":"dingrobotkey","createAt":1700000000000,"msgtype":"text","text":{"content":"hi"}}"#;
+    let ding = |ts: &str| {
+        vec![
+            header("timestamp", ts),
+            header("sign", python(DINGTALK_SIGN, &[ts, DINGTALK_ROBOT_SECRET])),
+        ]
+    };
+    let ts_ms = (now() * 1000).to_string();
+    all_ok(
+        &post(&serve, "dingrobot", "", &ding(&ts_ms), robot, 10).await,
+        "dingtalk robot",
+    );
+    let mut forged = ding(&ts_ms);
+    forged[1].1 = python(DINGTALK_SIGN, &[&ts_ms, "another-secret"]);
+    assert_eq!(
+        post(&serve, "dingrobot", "", &forged, robot, 1).await[0].0,
+        401
+    );
+    let stale = ((now() - 2 * 3600) * 1000).to_string();
+    let refused = post(&serve, "dingrobot", "", &ding(&stale), robot, 1).await;
+    assert!(refused[0].0 >= 400, "two hours old: {refused:?}");
+
     // The seeds' gateways: seed 004's wkteam callback (unsigned), seed 002's xingyapi callback
     // (the URL's secret).
     let wk = r#"{"account":"1","messageType":"80001","wcId":"wxid_bot","data":{"wId":"0000016e-63eb","fromUser":"wxid_a","fromGroup":"123@chatroom","toUser":"wxid_bot","content":"hi","msgId":1,"newMsgId":7343011937658390000,"timestamp":1700000000,"self":false}}"#;
@@ -374,6 +411,7 @@ async fn presets_deliver_ten_copies_once_and_refuse_forgeries() {
         ("standard-webhooks", "msg_2Lt5"),
         ("telegram", "10000"),
         ("discord", "1179185358553571410"),
+        ("dingtalk", "msgRobot1"),
         ("wkteam", "0000016e-63eb:7343011937658390000"),
         ("xingyapi", "19283746"),
     ];
@@ -416,6 +454,10 @@ async fn presets_deliver_ten_copies_once_and_refuse_forgeries() {
     let out = String::from_utf8_lossy(&said.stdout);
     assert!(
         out.contains("source[wkteam].verify") && out.contains("accepts unauthenticated events"),
+        "{out}"
+    );
+    assert!(
+        out.contains("source[dingrobot].preset") && out.contains("not the body"),
         "{out}"
     );
 }

@@ -14,6 +14,7 @@ pub const PRESETS: &[&str] = &[
     "standard-webhooks",
     "telegram",
     "discord",
+    "dingtalk-robot",
     "wkteam",
     "xingyapi",
 ];
@@ -178,6 +179,51 @@ pub fn preset(name: &str) -> Option<Spec> {
                 answer: Answer::Json(r#"{"type":1}"#.into()),
             }],
             success: Answer::Json(r#"{"type":5}"#.into()),
+        },
+        // DingTalk's robot messages over HTTP (an app robot whose receive mode is HTTP):
+        // headers `timestamp` (ms) and `sign`, the base64 HMAC-SHA256 with the app secret of
+        // `{timestamp}\n{secret}` — the body is not covered (said at risk). Keyed by `msgId`
+        // (without one, a digest of what the message is), typed `bot_message` and ordered by
+        // conversation, as Stream mode has them.
+        "dingtalk-robot" => Spec {
+            platform: "dingtalk".into(),
+            verify: Verify::Hmac(Hmac {
+                hash: Hash::Sha256,
+                signature: at("header:sign"),
+                signed: Template(vec![
+                    crate::spec::Part::Timestamp,
+                    crate::spec::Part::Text("\n".into()),
+                    crate::spec::Part::Secret,
+                ]),
+                encoding: Encoding::Base64,
+                prefix: String::new(),
+                separator: None,
+                key: KeyEncoding::Text,
+            }),
+            timestamp: Some(Time {
+                at: at("header:timestamp"),
+                unit: TimeUnit::Milliseconds,
+            }),
+            fields: Fields {
+                fingerprint: [
+                    "/robotCode",
+                    "/conversationId",
+                    "/senderStaffId",
+                    "/createAt",
+                    "/text/content",
+                ]
+                .iter()
+                .map(|l| at(l))
+                .collect(),
+                tenant: Some(at("/chatbotCorpId | /senderCorpId")),
+                created_at: Some(Time {
+                    at: at("/createAt"),
+                    unit: TimeUnit::Milliseconds,
+                }),
+                ..fields(&["/msgId"], &["text:bot_message"], Some("/conversationId"))
+            },
+            handshakes: Vec::new(),
+            success: Answer::Text(String::new()),
         },
         // A personal-WeChat gateway: no signature documented (a URL secret, or none said at
         // risk); `newMsgId` of the instance; groups and private chats.

@@ -54,6 +54,7 @@ impl<'a> Request<'a> {
                     Some(Value::Bool(flag)) => Some(Cow::Owned(flag.to_string())),
                     _ => None,
                 },
+                Place::Fixed(value) => Some(Cow::Owned(value.clone())),
             };
             if let Some(found) = found.filter(|value| !value.is_empty()) {
                 return Ok(Some(found));

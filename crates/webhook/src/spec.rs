@@ -20,10 +20,14 @@ pub(crate) enum Place {
     Query(String),
     /// A JSON pointer (RFC 6901) into the body.
     Pointer(String),
+    /// A fixed value (`text:bot_message`): what every event of the source has, such as a type
+    /// its platform does not send.
+    Fixed(String),
 }
 
 impl Location {
-    /// Reads `header:Name`, `query:name` or `/json/pointer`, alternatives joined by `|`.
+    /// Reads `header:Name`, `query:name`, `/json/pointer` or a fixed `text:value`,
+    /// alternatives joined by `|` (a fixed value last: it is always present).
     pub fn parse(text: &str) -> Result<Self, SpecError> {
         let places = text
             .split('|')
@@ -49,10 +53,17 @@ impl Location {
                     Ok(Place::Query(name.to_owned()))
                 } else if part.starts_with('/') {
                     Ok(Place::Pointer(part.to_owned()))
+                } else if let Some(value) = part.strip_prefix("text:") {
+                    let value = value.trim();
+                    if value.is_empty() {
+                        return Err(SpecError::location(text, "a fixed value (text:) is empty"));
+                    }
+                    Ok(Place::Fixed(value.to_owned()))
                 } else {
                     Err(SpecError::location(
                         text,
-                        "write header:Name, query:name or a JSON pointer (/event/id)",
+                        "write header:Name, query:name, a JSON pointer (/event/id) or a fixed \
+                         text:value",
                     ))
                 }
             })
@@ -71,6 +82,7 @@ impl fmt::Display for Location {
                 Place::Header(name) => write!(f, "header:{name}")?,
                 Place::Query(name) => write!(f, "query:{name}")?,
                 Place::Pointer(pointer) => f.write_str(pointer)?,
+                Place::Fixed(value) => write!(f, "text:{value}")?,
             }
         }
         Ok(())

@@ -475,3 +475,76 @@ fn discords_interactions() {
         .is_err()
     );
 }
+
+/// DingTalk's robot callback over HTTP: `sign` is the base64 HMAC-SHA256 (the app secret as
+/// key) of `{timestamp}\n{secret}` — the sheet's vector, computed as the platform's own
+/// snippet does (`hmac.new(secret, f"{ts}\n{secret}", sha256)`, base64).
+#[test]
+fn dingtalks_robot_sign_and_a_robot_message() {
+    let app = WebhookApp::new(
+        preset("dingtalk-robot").expect("preset"),
+        "dingrobot",
+        vec!["SECtest".into()],
+    )
+    .expect("dingtalk-robot");
+    let signed = headers(&[
+        ("timestamp", "1700000000000"),
+        ("sign", "aZLLrriXgn05YbwaGR7knYsLeJADjr9NwLaNNKpxh4g="),
+    ]);
+    let body = br#"{"msgId":"msgAbC=","conversationId":"cid9","conversationType":"2","senderStaffId":"staff1","chatbotCorpId":"ding_corp","robotCode":"dingrobot","createAt":1700000000123,"msgtype":"text","text":{"content":"hi"}}"#;
+    let Decoded::Admit { admit, stamp } = decode(&app, &signed, body).expect("signed") else {
+        panic!("an event")
+    };
+    assert_eq!(&*admit.event.platform, "dingtalk");
+    assert_eq!(&*admit.event.event_id, "msgAbC=");
+    assert_eq!(
+        &*admit.event.event_type, "bot_message",
+        "as Stream mode types them"
+    );
+    assert_eq!(admit.event.order_key.as_deref(), Some("cid9"));
+    assert_eq!(admit.event.tenant.as_deref(), Some("ding_corp"));
+    assert_eq!(admit.event.created_at_ms, 1_700_000_000_123);
+    assert!(
+        stamp.is_some(),
+        "the signed timestamp goes to the replay window"
+    );
+    // Another secret, another timestamp, no headers: refused as unauthenticated.
+    for forged in [
+        headers(&[
+            ("timestamp", "1700000000001"),
+            ("sign", "aZLLrriXgn05YbwaGR7knYsLeJADjr9NwLaNNKpxh4g="),
+        ]),
+        headers(&[
+            ("timestamp", "1700000000000"),
+            ("sign", "bZLLrriXgn05YbwaGR7knYsLeJADjr9NwLaNNKpxh4g="),
+        ]),
+        headers(&[("timestamp", "1700000000000")]),
+        headers(&[]),
+    ] {
+        let refused = decode(&app, &forged, body).expect_err("forged");
+        assert_eq!(refused.kind, RefusalKind::Unauthenticated, "{refused}");
+    }
+    // What DingTalk's scheme cannot catch: the body is not signed (check-config says so; the
+    // replay guard takes each signature once).
+    assert!(
+        decode(
+            &app,
+            &signed,
+            br#"{"msgId":"other","conversationId":"cid9"}"#
+        )
+        .is_ok()
+    );
+    // A message without an id is keyed by what it is.
+    let key = |body: &[u8]| match decode(&app, &signed, body).expect("admitted") {
+        Decoded::Admit { admit, .. } => admit.event.event_id.to_string(),
+        other => panic!("{other:?}"),
+    };
+    let bare =
+        br#"{"conversationId":"cid9","senderStaffId":"s","createAt":5,"text":{"content":"hi"}}"#;
+    assert!(key(bare).starts_with("fp-"), "{}", key(bare));
+    assert_eq!(key(bare), key(bare));
+    assert_ne!(
+        key(bare),
+        key(br#"{"conversationId":"cid9","senderStaffId":"s","createAt":5,"text":{"content":"ho"}}"#)
+    );
+}

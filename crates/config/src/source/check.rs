@@ -306,6 +306,19 @@ fn check_webhook(
     name: &str,
     webhook: &crate::WebhookSettings,
 ) {
+    if webhook.preset.as_deref() == Some("dingtalk-robot") && webhook.signed.is_none() {
+        report(
+            Severity::AtRisk,
+            &format!("{label}.preset"),
+            format!(
+                "source {name:?}: DingTalk's robot signature covers the timestamp and the secret, \
+                 not the body, so a request read in transit could carry another message within \
+                 the replay window ([replay] max_skew; each signature is taken once); serve it \
+                 over HTTPS only, or receive the robot's messages in Stream mode \
+                 (platform = \"dingtalk\", transport = \"stream\")"
+            ),
+        );
+    }
     if webhook.verify != Some(crate::VerifyKind::None) {
         return;
     }
