@@ -284,6 +284,205 @@ mod handlers {
     }
 }
 
+/// A handler that hangs is stopped at its timeout: the event is retried, and a handler that
+/// hangs every time leaves a dead letter, its chat moving on to the next event.
+mod timeouts {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use axum::body::Body;
+    use axum::http::Request;
+    use oncegate_feishu::{Cloud, FeishuApp};
+    use oncegate_gateway::bot::Bot;
+    use oncegate_memory::MemoryStore;
+    use tokio_util::sync::CancellationToken;
+    use tower::ServiceExt;
+
+    const TOKEN: &str = "verification-token";
+
+    /// A plain Feishu message `event` in the chat `oc_same`.
+    fn message(event: &str) -> String {
+        format!(
+            r#"{{"schema":"2.0","header":{{"event_id":"{event}","token":"{TOKEN}","event_type":"im.message.receive_v1","create_time":"1700000000000","app_id":"cli_t"}},"event":{{"sender":{{"sender_id":{{"open_id":"ou_1"}},"sender_type":"user"}},"message":{{"message_id":"om_{event}","chat_id":"oc_same","chat_type":"group","message_type":"text","content":"{{\"text\":\"hi\"}}"}}}}}}"#
+        )
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_handler_over_its_timeout_is_retried_and_its_chat_moves_on() {
+        let app = FeishuApp::new(Cloud::Feishu, "cli_t", None, Some(TOKEN.into())).expect("app");
+        // Every start of a run, and every run that finished, in order.
+        let started = Arc::new(Mutex::new(Vec::<String>::new()));
+        let finished = Arc::new(Mutex::new(Vec::<String>::new()));
+        let (runs, done) = (started.clone(), finished.clone());
+        let bot = Bot::builder(MemoryStore::new())
+            .source("bot", app)
+            .parts(|parts| {
+                parts.timing.dispatcher.backoff_base = Duration::from_millis(10);
+                parts.timing.dispatcher.backoff_max = Duration::from_millis(50);
+                parts.timing.dispatcher.max_attempts = 3;
+            })
+            .handler_timeout(Duration::from_millis(300))
+            .on("im.message.receive_v1", move |ctx| {
+                let (runs, done) = (runs.clone(), done.clone());
+                async move {
+                    let id = ctx.event().event_id.to_string();
+                    let attempt = {
+                        let mut runs = runs.lock().expect("lock");
+                        runs.push(id.clone());
+                        runs.iter().filter(|r| **r == id).count()
+                    };
+                    // e1 hangs on its first run; e3 on every run.
+                    if (id == "e1" && attempt == 1) || id == "e3" {
+                        std::future::pending::<()>().await;
+                    }
+                    done.lock().expect("lock").push(id);
+                    Ok(())
+                }
+            })
+            .build()
+            .expect("bot");
+        for event in ["e1", "e2", "e3", "e4"] {
+            let answer = bot
+                .router()
+                .oneshot(
+                    Request::post("/webhook/bot")
+                        .header("content-type", "application/json")
+                        .body(Body::from(message(event)))
+                        .expect("request"),
+                )
+                .await
+                .expect("answered");
+            assert!(answer.status().is_success(), "{}", answer.status());
+        }
+        let shutdown = CancellationToken::new();
+        let bot = Arc::new(bot);
+        let running = {
+            let (bot, shutdown) = (bot.clone(), shutdown.clone());
+            tokio::spawn(async move { bot.run(shutdown).await })
+        };
+        let until = std::time::Instant::now() + Duration::from_secs(15);
+        while finished.lock().expect("lock").len() < 3 || bot.gateway().stats().dead_letters < 1 {
+            assert!(
+                std::time::Instant::now() < until,
+                "stuck: started {:?}, finished {:?}",
+                started.lock().expect("lock"),
+                finished.lock().expect("lock")
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        shutdown.cancel();
+        running.await.expect("joined").expect("ran");
+        // The chat's events in order: e1 after its retry, e3 given up, e4 after it.
+        assert_eq!(*finished.lock().expect("lock"), ["e1", "e2", "e4"]);
+        let runs = started.lock().expect("lock").clone();
+        assert_eq!(runs.iter().filter(|r| *r == "e1").count(), 2, "{runs:?}");
+        assert_eq!(
+            runs.iter().filter(|r| *r == "e3").count(),
+            3,
+            "all its attempts: {runs:?}"
+        );
+        let letters = oncegate_core::EventQueue::dead_letters(bot.gateway().store(), 10)
+            .await
+            .expect("letters");
+        assert_eq!(letters.len(), 1);
+        assert!(
+            letters[0].reason.contains("timeout"),
+            "{}",
+            letters[0].reason
+        );
+        assert!(
+            Bot::builder(MemoryStore::new())
+                .source(
+                    "bot",
+                    FeishuApp::new(Cloud::Feishu, "cli_t", None, Some(TOKEN.into())).expect("app")
+                )
+                .handler_timeout(Duration::ZERO)
+                .build()
+                .is_err()
+        );
+    }
+}
+
+/// A bot on DingTalk's Stream mode (a long connection, no HTTP source): each message handled
+/// once, a re-push caught.
+mod long_connection {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use oncegate_dingtalk_stream::local::LocalDingtalk;
+    use oncegate_dingtalk_stream::{Settings, StreamTransport};
+    use oncegate_gateway::bot::{Bot, Instances};
+    use oncegate_memory::MemoryStore;
+    use tokio_util::sync::CancellationToken;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_bot_serves_a_long_connection_source() {
+        let server = LocalDingtalk::start("dingbot", "bot-secret")
+            .await
+            .expect("server");
+        let transport = StreamTransport::new(Settings::new(
+            "ding",
+            &server.domain(),
+            "dingbot",
+            "bot-secret",
+        ));
+        let handled = Arc::new(Mutex::new(Vec::<String>::new()));
+        let seen = handled.clone();
+        let bot = Bot::builder(MemoryStore::new())
+            .long_connection("ding", transport, Instances::All)
+            .on("bot_message", move |ctx| {
+                let seen = seen.clone();
+                async move {
+                    seen.lock()
+                        .expect("lock")
+                        .push(ctx.event().event_id.to_string());
+                    Ok(())
+                }
+            })
+            .build()
+            .expect("a bot with only a long connection");
+        let shutdown = CancellationToken::new();
+        let bot = Arc::new(bot);
+        let running = {
+            let (bot, shutdown) = (bot.clone(), shutdown.clone());
+            tokio::spawn(async move { bot.run(shutdown).await })
+        };
+        assert!(
+            server
+                .wait_for_connections(1, Duration::from_secs(10))
+                .await
+        );
+        let connection = server.connections()[0];
+        for i in 0..10 {
+            let data = serde_json::json!({
+                "msgId": format!("msg{i}"), "conversationId": "cid1",
+                "createAt": 1_700_000_000_000u64 + i, "text": {"content": "hi"},
+            });
+            assert!(server.push_bot_message(connection, &format!("d{i}"), &data));
+        }
+        assert!(server.wait_all_acked(Duration::from_secs(10)).await);
+        for i in (0..10).step_by(3) {
+            assert!(server.repush(connection, &format!("d{i}")));
+        }
+        assert!(server.wait_all_acked(Duration::from_secs(10)).await);
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while handled.lock().expect("lock").len() < 10 {
+            assert!(
+                std::time::Instant::now() < until,
+                "{:?}",
+                handled.lock().expect("lock")
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        shutdown.cancel();
+        running.await.expect("joined").expect("ran");
+        let handled = handled.lock().expect("lock").clone();
+        let expected: Vec<String> = (0..10).map(|i| format!("msg{i}")).collect();
+        assert_eq!(handled, expected, "each once, in the conversation's order");
+    }
+}
+
 /// Sending once from Rust, against the local Feishu-like API server: from the bot, from two
 /// instances on Redis, and from a handler that is retried after it sent.
 mod sends {

@@ -195,14 +195,17 @@ async fn tenant_sender<S: Store>(
         }
         Some(_) => {}
     }
+    // A build without the platforms that keep tenants' credentials has no keeper to ask.
     #[cfg(any(feature = "feishu", feature = "wecom"))]
-    let keeper = shared.api.keepers.load().get(source).cloned();
-    if let Some(keeper) = keeper {
-        return match keeper.sender(tenant).await {
-            Ok(sender) => Ok(Some(sender)),
-            Err(SendError::Permanent { message, .. }) => Err(NotSent::NoSuchTenant(message)),
-            Err(other) => Err(NotSent::Transient(other.to_string())),
-        };
+    {
+        let keeper = shared.api.keepers.load().get(source).cloned();
+        if let Some(keeper) = keeper {
+            return match keeper.sender(tenant).await {
+                Ok(sender) => Ok(Some(sender)),
+                Err(SendError::Permanent { message, .. }) => Err(NotSent::NoSuchTenant(message)),
+                Err(other) => Err(NotSent::Transient(other.to_string())),
+            };
+        }
     }
     Err(NotSent::NoSuchTenant(format!(
         "source {source:?} cannot send (a WeCom suite sends with its suite_secret, a Feishu \

@@ -107,17 +107,36 @@ pub(crate) struct Registered {
 /// Every handler, as one sink.
 pub(crate) struct Handlers {
     pub(crate) handlers: Vec<Registered>,
+    /// How long one handler may run on one event.
+    pub(crate) timeout: Duration,
     pub(crate) keys: Arc<dyn Keys>,
     #[cfg(feature = "send")]
     pub(crate) outbox: Arc<dyn super::send::Outbox>,
 }
 
 impl Handlers {
-    /// Runs one handler, under its business key if it names one.
-    async fn run_one(handler: &dyn EventHandler, ctx: Ctx) -> Result<Option<Bytes>, HandlerError> {
-        match handler.business_key(&ctx) {
-            Some(key) => once_for(&ctx.clone(), &key, handler.handle(ctx)).await,
-            None => handler.handle(ctx).await,
+    /// Runs one handler, under its business key if it names one, for at most `timeout`.
+    async fn run_one(
+        handler: &dyn EventHandler,
+        ctx: Ctx,
+        timeout: Duration,
+    ) -> Result<Option<Bytes>, HandlerError> {
+        let key = handler.business_key(&ctx);
+        let claim = ctx.clone();
+        // Inside the business key's claim, so that a handler stopped at its timeout gives the
+        // key back as any failed run does.
+        let timed = async move {
+            match tokio::time::timeout(timeout, handler.handle(ctx)).await {
+                Ok(ran) => ran,
+                Err(_) => Err(SinkError::Transient(format!(
+                    "the handler ran longer than its timeout of {timeout:?} and was stopped; \
+                     the event is retried"
+                ))),
+            }
+        };
+        match key {
+            Some(key) => once_for(&claim, &key, Box::pin(timed)).await,
+            None => timed.await,
         }
     }
 
@@ -138,7 +157,7 @@ impl Handlers {
         };
         // One handler: the event's own key makes it run once.
         if let [only] = matching.as_slice() {
-            return Self::run_one(&*only.handler, ctx).await;
+            return Self::run_one(&*only.handler, ctx, self.timeout).await;
         }
         // Several: each under a key of its own within the event's, so that a retry runs only
         // those that did not finish. All run, in order, whatever one of them answers; a
@@ -152,7 +171,11 @@ impl Handlers {
                 &*self.keys,
                 OnceKey::new(key, partition),
                 Duration::ZERO,
-                Box::pin(Self::run_one(&*registered.handler, ctx.clone())),
+                Box::pin(Self::run_one(
+                    &*registered.handler,
+                    ctx.clone(),
+                    self.timeout,
+                )),
             )
             .await;
             match ran {

@@ -35,6 +35,7 @@ mod send;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::sync::Arc;
+use std::time::Duration;
 
 use oncegate_core::{FromEvent, Store, WebhookSource};
 use tokio::net::TcpListener;
@@ -42,19 +43,28 @@ use tokio_util::sync::CancellationToken;
 
 pub use ctx::{BoxFuture, Ctx, HandlerError};
 pub use handlers::{EventHandler, IntoReply};
+/// Which gateways of several hold a long connection ([`BotBuilder::long_connection`]).
+pub use oncegate_config::Instances;
 #[cfg(feature = "send")]
 pub use send::{NotSent, Priority, RUST_NAMESPACE, SendOptions, Sent};
 
 use crate::{Gateway, GatewayError, GatewayParts, StaleEvents};
 use handlers::{FnHandler, Handlers, Registered, TypedHandler};
 
+/// How long one handler may run on one event unless the builder says otherwise
+/// ([`BotBuilder::handler_timeout`]).
+pub const HANDLER_TIMEOUT: Duration = Duration::from_secs(300);
+
 /// Builds a [`Bot`]: its store, its sources, its handlers.
 pub struct BotBuilder<S> {
     store: S,
     parts: GatewayParts,
     handlers: Vec<Registered>,
+    handler_timeout: Duration,
     #[cfg(feature = "send")]
     senders: Vec<(String, oncegate_send::Api)>,
+    #[cfg(feature = "long-connection")]
+    long_connections: Vec<(String, Box<dyn oncegate_longconn::Transport>, Instances)>,
 }
 
 impl<S: Store> BotBuilder<S> {
@@ -63,6 +73,34 @@ impl<S: Store> BotBuilder<S> {
     #[must_use]
     pub fn source(mut self, name: &str, source: impl WebhookSource + 'static) -> Self {
         self.parts.sources.push((name.to_owned(), Arc::new(source)));
+        self
+    }
+
+    /// Holds `transport`'s long connection as source `name`: a Feishu or Lark app's
+    /// (`oncegate_feishu_ws::FeishuTransport`), a WeCom AI bot's
+    /// (`oncegate_wecom_ws::AiBotTransport`), DingTalk's Stream mode
+    /// (`oncegate_dingtalk_stream::StreamTransport`), or any other [`oncegate_longconn::Transport`].
+    /// With [`Instances::Leader`] one instance of several on a shared store holds it.
+    #[cfg(feature = "long-connection")]
+    #[must_use]
+    pub fn long_connection(
+        mut self,
+        name: &str,
+        transport: impl oncegate_longconn::Transport,
+        instances: Instances,
+    ) -> Self {
+        self.long_connections
+            .push((name.to_owned(), Box::new(transport), instances));
+        self
+    }
+
+    /// How long one handler may run on one event ([`HANDLER_TIMEOUT`] unless set): a handler
+    /// still running then is stopped and the event retried as after a transient failure, so
+    /// that a hung handler holds its chat only until its retries are spent (then the event is
+    /// a dead letter and the chat moves on).
+    #[must_use]
+    pub fn handler_timeout(mut self, timeout: Duration) -> Self {
+        self.handler_timeout = timeout;
         self
     }
 
@@ -130,13 +168,33 @@ impl<S: Store> BotBuilder<S> {
 
     /// The bot. Events no handler takes are completed without a call.
     pub fn build(self) -> Result<Bot<S>, GatewayError> {
-        if self.parts.sources.is_empty() {
+        #[cfg(feature = "long-connection")]
+        let connected = !self.long_connections.is_empty();
+        #[cfg(not(feature = "long-connection"))]
+        let connected = false;
+        if self.parts.sources.is_empty() && !connected {
             return Err(GatewayError::Config(
-                "a bot needs a source: add one with .source(name, app)".into(),
+                "a bot needs a source: add one with .source(name, app) or \
+                 .long_connection(name, transport, instances)"
+                    .into(),
             ));
         }
-        #[cfg_attr(not(feature = "send"), allow(unused_mut))]
+        if self.handler_timeout.is_zero() {
+            return Err(GatewayError::Config(
+                "handler_timeout is zero: no handler could finish".into(),
+            ));
+        }
+        #[cfg_attr(
+            not(any(feature = "send", feature = "long-connection")),
+            allow(unused_mut)
+        )]
         let mut gateway = Gateway::new(self.store, self.parts);
+        #[cfg(feature = "long-connection")]
+        for (name, transport, instances) in self.long_connections {
+            gateway.shared_mut()?.ingress.long_sources.push(
+                crate::ingress::longconn::LongSource::boxed(&name, transport, instances),
+            );
+        }
         #[cfg(feature = "send")]
         for (name, api) in self.senders {
             let sender = crate::api::outbox::Sender::of(api).ok_or_else(|| {
@@ -156,6 +214,7 @@ impl<S: Store> BotBuilder<S> {
         let patterns: Vec<&str> = patterns.iter().map(String::as_str).collect();
         let sink = Handlers {
             handlers: self.handlers,
+            timeout: self.handler_timeout,
             keys: Arc::new(gateway.shared.once.clone()),
             #[cfg(feature = "send")]
             outbox: outbox.clone(),
@@ -181,8 +240,11 @@ impl<S: Store> Bot<S> {
             store,
             parts: GatewayParts::default(),
             handlers: Vec::new(),
+            handler_timeout: HANDLER_TIMEOUT,
             #[cfg(feature = "send")]
             senders: Vec::new(),
+            #[cfg(feature = "long-connection")]
+            long_connections: Vec::new(),
         }
     }
 

@@ -43,9 +43,14 @@ const ROLE_STANDBY: u8 = 2;
 
 impl LongSource {
     pub(crate) fn new(name: &str, transport: impl Transport, instances: Instances) -> Self {
+        Self::boxed(name, Box::new(transport), instances)
+    }
+
+    /// [`LongSource::new`] for a transport already boxed (the Rust SDK's).
+    pub(crate) fn boxed(name: &str, transport: Box<dyn Transport>, instances: Instances) -> Self {
         Self {
             name: name.to_owned(),
-            transport: Box::new(transport),
+            transport,
             instances,
             status: Arc::new(Status::default()),
             role: AtomicU8::new(ROLE_CONNECTING),
