@@ -14,6 +14,7 @@ mod dingtalk_stream;
 mod durability;
 mod faults;
 mod gateway;
+mod generic_send;
 mod hardening;
 mod keys;
 mod logs;

@@ -37,6 +37,8 @@ pub use server::*;
 pub use source::*;
 pub use store::*;
 pub use telemetry::TelemetryConfig;
+/// A TOML value, as `[source.send]`'s fixed fields and result codes are written.
+pub use toml::Value as TomlValue;
 pub use validate::validate;
 
 /// How long Feishu keeps re-delivering an event it got no answer for: retries after 15 s, 5 min,

@@ -23,6 +23,8 @@ pub enum Api {
     Wecom(WecomApi),
     /// A WeCom AI bot, over its long connection.
     AiBot(AiBotApi),
+    /// Any other platform's message API, by configuration.
+    Http(crate::HttpApi),
 }
 
 /// The name of the budget of the app in its tenant, per API: the one a platform's frequency
@@ -57,6 +59,7 @@ enum Outgoing {
     Feishu(Message),
     Wecom(WecomMessage),
     AiBot(AiBotMessage),
+    Http(crate::HttpMessage),
 }
 
 #[derive(Deserialize)]
@@ -85,6 +88,7 @@ impl Api {
             Api::Feishu(api) => Some(api.app_id().to_owned()),
             Api::Wecom(api) => Some(format!("{}/{}", api.corp_id(), api.agent_id())),
             Api::AiBot(_) => None,
+            Api::Http(api) => Some(api.scope().to_owned()),
         }
     }
 
@@ -185,6 +189,19 @@ impl Api {
                     outgoing: Outgoing::AiBot(message),
                 })
             }
+            Api::Http(api) => {
+                // What a reuse of the key must match: the caller's body, before the key.
+                let payload = body.clone();
+                let (message, budgets) = api.prepare(body, &platform_key)?;
+                Ok(Prepared {
+                    payload,
+                    repeat_safe: api.repeat_safe(),
+                    budgets,
+                    edit_of: None,
+                    pace: None,
+                    outgoing: Outgoing::Http(message),
+                })
+            }
         }
     }
 
@@ -194,6 +211,7 @@ impl Api {
             (Api::Feishu(api), Outgoing::Feishu(message)) => api.send(message).await,
             (Api::Wecom(api), Outgoing::Wecom(message)) => api.send(message).await,
             (Api::AiBot(api), Outgoing::AiBot(message)) => api.send(message).await,
+            (Api::Http(api), Outgoing::Http(message)) => api.send(message).await,
             _ => Err(SendError::Permanent {
                 code: 0,
                 message: "prepared for another platform".into(),

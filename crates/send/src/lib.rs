@@ -10,6 +10,7 @@ mod aibot;
 mod api;
 pub mod feishu;
 pub mod feishu_store;
+mod http_api;
 /// A Feishu-like API server for tests.
 pub mod local;
 pub mod local_wecom;
@@ -23,6 +24,7 @@ pub use aibot::{AiBotApi, AiBotMessage};
 pub use api::{APP, Api, Prepared};
 pub use feishu::{FeishuApi, Message, RECEIVE_ID_TYPES};
 pub use feishu_store::FeishuStoreApi;
+pub use http_api::{HttpApi, HttpApiSpec, HttpMessage};
 pub use oncegate_core::Rate as Budget;
 pub use token::{TokenFuture, TokenSource};
 pub use wecom::{WecomApi, WecomMessage};

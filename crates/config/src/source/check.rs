@@ -319,6 +319,9 @@ fn check_webhook(
             ),
         );
     }
+    if let Some(send) = &webhook.send {
+        check_send(report, label, name, send);
+    }
     if webhook.verify != Some(crate::VerifyKind::None) {
         return;
     }
@@ -338,6 +341,58 @@ fn check_webhook(
                 "source {name:?} accepts unauthenticated events (verify = \"none\"): anyone who \
                  knows the URL can send them; where the platform can carry a secret, put one in \
                  the URL and check it (verify = \"token\", signature = \"query:<name>\")"
+            ),
+        );
+    }
+}
+
+/// `[source.send]`: a URL the sender can call, pointers it can write, and what it risks.
+fn check_send(
+    report: &mut impl FnMut(Severity, &str, String),
+    label: &str,
+    name: &str,
+    send: &crate::HttpSendSettings,
+) {
+    if !(send.url.starts_with("https://") || send.url.starts_with("http://")) {
+        report(
+            Severity::Error,
+            &format!("{label}.send.url"),
+            "the message API's http(s) URL is needed (url = \"https://…\")".into(),
+        );
+    } else if crate::checks::plain_http_off_host(&send.url) {
+        report(
+            Severity::AtRisk,
+            &format!("{label}.send.url"),
+            format!(
+                "source {name:?} sends over plain http to another host: its headers (the API's \
+                 credentials) and messages travel in clear; use https"
+            ),
+        );
+    }
+    let pointers = send
+        .key
+        .iter()
+        .map(|p| ("key", p))
+        .chain(send.set.keys().map(|p| ("set", p)))
+        .chain(send.ok.iter().map(|p| ("ok", p)))
+        .chain(send.receiver.iter().map(|p| ("receiver", p)));
+    for (field, pointer) in pointers {
+        if !pointer.starts_with('/') || pointer.len() < 2 {
+            report(
+                Severity::Error,
+                &format!("{label}.send.{field}"),
+                format!("{pointer:?} is not a JSON pointer to a field (/client_msg_id)"),
+            );
+        }
+    }
+    if send.key.is_empty() {
+        report(
+            Severity::Warning,
+            &format!("{label}.send.key"),
+            format!(
+                "source {name:?} sends with no idempotency key: a send whose outcome is unknown \
+                 (a timeout) is not sent again, since the API could not tell it from a new one; \
+                 set key = [\"/client_msg_id\"] (or where the API reads one) if it takes one"
             ),
         );
     }

@@ -7,8 +7,8 @@ pub(crate) use check::check;
 #[cfg(test)]
 pub(crate) use check::plain_transport;
 pub use webhook::{
-    AnswerType, HandshakeSettings, KeyEncoding, SignatureEncoding, TimeUnit, VerifyKind,
-    WebhookSettings,
+    AnswerType, HandshakeSettings, HttpSendSettings, KeyEncoding, SignatureEncoding, TimeUnit,
+    VerifyKind, WebhookSettings,
 };
 
 use std::path::PathBuf;
@@ -460,6 +460,9 @@ impl SourceConfig {
                         .iter_mut()
                         .map(|p| ("previous_secrets", p)),
                 );
+                if let Some(send) = s.send.as_mut() {
+                    secrets.extend(send.headers.values_mut().map(|h| ("send.headers", h)));
+                }
                 resolve_all(secrets)
                     .map_err(|message| format!("source {:?} {message}", self.name))?;
                 return Ok(source);

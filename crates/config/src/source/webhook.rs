@@ -87,6 +87,9 @@ pub struct WebhookSettings {
     /// Its type: `text` or `json`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub answer_type: Option<AnswerType>,
+    /// What `/send/<source>` sends through: the platform's message API.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub send: Option<HttpSendSettings>,
 }
 
 /// `verify`.
@@ -168,13 +171,66 @@ pub struct HandshakeSettings {
     pub answer_type: Option<AnswerType>,
 }
 
+/// `[source.send]`: the platform's message API that `/send/<source>` sends through — a JSON
+/// `POST` with fixed headers, the platform's idempotency key written where the API reads it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpSendSettings {
+    /// Where the caller's body is posted.
+    pub url: String,
+    /// Headers of every call (an `Authorization`), each a secret.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub headers: std::collections::BTreeMap<String, Secret>,
+    /// JSON pointers the platform's idempotency key is written at (`/client_msg_id`; Discord's
+    /// `/nonce`); none: the API takes no key, and an unknown outcome is never sent again.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub key: Vec<String>,
+    /// The longest key the API takes (Discord: 25); 32 unless set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub key_max: Option<usize>,
+    /// Fields every call carries, by JSON pointer (`{ "/enforce_nonce" = true }`).
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub set: std::collections::BTreeMap<String, toml::Value>,
+    /// Whether the API drops a second call with a key it has seen; true when `key` is set,
+    /// unless said.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dedups: Option<bool>,
+    /// Where the API's own result code is in its answer (`/errcode`); unset: any 2xx is sent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ok: Option<String>,
+    /// The codes at `ok` that mean sent (`[0]`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ok_values: Vec<toml::Value>,
+    /// The codes at `ok` that mean "over a limit, nothing sent: retry later".
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub retry_values: Vec<toml::Value>,
+    /// Where the receiver is in the caller's body (`/channel_id`): its sends share a budget.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub receiver: Option<String>,
+    /// One receiver's sends per minute.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub per_receiver_per_minute: Option<u32>,
+    /// Every send's calls per second.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub per_second: Option<u32>,
+}
+
 impl WebhookSettings {
     /// Its secrets with their settings' names.
     pub fn secrets(&self) -> impl Iterator<Item = (&'static str, &Secret)> {
-        self.secret.iter().map(|s| ("secret", s)).chain(
-            self.previous_secrets
-                .iter()
-                .map(|s| ("previous_secrets", s)),
-        )
+        self.secret
+            .iter()
+            .map(|s| ("secret", s))
+            .chain(
+                self.previous_secrets
+                    .iter()
+                    .map(|s| ("previous_secrets", s)),
+            )
+            .chain(
+                self.send
+                    .iter()
+                    .flat_map(|send| send.headers.values())
+                    .map(|s| ("send.headers", s)),
+            )
     }
 }

@@ -191,6 +191,8 @@ pub(crate) fn sender(
         }
         #[cfg(feature = "wecom")]
         PlatformConfig::Wecom(settings) => wecom::sender(config, settings, timeout),
+        #[cfg(feature = "webhook")]
+        PlatformConfig::Webhook(settings) => webhook::sender(config, settings, timeout),
         _ => Ok(None),
     }
 }

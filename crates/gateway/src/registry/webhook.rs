@@ -293,3 +293,62 @@ fn handshake(
         answer,
     })
 }
+
+/// What `/send/<source>` sends through for a generic source with `[source.send]`: the
+/// platform's message API as configured; `None` without one.
+#[cfg(feature = "send")]
+pub(super) fn sender(
+    source: &SourceConfig,
+    settings: &WebhookSettings,
+    timeout: std::time::Duration,
+) -> Result<Option<crate::api::send::Sender>, GatewayError> {
+    let Some(send) = &settings.send else {
+        return Ok(None);
+    };
+    let fail = |error: &dyn std::fmt::Display| platform_error(source, format!("send: {error}"));
+    let headers = send
+        .headers
+        .iter()
+        .map(|(name, secret)| {
+            let value = secret
+                .resolve()
+                .map_err(|message| fail(&format!("headers.{name}: {message}")))?;
+            Ok((name.clone(), value))
+        })
+        .collect::<Result<Vec<_>, GatewayError>>()?;
+    let json =
+        |value: &oncegate_config::TomlValue| serde_json::to_value(value).map_err(|e| fail(&e));
+    let values =
+        |list: &[oncegate_config::TomlValue]| list.iter().map(json).collect::<Result<Vec<_>, _>>();
+    let set = send
+        .set
+        .iter()
+        .map(|(pointer, value)| Ok((pointer.clone(), json(value)?)))
+        .collect::<Result<Vec<_>, GatewayError>>()?;
+    let ok_at = match &send.ok {
+        Some(at) if send.ok_values.is_empty() => Some((at.clone(), vec![serde_json::json!(0)])),
+        Some(at) => Some((at.clone(), values(&send.ok_values)?)),
+        None => None,
+    };
+    let spec = oncegate_send::HttpApiSpec {
+        url: send.url.clone(),
+        headers,
+        key_at: send.key.clone(),
+        key_max: send.key_max.unwrap_or(32),
+        set,
+        dedups: send.dedups.unwrap_or(!send.key.is_empty()),
+        ok_at,
+        retry_codes: values(&send.retry_values)?,
+        receiver_at: send.receiver.clone(),
+        per_receiver: send
+            .per_receiver_per_minute
+            .map(|n| oncegate_send::Budget::per_minute(n, n.clamp(1, 5))),
+        per_app: send.per_second.map(oncegate_send::Budget::per_second),
+    };
+    let scope = settings
+        .app_id
+        .clone()
+        .unwrap_or_else(|| source.name.clone());
+    let api = oncegate_send::HttpApi::new(spec, &scope, timeout).map_err(|e| fail(&e))?;
+    Ok(crate::api::send::Sender::of(oncegate_send::Api::Http(api)))
+}
