@@ -1,6 +1,7 @@
 //! Generic webhook sources through the binary (`platform = "webhook"`): Slack, GitHub and
-//! Standard Webhooks presets with requests signed by code that is not ours (Python's `hmac`
-//! as the platforms' docs write it; the Standard Webhooks library itself; PyNaCl for Discord's
+//! Standard Webhooks presets with requests signed by code that is not ours (Slack's own SDK,
+//! slack_sdk's `SignatureVerifier`; Python's `hmac` as GitHub's docs write it; the Standard
+//! Webhooks library itself; PyNaCl for Discord's
 //! Ed25519; DingTalk's robot `sign` as its documentation's snippet computes it), Telegram's token,
 //! and the seeds' third-party gateways (wkteam unsigned — said at risk —, xingyapi with a URL
 //! secret). Ten copies of one event at once are delivered once, each answered 200; a forged
@@ -108,6 +109,11 @@ fn python(script: &str, args: &[&str]) -> String {
 const HMAC_HEX: &str = "import hmac, hashlib, sys; \
     print(hmac.new(sys.argv[1].encode(), sys.argv[2].encode(), hashlib.sha256).hexdigest())";
 
+/// A Slack request's signature as Slack's own SDK makes it (slack_sdk's `SignatureVerifier`).
+const SLACK_SIGN: &str = "import sys; from slack_sdk.signature import SignatureVerifier; \
+    print(SignatureVerifier(sys.argv[1]).generate_signature(timestamp=sys.argv[2], \
+    body=sys.argv[3]))";
+
 /// DingTalk's robot `sign` as its documentation computes it.
 const DINGTALK_SIGN: &str = "import hmac, hashlib, base64, sys; \
     ts, secret = sys.argv[1], sys.argv[2]; \
@@ -175,13 +181,7 @@ async fn presets_deliver_ten_copies_once_and_refuse_forgeries() {
     let slack = |ts: &str, body: &str, secret: &str| {
         vec![
             header("X-Slack-Request-Timestamp", ts),
-            header(
-                "X-Slack-Signature",
-                format!(
-                    "v0={}",
-                    python(HMAC_HEX, &[secret, &format!("v0:{ts}:{body}")])
-                ),
-            ),
+            header("X-Slack-Signature", python(SLACK_SIGN, &[secret, ts, body])),
         ]
     };
     let check = r#"{"token":"t","challenge":"3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P","type":"url_verification"}"#;

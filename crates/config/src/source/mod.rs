@@ -2,6 +2,7 @@
 
 mod check;
 mod webhook;
+mod webhook_check;
 
 pub(crate) use check::check;
 #[cfg(test)]
