@@ -66,6 +66,11 @@ pub fn dingtalk_callback(data: &[u8]) {
 /// alone — never on its delivery id (`messageId`), which a re-push may change.
 pub fn dingtalk_stream_frames(data: &[u8]) {
     use oncegate_dingtalk::stream::{self, Inbound};
+    // A WebSocket text message is UTF-8 (the socket refuses one that is not); serde skips an
+    // unknown field's string without reading it as text, so bytes could pass that no frame is.
+    if std::str::from_utf8(data).is_err() {
+        return;
+    }
     let Ok(pushed) = stream::decode(data, "dingFUZZ") else {
         return;
     };
