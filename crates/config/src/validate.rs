@@ -502,6 +502,21 @@ url = "https://{tenant}.example.com/events"
             vec!["source[d].app_secret".to_owned()]
         );
         assert!(found("transport = \"stream\"\napp_secret = \"s\"").is_empty());
+        let on_redis = crate::load_str(
+            "[store]\nbackend = \"redis\"\nurl = \"redis://127.0.0.1:6379\"\n\n[[source]]\n\
+             name = \"d\"\nplatform = \"dingtalk\"\napp_key = \"k\"\ntransport = \"stream\"\n\
+             app_secret = \"s\"\n",
+            std::path::Path::new("t.toml"),
+            Vec::new(),
+        )
+        .expect("parses");
+        assert!(
+            validate(&on_redis)
+                .iter()
+                .any(|p| p.severity == Severity::AtRisk && p.message.contains("store.spool")),
+            "a robot message refused in an outage can be lost, said: {:?}",
+            validate(&on_redis)
+        );
         assert_eq!(
             found(""),
             vec!["source[d].token".to_owned(), "source[d].aes_key".to_owned()],

@@ -134,6 +134,10 @@ where
             Ok(pushed) => pushed,
             Err(refusal) => {
                 context.garbage(refusal.label, &refusal.message);
+                // Answered, not left to be pushed again for want of an ack: an error ack.
+                if let Some(id) = stream::message_id_of(text.as_bytes()) {
+                    let _ = outbox.send(text_of(stream::ack(&id, 500, "{}"))).await;
+                }
                 continue;
             }
         };

@@ -184,6 +184,28 @@ async fn a_refused_event_is_acked_later_and_admitted_when_pushed_again() {
     );
     assert_eq!(server.unacked(), vec!["d-a".to_owned(), "d-b".to_owned()]);
     assert!(inlet.admitted.lock().expect("lock").is_empty());
+    // A frame that cannot be used but names its delivery is answered with an error ack, not
+    // left unanswered to be pushed again and again.
+    let unusable = oncegate_dingtalk_stream::local::frame(
+        "EVENT",
+        json!({"topic": "*", "messageId": "d-bad"}),
+        "{}",
+    );
+    assert!(server.send(connection, unusable));
+    let started = std::time::Instant::now();
+    while !server.acks().iter().any(|a| a.message_id == "d-bad") {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "no ack of the unusable frame"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let bad = server
+        .acks()
+        .into_iter()
+        .find(|a| a.message_id == "d-bad")
+        .expect("acked");
+    assert_eq!(bad.code, 500);
     // DingTalk pushes both again, identical: now they are admitted.
     assert_eq!(server.repush_unacked(connection), 2);
     assert!(server.wait_all_acked(Duration::from_secs(5)).await);

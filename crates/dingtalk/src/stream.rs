@@ -56,7 +56,11 @@ pub struct StreamFrame {
 impl StreamFrame {
     /// A header as text (DingTalk sends them as strings; a number is read too).
     pub fn header(&self, name: &str) -> Option<Arc<str>> {
-        field(&Value::Object(self.headers.clone()), &[name])
+        match self.headers.get(name)? {
+            Value::String(text) if !text.is_empty() => Some(Arc::from(text.as_str())),
+            Value::Number(number) => Some(Arc::from(number.to_string())),
+            _ => None,
+        }
     }
 }
 
@@ -97,6 +101,14 @@ pub struct Pushed {
 
 fn bad(label: &'static str, message: impl Into<String>) -> Refusal {
     Refusal::new(RefusalKind::BadInput, label, message.into())
+}
+
+/// The delivery id (`headers.messageId`) of a frame [`decode`] refused, when it has one: the
+/// frame is then acked with code 500 (DingTalk's error), an answer rather than silence.
+pub fn message_id_of(text: &[u8]) -> Option<String> {
+    let document: Value = serde_json::from_slice(text).ok()?;
+    let id = document.get("headers")?.get("messageId")?.as_str()?;
+    (!id.is_empty()).then(|| id.to_owned())
 }
 
 /// Reads one frame pushed to the app `app_key` (its Client ID).

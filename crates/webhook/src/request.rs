@@ -43,7 +43,10 @@ impl<'a> Request<'a> {
 
     /// The value at `location` (its first place that has one), as text: a number or a
     /// boolean as written, an object, array or null as absent.
-    pub(crate) fn get(&self, location: &Location) -> Result<Option<Cow<'_, str>>, Refusal> {
+    pub(crate) fn get<'r>(
+        &'r self,
+        location: &'r Location,
+    ) -> Result<Option<Cow<'r, str>>, Refusal> {
         for place in &location.0 {
             let found = match place {
                 Place::Header(name) => self.callback.headers.get(name).map(Cow::Borrowed),
@@ -54,7 +57,7 @@ impl<'a> Request<'a> {
                     Some(Value::Bool(flag)) => Some(Cow::Owned(flag.to_string())),
                     _ => None,
                 },
-                Place::Fixed(value) => Some(Cow::Owned(value.clone())),
+                Place::Fixed(value) => Some(Cow::Borrowed(value.as_str())),
             };
             if let Some(found) = found.filter(|value| !value.is_empty()) {
                 return Ok(Some(found));

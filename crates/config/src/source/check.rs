@@ -175,6 +175,26 @@ pub(crate) fn check(config: &Config, report: &mut impl FnMut(Severity, &str, Str
             PlatformConfig::Webhook(webhook) => {
                 super::webhook_check::check_webhook(report, &label, &source.name, webhook)
             }
+            PlatformConfig::Dingtalk(dingtalk)
+                if dingtalk.transport == crate::Transport::Websocket =>
+            {
+                if let StoreConfig::Redis(redis) = &config.store
+                    && redis.spool.is_none()
+                {
+                    report(
+                        Severity::AtRisk,
+                        &label,
+                        format!(
+                            "source {:?} is DingTalk's Stream mode: a robot message that comes \
+                             while Redis cannot admit it is acked with an error, and DingTalk \
+                             documents robot messages as pushed once, so it can be lost; set \
+                             store.spool to keep such messages on disk until Redis answers \
+                             (events are acked LATER and pushed again)",
+                            source.name
+                        ),
+                    );
+                }
+            }
             PlatformConfig::Dingtalk(_) => {}
             PlatformConfig::Wecom(wecom) if wecom.template => {
                 check_template(report, &label, &source.name, wecom);
